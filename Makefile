@@ -1,0 +1,43 @@
+# The two commands of the README:
+#   make demo   set up, then run the benchmark workload with the sidecar and show what it exports
+#   make test   set up (Python environment, Debian's prometheus for Prometheus and promtool), then test
+# Everything else here is a step of those two.
+
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+
+.PHONY: demo test setup system-deps lint generate clean
+
+demo: setup
+	$(BIN)/tpuscope bench --synthetic --steps 600
+
+test: setup system-deps lint
+	$(BIN)/python -m pytest
+
+setup: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	touch $@
+
+# Real Prometheus and promtool for the tests (Debian's package; it starts no service).
+system-deps:
+	@command -v prometheus >/dev/null && command -v promtool >/dev/null || { \
+	  $(SUDO) apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends prometheus; }
+
+lint: setup
+	$(BIN)/ruff check tpuscope tests
+	$(BIN)/ruff format --check tpuscope tests
+	$(BIN)/mypy
+
+# Rewrite the committed generated files (docs/metrics.md, ...) after changing what they come from.
+generate: setup
+	$(BIN)/tpuscope generate
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

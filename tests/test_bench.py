@@ -1,0 +1,54 @@
+"""``tpuscope bench --synthetic``: the demo starts a sidecar and shows what it serves."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from tpuscope import catalog
+
+
+def test_bench_starts_a_sidecar_and_prints_non_zero_series(short_tmp: Path) -> None:
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tpuscope",
+            "bench",
+            "--synthetic",
+            "--steps",
+            "30",
+            "--step-time",
+            "0.005",
+            "--checkpoint-every",
+            "10",
+            "--socket",
+            str(short_tmp / "b.sock"),
+            "--listen",
+            "127.0.0.1:0",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    assert re.search(r"started a sidecar; metrics at http://127\.0\.0\.1:\d+/metrics", out.stdout)
+    assert "30 sent" not in out.stdout  # events include more than steps
+    assert ", 0 dropped" in out.stdout
+    series = dict(re.findall(r"^  (tpuscope_\S+) (\S+)$", out.stdout, re.MULTILINE))
+    assert float(series[f'{catalog.STEPS.name}{{workload="bench"}}']) == 30
+    assert (
+        float(series[f'{catalog.CHECKPOINT_DURATION.series("count")}{{operation="save",result="ok",workload="bench"}}'])
+        == 3
+    )
+    assert float(series[f'{catalog.INGEST_EVENTS.name}{{result="accepted"}}']) > 30
+    phases = {k: float(v) for k, v in series.items() if k.startswith(catalog.STEP_PHASE_DURATION.series("sum"))}
+    assert len(phases) == 4 and all(v > 0 for v in phases.values())
+    assert not (short_tmp / "b.sock").exists(), "the sidecar bench started was not stopped"
+
+
+def test_bench_without_synthetic_says_what_to_do() -> None:
+    out = subprocess.run([sys.executable, "-m", "tpuscope", "bench"], capture_output=True, text=True)
+    assert out.returncode == 2 and "--synthetic" in out.stderr

@@ -1,0 +1,74 @@
+"""Settings: flags over environment over file over defaults, and clear errors."""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tpuscope.exporter import config
+
+
+def parse(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    config.add_arguments(parser)
+    return parser.parse_args(argv)
+
+
+def test_defaults() -> None:
+    resolved = config.resolve(parse(), environ={})
+    assert (resolved.listen_host, resolved.listen_port) == ("localhost", config.DEFAULT_PORT)
+    assert resolved.socket_mode == 0o600
+
+
+def test_flag_beats_environment_beats_file(tmp_path: Path) -> None:
+    file = tmp_path / "tpuscope.yaml"
+    file.write_text("listen: ':1111'\nsocket: /from/file.sock\nsocket_mode: '0640'\n")
+    env = {"TPUSCOPE_SOCKET": "/from/env.sock", "TPUSCOPE_LISTEN": "127.0.0.1:2222"}
+    resolved = config.resolve(parse("--config", str(file), "--listen", "[::1]:3333"), environ=env)
+    assert (resolved.listen_host, resolved.listen_port) == ("::1", 3333)
+    assert resolved.socket == Path("/from/env.sock")
+    assert resolved.socket_mode == 0o640
+    from_file_only = config.resolve(parse(), environ={"TPUSCOPE_CONFIG": str(file)})
+    assert (from_file_only.listen_host, from_file_only.listen_port) == ("0.0.0.0", 1111)
+
+
+@pytest.mark.parametrize(
+    ("argv", "env", "message"),
+    [
+        (["--listen", "nowhere"], {}, "--listen: expected HOST:PORT"),
+        ([], {"TPUSCOPE_LISTEN": "x:99999"}, "TPUSCOPE_LISTEN: expected HOST:PORT"),
+        (["--socket-mode", "0666"], {}, "any user on the host"),
+        (["--socket-mode", "rw"], {}, "--socket-mode"),
+        (["--log-level", "loud"], {}, "unknown log level"),
+    ],
+)
+def test_bad_values_name_their_source(argv: list[str], env: dict[str, str], message: str) -> None:
+    with pytest.raises(config.ConfigError, match=message):
+        config.resolve(parse(*argv), environ=env)
+
+
+def test_unknown_file_keys_are_errors(tmp_path: Path) -> None:
+    file = tmp_path / "c.yaml"
+    file.write_text("listen: ':1'\nlisten_port: 2\n")
+    with pytest.raises(config.ConfigError, match=r"unknown option.*listen_port"):
+        config.resolve(parse("--config", str(file)), environ={})
+
+
+def test_serve_help_explains_every_option() -> None:
+    out = subprocess.run([sys.executable, "-m", "tpuscope", "serve", "--help"], capture_output=True, text=True)
+    assert out.returncode == 0
+    help_text = " ".join(out.stdout.split())  # argparse wraps lines
+    for option in config.OPTIONS:
+        assert option.flag in help_text and option.env in help_text
+    assert "--config" in help_text
+
+
+def test_cli_reports_config_errors_without_a_traceback() -> None:
+    out = subprocess.run([sys.executable, "-m", "tpuscope", "serve", "--listen", "bad"], capture_output=True, text=True)
+    assert out.returncode == 2
+    assert "error: --listen: expected HOST:PORT" in out.stderr
+    assert "Traceback" not in out.stderr

@@ -1,0 +1,84 @@
+"""The wire schema: round trips, validation, and the reason every bad datagram is rejected for."""
+
+from __future__ import annotations
+
+import math
+
+import msgspec
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from tpuscope import events
+
+VALID = [
+    events.Step(workload="llm", step=7, duration_s=0.5, compute_s=0.3, sync_s=0.1, io_s=0.05, other_s=0.05),
+    events.Compile(workload="llm", stage="backend", duration_s=12.5, function="train_step"),
+    events.CompileCache(workload="llm", hit=True),
+    events.Checkpoint(workload="llm", operation="save", duration_s=3.0, ok=False, bytes=10**12, step=100),
+    events.DeviceMemory(workload="llm", device="3", accelerator="v5e", used_bytes=2**34, limit_bytes=2**35),
+    events.ProgramMemory(workload="llm", program="train_step", spill_bytes=4096),
+    events.Lifecycle(workload="llm", state="restart", reason="preemption"),
+    events.InferenceBatch(workload="serve", batch_size=8, queue_depth=3, request_seconds=[0.01, 0.2]),
+]
+
+
+@pytest.mark.parametrize("event", VALID, ids=lambda e: type(e).__name__)
+def test_every_record_round_trips(event: events.AnyEvent) -> None:
+    encoded = events.encode(event)
+    assert encoded.startswith(events.HEADER)
+    assert len(encoded) < 200
+    assert events.decode(encoded) == event
+
+
+def raw(*fields: object) -> bytes:
+    """A datagram with a valid header and arbitrary positional fields."""
+    return events.HEADER + msgspec.msgpack.encode(list(fields))
+
+
+STEP = events.encode(VALID[0])
+
+
+@pytest.mark.parametrize(
+    ("datagram", "reason"),
+    [
+        (b"", "malformed"),
+        (b"GET / HTTP/1.1\r\n", "malformed"),
+        (b"TS", "malformed"),
+        (STEP[:-4], "truncated"),
+        (events.HEADER, "truncated"),
+        (b"TS\x63" + STEP[3:], "unknown_version"),
+        (events.HEADER + b"\xc1", "malformed"),
+        (events.HEADER + b"x" * events.MAX_DATAGRAM_BYTES, "oversized"),
+        (raw("step", "llm", 1, math.nan), "invalid_field"),
+        (raw("step", "llm", 1, math.inf), "invalid_field"),
+        (raw("step", "llm", -1, 1.0), "invalid_field"),
+        (raw("step", "llm", 1, 1.0, 2.0), "invalid_field"),  # a phase longer than its step
+        (raw("step", "bad label!", 1, 1.0), "invalid_field"),
+        (raw("step", "x" * 65, 1, 1.0), "invalid_field"),
+        (raw("nope", "llm"), "invalid_field"),
+        (raw("compile", "llm", "linking", 1.0), "invalid_field"),
+        (raw("step", "llm", 1, 1.0, 0, 0, 0, 0, 0, "extra"), "invalid_field"),
+    ],
+)
+def test_bad_datagrams_are_rejected_with_a_reason(datagram: bytes, reason: str) -> None:
+    with pytest.raises(events.InvalidEvent) as caught:
+        events.decode(datagram)
+    assert caught.value.reason == reason
+
+
+@given(st.binary(max_size=200))
+def test_arbitrary_bytes_decode_or_raise_invalid_event(data: bytes) -> None:
+    for datagram in (data, events.HEADER + data):
+        try:
+            events.decode(datagram)
+        except events.InvalidEvent as e:
+            assert e.reason in events.REJECT_REASONS
+
+
+def test_socket_path_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(events.SOCKET_ENV, "/run/x/events.sock")
+    assert str(events.default_socket_path()) == "/run/x/events.sock"
+    monkeypatch.delenv(events.SOCKET_ENV)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", "/run/user/1000")
+    assert str(events.default_socket_path()) == "/run/user/1000/tpuscope.sock"

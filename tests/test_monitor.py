@@ -1,0 +1,142 @@
+"""The in-job Monitor never blocks and never raises, and counts what it could not deliver."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from tpuscope import catalog, events
+from tpuscope.exporter.child import SidecarProcess
+from tpuscope.exporter.scrape import Scrape
+from tpuscope.tracing import Monitor
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.events: list[events.AnyEvent] = []
+
+    def emit(self, event: events.AnyEvent) -> None:
+        self.events.append(event)
+
+    def close(self) -> None:
+        pass
+
+
+def test_100k_steps_without_a_sidecar_never_raise_and_report_drops(
+    short_tmp: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    monitor = Monitor("no-sidecar", socket=short_tmp / "nobody.sock")
+    for n in range(100_000):
+        with monitor.step(n) as step:
+            with step.phase("io"):
+                pass
+            with step.phase("compute"):
+                pass
+    monitor.close()
+    assert monitor.sent == 0
+    assert monitor.dropped == 100_000 + 2  # the steps, start and stop
+    assert "100002 of 100002 events were not delivered" in caplog.text
+
+
+def test_a_full_socket_buffer_drops_instead_of_blocking(short_tmp: Path) -> None:
+    """A sidecar that stops reading must not stall the job: sends fail at once and are counted."""
+    path = short_tmp / "stuck.sock"
+    stuck = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    stuck.bind(str(path))
+    stuck.listen(1)  # connections queue, nobody accepts or reads
+    monitor = Monitor("stuck", socket=path)
+    done = threading.Event()
+
+    def loop() -> None:
+        for n in range(20_000):
+            with monitor.step(n):
+                pass
+        done.set()
+
+    threading.Thread(target=loop, daemon=True).start()
+    assert done.wait(60), "the step loop blocked on a full socket"
+    assert monitor.sent > 0 and monitor.dropped > 0
+    assert monitor.sent + monitor.dropped == 20_000 + 1
+    monitor.close()
+    stuck.close()
+
+
+def test_drops_are_reported_to_the_sidecar_with_the_next_step(short_tmp: Path) -> None:
+    path = short_tmp / "late.sock"
+    monitor = Monitor("late", socket=path)  # the start event is dropped: nobody listens yet
+    for n in range(10):
+        with monitor.step(n):
+            pass
+    assert monitor.dropped == 11
+    with SidecarProcess(path) as sidecar:
+        n = 10
+        while monitor.sent == 0:  # the Monitor retries the connection about once a second
+            assert n < 1000, "the Monitor never reached the sidecar"
+            with monitor.step(n):
+                time.sleep(0.01)
+            n += 1
+        dropped = monitor.dropped
+        name = catalog.INGEST_EVENTS.name
+        deadline = time.monotonic() + 5
+        while (scrape := Scrape.fetch(sidecar.url)).value(name, result="accepted") < 1:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        assert scrape.value(name, result="dropped") == dropped
+        assert scrape.value(catalog.STEPS.name, workload="late") == 1
+        monitor.close()
+
+
+def test_phases_add_up_and_other_takes_the_rest() -> None:
+    recorder = Recorder()
+    monitor = Monitor("phases", socket="/nonexistent/x.sock", sinks=[recorder])
+    with monitor.step(3) as step:
+        with step.phase("io"):
+            time.sleep(0.02)
+        with step.phase("compute"):
+            time.sleep(0.03)
+        time.sleep(0.01)
+    monitor.close()
+    (step_event,) = [e for e in recorder.events if isinstance(e, events.Step)]
+    assert step_event.step == 3
+    assert step_event.io_s >= 0.02 and step_event.compute_s >= 0.03 and step_event.sync_s == 0
+    assert step_event.other_s >= 0.01
+    total = step_event.io_s + step_event.compute_s + step_event.sync_s + step_event.other_s
+    assert total == pytest.approx(step_event.duration_s, rel=1e-9)
+    assert [e.state for e in recorder.events if isinstance(e, events.Lifecycle)] == ["start", "stop"]
+
+
+def test_misuse_warns_or_counts_but_never_raises() -> None:
+    recorder = Recorder()
+    with pytest.warns(UserWarning, match="reported as"):
+        monitor = Monitor("my job!", socket="/nonexistent/x.sock", sinks=[recorder])
+    assert monitor.workload == "my_job_"
+    with pytest.warns(UserWarning, match="unknown phase"), monitor.step(1) as step, step.phase("forward"):
+        pass
+    monitor.compile("backend", -1.0)  # nonsense the sidecar will reject and count
+    monitor.device_memory("tpu 0", "v5e", used_bytes=-5)
+    dropped_before_close = monitor.dropped
+    with monitor.checkpoint("save", step=1):
+        pass
+    with pytest.raises(OSError), monitor.checkpoint("save", step=2):
+        raise OSError("disk full")  # the job's own error propagates; the checkpoint is recorded as failed
+    monitor.close()
+    checkpoints = [e for e in recorder.events if isinstance(e, events.Checkpoint)]
+    assert [c.ok for c in checkpoints] == [True, False]
+    nonsense = [e for e in recorder.events if isinstance(e, (events.Compile, events.DeviceMemory))]
+    assert len(nonsense) == 2
+    for event in nonsense:  # what the sidecar does with them: reject, with a reason
+        with pytest.raises(events.InvalidEvent, match="invalid_field"):
+            events.decode(events.encode(event))
+    assert dropped_before_close == 4  # no sidecar: start, the step, and the two reports
+
+
+def test_an_exception_leaving_the_monitor_records_a_failure() -> None:
+    recorder = Recorder()
+    with pytest.raises(RuntimeError), Monitor("crashy", socket="/nonexistent/x.sock", sinks=[recorder]):
+        raise RuntimeError("boom")
+    last = recorder.events[-1]
+    assert isinstance(last, events.Lifecycle) and last.state == "failure"

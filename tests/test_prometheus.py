@@ -1,0 +1,69 @@
+"""A real Prometheus scrapes a real sidecar while an instrumented loop runs; promtool lints /metrics."""
+
+from __future__ import annotations
+
+import subprocess
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+from conftest import require
+
+from tpuscope import catalog
+from tpuscope.bench import synthetic
+from tpuscope.bench.prometheus import PrometheusServer, target_of
+from tpuscope.exporter.child import SidecarProcess
+from tpuscope.tracing import Monitor
+
+PROFILE = synthetic.Profile(step_seconds=0.04, checkpoint_every=20, checkpoint_seconds=0.02)
+
+
+def test_prometheus_sees_the_step_rate_and_phases_that_add_up(sidecar: SidecarProcess, short_tmp: Path) -> None:
+    require("prometheus")
+    w = 'workload="e2e"'
+    step_rate = f"sum(rate({catalog.STEPS.name}{{{w}}}[5s]))"
+    phase_sum = f"sum by (phase) (rate({catalog.STEP_PHASE_DURATION.series('sum')}{{{w}}}[10s]))"
+    step_sum = f"sum(rate({catalog.STEP_DURATION.series('sum')}{{{w}}}[10s]))"
+    with PrometheusServer(short_tmp / "prom", [target_of(sidecar.url)]) as prom:
+        with Monitor("e2e", socket=sidecar.socket) as monitor:
+            loop = threading.Thread(target=synthetic.run, args=(monitor, 1500, PROFILE), daemon=True)
+            loop.start()
+            rate, shares, total = None, {}, None
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline and loop.is_alive():
+                time.sleep(1)
+                rate = prom.scalar(step_rate)
+                total = prom.scalar(step_sum)
+                shares = (
+                    {r["metric"]["phase"]: float(r["value"][1]) / total for r in prom.query(phase_sum)} if total else {}
+                )
+                if rate and len(shares) == 4 and abs(sum(shares.values()) - 1) < 0.05:
+                    break
+            assert prom.scalar('up{job="tpuscope"}') == 1
+        assert rate and rate > 0, "Prometheus saw no steps"
+        assert abs(sum(shares.values()) - 1) < 0.05, f"phases {shares} do not add up to the step time"
+        # Each phase lands under its own label: the shares are those the loop slept for.
+        assert abs(shares["compute"] - PROFILE.compute_share) < 0.05, shares
+        assert abs(shares["sync"] - PROFILE.sync_share) < 0.05, shares
+        assert abs(shares["io"] - PROFILE.io_share) < 0.05, shares
+
+
+def test_metrics_pass_promtool_check_metrics(sidecar: SidecarProcess) -> None:
+    promtool = require("promtool")
+    with Monitor("lint", socket=sidecar.socket) as mon:
+        synthetic.run(mon, 12, synthetic.Profile(step_seconds=0.002, checkpoint_every=5, checkpoint_seconds=0))
+        mon.compile_cache(hit=True)
+        mon.lifecycle("restart", reason="preemption")
+        mon.lifecycle("failure", reason="crash")
+        mon.inference_batch(4, queue_depth=1, request_seconds=[0.01])
+    time.sleep(0.5)
+    with urllib.request.urlopen(sidecar.url) as r:
+        exposition = r.read()
+    # Every family of the catalogue has samples, so promtool sees every metric.
+    for metric in catalog.CATALOG:
+        assert f"\n{metric.name}".encode() in exposition, metric.name
+    result = subprocess.run([promtool, "check", "metrics"], input=exposition, capture_output=True, timeout=30)
+    assert result.returncode == 0 and not result.stdout.strip() and not result.stderr.strip(), (
+        result.stdout.decode() + result.stderr.decode()
+    )

@@ -1,0 +1,201 @@
+"""``tpuscope serve`` as a process: ingest health, bad datagrams, the socket's safety, shutdown."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import stat
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from tpuscope import catalog, events
+from tpuscope.exporter.child import SidecarProcess
+from tpuscope.exporter.scrape import Scrape
+from tpuscope.tracing import Monitor
+
+INGEST = catalog.INGEST_EVENTS.name
+INVALID = catalog.INGEST_INVALID_EVENTS.name
+
+
+def send(path: Path, *messages: bytes) -> None:
+    """What a job does, byte for byte: one message per event on a connection of its own."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as s:
+        s.connect(str(path))
+        for message in messages:
+            s.send(message)
+
+
+def scrape_when(url: str, ready: Callable[[Scrape], bool], timeout: float = 5.0) -> Scrape:
+    deadline = time.monotonic() + timeout
+    while not ready(scrape := Scrape.fetch(url)):
+        assert time.monotonic() < deadline, f"condition not met; last scrape:\n{scrape.text}"
+        time.sleep(0.05)
+    return scrape
+
+
+def test_bad_datagrams_are_counted_by_reason_and_the_daemon_keeps_serving(sidecar: SidecarProcess) -> None:
+    step = events.encode(events.Step(workload="ok", step=1, duration_s=0.1, compute_s=0.1))
+    bad = {
+        "malformed": b"\x00\xffnot an event",
+        "truncated": step[:-5],
+        "oversized": events.HEADER + b"\x00" * (events.MAX_DATAGRAM_BYTES * 4),
+        "unknown_version": b"TS\x02" + step[3:],
+        "invalid_field": events.HEADER + b"\x93\xa4step\xa2ok\xff",  # step -1
+    }
+    send(sidecar.socket, *bad.values())
+    send(sidecar.socket, step)
+    scrape = scrape_when(sidecar.url, lambda s: s.value(INGEST, result="accepted") >= 1)
+    for reason in bad:
+        assert scrape.value(INVALID, reason=reason) == 1, reason
+    assert scrape.value(INGEST, result="invalid") == len(bad)
+    assert scrape.value(INGEST, result="accepted") == 1
+    assert scrape.value(catalog.STEPS.name, workload="ok") == 1
+    assert sidecar.proc.poll() is None
+    with urllib.request.urlopen(sidecar.url.replace("/metrics", "/healthz")) as r:
+        assert r.read() == b"ok\n"
+
+
+def test_every_event_kind_lands_in_its_metric(sidecar: SidecarProcess) -> None:
+    with Monitor("kinds", socket=sidecar.socket) as mon:
+        with mon.step(0) as s, s.phase("compute"):
+            time.sleep(0.001)
+        mon.compile("backend", 2.5, function="train_step")
+        mon.compile_cache(hit=True)
+        mon.compile_cache(hit=False)
+        with mon.checkpoint("save", step=0) as ckpt:
+            ckpt.bytes = 1234
+        mon.device_memory("0", "v5e", used_bytes=100, limit_bytes=1000, peak_bytes=200)
+        mon.program_memory("train_step", spill_bytes=64)
+        mon.lifecycle("restart", reason="preemption")
+        mon.lifecycle("failure", reason="crash")
+        mon.inference_batch(4, queue_depth=2, request_seconds=[0.01, 0.02, 0.03])
+    expected_events = mon.sent
+    scrape = scrape_when(sidecar.url, lambda s: s.value(INGEST, result="accepted") >= expected_events)
+    w = {"workload": "kinds"}
+    assert scrape.value(catalog.STEP_DURATION.series("count"), **w) == 1
+    assert scrape.value(catalog.COMPILE_DURATION.series("sum"), stage="backend", **w) == 2.5
+    assert scrape.value(catalog.COMPILE_CACHE_REQUESTS.name, result="hit", **w) == 1
+    assert scrape.value(catalog.COMPILE_CACHE_REQUESTS.name, result="miss", **w) == 1
+    assert scrape.value(catalog.CHECKPOINT_BYTES.name, operation="save", **w) == 1234
+    assert scrape.value(catalog.CHECKPOINT_DURATION.series("count"), result="ok", **w) == 1
+    assert scrape.value(catalog.CHECKPOINT_LAST_SUCCESS.name, **w) == pytest.approx(time.time(), abs=60)
+    device = {"device": "0", "accelerator": "v5e", "source": "workload"}
+    assert scrape.value(catalog.DEVICE_MEMORY_USED.name, **device) == 100
+    assert scrape.value(catalog.DEVICE_MEMORY_LIMIT.name, **device) == 1000
+    assert scrape.value(catalog.DEVICE_MEMORY_PEAK.name, **device) == 200
+    assert scrape.value(catalog.MEMORY_SPILL.name, program="train_step", **w) == 64
+    assert scrape.value(catalog.WORKLOAD_RESTARTS.name, reason="preemption", **w) == 1
+    assert scrape.value(catalog.WORKLOAD_FAILURES.name, reason="crash", **w) == 1
+    assert scrape.value(catalog.INFERENCE_BATCH_SIZE.series("sum"), **w) == 4
+    assert scrape.value(catalog.INFERENCE_QUEUE_DEPTH.name, **w) == 2
+    assert scrape.value(catalog.INFERENCE_REQUEST_DURATION.series("count"), **w) == 3
+    assert scrape.value(catalog.BUILD_INFO.name) == 1
+
+
+def test_openmetrics_is_served_when_asked_for(sidecar: SidecarProcess) -> None:
+    request = urllib.request.Request(sidecar.url, headers={"Accept": "application/openmetrics-text; version=1.0.0"})
+    with urllib.request.urlopen(request) as r:
+        assert r.headers["Content-Type"].startswith("application/openmetrics-text")
+        body = r.read().decode()
+    assert body.endswith("# EOF\n")
+    assert f"# UNIT {catalog.STEP_DURATION.name} seconds" in body
+
+
+def test_socket_is_private_and_sigterm_removes_it(short_tmp: Path) -> None:
+    path = short_tmp / "events.sock"
+    sidecar = SidecarProcess(path)
+    assert stat.S_ISSOCK(os.lstat(path).st_mode)
+    assert stat.S_IMODE(os.lstat(path).st_mode) == 0o600
+    assert sidecar.stop() == 0
+    assert not path.exists()
+    with SidecarProcess(path, "127.0.0.1:0", "--socket-mode", "0660"):
+        assert stat.S_IMODE(os.lstat(path).st_mode) == 0o660
+
+
+def serve_fails(path: Path) -> str:
+    """Run ``tpuscope serve`` expecting it to refuse to start; return its error output."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "tpuscope", "serve", "--listen", "127.0.0.1:0", "--socket", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert proc.returncode == 1, proc.stderr
+    return proc.stderr
+
+
+def test_serve_refuses_to_replace_a_file(short_tmp: Path) -> None:
+    path = short_tmp / "precious.txt"
+    path.write_text("data")
+    assert "not a socket; refusing to replace it" in serve_fails(path)
+    assert path.read_text() == "data"
+
+
+def test_serve_never_follows_a_symlink(short_tmp: Path) -> None:
+    target = short_tmp / "target.txt"
+    target.write_text("data")
+    link = short_tmp / "link.sock"
+    link.symlink_to(target)
+    assert "not a socket" in serve_fails(link)
+    assert link.is_symlink() and target.read_text() == "data"
+
+
+def test_serve_refuses_a_live_socket_and_replaces_a_stale_one(short_tmp: Path) -> None:
+    path = short_tmp / "events.sock"
+    with SidecarProcess(path):
+        assert "already receiving" in serve_fails(path)
+    stale = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    stale.bind(str(path))
+    stale.close()  # the file stays, nobody listens: what a killed sidecar leaves behind
+    assert path.exists()
+    with SidecarProcess(path) as sidecar:
+        assert Scrape.fetch(sidecar.url).has(catalog.BUILD_INFO.name)
+
+
+def test_sidecar_survives_a_job_restart(sidecar: SidecarProcess) -> None:
+    for run in range(2):
+        with Monitor("restarts", socket=sidecar.socket) as mon, mon.step(run):
+            pass
+    scrape = scrape_when(sidecar.url, lambda s: s.value(catalog.STEPS.name, workload="restarts") == 2)
+    assert scrape.value(INGEST, result="invalid") == 0
+
+
+def test_sigkill_leaves_a_socket_the_next_sidecar_reclaims(short_tmp: Path) -> None:
+    path = short_tmp / "events.sock"
+    first = SidecarProcess(path)
+    first.proc.send_signal(signal.SIGKILL)
+    first.stop()
+    assert path.exists()
+    with SidecarProcess(path), Monitor("after-kill", socket=path) as mon, mon.step(0):
+        pass
+    assert mon.sent == 3 and mon.dropped == 0
+
+
+def test_a_killed_job_is_recorded_as_a_failure(sidecar: SidecarProcess) -> None:
+    """SIGKILL leaves no chance to say goodbye; the sidecar sees the connection drop."""
+    job = (
+        "import os, signal, time\n"
+        "from tpuscope.tracing import Monitor\n"
+        f"mon = Monitor('killed', socket={str(sidecar.socket)!r})\n"
+        "with mon.step(0): pass\n"
+        "time.sleep(0.2)\n"
+        "os.kill(os.getpid(), signal.SIGKILL)\n"
+    )
+    assert subprocess.run([sys.executable, "-c", job], timeout=30).returncode == -signal.SIGKILL
+    scrape = scrape_when(
+        sidecar.url, lambda s: s.has(catalog.WORKLOAD_FAILURES.name, workload="killed", reason="vanished")
+    )
+    assert scrape.value(catalog.STEPS.name, workload="killed") == 1
+    # A job that closes its Monitor is not a failure.
+    with Monitor("clean", socket=sidecar.socket) as mon, mon.step(0):
+        pass
+    scrape = scrape_when(sidecar.url, lambda s: s.value(catalog.STEPS.name, workload="clean") == 1)
+    time.sleep(0.2)
+    assert not Scrape.fetch(sidecar.url).has(catalog.WORKLOAD_FAILURES.name, workload="clean")

@@ -1,0 +1,114 @@
+"""Run a real Prometheus server (Debian's ``prometheus``) scraping sidecars on loopback.
+
+The tests use it to prove what Prometheus really sees; soak runs and fleet
+simulation will too. It is a thin wrapper: a config file, a process, and the
+HTTP query API.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+class PrometheusError(RuntimeError):
+    pass
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def target_of(metrics_url: str) -> str:
+    """``http://127.0.0.1:9478/metrics`` -> ``127.0.0.1:9478``."""
+    return urllib.parse.urlsplit(metrics_url).netloc
+
+
+class PrometheusServer:
+    """``with PrometheusServer(workdir, ["127.0.0.1:9478"]) as prom: prom.query("up")``"""
+
+    def __init__(self, workdir: Path, targets: list[str], scrape_interval: str = "1s", binary: str = "prometheus"):
+        path = shutil.which(binary)
+        if path is None:
+            raise PrometheusError(f"{binary} not found: install Debian's prometheus package (`make test` does)")
+        workdir.mkdir(parents=True, exist_ok=True)
+        config = {
+            "global": {"scrape_interval": scrape_interval, "evaluation_interval": scrape_interval},
+            "scrape_configs": [{"job_name": "tpuscope", "static_configs": [{"targets": targets}]}],
+        }
+        (workdir / "prometheus.yml").write_text(yaml.safe_dump(config))
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = workdir / "prometheus.log"
+        with open(self.log_path, "w") as log:
+            self.proc = subprocess.Popen(
+                [
+                    path,
+                    f"--config.file={workdir / 'prometheus.yml'}",
+                    f"--storage.tsdb.path={workdir / 'data'}",
+                    f"--web.listen-address=127.0.0.1:{self.port}",
+                    "--log.level=warn",
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        self._wait_ready(timeout=30.0)
+
+    def _wait_ready(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise PrometheusError(f"prometheus exited with {self.proc.returncode}: {self.log_path.read_text()}")
+            try:
+                with urllib.request.urlopen(self.url + "/-/ready", timeout=1) as r:
+                    if r.status == 200:
+                        return
+            except (urllib.error.URLError, ConnectionError):
+                pass
+            time.sleep(0.1)
+        raise PrometheusError(f"prometheus not ready after {timeout}s")
+
+    def query(self, expr: str) -> list[dict[str, Any]]:
+        """An instant query; returns the result vector (each item has ``metric`` and ``value``)."""
+        url = f"{self.url}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
+        try:
+            with urllib.request.urlopen(url, timeout=10) as r:
+                body = json.load(r)
+        except urllib.error.HTTPError as e:
+            raise PrometheusError(f"query {expr!r} failed: {e.read().decode()}") from None
+        if body.get("status") != "success":
+            raise PrometheusError(f"query {expr!r} failed: {body}")
+        return list(body["data"]["result"])
+
+    def scalar(self, expr: str) -> float | None:
+        """The value of a query that yields at most one series, or None when it yields none."""
+        result = self.query(expr)
+        if len(result) > 1:
+            raise PrometheusError(f"query {expr!r} returned {len(result)} series, expected one")
+        return float(result[0]["value"][1]) if result else None
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(15)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+    def __enter__(self) -> PrometheusServer:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.stop()

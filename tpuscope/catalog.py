@@ -1,0 +1,270 @@
+"""The metric catalogue: every metric tpuscope exports, defined once.
+
+The exporter registers its metrics from these objects, ``docs/metrics.md`` is
+generated from them, and the dashboards and alerts (later) read their names
+from here. Code refers to a metric by its constant (``catalog.STEPS``), never by
+typing its name as a string.
+
+Conventions (checked by tests/test_catalog.py and ``promtool check metrics``):
+base units (seconds, bytes, ratio 0..1), counters end in ``_total``, the unit is
+the last word before ``_total``, and no metric carries ``job`` or ``instance``:
+those belong to the Prometheus scrape.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+PREFIX = "tpuscope_"
+
+
+class Kind(enum.StrEnum):
+    COUNTER = "counter"
+    GAUGE = "gauge"
+    HISTOGRAM = "histogram"
+
+
+class Label(enum.StrEnum):
+    """Every label name a tpuscope series may carry (see docs/metrics.md)."""
+
+    WORKLOAD = "workload"
+    PHASE = "phase"
+    STAGE = "stage"
+    RESULT = "result"
+    OPERATION = "operation"
+    DEVICE = "device"
+    ACCELERATOR = "accelerator"
+    SOURCE = "source"
+    PROGRAM = "program"
+    REASON = "reason"
+    VERSION = "version"
+
+
+@dataclass(frozen=True)
+class Metric:
+    """One metric family as Prometheus exposes it (``name`` is the full name)."""
+
+    name: str
+    kind: Kind
+    help: str
+    labels: tuple[Label, ...] = ()
+    unit: str = ""
+    buckets: tuple[float, ...] = ()
+    group: str = ""
+
+    @property
+    def base_name(self) -> str:
+        """The family name without the counter ``_total`` suffix (as OpenMetrics names it)."""
+        return self.name.removesuffix("_total") if self.kind is Kind.COUNTER else self.name
+
+    def series(self, suffix: str) -> str:
+        """A histogram's ``_bucket`` / ``_sum`` / ``_count`` series name, for queries."""
+        assert self.kind is Kind.HISTOGRAM, f"{self.name} is not a histogram"
+        return f"{self.name}_{suffix}"
+
+
+# Bucket layouts, shared by metrics with the same range of values.
+STEP_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+PHASE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 60.0)
+COMPILE_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0)
+CHECKPOINT_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0)
+REQUEST_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096)
+
+
+def _metric(
+    name: str,
+    kind: Kind,
+    help: str,
+    *labels: Label,
+    group: str,
+    unit: str = "",
+    buckets: tuple[float, ...] = (),
+) -> Metric:
+    return Metric(PREFIX + name, kind, help, labels, unit=unit, buckets=buckets, group=group)
+
+
+W = Label.WORKLOAD
+
+# --- Training steps -------------------------------------------------------
+STEPS_GROUP = "Training steps"
+STEP_DURATION = _metric(
+    "step_duration_seconds",
+    Kind.HISTOGRAM,
+    "Wall time of one training step.",
+    W,
+    unit="seconds",
+    buckets=STEP_BUCKETS,
+    group=STEPS_GROUP,
+)
+STEP_PHASE_DURATION = _metric(
+    "step_phase_duration_seconds",
+    Kind.HISTOGRAM,
+    "Time of each phase within a step: compute, sync (collectives), io (input wait and host-to-device), "
+    "other (the rest of the step). The phases of a step add up to its duration.",
+    W,
+    Label.PHASE,
+    unit="seconds",
+    buckets=PHASE_BUCKETS,
+    group=STEPS_GROUP,
+)
+STEPS = _metric("steps_total", Kind.COUNTER, "Training steps completed.", W, group=STEPS_GROUP)
+LAST_STEP = _metric(
+    "last_step_timestamp_seconds",
+    Kind.GAUGE,
+    "Unix time at which the sidecar received the workload's latest step (for stall detection).",
+    W,
+    unit="seconds",
+    group=STEPS_GROUP,
+)
+
+# --- Compilation -------------------------------------------------------------
+COMPILE_GROUP = "Compilation"
+COMPILE_DURATION = _metric(
+    "compile_duration_seconds",
+    Kind.HISTOGRAM,
+    "XLA compilation time by stage: tracing (jaxpr), lowering (to MLIR), backend (XLA compile).",
+    W,
+    Label.STAGE,
+    unit="seconds",
+    buckets=COMPILE_BUCKETS,
+    group=COMPILE_GROUP,
+)
+COMPILE_CACHE_REQUESTS = _metric(
+    "compile_cache_requests_total",
+    Kind.COUNTER,
+    "Persistent compilation cache look-ups by result (hit or miss).",
+    W,
+    Label.RESULT,
+    group=COMPILE_GROUP,
+)
+
+# --- Memory ---------------------------------------------------------------
+MEMORY_GROUP = "Memory"
+_dev = (Label.DEVICE, Label.ACCELERATOR, Label.SOURCE)
+DEVICE_MEMORY_USED = _metric(
+    "device_memory_used_bytes", Kind.GAUGE, "Accelerator (HBM) memory in use.", *_dev, unit="bytes", group=MEMORY_GROUP
+)
+DEVICE_MEMORY_LIMIT = _metric(
+    "device_memory_limit_bytes",
+    Kind.GAUGE,
+    "Accelerator (HBM) memory available to the workload.",
+    *_dev,
+    unit="bytes",
+    group=MEMORY_GROUP,
+)
+DEVICE_MEMORY_PEAK = _metric(
+    "device_memory_peak_bytes",
+    Kind.GAUGE,
+    "Peak accelerator (HBM) memory in use since the process started.",
+    *_dev,
+    unit="bytes",
+    group=MEMORY_GROUP,
+)
+MEMORY_SPILL = _metric(
+    "memory_spill_bytes",
+    Kind.GAUGE,
+    "Bytes XLA placed in host memory for a compiled program (spill from device memory).",
+    W,
+    Label.PROGRAM,
+    unit="bytes",
+    group=MEMORY_GROUP,
+)
+
+# --- Checkpoints ----------------------------------------------------------
+CHECKPOINT_GROUP = "Checkpoints"
+CHECKPOINT_DURATION = _metric(
+    "checkpoint_duration_seconds",
+    Kind.HISTOGRAM,
+    "Checkpoint save or restore time, by outcome.",
+    W,
+    Label.OPERATION,
+    Label.RESULT,
+    unit="seconds",
+    buckets=CHECKPOINT_BUCKETS,
+    group=CHECKPOINT_GROUP,
+)
+CHECKPOINT_BYTES = _metric(
+    "checkpoint_bytes_total",
+    Kind.COUNTER,
+    "Bytes written (save) or read (restore) by checkpoints.",
+    W,
+    Label.OPERATION,
+    unit="bytes",
+    group=CHECKPOINT_GROUP,
+)
+CHECKPOINT_LAST_SUCCESS = _metric(
+    "checkpoint_last_success_timestamp_seconds",
+    Kind.GAUGE,
+    "Unix time of the latest successful checkpoint save: its age is the work at risk.",
+    W,
+    unit="seconds",
+    group=CHECKPOINT_GROUP,
+)
+
+# --- Workload lifecycle ---------------------------------------------------------
+LIFECYCLE_GROUP = "Workload lifecycle"
+WORKLOAD_RESTARTS = _metric(
+    "workload_restarts_total",
+    Kind.COUNTER,
+    "Workload restarts, by reason (preemption, crash, ...).",
+    W,
+    Label.REASON,
+    group=LIFECYCLE_GROUP,
+)
+WORKLOAD_FAILURES = _metric(
+    "workload_failures_total", Kind.COUNTER, "Workload failures, by reason.", W, Label.REASON, group=LIFECYCLE_GROUP
+)
+
+# --- Serving ------------------------------------------------------------------
+SERVING_GROUP = "Serving"
+INFERENCE_REQUEST_DURATION = _metric(
+    "inference_request_duration_seconds",
+    Kind.HISTOGRAM,
+    "Latency of one inference request.",
+    W,
+    unit="seconds",
+    buckets=REQUEST_BUCKETS,
+    group=SERVING_GROUP,
+)
+INFERENCE_QUEUE_DEPTH = _metric(
+    "inference_queue_depth", Kind.GAUGE, "Requests waiting for a batch slot.", W, group=SERVING_GROUP
+)
+INFERENCE_BATCH_SIZE = _metric(
+    "inference_batch_size",
+    Kind.HISTOGRAM,
+    "Requests per executed batch.",
+    W,
+    buckets=BATCH_BUCKETS,
+    group=SERVING_GROUP,
+)
+
+# --- The sidecar's own health -----------------------------------------------------
+HEALTH_GROUP = "Exporter health"
+INGEST_EVENTS = _metric(
+    "ingest_events_total",
+    Kind.COUNTER,
+    "Events by result: accepted; invalid (rejected by the sidecar); dropped (could not be sent, "
+    "as reported by the job in its next event).",
+    Label.RESULT,
+    group=HEALTH_GROUP,
+)
+INGEST_INVALID_EVENTS = _metric(
+    "ingest_invalid_events_total",
+    Kind.COUNTER,
+    "Rejected datagrams by reason: malformed, truncated, oversized, unknown_version, invalid_field.",
+    Label.REASON,
+    group=HEALTH_GROUP,
+)
+BUILD_INFO = _metric(
+    "build_info",
+    Kind.GAUGE,
+    "Always 1; the version label says which tpuscope serves these metrics.",
+    Label.VERSION,
+    group=HEALTH_GROUP,
+)
+
+del _dev
+
+CATALOG: tuple[Metric, ...] = tuple(v for v in list(globals().values()) if isinstance(v, Metric))

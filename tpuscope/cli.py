@@ -1,0 +1,107 @@
+"""The ``tpuscope`` command: ``serve`` the sidecar, run a ``bench`` workload, ``generate`` artifacts."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from tpuscope import __version__, events, generate
+from tpuscope.exporter import config as serve_config
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="tpuscope",
+        description="Observability for TPU (and GPU) training fleets.",
+    )
+    parser.add_argument("--version", action="version", version=f"tpuscope {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    serve = commands.add_parser(
+        "serve",
+        help="run the sidecar exporter",
+        description="Receive events from instrumented jobs on a Unix socket and serve them, with the "
+        "sidecar's own health, as Prometheus metrics on /metrics. Stops cleanly on SIGTERM.",
+    )
+    serve_config.add_arguments(serve)
+    serve.set_defaults(run=_serve)
+
+    bench = commands.add_parser(
+        "bench",
+        help="run the instrumented benchmark workload",
+        description="Run an instrumented training loop that reports to a sidecar. When no sidecar listens "
+        "on the socket, one is started for the run and its /metrics address printed.",
+    )
+    bench.add_argument(
+        "--synthetic",
+        action="store_true",
+        help="a JAX-free loop with realistic phase timings (tests, fleet simulation, demos)",
+    )
+    bench.add_argument("--steps", type=int, default=300, help="training steps to run (default 300)")
+    bench.add_argument("--workload", default="bench", help="the workload label (default bench)")
+    bench.add_argument(
+        "--socket",
+        type=Path,
+        default=None,
+        help=f"the sidecar's socket (default ${events.SOCKET_ENV}, else {events.default_socket_path()})",
+    )
+    bench.add_argument(
+        "--listen",
+        default=f"127.0.0.1:{serve_config.DEFAULT_PORT}",
+        help="where a sidecar started by bench serves /metrics (default %(default)s)",
+    )
+    bench.add_argument("--step-time", type=float, default=0.05, help="synthetic mean step time, seconds")
+    bench.add_argument("--checkpoint-every", type=int, default=50, help="save a checkpoint every N steps")
+    bench.add_argument(
+        "--linger", type=float, default=0.0, help="keep a sidecar bench started serving this many seconds after the run"
+    )
+    bench.set_defaults(run=_bench)
+
+    gen = commands.add_parser(
+        "generate",
+        help="write the committed generated files (docs/metrics.md, ...)",
+        description="Regenerate every committed artifact from the code, or check that none is stale.",
+    )
+    gen.add_argument("--root", type=Path, default=Path("."), help="repository root (default .)")
+    gen.add_argument("--check", action="store_true", help="change nothing; exit 1 if any file is stale")
+    gen.set_defaults(run=_generate)
+
+    args = parser.parse_args(argv)
+    try:
+        return int(args.run(args))
+    except serve_config.ConfigError as e:
+        parser.exit(2, f"tpuscope {args.command}: error: {e}\n")
+    except KeyboardInterrupt:
+        return 130
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from tpuscope.exporter.daemon import serve
+
+    return serve(serve_config.resolve(args))
+
+
+def _bench(args: argparse.Namespace) -> int:
+    if not args.synthetic:
+        print("tpuscope bench: the JAX workload is not built yet; run with --synthetic", file=sys.stderr)
+        return 2
+    from tpuscope.bench import run_bench
+
+    return run_bench(args)
+
+
+def _generate(args: argparse.Namespace) -> int:
+    if args.check:
+        stale = generate.stale(args.root)
+        for path in stale:
+            print(f"stale: {path} (run `tpuscope generate`)", file=sys.stderr)
+        return 1 if stale else 0
+    for path in generate.write(args.root):
+        print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

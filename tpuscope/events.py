@@ -1,0 +1,184 @@
+"""The wire schema between the job (``tpuscope.tracing``) and the sidecar.
+
+One event is one Unix datagram: a three-byte header (``b"TS"`` and the schema
+version) followed by the record as MessagePack, encoded positionally
+(``array_like``) so a step event costs well under a hundred bytes. Records are
+validated when the sidecar decodes them; anything that fails raises
+:class:`InvalidEvent` with a reason the sidecar counts. Fields may only be
+added at the end of a record with a default (old senders keep working); any
+other change bumps :data:`VERSION`.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import Annotated, Literal
+
+import msgspec
+
+VERSION = 1
+MAGIC = b"TS"
+HEADER = MAGIC + bytes([VERSION])
+# A datagram longer than this is rejected unread. Records are far smaller; the
+# bound keeps one bad sender from making the sidecar parse megabytes.
+MAX_DATAGRAM_BYTES = 8192
+
+# Environment variable naming the sidecar's socket, read by both sides.
+SOCKET_ENV = "TPUSCOPE_SOCKET"
+
+# --- field types -------------------------------------------------------------
+# A label value: bounded length and a safe alphabet, because it becomes a
+# Prometheus label. Free text (function names) is bounded but never a label.
+LabelValue = Annotated[str, msgspec.Meta(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.:/-]*$")]
+Text = Annotated[str, msgspec.Meta(max_length=256)]
+# A week bounds any duration we report; NaN fails the check, infinity too.
+Seconds = Annotated[float, msgspec.Meta(ge=0.0, le=7 * 86400.0)]
+Count = Annotated[int, msgspec.Meta(ge=0, le=2**63 - 1)]
+
+PHASES = ("compute", "sync", "io", "other")
+Phase = Literal["compute", "sync", "io", "other"]
+CompileStage = Literal["tracing", "lowering", "backend"]
+CheckpointOperation = Literal["save", "restore"]
+LifecycleState = Literal["start", "stop", "failure", "restart"]
+
+
+class Event(msgspec.Struct, array_like=True, frozen=True, forbid_unknown_fields=True, tag_field="k"):
+    """Base of every record; ``workload`` names the job that sent it."""
+
+    workload: LabelValue
+
+
+class Step(Event, tag="step", frozen=True):
+    """A finished training step and where its time went (the phases add up to ``duration_s``).
+
+    ``dropped`` is the number of events this process could not send since its
+    last successful send, so the sidecar sees the job's losses too.
+    """
+
+    step: Count
+    duration_s: Seconds
+    compute_s: Seconds = 0.0
+    sync_s: Seconds = 0.0
+    io_s: Seconds = 0.0
+    other_s: Seconds = 0.0
+    dropped: Count = 0
+
+    def __post_init__(self) -> None:
+        measured = self.compute_s + self.sync_s + self.io_s + self.other_s
+        # Phases are measured inside the step, so they cannot exceed it (1% + 1 ms slack for clocks).
+        if measured > self.duration_s * 1.01 + 1e-3:
+            raise ValueError(f"phases add up to {measured:.6f}s, more than the step's {self.duration_s:.6f}s")
+
+    def phase_seconds(self) -> tuple[tuple[Phase, float], ...]:
+        return (("compute", self.compute_s), ("sync", self.sync_s), ("io", self.io_s), ("other", self.other_s))
+
+
+class Compile(Event, tag="compile", frozen=True):
+    """One stage of one XLA compilation."""
+
+    stage: CompileStage
+    duration_s: Seconds
+    function: Text = ""
+
+
+class CompileCache(Event, tag="cache", frozen=True):
+    """One persistent compilation-cache look-up."""
+
+    hit: bool
+
+
+class Checkpoint(Event, tag="ckpt", frozen=True):
+    """A finished checkpoint save or restore."""
+
+    operation: CheckpointOperation
+    duration_s: Seconds
+    ok: bool
+    bytes: Count = 0
+    step: Count = 0
+
+
+class DeviceMemory(Event, tag="devmem", frozen=True):
+    """A reading of one device's memory, as the job sees it (``device.memory_stats()``)."""
+
+    device: LabelValue
+    accelerator: LabelValue
+    used_bytes: Count
+    limit_bytes: Count = 0
+    peak_bytes: Count = 0
+
+
+class ProgramMemory(Event, tag="progmem", frozen=True):
+    """What XLA's memory analysis says of one compiled program."""
+
+    program: LabelValue
+    spill_bytes: Count
+
+
+class Lifecycle(Event, tag="life", frozen=True):
+    """The job started, stopped, failed or restarted."""
+
+    state: LifecycleState
+    reason: LabelValue = "none"
+
+
+class InferenceBatch(Event, tag="infer", frozen=True):
+    """One executed serving batch: its size, the queue behind it and each request's latency."""
+
+    batch_size: Count
+    queue_depth: Count
+    request_seconds: Annotated[list[Seconds], msgspec.Meta(max_length=1024)] = []
+
+
+AnyEvent = Step | Compile | CompileCache | Checkpoint | DeviceMemory | ProgramMemory | Lifecycle | InferenceBatch
+
+# Why a datagram was rejected; each is a value of the sidecar's reason label.
+REJECT_REASONS = ("malformed", "truncated", "oversized", "unknown_version", "invalid_field")
+
+
+class InvalidEvent(ValueError):
+    """A datagram the sidecar rejects; ``reason`` is one of :data:`REJECT_REASONS`."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason
+
+
+_encoder = msgspec.msgpack.Encoder()
+_decoder: msgspec.msgpack.Decoder[AnyEvent] = msgspec.msgpack.Decoder(AnyEvent)
+
+
+def encode(event: AnyEvent) -> bytes:
+    return HEADER + _encoder.encode(event)
+
+
+def decode(datagram: bytes | bytearray | memoryview) -> AnyEvent:
+    """Decode and validate one datagram, or raise :class:`InvalidEvent`."""
+    if len(datagram) > MAX_DATAGRAM_BYTES:
+        raise InvalidEvent("oversized", f"{len(datagram)} bytes, the limit is {MAX_DATAGRAM_BYTES}")
+    if bytes(datagram[:2]) != MAGIC or len(datagram) < len(HEADER):
+        raise InvalidEvent("malformed", "no tpuscope header")
+    if datagram[2] != VERSION:
+        raise InvalidEvent("unknown_version", f"schema version {datagram[2]}, this sidecar reads {VERSION}")
+    try:
+        return _decoder.decode(memoryview(datagram)[len(HEADER) :])
+    except msgspec.ValidationError as e:
+        raise InvalidEvent("invalid_field", str(e)) from None
+    except msgspec.DecodeError as e:
+        reason = "truncated" if "truncated" in str(e) else "malformed"
+        raise InvalidEvent(reason, str(e)) from None
+    except Exception as e:  # e.g. UnicodeDecodeError from invalid UTF-8 in a string: found by fuzzing
+        raise InvalidEvent("malformed", f"{type(e).__name__}: {e}") from None
+
+
+def default_socket_path() -> Path:
+    """Where the sidecar listens unless ``TPUSCOPE_SOCKET`` or a flag says otherwise.
+
+    A per-user runtime directory, so two users on one host never collide and
+    nobody else can write to the socket.
+    """
+    if path := os.environ.get(SOCKET_ENV):
+        return Path(path)
+    runtime = os.environ.get("XDG_RUNTIME_DIR") or os.path.join(tempfile.gettempdir(), f"tpuscope-{os.getuid()}")
+    return Path(runtime) / "tpuscope.sock"

@@ -1,0 +1,1 @@
+"""The sidecar exporter: event ingest, aggregation into the catalogue's metrics, and /metrics."""

@@ -1,0 +1,111 @@
+"""Fold validated events into the catalogue's metrics.
+
+One handler per event type, looked up by the event's class. Handlers only
+touch prometheus_client objects, which are thread-safe, so the ingest thread
+and the HTTP threads need no lock of ours.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+
+from tpuscope import __version__, catalog, events
+from tpuscope.exporter.metrics import register
+
+log = logging.getLogger("tpuscope.exporter")
+
+INGEST_RESULTS = ("accepted", "invalid", "dropped")
+
+
+class Aggregator:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.metrics = register(registry)
+        self._handlers: dict[type, Callable[[Any], None]] = {
+            events.Step: self._step,
+            events.Compile: self._compile,
+            events.CompileCache: self._compile_cache,
+            events.Checkpoint: self._checkpoint,
+            events.DeviceMemory: self._device_memory,
+            events.ProgramMemory: self._program_memory,
+            events.Lifecycle: self._lifecycle,
+            events.InferenceBatch: self._inference_batch,
+        }
+        ingest = self.metrics[catalog.INGEST_EVENTS]
+        self._ingest = {result: ingest.labels(result) for result in INGEST_RESULTS}
+        invalid = self.metrics[catalog.INGEST_INVALID_EVENTS]
+        self._invalid = {reason: invalid.labels(reason) for reason in events.REJECT_REASONS}
+        self.metrics[catalog.BUILD_INFO].labels(__version__).set(1)
+
+    # --- the ingest loop's entry points --------------------------------------------
+    def accept(self, event: events.AnyEvent) -> None:
+        """A valid event from a job."""
+        self.apply(event)
+        self._ingest["accepted"].inc()
+
+    def apply(self, event: events.AnyEvent) -> None:
+        """Fold an event into the metrics without counting it as received (the sidecar's own inferences)."""
+        self._handlers[type(event)](event)
+
+    def reject(self, reason: str) -> None:
+        self._ingest["invalid"].inc()
+        self._invalid[reason].inc()
+
+    # --- one handler per event type ----------------------------------------------------
+    def _step(self, e: events.Step) -> None:
+        m = self.metrics
+        m[catalog.STEP_DURATION].labels(e.workload).observe(e.duration_s)
+        phases = m[catalog.STEP_PHASE_DURATION]
+        for phase, seconds in e.phase_seconds():
+            phases.labels(e.workload, phase).observe(seconds)
+        m[catalog.STEPS].labels(e.workload).inc()
+        m[catalog.LAST_STEP].labels(e.workload).set(time.time())
+        if e.dropped:
+            self._ingest["dropped"].inc(e.dropped)
+
+    def _compile(self, e: events.Compile) -> None:
+        self.metrics[catalog.COMPILE_DURATION].labels(e.workload, e.stage).observe(e.duration_s)
+
+    def _compile_cache(self, e: events.CompileCache) -> None:
+        self.metrics[catalog.COMPILE_CACHE_REQUESTS].labels(e.workload, "hit" if e.hit else "miss").inc()
+
+    def _checkpoint(self, e: events.Checkpoint) -> None:
+        m = self.metrics
+        result = "ok" if e.ok else "error"
+        m[catalog.CHECKPOINT_DURATION].labels(e.workload, e.operation, result).observe(e.duration_s)
+        m[catalog.CHECKPOINT_BYTES].labels(e.workload, e.operation).inc(e.bytes)
+        if e.ok and e.operation == "save":
+            m[catalog.CHECKPOINT_LAST_SUCCESS].labels(e.workload).set(time.time())
+
+    def _device_memory(self, e: events.DeviceMemory) -> None:
+        labels = (e.device, e.accelerator, "workload")
+        self.metrics[catalog.DEVICE_MEMORY_USED].labels(*labels).set(e.used_bytes)
+        if e.limit_bytes:
+            self.metrics[catalog.DEVICE_MEMORY_LIMIT].labels(*labels).set(e.limit_bytes)
+        if e.peak_bytes:
+            self.metrics[catalog.DEVICE_MEMORY_PEAK].labels(*labels).set(e.peak_bytes)
+
+    def _program_memory(self, e: events.ProgramMemory) -> None:
+        self.metrics[catalog.MEMORY_SPILL].labels(e.workload, e.program).set(e.spill_bytes)
+
+    def _lifecycle(self, e: events.Lifecycle) -> None:
+        log.info("workload %s: %s (%s)", e.workload, e.state, e.reason)
+        if e.state == "start":
+            # Create the step counter at zero, so Prometheus' rate() sees the first step too.
+            self.metrics[catalog.STEPS].labels(e.workload)
+        elif e.state == "restart":
+            self.metrics[catalog.WORKLOAD_RESTARTS].labels(e.workload, e.reason).inc()
+        elif e.state == "failure":
+            self.metrics[catalog.WORKLOAD_FAILURES].labels(e.workload, e.reason).inc()
+
+    def _inference_batch(self, e: events.InferenceBatch) -> None:
+        m = self.metrics
+        m[catalog.INFERENCE_BATCH_SIZE].labels(e.workload).observe(e.batch_size)
+        m[catalog.INFERENCE_QUEUE_DEPTH].labels(e.workload).set(e.queue_depth)
+        latency = m[catalog.INFERENCE_REQUEST_DURATION].labels(e.workload)
+        for seconds in e.request_seconds:
+            latency.observe(seconds)

@@ -1,0 +1,73 @@
+"""Run ``tpuscope serve`` as a child process and learn where it listens.
+
+Used by ``tpuscope bench`` (which starts a sidecar when none is running) and by
+the tests, which need real sidecar processes.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import select
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+READY = re.compile(r"^tpuscope serve: metrics at (?P<url>\S+), events at (?P<socket>.+)$")
+
+
+class SidecarProcess:
+    """``with SidecarProcess(socket, listen="127.0.0.1:0") as sidecar: sidecar.url``"""
+
+    def __init__(self, socket: Path, listen: str = "127.0.0.1:0", *extra: str, timeout: float = 20.0) -> None:
+        self.socket = socket
+        # The log goes to a file beside the socket: a pipe nobody reads would
+        # block the sidecar once it filled.
+        self.log_path = socket.with_name(socket.name + ".log")
+        socket.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        with open(self.log_path, "w") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "tpuscope", "serve", "--listen", listen, "--socket", os.fspath(socket), *extra],
+                stdout=subprocess.PIPE,
+                stderr=log,
+                text=True,
+            )
+        self.url = self._wait_ready(timeout)
+
+    def _wait_ready(self, timeout: float) -> str:
+        assert self.proc.stdout is not None
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([self.proc.stdout], [], [], 0.1)
+            if ready:
+                line = self.proc.stdout.readline()
+                if match := READY.match(line.strip()):
+                    return match["url"]
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"tpuscope serve exited with {self.proc.returncode}: {self.log().strip()}")
+        self.proc.kill()
+        raise RuntimeError(f"tpuscope serve did not start within {timeout}s")
+
+    def stop(self, timeout: float = 10.0) -> int:
+        """SIGTERM, then wait; returns the exit code."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        if self.proc.stdout:
+            self.proc.stdout.close()
+        return self.proc.returncode
+
+    def log(self) -> str:
+        return self.log_path.read_text()
+
+    def __enter__(self) -> SidecarProcess:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.stop()

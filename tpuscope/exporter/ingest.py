@@ -1,0 +1,201 @@
+"""The event socket: bind it safely, then accept jobs and receive, decode and aggregate their events.
+
+The socket is a Unix ``SOCK_SEQPACKET`` socket: like a datagram socket it keeps
+one event per message, but each job gets its own connection, whose buffer is
+sized in bytes (hundreds to thousands of events) instead of Linux's
+``net.unix.max_dgram_qlen`` (10 datagrams by default, for all senders
+together). A connection also tells the sidecar when a job goes away without
+saying goodbye, which is how a SIGKILL'd job is seen at all.
+
+One thread does everything. An event's handling takes microseconds, so a
+queue between receiving and aggregating would only add a place to lose
+events. What the thread cannot keep up with waits in the connection's buffer;
+when that is full the job's send fails at once and the job counts the drop.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import logging
+import os
+import selectors
+import socket
+import stat
+import struct
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+from tpuscope import events
+from tpuscope.exporter.aggregator import Aggregator
+
+log = logging.getLogger("tpuscope.exporter")
+
+# More connections than this are refused: a host runs a handful of jobs, and
+# each connection costs a file descriptor.
+MAX_CONNECTIONS = 256
+# Events handled from one connection before looking at the others, so one busy
+# job cannot starve the rest.
+BATCH = 256
+
+
+class SocketError(RuntimeError):
+    """The event socket cannot be bound; the message says why and what to do."""
+
+
+def bind_event_socket(path: Path, mode: int) -> socket.socket:
+    """Bind and listen on a Unix socket at ``path`` with permissions ``mode``.
+
+    A stale socket left by a dead sidecar is replaced. Anything else at the path
+    (a file, a directory, a symlink, a live sidecar's socket) is left alone and
+    reported, so a mistyped path can never destroy data.
+    """
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        pass
+    else:
+        if not stat.S_ISSOCK(st.st_mode):
+            raise SocketError(f"{path} exists and is not a socket; refusing to replace it (choose another --socket)")
+        if has_listener(path):
+            raise SocketError(f"another process is already receiving on {path} (is a tpuscope serve running?)")
+        log.info("removing stale socket %s", path)
+        path.unlink()
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    # The umask makes the socket born with `mode`, leaving no moment at which others could connect.
+    old_umask = os.umask(0o777 & ~mode)
+    try:
+        sock.bind(os.fspath(path))
+    except OSError as e:
+        sock.close()
+        raise SocketError(f"cannot bind {path}: {e.strerror}") from None
+    finally:
+        os.umask(old_umask)
+    sock.listen(64)
+    sock.setblocking(False)
+    return sock
+
+
+def has_listener(path: Path) -> bool:
+    """Whether a live process accepts connections on the socket at ``path``."""
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    try:
+        probe.connect(os.fspath(path))
+    except OSError as e:
+        if e.errno in (errno.ECONNREFUSED, errno.ENOENT):
+            return False
+        raise SocketError(f"cannot check {path}: {e.strerror}") from None
+    finally:
+        probe.close()
+    return True
+
+
+@dataclass
+class Connection:
+    """One job process: who it is, and what it last told us."""
+
+    sock: socket.socket
+    pid: int
+    workload: str = ""
+    said_goodbye: bool = False
+
+
+class IngestLoop:
+    """Owns the listening socket; :meth:`start` serves it on a thread until :meth:`stop`."""
+
+    def __init__(self, path: Path, mode: int, aggregator: Aggregator) -> None:
+        self.path = path
+        self._listener = bind_event_socket(path, mode)
+        self._inode = os.stat(path).st_ino
+        self._aggregator = aggregator
+        self._selector = selectors.DefaultSelector()
+        self._selector.register(self._listener, selectors.EVENT_READ, None)
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._selector.register(self._wake_r, selectors.EVENT_READ, "wake")
+        self._stopping = threading.Event()
+        self._buffer = bytearray(events.MAX_DATAGRAM_BYTES + 1)
+        self._thread = threading.Thread(target=self._run, name="tpuscope-ingest", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stopping.is_set():
+            for key, _ in self._selector.select():
+                if key.data is None:
+                    self._accept()
+                elif isinstance(key.data, Connection):
+                    self._drain(key.data)
+
+    def _accept(self) -> None:
+        with contextlib.suppress(BlockingIOError):
+            sock, _ = self._listener.accept()
+            if len(self._selector.get_map()) - 2 >= MAX_CONNECTIONS:
+                log.warning("refusing a job connection: %d connections already open", MAX_CONNECTIONS)
+                sock.close()
+                return
+            sock.setblocking(False)
+            creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+            pid = struct.unpack("3i", creds)[0]
+            self._selector.register(sock, selectors.EVENT_READ, Connection(sock, pid))
+            log.debug("job pid %d connected", pid)
+
+    def _drain(self, conn: Connection) -> None:
+        """Handle up to BATCH waiting events from one job; close the connection at its end."""
+        view = memoryview(self._buffer)
+        for _ in range(BATCH):
+            try:
+                # MSG_TRUNC: the return value is the message's real length, even past
+                # the buffer, so an oversized event is recognised, not cut.
+                size = conn.sock.recv_into(self._buffer, len(self._buffer), socket.MSG_TRUNC)
+            except BlockingIOError:
+                return
+            except OSError as e:
+                log.warning("job pid %d: receive failed: %s", conn.pid, e)
+                size = 0
+            if size == 0:  # the job closed its end
+                self._close(conn)
+                return
+            self._handle(conn, view[:size])
+
+    def _handle(self, conn: Connection, message: memoryview) -> None:
+        try:
+            event = events.decode(message)
+        except events.InvalidEvent as e:
+            self._aggregator.reject(e.reason)
+            log.debug("job pid %d: rejected event: %s", conn.pid, e)
+            return
+        try:
+            self._aggregator.accept(event)
+        except Exception:  # a bug of ours: count it against the event, keep serving
+            log.exception("failed to aggregate %r", event)
+            self._aggregator.reject("invalid_field")
+            return
+        conn.workload = event.workload
+        if isinstance(event, events.Lifecycle):
+            conn.said_goodbye = event.state in ("stop", "failure")
+
+    def _close(self, conn: Connection) -> None:
+        self._selector.unregister(conn.sock)
+        conn.sock.close()
+        if conn.workload and not conn.said_goodbye:
+            # It sent events but never stop or failure: killed, or exited without closing its Monitor.
+            log.warning("workload %s (pid %d) disconnected without a stop event", conn.workload, conn.pid)
+            self._aggregator.apply(events.Lifecycle(workload=conn.workload, state="failure", reason="vanished"))
+        else:
+            log.debug("job pid %d disconnected", conn.pid)
+
+    def stop(self) -> None:
+        """Stop the thread, close every connection, and remove the socket if it is still ours."""
+        self._stopping.set()
+        self._wake_w.send(b"x")
+        self._thread.join(timeout=5)
+        for key in list(self._selector.get_map().values()):
+            key.fileobj.close()  # type: ignore[union-attr]
+        self._selector.close()
+        self._wake_w.close()
+        with contextlib.suppress(OSError):
+            if os.lstat(self.path).st_ino == self._inode:
+                self.path.unlink()

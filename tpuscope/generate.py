@@ -1,0 +1,74 @@
+"""Every generated file the repository commits, and how to write or check them.
+
+``tpuscope generate`` rewrites them; ``tpuscope generate --check`` fails when
+any committed file differs from what the code generates now (the test suite
+runs it, so a stale artifact fails CI).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from tpuscope import catalog, events
+
+
+def metrics_markdown() -> str:
+    """docs/metrics.md: the catalogue as a reference table, grouped as in catalog.py."""
+    lines = [
+        "# Metrics reference",
+        "",
+        "Generated from `tpuscope/catalog.py` by `tpuscope generate`; do not edit by hand.",
+        "",
+        "Every series is exported by `tpuscope serve` on `/metrics`. Prometheus adds `job` and `instance`",
+        "from its scrape; tpuscope never sets them. Units are base units: seconds, bytes, ratios 0..1.",
+        "",
+    ]
+    groups: dict[str, list[catalog.Metric]] = {}
+    for metric in catalog.CATALOG:
+        groups.setdefault(metric.group, []).append(metric)
+    for group, metrics in groups.items():
+        lines += [f"## {group}", "", "| metric | type | labels | description |", "|---|---|---|---|"]
+        for m in metrics:
+            labels = ", ".join(f"`{label}`" for label in m.labels) or "none"
+            text = m.help
+            if m.buckets:
+                text += " Buckets: " + ", ".join(f"{b:g}" for b in m.buckets) + "."
+            lines.append(f"| `{m.name}` | {m.kind} | {labels} | {text} |")
+        lines.append("")
+    lines += [
+        "## Label values",
+        "",
+        f"- `phase`: {', '.join(events.PHASES)}. `other` is the part of a step no measured phase claims.",
+        "- `result`: `ok` or `error` (checkpoints), `hit` or `miss` (compile cache), "
+        "`accepted`, `invalid` or `dropped` (ingest).",
+        f"- `reason` on `{catalog.INGEST_INVALID_EVENTS.name}`: {', '.join(events.REJECT_REASONS)}.",
+        "- `source` on device series: `workload` when the job reported it.",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+# Path relative to the repository root -> the function that produces its content.
+ARTIFACTS: dict[str, Callable[[], str]] = {
+    "docs/metrics.md": metrics_markdown,
+}
+
+
+def stale(root: Path) -> list[str]:
+    """The artifacts under ``root`` that are missing or differ from what would be generated now."""
+    return [rel for rel, render in ARTIFACTS.items() if _read(root / rel) != render()]
+
+
+def write(root: Path) -> list[str]:
+    """Write every stale artifact under ``root``; return their paths."""
+    changed = stale(root)
+    for relative in changed:
+        path = root / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(ARTIFACTS[relative]())
+    return changed
+
+
+def _read(path: Path) -> str | None:
+    return path.read_text() if path.exists() else None

@@ -1,0 +1,265 @@
+"""The in-job API: a training loop tells tpuscope what happened, in a few lines.
+
+    from tpuscope.tracing import Monitor
+
+    mon = Monitor(workload="llm-pretrain")
+    for n in range(steps):
+        with mon.step(n) as s:
+            with s.phase("io"):
+                batch = next(data)
+            with s.phase("compute"):
+                state, grads = train_step(state, batch)
+            with s.phase("sync"):
+                state = all_reduce(state, grads)
+        if n % 1000 == 0:
+            with mon.checkpoint("save", step=n) as ckpt:
+                ckpt.bytes = save(state)
+
+Every method returns quickly and never raises: the job's progress matters more
+than its telemetry. Events that cannot be delivered are counted in
+``mon.dropped`` and reported when the Monitor closes.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import re
+import time
+import warnings
+from collections.abc import Sequence
+from types import TracebackType
+from typing import Literal
+
+from tpuscope import events
+from tpuscope.tracing.sinks import Sink, SocketSink
+
+log = logging.getLogger("tpuscope")
+
+_MEASURED_PHASES = ("compute", "sync", "io")
+
+
+def sanitize_label(value: str) -> str:
+    """Make ``value`` a valid label value (as the wire schema demands) instead of failing the job."""
+    clean = re.sub(r"[^A-Za-z0-9_.:/-]", "_", str(value))[:64].lstrip("_.:/-")
+    return clean or "unknown"
+
+
+class Monitor:
+    """Reports steps, phases, compiles, checkpoints, memory and lifecycle to the sidecar.
+
+    ``socket`` defaults to ``$TPUSCOPE_SOCKET``, else the sidecar's default path.
+    ``sinks`` are further receivers of every event besides the sidecar (a run
+    summary; OpenTelemetry spans).
+    """
+
+    def __init__(
+        self,
+        workload: str,
+        *,
+        socket: str | os.PathLike[str] | None = None,
+        sinks: Sequence[Sink] = (),
+    ) -> None:
+        self.workload = sanitize_label(workload)
+        if self.workload != workload:
+            warnings.warn(f"tpuscope: workload {workload!r} reported as {self.workload!r}", stacklevel=2)
+        self._sidecar = SocketSink(socket)
+        self.sinks: tuple[Sink, ...] = (self._sidecar, *sinks)
+        self._warned_phases: set[str] = set()
+        self._closed = False
+        self.lifecycle("start")
+        atexit.register(self.close)
+
+    # --- the step loop ---------------------------------------------------------
+    def step(self, number: int) -> StepTimer:
+        """Time one training step: ``with mon.step(n) as s: ...``."""
+        return StepTimer(self, number)
+
+    def checkpoint(self, operation: Literal["save", "restore"] = "save", *, step: int = 0) -> CheckpointTimer:
+        """Time a checkpoint: ``with mon.checkpoint("save", step=n) as c: c.bytes = ...``.
+
+        An exception inside the block records a failed checkpoint, then propagates.
+        """
+        return CheckpointTimer(self, operation, step)
+
+    # --- one-off reports ---------------------------------------------------------
+    def compile(self, stage: events.CompileStage, seconds: float, function: str = "") -> None:
+        self._send(events.Compile, stage=stage, duration_s=seconds, function=function[:256])
+
+    def compile_cache(self, hit: bool) -> None:
+        self._send(events.CompileCache, hit=hit)
+
+    def device_memory(
+        self, device: str, accelerator: str, *, used_bytes: int, limit_bytes: int = 0, peak_bytes: int = 0
+    ) -> None:
+        self._send(
+            events.DeviceMemory,
+            device=sanitize_label(device),
+            accelerator=sanitize_label(accelerator),
+            used_bytes=used_bytes,
+            limit_bytes=limit_bytes,
+            peak_bytes=peak_bytes,
+        )
+
+    def program_memory(self, program: str, *, spill_bytes: int) -> None:
+        self._send(events.ProgramMemory, program=sanitize_label(program), spill_bytes=spill_bytes)
+
+    def lifecycle(self, state: events.LifecycleState, reason: str = "none") -> None:
+        self._send(events.Lifecycle, state=state, reason=sanitize_label(reason))
+
+    def inference_batch(self, batch_size: int, queue_depth: int, request_seconds: Sequence[float] = ()) -> None:
+        self._send(
+            events.InferenceBatch,
+            batch_size=batch_size,
+            queue_depth=queue_depth,
+            request_seconds=list(request_seconds)[:1024],
+        )
+
+    # --- delivery ------------------------------------------------------------------
+    @property
+    def sent(self) -> int:
+        """Events delivered to the sidecar's socket."""
+        return self._sidecar.sent
+
+    @property
+    def dropped(self) -> int:
+        """Events that could not be delivered to the sidecar (no sidecar, or its buffer was full)."""
+        return self._sidecar.dropped
+
+    def emit(self, event: events.AnyEvent) -> None:
+        """Hand a finished event to every sink. Never raises."""
+        for sink in self.sinks:
+            try:
+                sink.emit(event)
+            except Exception:  # a sink's bug must not reach the training loop
+                log.debug("tpuscope sink %r failed", sink, exc_info=True)
+
+    def _send(self, record: type[events.AnyEvent], **fields: object) -> None:
+        try:
+            event = record(workload=self.workload, **fields)  # type: ignore[arg-type]
+        except Exception as e:  # e.g. phases longer than the step: drop, count, carry on
+            self._sidecar.drop(f"invalid {record.__name__}: {e}")
+            return
+        self.emit(event)
+
+    def close(self, failed: bool = False) -> None:
+        """Send the stop (or failure) event and report drops. Called at exit too."""
+        if self._closed:
+            return
+        self.lifecycle("failure" if failed else "stop", reason="exception" if failed else "none")
+        self._closed = True
+        atexit.unregister(self.close)
+        if self._sidecar.dropped:
+            log.warning(
+                "tpuscope: %d of %d events were not delivered to the sidecar (last: %s)",
+                self._sidecar.dropped,
+                self._sidecar.dropped + self._sidecar.sent,
+                self._sidecar.last_error,
+            )
+        for sink in self.sinks:
+            try:
+                sink.close()
+            except Exception:
+                log.debug("tpuscope sink %r failed to close", sink, exc_info=True)
+
+    def __enter__(self) -> Monitor:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, *_: object) -> None:
+        self.close(failed=exc_type is not None and not issubclass(exc_type, KeyboardInterrupt))
+
+    def _phase_name(self, name: str) -> str:
+        if name in _MEASURED_PHASES:
+            return name
+        if name not in self._warned_phases:  # once per name: the loop calls this every step
+            self._warned_phases.add(name)
+            warnings.warn(
+                f"tpuscope: unknown phase {name!r} counts as 'other'; use one of {_MEASURED_PHASES}",
+                stacklevel=3,
+            )
+        return "other"
+
+
+class StepTimer:
+    """Times one step and its phases; sends one event when the step ends.
+
+    The time no phase claims is reported as ``other``, so a step's phases always
+    add up to its duration.
+    """
+
+    __slots__ = ("_monitor", "_phases", "_start", "number")
+
+    def __init__(self, monitor: Monitor, number: int) -> None:
+        self._monitor = monitor
+        self.number = number
+        self._phases = {"compute": 0.0, "sync": 0.0, "io": 0.0, "other": 0.0}
+        self._start = 0.0
+
+    def __enter__(self) -> StepTimer:
+        self._start = time.perf_counter()
+        return self
+
+    def phase(self, name: str) -> PhaseTimer:
+        """Time a phase of this step: ``"io"``, ``"compute"`` or ``"sync"``. Phases must not nest."""
+        return PhaseTimer(self._phases, self._monitor._phase_name(name))
+
+    def __exit__(self, *_: object) -> None:
+        duration = time.perf_counter() - self._start
+        p = self._phases
+        # "other" is whatever the measured phases leave; an explicit or unknown phase is part of it.
+        other = max(0.0, duration - p["compute"] - p["sync"] - p["io"])
+        self._monitor._send(
+            events.Step,
+            step=self.number,
+            duration_s=duration,
+            compute_s=p["compute"],
+            sync_s=p["sync"],
+            io_s=p["io"],
+            other_s=other,
+        )
+
+
+class PhaseTimer:
+    __slots__ = ("_name", "_phases", "_start")
+
+    def __init__(self, phases: dict[str, float], name: str) -> None:
+        self._phases = phases
+        self._name = name
+        self._start = 0.0
+
+    def __enter__(self) -> PhaseTimer:
+        self._start = time.perf_counter()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._phases[self._name] += time.perf_counter() - self._start
+
+
+class CheckpointTimer:
+    """Times a checkpoint; set ``bytes`` inside the block to report its size."""
+
+    __slots__ = ("_monitor", "_start", "bytes", "operation", "step")
+
+    def __init__(self, monitor: Monitor, operation: Literal["save", "restore"], step: int) -> None:
+        self._monitor = monitor
+        self.operation = operation
+        self.step = step
+        self.bytes = 0
+        self._start = 0.0
+
+    def __enter__(self) -> CheckpointTimer:
+        self._start = time.perf_counter()
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self._monitor._send(
+            events.Checkpoint,
+            operation=self.operation,
+            duration_s=time.perf_counter() - self._start,
+            ok=exc_type is None,
+            bytes=self.bytes,
+            step=self.step,
+        )

@@ -1,0 +1,103 @@
+"""Where the Monitor's events go. A sink takes a finished event and must never
+block or raise; the Monitor hands every event to each of its sinks in turn.
+
+``SocketSink`` sends to the sidecar. OpenTelemetry spans will be another sink.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import time
+from typing import Protocol
+
+import msgspec
+
+from tpuscope import events
+
+# How long to wait before trying to reach an absent sidecar again. Until then
+# events are dropped at the cost of one clock read, not a system call.
+RECONNECT_SECONDS = 1.0
+# Ask for a big send buffer: it is where events wait while the sidecar is
+# busy. The kernel caps it at net.core.wmem_max (8 MiB here holds ~10k events).
+SEND_BUFFER_BYTES = 4 << 20
+
+
+class Sink(Protocol):
+    def emit(self, event: events.AnyEvent) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class SocketSink:
+    """One message per event to the sidecar's Unix socket, without ever waiting.
+
+    The connection is made lazily and remade after the sidecar restarts. A send
+    that would block (the sidecar is behind and the buffer is full), or that
+    finds no sidecar, is dropped and counted; the job never sees the error. The
+    count of drops not yet reported rides along on the next step event, so the
+    sidecar exports the job's losses too.
+    """
+
+    def __init__(self, path: str | os.PathLike[str] | None = None) -> None:
+        self.path = os.fspath(path if path is not None else events.default_socket_path())
+        self.sent = 0
+        self.dropped = 0
+        self.unreported_drops = 0
+        self.last_error = ""
+        self._sock: socket.socket | None = None
+        self._next_connect = 0.0
+        self._connect_error = "no sidecar"
+
+    def emit(self, event: events.AnyEvent) -> None:
+        if isinstance(event, events.Step) and self.unreported_drops:
+            event = msgspec.structs.replace(event, dropped=self.unreported_drops)  # rare: only after a drop
+        sock = self._sock or self._connect()
+        if sock is None:
+            self.drop(self._connect_error)
+            return
+        try:
+            sock.send(events.encode(event), socket.MSG_NOSIGNAL)
+        except BlockingIOError:
+            self.drop("sidecar busy: send buffer full")
+            return
+        except OSError as e:  # the sidecar went away: reconnect on a later event
+            self._disconnect()
+            self.drop(f"{type(e).__name__}: {e}")
+            return
+        self.sent += 1
+        if isinstance(event, events.Step):
+            self.unreported_drops = 0
+
+    def _connect(self) -> socket.socket | None:
+        now = time.monotonic()
+        if now < self._next_connect:
+            return None
+        self._next_connect = now + RECONNECT_SECONDS
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            sock.connect(self.path)
+        except OSError as e:
+            sock.close()
+            self._connect_error = f"no sidecar at {self.path}: {e.strerror}"
+            return None
+        sock.setblocking(False)
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SEND_BUFFER_BYTES)
+        self._sock = sock
+        return sock
+
+    def _disconnect(self) -> None:
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+
+    def drop(self, why: str) -> None:
+        """Count an event that was not delivered."""
+        self.dropped += 1
+        self.unreported_drops += 1
+        self.last_error = why
+
+    def close(self) -> None:
+        self._disconnect()
