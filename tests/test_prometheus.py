@@ -27,7 +27,8 @@ def test_prometheus_sees_the_step_rate_and_phases_that_add_up(sidecar: SidecarPr
     step_sum = f"sum(rate({catalog.STEP_DURATION.series('sum')}{{{w}}}[10s]))"
     with PrometheusServer(short_tmp / "prom", [target_of(sidecar.url)]) as prom:
         with Monitor("e2e", socket=sidecar.socket) as monitor:
-            loop = threading.Thread(target=synthetic.run, args=(monitor, 1500, PROFILE), daemon=True)
+            stop = threading.Event()
+            loop = threading.Thread(target=synthetic.run, args=(monitor, 1500, PROFILE), kwargs={"stop": stop})
             loop.start()
             rate, shares, total = None, {}, None
             deadline = time.monotonic() + 60

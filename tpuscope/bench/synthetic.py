@@ -10,6 +10,7 @@ same events.
 from __future__ import annotations
 
 import random
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -43,8 +44,9 @@ def run(
     *,
     seed: int = 0,
     progress: Callable[[int], None] | None = None,
+    stop: threading.Event | None = None,
 ) -> None:
-    """Run ``steps`` steps, reporting everything through ``monitor``; ``progress(n)`` after each."""
+    """Run ``steps`` steps (fewer if ``stop`` is set), reporting through ``monitor``; ``progress(n)`` after each."""
     rng = random.Random(seed)
 
     def sleep_share(share: float) -> None:
@@ -52,6 +54,8 @@ def run(
 
     peak = [0] * profile.devices
     for n in range(steps):
+        if stop is not None and stop.is_set():
+            return
         with monitor.step(n) as step:
             with step.phase("io"):
                 sleep_share(profile.io_share)

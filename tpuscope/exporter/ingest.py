@@ -115,6 +115,7 @@ class IngestLoop:
         self._wake_r, self._wake_w = socket.socketpair()
         self._selector.register(self._wake_r, selectors.EVENT_READ, "wake")
         self._stopping = threading.Event()
+        self._connections = 0
         self._buffer = bytearray(events.MAX_DATAGRAM_BYTES + 1)
         self._thread = threading.Thread(target=self._run, name="tpuscope-ingest", daemon=True)
 
@@ -132,7 +133,7 @@ class IngestLoop:
     def _accept(self) -> None:
         with contextlib.suppress(BlockingIOError):
             sock, _ = self._listener.accept()
-            if len(self._selector.get_map()) - 2 >= MAX_CONNECTIONS:
+            if self._connections >= MAX_CONNECTIONS:
                 log.warning("refusing a job connection: %d connections already open", MAX_CONNECTIONS)
                 sock.close()
                 return
@@ -140,6 +141,7 @@ class IngestLoop:
             creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
             pid = struct.unpack("3i", creds)[0]
             self._selector.register(sock, selectors.EVENT_READ, Connection(sock, pid))
+            self._connections += 1
             log.debug("job pid %d connected", pid)
 
     def _drain(self, conn: Connection) -> None:
@@ -180,6 +182,7 @@ class IngestLoop:
     def _close(self, conn: Connection) -> None:
         self._selector.unregister(conn.sock)
         conn.sock.close()
+        self._connections -= 1
         if conn.workload and not conn.said_goodbye:
             # It sent events but never stop or failure: killed, or exited without closing its Monitor.
             log.warning("workload %s (pid %d) disconnected without a stop event", conn.workload, conn.pid)

@@ -49,6 +49,7 @@ class SocketSink:
         self._sock: socket.socket | None = None
         self._next_connect = 0.0
         self._connect_error = "no sidecar"
+        self._closed = False
 
     def emit(self, event: events.AnyEvent) -> None:
         if isinstance(event, events.Step) and self.unreported_drops:
@@ -72,7 +73,7 @@ class SocketSink:
 
     def _connect(self) -> socket.socket | None:
         now = time.monotonic()
-        if now < self._next_connect:
+        if self._closed or now < self._next_connect:
             return None
         self._next_connect = now + RECONNECT_SECONDS
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -100,4 +101,6 @@ class SocketSink:
         self.last_error = why
 
     def close(self) -> None:
+        self._closed = True
+        self._connect_error = "the Monitor was closed"
         self._disconnect()
