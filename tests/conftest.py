@@ -1,5 +1,11 @@
 from __future__ import annotations
 
+import os
+
+# The JAX tests need 8 CPU devices; XLA reads this once, when jax first starts its CPU backend.
+if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8").strip()
+
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -16,6 +22,20 @@ def short_tmp() -> Iterator[Path]:
     path = Path(tempfile.mkdtemp(prefix="ts-"))
     yield path
     shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def module_tmp() -> Iterator[Path]:
+    """A short directory shared by one test module (several workload runs against one sidecar)."""
+    path = Path(tempfile.mkdtemp(prefix="ts-"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def module_sidecar(module_tmp: Path) -> Iterator[SidecarProcess]:
+    with SidecarProcess(module_tmp / "events.sock") as process:
+        yield process
 
 
 @pytest.fixture

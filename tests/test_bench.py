@@ -49,6 +49,9 @@ def test_bench_starts_a_sidecar_and_prints_non_zero_series(short_tmp: Path) -> N
     assert not (short_tmp / "b.sock").exists(), "the sidecar bench started was not stopped"
 
 
-def test_bench_without_synthetic_says_what_to_do() -> None:
-    out = subprocess.run([sys.executable, "-m", "tpuscope", "bench"], capture_output=True, text=True)
-    assert out.returncode == 2 and "--synthetic" in out.stderr
+def test_an_unknown_fault_is_a_clear_error() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "tpuscope", "bench", "--synthetic", "--inject", "meteor"], capture_output=True, text=True
+    )
+    assert out.returncode == 2
+    assert "unknown fault 'meteor'; known: slow-io, stall" in out.stderr

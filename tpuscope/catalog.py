@@ -38,6 +38,7 @@ class Label(enum.StrEnum):
     SOURCE = "source"
     PROGRAM = "program"
     REASON = "reason"
+    CATEGORY = "category"
     VERSION = "version"
 
 
@@ -201,6 +202,43 @@ CHECKPOINT_LAST_SUCCESS = _metric(
     W,
     unit="seconds",
     group=CHECKPOINT_GROUP,
+)
+
+# --- Utilization and goodput ---------------------------------------------------
+UTILIZATION_GROUP = "Utilization and goodput"
+MODEL_FLOPS = _metric(
+    "model_flops_total",
+    Kind.COUNTER,
+    "Model FLOPs done by the workload's steps on all its devices (from XLA's cost analysis).",
+    W,
+    group=UTILIZATION_GROUP,
+)
+PEAK_FLOPS = _metric(
+    "peak_flops_per_second",
+    Kind.GAUGE,
+    "Peak dense FLOP/s of all the workload's devices together (bf16 from a table per accelerator; "
+    "measured for the CPU). rate(model_flops_total) over this is MFU.",
+    W,
+    Label.ACCELERATOR,
+    group=UTILIZATION_GROUP,
+)
+MFU = _metric(
+    "model_flops_utilization_ratio",
+    Kind.GAUGE,
+    "Achieved model FLOP/s over the devices' peak, averaged over about the last 20 steps.",
+    W,
+    unit="ratio",
+    group=UTILIZATION_GROUP,
+)
+GOODPUT = _metric(
+    "goodput_seconds_total",
+    Kind.COUNTER,
+    "Wall time by category: productive (step time that reached a checkpoint or the end of the run), "
+    "compile, io_wait, checkpoint, init (start to first step), lost (steps redone after a failure or restart).",
+    W,
+    Label.CATEGORY,
+    unit="seconds",
+    group=UTILIZATION_GROUP,
 )
 
 # --- Workload lifecycle ---------------------------------------------------------

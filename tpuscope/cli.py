@@ -37,10 +37,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     bench.add_argument(
         "--synthetic",
         action="store_true",
-        help="a JAX-free loop with realistic phase timings (tests, fleet simulation, demos)",
+        help="a JAX-free loop with realistic phase timings (tests, fleet simulation)",
     )
-    bench.add_argument("--steps", type=int, default=300, help="training steps to run (default 300)")
-    bench.add_argument("--workload", default="bench", help="the workload label (default bench)")
+    bench.add_argument("--steps", type=int, default=200, help="training steps to run (default %(default)s)")
+    bench.add_argument("--workload", default="bench", help="the workload label (default %(default)s)")
     bench.add_argument(
         "--socket",
         type=Path,
@@ -52,11 +52,45 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=f"127.0.0.1:{serve_config.DEFAULT_PORT}",
         help="where a sidecar started by bench serves /metrics (default %(default)s)",
     )
-    bench.add_argument("--step-time", type=float, default=0.05, help="synthetic mean step time, seconds")
-    bench.add_argument("--checkpoint-every", type=int, default=50, help="save a checkpoint every N steps")
+    bench.add_argument("--record", type=Path, help="also append every event to this file as JSON lines")
+    bench.add_argument("--checkpoint-every", type=int, default=50, help="save a checkpoint every N steps; 0: never")
+    bench.add_argument(
+        "--inject",
+        action="append",
+        default=[],
+        metavar="FAULT[=VALUE]",
+        help="cause a fault: slow-io, stall, straggler, recompile, ckpt-fail, crash, spill (repeatable; "
+        "docs/bench.md says what each does)",
+    )
     bench.add_argument(
         "--linger", type=float, default=0.0, help="keep a sidecar bench started serving this many seconds after the run"
     )
+    jax_flags = bench.add_argument_group("the JAX workload")
+    jax_flags.add_argument("--fused", action="store_true", help="run each step as one program, as a TPU job would")
+    jax_flags.add_argument("--d-model", type=int, default=64, help="model width (default %(default)s)")
+    jax_flags.add_argument("--layers", type=int, default=2, help="transformer layers (default %(default)s)")
+    jax_flags.add_argument("--heads", type=int, default=4, help="attention heads (default %(default)s)")
+    jax_flags.add_argument("--seq-len", type=int, default=64, help="tokens per sequence (default %(default)s)")
+    jax_flags.add_argument("--batch-per-device", type=int, default=4, help="sequences per device (default %(default)s)")
+    jax_flags.add_argument(
+        "--io-latency",
+        type=float,
+        default=0.005,
+        help="seconds the input pipeline takes per batch (default %(default)s)",
+    )
+    jax_flags.add_argument("--async-checkpoint", action="store_true", help="write checkpoints in the background")
+    jax_flags.add_argument(
+        "--run-dir", type=Path, default=Path("run/bench"), help="checkpoints go here (default %(default)s)"
+    )
+    jax_flags.add_argument("--compile-cache", type=Path, help="persistent XLA compilation cache directory")
+    jax_flags.add_argument(
+        "--calibrate", action="store_true", help="measure the CPU's matmul peak FLOP/s again (for MFU)"
+    )
+    jax_flags.add_argument(
+        "--cpu-devices", type=int, default=8, help="CPU devices JAX gets when XLA_FLAGS does not say (default 8)"
+    )
+    synth = bench.add_argument_group("the synthetic workload")
+    synth.add_argument("--step-time", type=float, default=0.05, help="mean step time, seconds (default %(default)s)")
     bench.set_defaults(run=_bench)
 
     gen = commands.add_parser(
@@ -84,9 +118,6 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    if not args.synthetic:
-        print("tpuscope bench: the JAX workload is not built yet; run with --synthetic", file=sys.stderr)
-        return 2
     from tpuscope.bench import run_bench
 
     return run_bench(args)

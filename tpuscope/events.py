@@ -11,10 +11,12 @@ other change bumps :data:`VERSION`.
 
 from __future__ import annotations
 
+import itertools
 import os
 import tempfile
+import typing
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
 
@@ -36,6 +38,7 @@ Text = Annotated[str, msgspec.Meta(max_length=256)]
 # A week bounds any duration we report; NaN fails the check, infinity too.
 Seconds = Annotated[float, msgspec.Meta(ge=0.0, le=7 * 86400.0)]
 Count = Annotated[int, msgspec.Meta(ge=0, le=2**63 - 1)]
+Flops = Annotated[float, msgspec.Meta(ge=0.0, le=1e30)]
 
 PHASES = ("compute", "sync", "io", "other")
 Phase = Literal["compute", "sync", "io", "other"]
@@ -54,7 +57,8 @@ class Step(Event, tag="step", frozen=True):
     """A finished training step and where its time went (the phases add up to ``duration_s``).
 
     ``dropped`` is the number of events this process could not send since its
-    last successful send, so the sidecar sees the job's losses too.
+    last successful send, so the sidecar sees the job's losses too. ``flops`` is
+    the model FLOPs the step did on all the job's devices (0: unknown), for MFU.
     """
 
     step: Count
@@ -64,6 +68,7 @@ class Step(Event, tag="step", frozen=True):
     io_s: Seconds = 0.0
     other_s: Seconds = 0.0
     dropped: Count = 0
+    flops: Flops = 0.0
 
     def __post_init__(self) -> None:
         measured = self.compute_s + self.sync_s + self.io_s + self.other_s
@@ -100,13 +105,19 @@ class Checkpoint(Event, tag="ckpt", frozen=True):
 
 
 class DeviceMemory(Event, tag="devmem", frozen=True):
-    """A reading of one device's memory, as the job sees it (``device.memory_stats()``)."""
+    """A reading of one device's memory, as the job sees it.
+
+    ``source`` says where the numbers come from: ``workload`` for the
+    runtime's ``device.memory_stats()``; ``process`` for the job's own resident
+    memory where the backend keeps no device statistics (JAX on the CPU).
+    """
 
     device: LabelValue
     accelerator: LabelValue
     used_bytes: Count
     limit_bytes: Count = 0
     peak_bytes: Count = 0
+    source: Literal["workload", "process"] = "workload"
 
 
 class ProgramMemory(Event, tag="progmem", frozen=True):
@@ -114,6 +125,14 @@ class ProgramMemory(Event, tag="progmem", frozen=True):
 
     program: LabelValue
     spill_bytes: Count
+
+
+class Hardware(Event, tag="hw", frozen=True):
+    """What the job runs on: the denominator of model FLOPs utilization."""
+
+    accelerator: LabelValue
+    devices: Count
+    peak_flops_per_second: Flops
 
 
 class Lifecycle(Event, tag="life", frozen=True):
@@ -131,7 +150,9 @@ class InferenceBatch(Event, tag="infer", frozen=True):
     request_seconds: Annotated[list[Seconds], msgspec.Meta(max_length=1024)] = []
 
 
-AnyEvent = Step | Compile | CompileCache | Checkpoint | DeviceMemory | ProgramMemory | Lifecycle | InferenceBatch
+AnyEvent = (
+    Step | Compile | CompileCache | Checkpoint | DeviceMemory | ProgramMemory | Hardware | Lifecycle | InferenceBatch
+)
 
 # Why a datagram was rejected; each is a value of the sidecar's reason label.
 REJECT_REASONS = ("malformed", "truncated", "oversized", "unknown_version", "invalid_field")
@@ -170,6 +191,27 @@ def decode(datagram: bytes | bytearray | memoryview) -> AnyEvent:
         raise InvalidEvent(reason, str(e)) from None
     except Exception as e:  # e.g. UnicodeDecodeError from invalid UTF-8 in a string: found by fuzzing
         raise InvalidEvent("malformed", f"{type(e).__name__}: {e}") from None
+
+
+# The JSON-lines form of an event (``tpuscope bench --record``): readable, and readable back.
+_BY_TAG: dict[str, type[AnyEvent]] = {cls.__struct_config__.tag: cls for cls in typing.get_args(AnyEvent)}
+
+
+def to_record(event: AnyEvent, received: float) -> dict[str, Any]:
+    """``{"time": ..., "type": "step", "workload": ..., ...}``: one line of a recording."""
+    return {"time": received, "type": event.__struct_config__.tag, **msgspec.structs.asdict(event)}
+
+
+def from_record(record: dict[str, Any]) -> tuple[float, AnyEvent]:
+    """The time and event of one recorded line, validated like a datagram."""
+    try:
+        cls = _BY_TAG[record["type"]]
+        # Records are positional on the wire; fields missing from the end take their defaults.
+        present = itertools.takewhile(lambda name: name in record, cls.__struct_fields__)
+        event = msgspec.convert([record["type"], *(record[name] for name in present)], AnyEvent)
+    except (KeyError, msgspec.ValidationError) as e:
+        raise InvalidEvent("invalid_field", f"{record!r}: {e}") from None
+    return float(record["time"]), event
 
 
 def default_socket_path() -> Path:

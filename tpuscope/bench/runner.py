@@ -3,16 +3,21 @@
 from __future__ import annotations
 
 import argparse
+import sys
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from tpuscope import catalog, events
 from tpuscope.bench import synthetic
+from tpuscope.bench.faults import FaultError, Faults
 from tpuscope.bench.summary import RunSummary
+from tpuscope.bench.workload import InjectedCrash, Workload, WorkloadOptions, ensure_cpu_devices
 from tpuscope.exporter.child import SidecarProcess
 from tpuscope.exporter.ingest import SocketError, has_listener
 from tpuscope.exporter.scrape import Scrape
-from tpuscope.tracing import Monitor
+from tpuscope.tracing import Monitor, RecordSink, Sink
 
 # What the end-of-run snapshot shows: the series a newcomer should look at first.
 SNAPSHOT = (
@@ -20,57 +25,104 @@ SNAPSHOT = (
     catalog.STEP_DURATION,
     catalog.STEP_PHASE_DURATION,
     catalog.COMPILE_DURATION,
+    catalog.COMPILE_CACHE_REQUESTS,
+    catalog.MFU,
     catalog.CHECKPOINT_DURATION,
     catalog.CHECKPOINT_BYTES,
+    catalog.GOODPUT,
     catalog.INGEST_EVENTS,
 )
+CRASHED = 3  # the exit code of a run stopped by the injected crash
 
 
 def run_bench(args: argparse.Namespace) -> int:
-    socket: Path = args.socket or events.default_socket_path()
-    sidecar = None
-    if _listening(socket):
-        print(f"tpuscope bench: sending events to the sidecar already listening on {socket}")
-    else:
-        sidecar = SidecarProcess(socket, args.listen)
-        print(f"tpuscope bench: started a sidecar; metrics at {sidecar.url} (log {sidecar.log_path})")
     try:
+        faults = Faults.parse(args.inject)
+    except FaultError as e:
+        print(f"tpuscope bench: {e}", file=sys.stderr)
+        return 2
+    if not args.synthetic:
+        ensure_cpu_devices(args.cpu_devices)  # before anything imports jax
+    socket: Path = args.socket or events.default_socket_path()
+    with _sidecar(socket, args.listen) as url:
         summary = RunSummary()
-        profile = synthetic.Profile(step_seconds=args.step_time, checkpoint_every=args.checkpoint_every)
         every = max(1, args.steps // 10)
 
         def progress(n: int) -> None:
             if (n + 1) % every == 0 or n + 1 == args.steps:
-                print(f"  step {n + 1}/{args.steps}  {summary.steps_per_second():.1f} steps/s", flush=True)
+                print(f"  step {n + 1}/{args.steps}  {summary.steps_per_second():.2f} steps/s", flush=True)
 
-        with Monitor(args.workload, socket=socket, sinks=[summary]) as monitor:
-            synthetic.run(monitor, args.steps, profile, progress=progress)
-        print("\n".join(["", "Run summary (measured in the job):", *("  " + line for line in summary.lines())]))
-        print(f"  events        {monitor.sent} sent to {socket}, {monitor.dropped} dropped")
-        if sidecar:
-            _print_snapshot(sidecar.url, monitor.sent)
+        try:
+            sinks: list[Sink] = [summary, RecordSink(args.record)] if args.record else [summary]
+            with Monitor(args.workload, socket=socket, sinks=sinks) as monitor:
+                if args.synthetic:
+                    profile = synthetic.Profile(step_seconds=args.step_time, checkpoint_every=args.checkpoint_every)
+                    synthetic.run(monitor, args.steps, profile, progress=progress)
+                else:
+                    _run_jax(args, faults, monitor, progress)
+        except ValueError as e:  # a setting that cannot work here, found by the workload
+            print(f"tpuscope bench: {e}", file=sys.stderr)
+            return 2
+        except InjectedCrash as e:
+            print(f"\ntpuscope bench: {e}; run the same command again to resume from the last checkpoint")
+            return CRASHED
+        finally:
+            print("\n".join(["", "Run summary (measured in the job):", *("  " + line for line in summary.lines())]))
+            print(f"  events        {monitor.sent} sent to {socket}, {monitor.dropped} dropped")
+        if url:
+            _print_snapshot(url, monitor.sent)
             if args.linger > 0:
-                print(f"\nThe sidecar serves {sidecar.url} for {args.linger:g} s more (Ctrl-C to stop).")
+                print(f"\nThe sidecar serves {url} for {args.linger:g} s more (Ctrl-C to stop).")
                 time.sleep(args.linger)
-    finally:
-        if sidecar:
-            sidecar.stop()
     return 0
 
 
-def _listening(socket: Path) -> bool:
+def _run_jax(args: argparse.Namespace, faults: Faults, monitor: Monitor, progress: Callable[[int], None]) -> None:
+    options = WorkloadOptions(
+        steps=args.steps,
+        fused=args.fused,
+        d_model=args.d_model,
+        layers=args.layers,
+        heads=args.heads,
+        seq_len=args.seq_len,
+        batch_per_device=args.batch_per_device,
+        io_latency=args.io_latency,
+        checkpoint_every=args.checkpoint_every,
+        async_checkpoint=args.async_checkpoint,
+        run_dir=args.run_dir,
+        compile_cache=args.compile_cache,
+        calibrate=args.calibrate,
+        faults=faults,
+    )
+    workload = Workload(options, monitor)
     try:
-        return socket.exists() and has_listener(socket)
+        workload.run(progress)
+    finally:
+        workload.close()
+
+
+@contextmanager
+def _sidecar(socket: Path, listen: str) -> Iterator[str | None]:
+    """Use the sidecar listening on ``socket``, or start one for the run; yields its /metrics URL if known."""
+    try:
+        running = socket.exists() and has_listener(socket)
     except SocketError:
-        return False
+        running = False
+    if running:
+        print(f"tpuscope bench: sending events to the sidecar already listening on {socket}")
+        yield None
+        return
+    with SidecarProcess(socket, listen) as sidecar:
+        print(f"tpuscope bench: started a sidecar; metrics at {sidecar.url} (log {sidecar.log_path})")
+        yield sidecar.url
 
 
 def _print_snapshot(url: str, sent: int) -> None:
     """Print the snapshot's series from /metrics once the sidecar has taken every event we sent."""
     deadline = time.monotonic() + 5.0
     scrape = Scrape.fetch(url)
-    accepted = catalog.INGEST_EVENTS.name
-    while scrape.value(accepted, result="accepted") + scrape.value(accepted, result="invalid") < sent:
+    ingest = catalog.INGEST_EVENTS.name
+    while scrape.value(ingest, result="accepted") + scrape.value(ingest, result="invalid") < sent:
         if time.monotonic() > deadline:
             break
         time.sleep(0.05)

@@ -35,6 +35,8 @@ class Profile:
     checkpoint_bytes: int = 2 * GiB
     devices: int = 8
     device_memory_bytes: int = 16 * GiB
+    peak_flops_per_device: float = 197e12  # a v5e chip's bf16 peak
+    mfu: float = 0.45  # the model FLOPs a step does, as a share of what the devices could do in its time
 
 
 def run(
@@ -53,6 +55,8 @@ def run(
         time.sleep(profile.step_seconds * share * rng.lognormvariate(0.0, profile.jitter))
 
     peak = [0] * profile.devices
+    peak_flops = profile.peak_flops_per_device * profile.devices
+    monitor.hardware("synthetic", profile.devices, peak_flops)
     for n in range(steps):
         if stop is not None and stop.is_set():
             return
@@ -66,6 +70,7 @@ def run(
             with step.phase("sync"):
                 sleep_share(profile.sync_share)
             sleep_share(max(0.0, 1.0 - profile.io_share - profile.compute_share - profile.sync_share))
+            step.flops = profile.mfu * peak_flops * profile.step_seconds
         if n % 10 == 0:
             for device in range(profile.devices):
                 used = int(profile.device_memory_bytes * rng.uniform(0.55, 0.65))

@@ -10,16 +10,30 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from prometheus_client import CollectorRegistry
 
 from tpuscope import __version__, catalog, events
 from tpuscope.exporter.metrics import register
+from tpuscope.goodput import CATEGORIES as GOODPUT_CATEGORIES
+from tpuscope.goodput import GoodputLedger
 
 log = logging.getLogger("tpuscope.exporter")
 
 INGEST_RESULTS = ("accepted", "invalid", "dropped")
+# Weight of the newest step in the MFU average: about the last 20 steps count.
+MFU_SMOOTHING = 0.1
+
+
+@dataclass
+class WorkloadState:
+    """What the sidecar remembers of one workload between its events."""
+
+    goodput: GoodputLedger = field(default_factory=GoodputLedger)
+    peak_flops_per_second: float = 0.0
+    mfu: float | None = None
 
 
 class Aggregator:
@@ -32,9 +46,11 @@ class Aggregator:
             events.Checkpoint: self._checkpoint,
             events.DeviceMemory: self._device_memory,
             events.ProgramMemory: self._program_memory,
+            events.Hardware: self._hardware,
             events.Lifecycle: self._lifecycle,
             events.InferenceBatch: self._inference_batch,
         }
+        self._workloads: dict[str, WorkloadState] = {}
         ingest = self.metrics[catalog.INGEST_EVENTS]
         self._ingest = {result: ingest.labels(result) for result in INGEST_RESULTS}
         invalid = self.metrics[catalog.INGEST_INVALID_EVENTS]
@@ -50,6 +66,15 @@ class Aggregator:
     def apply(self, event: events.AnyEvent) -> None:
         """Fold an event into the metrics without counting it as received (the sidecar's own inferences)."""
         self._handlers[type(event)](event)
+        state = self._workload(event.workload)
+        goodput = self.metrics[catalog.GOODPUT]
+        for category, seconds in state.goodput.observe(event, time.time()):
+            goodput.labels(event.workload, category).inc(seconds)
+
+    def _workload(self, workload: str) -> WorkloadState:
+        if (state := self._workloads.get(workload)) is None:
+            state = self._workloads[workload] = WorkloadState()
+        return state
 
     def reject(self, reason: str) -> None:
         self._ingest["invalid"].inc()
@@ -66,6 +91,17 @@ class Aggregator:
         m[catalog.LAST_STEP].labels(e.workload).set(time.time())
         if e.dropped:
             self._ingest["dropped"].inc(e.dropped)
+        if e.flops:
+            m[catalog.MODEL_FLOPS].labels(e.workload).inc(e.flops)
+            state = self._workload(e.workload)
+            if state.peak_flops_per_second and e.duration_s:
+                achieved = e.flops / e.duration_s / state.peak_flops_per_second
+                state.mfu = achieved if state.mfu is None else state.mfu + MFU_SMOOTHING * (achieved - state.mfu)
+                m[catalog.MFU].labels(e.workload).set(state.mfu)
+
+    def _hardware(self, e: events.Hardware) -> None:
+        self._workload(e.workload).peak_flops_per_second = e.peak_flops_per_second
+        self.metrics[catalog.PEAK_FLOPS].labels(e.workload, e.accelerator).set(e.peak_flops_per_second)
 
     def _compile(self, e: events.Compile) -> None:
         self.metrics[catalog.COMPILE_DURATION].labels(e.workload, e.stage).observe(e.duration_s)
@@ -82,7 +118,7 @@ class Aggregator:
             m[catalog.CHECKPOINT_LAST_SUCCESS].labels(e.workload).set(time.time())
 
     def _device_memory(self, e: events.DeviceMemory) -> None:
-        labels = (e.device, e.accelerator, "workload")
+        labels = (e.device, e.accelerator, e.source)
         self.metrics[catalog.DEVICE_MEMORY_USED].labels(*labels).set(e.used_bytes)
         if e.limit_bytes:
             self.metrics[catalog.DEVICE_MEMORY_LIMIT].labels(*labels).set(e.limit_bytes)
@@ -95,8 +131,10 @@ class Aggregator:
     def _lifecycle(self, e: events.Lifecycle) -> None:
         log.info("workload %s: %s (%s)", e.workload, e.state, e.reason)
         if e.state == "start":
-            # Create the step counter at zero, so Prometheus' rate() sees the first step too.
+            # Create the counters at zero, so Prometheus' rate() and increase() see their first change too.
             self.metrics[catalog.STEPS].labels(e.workload)
+            for category in GOODPUT_CATEGORIES:
+                self.metrics[catalog.GOODPUT].labels(e.workload, category)
         elif e.state == "restart":
             self.metrics[catalog.WORKLOAD_RESTARTS].labels(e.workload, e.reason).inc()
         elif e.state == "failure":

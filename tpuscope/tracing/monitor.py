@@ -30,10 +30,13 @@ import time
 import warnings
 from collections.abc import Sequence
 from types import TracebackType
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from tpuscope import events
 from tpuscope.tracing.sinks import Sink, SocketSink
+
+if TYPE_CHECKING:
+    from tpuscope.tracing.jax_compiles import JaxCompileWatcher
 
 log = logging.getLogger("tpuscope")
 
@@ -67,6 +70,7 @@ class Monitor:
         self._sidecar = SocketSink(socket)
         self.sinks: tuple[Sink, ...] = (self._sidecar, *sinks)
         self._warned_phases: set[str] = set()
+        self._jax_watcher: JaxCompileWatcher | None = None
         self._closed = False
         self.lifecycle("start")
         atexit.register(self.close)
@@ -84,6 +88,12 @@ class Monitor:
         return CheckpointTimer(self, operation, step)
 
     # --- one-off reports ---------------------------------------------------------
+    def record_checkpoint(
+        self, operation: Literal["save", "restore"], seconds: float, *, ok: bool, bytes: int = 0, step: int = 0
+    ) -> None:
+        """Report a checkpoint timed elsewhere (an async save that finished on another thread)."""
+        self._send(events.Checkpoint, operation=operation, duration_s=seconds, ok=ok, bytes=bytes, step=step)
+
     def compile(self, stage: events.CompileStage, seconds: float, function: str = "") -> None:
         self._send(events.Compile, stage=stage, duration_s=seconds, function=function[:256])
 
@@ -91,7 +101,14 @@ class Monitor:
         self._send(events.CompileCache, hit=hit)
 
     def device_memory(
-        self, device: str, accelerator: str, *, used_bytes: int, limit_bytes: int = 0, peak_bytes: int = 0
+        self,
+        device: str,
+        accelerator: str,
+        *,
+        used_bytes: int,
+        limit_bytes: int = 0,
+        peak_bytes: int = 0,
+        source: Literal["workload", "process"] = "workload",
     ) -> None:
         self._send(
             events.DeviceMemory,
@@ -100,10 +117,28 @@ class Monitor:
             used_bytes=used_bytes,
             limit_bytes=limit_bytes,
             peak_bytes=peak_bytes,
+            source=source,
         )
 
     def program_memory(self, program: str, *, spill_bytes: int) -> None:
         self._send(events.ProgramMemory, program=sanitize_label(program), spill_bytes=spill_bytes)
+
+    def hardware(self, accelerator: str, devices: int, peak_flops_per_second: float) -> None:
+        """What the job runs on; with each step's ``flops`` the sidecar derives MFU."""
+        self._send(
+            events.Hardware,
+            accelerator=sanitize_label(accelerator),
+            devices=devices,
+            peak_flops_per_second=peak_flops_per_second,
+        )
+
+    def watch_jax_compiles(self) -> None:
+        """Report JAX's compile stages and compilation-cache look-ups until the Monitor closes."""
+        from tpuscope.tracing.jax_compiles import JaxCompileWatcher
+
+        if self._jax_watcher is None:
+            self._jax_watcher = JaxCompileWatcher(self)
+            self._jax_watcher.install()
 
     def lifecycle(self, state: events.LifecycleState, reason: str = "none") -> None:
         self._send(events.Lifecycle, state=state, reason=sanitize_label(reason))
@@ -147,6 +182,8 @@ class Monitor:
         """Send the stop (or failure) event and report drops. Called at exit too."""
         if self._closed:
             return
+        if self._jax_watcher is not None:
+            self._jax_watcher.uninstall()
         self.lifecycle("failure" if failed else "stop", reason="exception" if failed else "none")
         self._closed = True
         atexit.unregister(self.close)
@@ -188,11 +225,12 @@ class StepTimer:
     add up to its duration.
     """
 
-    __slots__ = ("_monitor", "_phases", "_start", "number")
+    __slots__ = ("_monitor", "_phases", "_start", "flops", "number")
 
     def __init__(self, monitor: Monitor, number: int) -> None:
         self._monitor = monitor
         self.number = number
+        self.flops = 0.0  # set it to the step's model FLOPs for MFU
         self._phases = {"compute": 0.0, "sync": 0.0, "io": 0.0, "other": 0.0}
         self._start = 0.0
 
@@ -217,6 +255,7 @@ class StepTimer:
             sync_s=p["sync"],
             io_s=p["io"],
             other_s=other,
+            flops=self.flops,
         )
 
 
@@ -255,11 +294,5 @@ class CheckpointTimer:
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        self._monitor._send(
-            events.Checkpoint,
-            operation=self.operation,
-            duration_s=time.perf_counter() - self._start,
-            ok=exc_type is None,
-            bytes=self.bytes,
-            step=self.step,
-        )
+        seconds = time.perf_counter() - self._start
+        self._monitor.record_checkpoint(self.operation, seconds, ok=exc_type is None, bytes=self.bytes, step=self.step)

@@ -104,3 +104,23 @@ class SocketSink:
         self._closed = True
         self._connect_error = "the Monitor was closed"
         self._disconnect()
+
+
+class RecordSink:
+    """Appends every event as a JSON line (``tpuscope bench --record``): replayable without any sidecar."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self._file = open(path, "a", buffering=1)  # noqa: SIM115 - kept open for the Monitor's lifetime
+        self._encoder = msgspec.json.Encoder()
+
+    def emit(self, event: events.AnyEvent) -> None:
+        self._file.write(self._encoder.encode(events.to_record(event, time.time())).decode() + "\n")
+
+    def close(self) -> None:
+        self._file.close()
+
+
+def read_records(path: str | os.PathLike[str]) -> list[tuple[float, events.AnyEvent]]:
+    """The (time, event) pairs of a recording, in order."""
+    with open(path) as lines:
+        return [events.from_record(msgspec.json.decode(line)) for line in lines if line.strip()]

@@ -1,0 +1,100 @@
+"""The goodput ledger: where wall time went, with lost work counted once."""
+
+from __future__ import annotations
+
+import pytest
+
+from tpuscope import events
+from tpuscope.goodput import GoodputLedger
+
+W = "job"
+
+
+def feed(ledger: GoodputLedger, timeline: list[tuple[float, events.AnyEvent]]) -> dict[str, float]:
+    totals: dict[str, float] = {}
+    for now, event in timeline:
+        for category, seconds in ledger.observe(event, now):
+            assert seconds > 0, (category, seconds)
+            totals[category] = totals.get(category, 0.0) + seconds
+    return totals
+
+
+def step(n: int, duration: float, io: float = 0.0) -> events.Step:
+    return events.Step(workload=W, step=n, duration_s=duration, io_s=io, compute_s=duration - io)
+
+
+def save(n: int, duration: float, ok: bool = True) -> events.Checkpoint:
+    return events.Checkpoint(workload=W, operation="save", duration_s=duration, ok=ok, step=n)
+
+
+def test_categories_add_up_to_wall_time() -> None:
+    """start at 0; 1 s of init; step 0 compiles for 2 s; checkpoint; clean stop at 10.5."""
+    timeline: list[tuple[float, events.AnyEvent]] = [
+        (0.0, events.Lifecycle(workload=W, state="start")),
+        (3.0, events.Compile(workload=W, stage="backend", duration_s=2.0)),
+        (4.0, step(0, 3.0, io=0.5)),  # init 1 s, io 0.5, compile 2, productive 0.5
+        (5.0, step(1, 1.0)),
+        (6.0, step(2, 1.0)),
+        (7.0, save(2, 1.0)),
+        (8.0, step(3, 1.0)),
+        (10.5, step(4, 2.5, io=1.0)),
+        (10.5, events.Lifecycle(workload=W, state="stop")),
+    ]
+    totals = feed(GoodputLedger(), timeline)
+    assert totals == pytest.approx(
+        {"init": 1.0, "io_wait": 1.5, "compile": 2.0, "checkpoint": 1.0, "productive": 0.5 + 1 + 1 + 1 + 1.5}
+    )
+    assert sum(totals.values()) == pytest.approx(10.5)
+
+
+def test_work_after_the_last_checkpoint_is_lost_on_failure_and_not_counted_again() -> None:
+    ledger = GoodputLedger()
+    first_run = feed(
+        ledger,
+        [
+            (0.0, events.Lifecycle(workload=W, state="start")),
+            (1.0, step(0, 1.0)),
+            (2.0, step(1, 1.0)),
+            (2.5, save(1, 0.5)),
+            (3.5, step(2, 1.0)),
+            (4.5, step(3, 1.0)),
+            (4.5, events.Lifecycle(workload=W, state="failure", reason="crash")),
+        ],
+    )
+    assert first_run["productive"] == pytest.approx(2.0)
+    assert first_run["lost"] == pytest.approx(2.0)
+    rerun = feed(
+        ledger,
+        [
+            (10.0, events.Lifecycle(workload=W, state="start")),
+            (10.2, events.Checkpoint(workload=W, operation="restore", duration_s=0.2, ok=True, step=1)),
+            (11.2, step(2, 1.0)),
+            (11.2, events.Lifecycle(workload=W, state="stop")),
+        ],
+    )
+    assert "lost" not in rerun
+    assert rerun["productive"] == pytest.approx(1.0)
+
+
+def test_repeated_step_numbers_lose_the_unsaved_steps() -> None:
+    """A restart the sidecar was not told about: the step numbers go back."""
+    ledger = GoodputLedger()
+    totals = feed(ledger, [(float(n), step(n, 1.0)) for n in range(5)] + [(6.0, step(3, 1.0))])
+    assert totals["lost"] == pytest.approx(2.0)  # steps 3 and 4 are being redone
+
+
+def test_failed_checkpoints_make_nothing_durable() -> None:
+    ledger = GoodputLedger()
+    totals = feed(ledger, [(1.0, step(0, 1.0)), (2.0, save(0, 0.5, ok=False))])
+    assert "productive" not in totals and totals["checkpoint"] == 0.5
+    assert feed(ledger, [(3.0, events.Lifecycle(workload=W, state="failure"))]) == {"lost": 1.0}
+
+
+def test_compiles_during_a_checkpoint_are_not_counted_twice() -> None:
+    ledger = GoodputLedger()
+    totals = feed(
+        ledger,
+        [(1.0, step(0, 1.0)), (1.5, events.Compile(workload=W, stage="backend", duration_s=0.4)), (2.0, save(0, 1.0))],
+    )
+    assert totals["compile"] == pytest.approx(0.4)
+    assert totals["checkpoint"] == pytest.approx(0.6)

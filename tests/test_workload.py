@@ -1,0 +1,218 @@
+"""The JAX benchmark workload, run for real (8 CPU devices) against a real sidecar, with each fault."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tpuscope import catalog, events
+from tpuscope.exporter.child import SidecarProcess
+from tpuscope.exporter.scrape import Scrape
+from tpuscope.tracing import read_records
+
+Records = list[tuple[float, events.AnyEvent]]
+
+
+@dataclass
+class Run:
+    workload: str
+    returncode: int
+    output: str
+    records: Records
+
+    def of(self, kind: type[events.AnyEvent]) -> list[events.AnyEvent]:
+        return [event for _, event in self.records if isinstance(event, kind)]
+
+    @property
+    def steps(self) -> list[events.Step]:
+        return [e for e in self.of(events.Step) if isinstance(e, events.Step)]
+
+
+@pytest.fixture(scope="module")
+def bench(module_sidecar: SidecarProcess, module_tmp: Path) -> Callable[..., Run]:
+    """Run ``tpuscope bench`` (the JAX workload, 8 CPU devices) as its own process against the module's sidecar."""
+    env = {**os.environ, "XDG_CACHE_HOME": str(module_tmp / "cache")}  # keep the CPU calibration out of ~
+
+    def run(workload: str, *args: str, expect: int = 0) -> Run:
+        record = module_tmp / f"{workload}.jsonl"
+        record.unlink(missing_ok=True)  # the sink appends: each run gets its own recording
+        proc = subprocess.run(
+            [sys.executable, "-m", "tpuscope", "bench", "--socket", str(module_sidecar.socket),
+             "--workload", workload, "--run-dir", str(module_tmp / workload), "--record", str(record), *args],
+            capture_output=True, text=True, timeout=600, env=env,
+        )  # fmt: skip
+        output = proc.stdout + proc.stderr
+        assert proc.returncode == expect, output
+        return Run(workload, proc.returncode, output, read_records(record) if record.exists() else [])
+
+    return run
+
+
+@pytest.fixture(scope="module")
+def baseline(bench: Callable[..., Run], module_tmp: Path) -> Run:
+    return bench("base", "--steps", "40", "--checkpoint-every", "10", "--compile-cache", str(module_tmp / "xla-cache"))
+
+
+def scrape(sidecar: SidecarProcess, run: Run) -> Scrape:
+    """The sidecar's metrics once it has every event the run sent."""
+    sent = len(run.records)
+    deadline = time.monotonic() + 10
+    while True:
+        result = Scrape.fetch(sidecar.url)
+        if result.value(catalog.STEPS.name, workload=run.workload) >= len(run.steps) or time.monotonic() > deadline:
+            return result
+        time.sleep(0.1)
+    assert sent
+
+
+def phase_shares(steps: list[events.Step]) -> dict[str, float]:
+    total = sum(s.duration_s for s in steps)
+    return {phase: sum(dict(s.phase_seconds())[phase] for s in steps) / total for phase in events.PHASES}
+
+
+def test_phases_add_up_to_the_step_time_and_measure_real_work(baseline: Run, module_sidecar: SidecarProcess) -> None:
+    metrics = scrape(module_sidecar, baseline)
+    w = {"workload": baseline.workload}
+    steps = metrics.value(catalog.STEP_DURATION.series("sum"), **w)
+    phases = {p: metrics.value(catalog.STEP_PHASE_DURATION.series("sum"), phase=p, **w) for p in events.PHASES}
+    assert metrics.value(catalog.STEPS.name, **w) == 40
+    assert abs(sum(phases.values()) / steps - 1) < 0.05, phases
+    # The measured phases hold the step: little is left to "other", and the all-reduce is its own phase.
+    assert phases["other"] / steps < 0.15, phases
+    assert phases["compute"] / steps > 0.5 and phases["sync"] > 0, phases
+
+
+def test_compiles_come_with_the_first_step_only(baseline: Run) -> None:
+    order = [(e.step if isinstance(e, events.Step) else None, e) for _, e in baseline.records]
+    first_step = next(i for i, (n, _) in enumerate(order) if n is not None)
+    before = [e for _, e in order[:first_step] if isinstance(e, events.Compile)]
+    assert {"grads", "all_reduce", "apply"} <= {e.function for e in before if e.stage == "backend"}
+    assert {e.stage for e in before} == {"tracing", "lowering", "backend"}
+    # In the steady state nothing compiles, except Orbax's own copies during the very first save.
+    last_step = -1
+    for n, event in order[first_step:]:
+        if n is not None:
+            last_step = n
+        elif isinstance(event, events.Compile):
+            assert last_step == 9, f"compile of {event.function} after step {last_step}"
+            assert event.function not in ("grads", "all_reduce", "apply")
+
+
+def test_a_rerun_hits_the_persistent_compile_cache(
+    baseline: Run, bench: Callable[..., Run], module_tmp: Path, module_sidecar: SidecarProcess
+) -> None:
+    assert not any(e.hit for e in baseline.of(events.CompileCache) if isinstance(e, events.CompileCache))
+    rerun = bench("cached", "--steps", "5", "--compile-cache", str(module_tmp / "xla-cache"))
+    hits = [e for e in rerun.of(events.CompileCache) if isinstance(e, events.CompileCache) and e.hit]
+    assert len(hits) >= 3
+    metrics = scrape(module_sidecar, rerun)
+    assert metrics.value(catalog.COMPILE_CACHE_REQUESTS.name, workload="cached", result="hit") == len(hits)
+
+
+def test_checkpoints_are_saved_with_their_size(baseline: Run, module_sidecar: SidecarProcess) -> None:
+    saves = [e for e in baseline.of(events.Checkpoint) if isinstance(e, events.Checkpoint)]
+    assert [c.step for c in saves] == [9, 19, 29, 39]
+    assert all(c.ok and c.bytes > 100_000 and c.operation == "save" for c in saves)
+    metrics = scrape(module_sidecar, baseline)
+    assert metrics.value(catalog.CHECKPOINT_BYTES.name, workload="base", operation="save") == sum(
+        c.bytes for c in saves
+    )
+    assert metrics.value(catalog.CHECKPOINT_LAST_SUCCESS.name, workload="base") > time.time() - 600
+
+
+def test_mfu_and_goodput_are_reported(baseline: Run, module_sidecar: SidecarProcess) -> None:
+    metrics = scrape(module_sidecar, baseline)
+    assert 0 < metrics.value(catalog.MFU.name, workload="base") <= 1
+    flops = sum(s.flops for s in baseline.steps)
+    assert flops > 0 and metrics.value(catalog.MODEL_FLOPS.name, workload="base") == pytest.approx(flops)
+    goodput = {c: metrics.value(catalog.GOODPUT.name, workload="base", category=c) for c in ("productive", "compile")}
+    assert goodput["productive"] > 0 and goodput["compile"] > 0
+    wall = baseline.records[-1][0] - baseline.records[0][0]
+    total = sum(s.value for s in metrics.find(catalog.GOODPUT.name, workload="base"))
+    assert total <= wall * 1.05, "the categories must not count any second twice"
+    assert "goodput" in baseline.output and "MFU" in baseline.output
+
+
+def test_a_crash_then_a_rerun_resumes_from_the_checkpoint_and_counts_lost_work(
+    bench: Callable[..., Run], module_sidecar: SidecarProcess
+) -> None:
+    args = ("--steps", "30", "--checkpoint-every", "10", "--inject", "crash=25")
+    crashed = bench("crashy", *args, expect=3)
+    assert crashed.steps[-1].step == 24
+    assert "run the same command again to resume" in crashed.output
+    resumed = bench("crashy", *args)
+    assert resumed.steps[0].step == 20, "the rerun starts after the checkpoint of step 19"
+    assert resumed.steps[-1].step == 29
+    metrics = scrape(module_sidecar, resumed)
+    w = {"workload": "crashy"}
+    assert metrics.value(catalog.GOODPUT.name, category="lost", **w) > 0
+    assert metrics.value(catalog.WORKLOAD_FAILURES.name, reason="exception", **w) == 1
+    assert metrics.value(catalog.WORKLOAD_RESTARTS.name, reason="resumed", **w) == 1
+    assert metrics.value(catalog.CHECKPOINT_DURATION.series("count"), operation="restore", result="ok", **w) == 1
+
+
+def test_slow_io_moves_the_io_share(baseline: Run, bench: Callable[..., Run]) -> None:
+    slow = bench("slow-io", "--steps", "12", "--checkpoint-every", "0", "--inject", "slow-io=0.08")
+    normal = phase_shares(baseline.steps[1:])["io"]
+    # The pipeline prefetches while the devices compute, so only the part of the
+    # 80 ms read that compute does not hide is waited for: still most of a ~50 ms step.
+    assert normal < 0.1
+    assert phase_shares(slow.steps[1:])["io"] > max(0.2, 4 * normal)
+
+
+def test_a_stall_stops_the_steps(bench: Callable[..., Run]) -> None:
+    stalled = bench("stall", "--steps", "10", "--checkpoint-every", "0", "--inject", "stall=3")
+    times = [t for t, e in stalled.records if isinstance(e, events.Step)]
+    gaps = [b - a for a, b in itertools.pairwise(times)]
+    assert max(gaps) >= 3.0 and sorted(gaps)[-2] < 1.0, gaps
+
+
+def test_a_straggler_computes_slower(baseline: Run, bench: Callable[..., Run]) -> None:
+    slow = bench("straggler", "--steps", "10", "--checkpoint-every", "0", "--inject", "straggler=3")
+    compute = statistics.median(s.compute_s for s in slow.steps[1:])
+    assert compute > 1.8 * statistics.median(s.compute_s for s in baseline.steps[1:])
+
+
+def test_recompile_compiles_in_the_steady_state(bench: Callable[..., Run]) -> None:
+    run = bench("recompile", "--steps", "16", "--checkpoint-every", "0", "--inject", "recompile=4")
+    step_of_compile = []
+    last_step = -1
+    for _, event in run.records:
+        if isinstance(event, events.Step):
+            last_step = event.step
+        elif isinstance(event, events.Compile) and event.stage == "backend" and event.function == "grads":
+            step_of_compile.append(last_step)
+    assert step_of_compile == [-1, 3, 7, 11], "a new shape (and compile) every 4 steps"
+
+
+def test_failing_checkpoints_are_reported_and_survived(
+    bench: Callable[..., Run], module_sidecar: SidecarProcess
+) -> None:
+    run = bench("ckpt-fail", "--steps", "10", "--checkpoint-every", "5", "--inject", "ckpt-fail")
+    saves = [e for e in run.of(events.Checkpoint) if isinstance(e, events.Checkpoint)]
+    assert [c.ok for c in saves] == [False, False]
+    metrics = scrape(module_sidecar, run)
+    w = {"workload": "ckpt-fail"}
+    assert metrics.value(catalog.CHECKPOINT_DURATION.series("count"), result="error", **w) == 2
+    assert not metrics.has(catalog.CHECKPOINT_LAST_SUCCESS.name, **w)
+
+
+def test_spill_on_the_cpu_says_why_it_cannot_be_injected(bench: Callable[..., Run]) -> None:
+    run = bench("spill", "--steps", "2", "--inject", "spill", expect=2)
+    assert "host memory" in run.output
+
+
+def test_fused_mode_reports_the_program_as_compute(bench: Callable[..., Run]) -> None:
+    run = bench("fused", "--steps", "10", "--checkpoint-every", "0", "--fused")
+    shares = phase_shares(run.steps[1:])
+    assert shares["sync"] == 0 and shares["compute"] > 0.6, shares
+    assert all(s.flops > 0 for s in run.steps)

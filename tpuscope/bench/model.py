@@ -1,0 +1,373 @@
+"""A small decoder-only transformer trained data-parallel, split into separately timed programs.
+
+The real workload of ``tpuscope bench``. A TPU job runs a training step as one
+program, so its phases cannot be timed apart from the host. To report honest
+``compute`` and ``sync`` phases, this trainer also compiles the step as three
+programs that each do one kind of work:
+
+* ``grads``: forward and backward on each device's shard of the batch, with no
+  cross-device communication; every device keeps its own gradients.
+* ``all_reduce``: the gradient all-reduce (``lax.pmean`` over ``"data"``) alone.
+* ``apply``: the optax (adam) update on each device from its copy of the mean
+  gradient, with no communication.
+
+``fused_step`` is the same step as one program, for comparison with the split
+timings. Pure JAX and optax (no flax): parameters are a dict pytree.
+
+Every public method that runs a program blocks until its result is ready. That
+is what makes host timings mean something, and it is also needed for safety:
+with many forced host-platform (CPU) devices, dispatching many steps of programs
+with collectives without waiting can deadlock XLA's CPU collectives (it aborts
+after 40 s).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, NamedTuple, TypeVar
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+AXIS = "data"  # the mesh axis the batch is split over
+
+# jax's PartitionSpec, lax.pmean, block_until_ready and ShapeDtypeStruct are not annotated, so mypy --strict
+# flags every call: they are called through the few typed names below, each with one ignore.
+REPLICATED = P()  # type: ignore[no-untyped-call]
+PROGRAMS = ("grads", "all_reduce", "apply", "fused")
+SHARDED = P(AXIS)  # type: ignore[no-untyped-call]
+
+_MASKED = -1e30  # the score of a masked (future) position: finite, so softmax and its gradient never see inf - inf
+
+Params = dict[str, Any]  # the parameter pytree; see init_params for its layout
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    vocab: int = 256
+    d_model: int = 64
+    n_layers: int = 2
+    n_heads: int = 4
+    d_ff: int = 256
+    seq_len: int = 64  # the default sequence length; batches of another length work (and recompile)
+    batch_per_device: int = 4
+    learning_rate: float = 3e-3
+
+    def __post_init__(self) -> None:
+        if self.d_model % self.n_heads or self.d_model % 2:
+            raise ValueError(f"d_model={self.d_model} must be even and divisible by n_heads={self.n_heads}")
+
+
+class TrainState(NamedTuple):
+    """Parameters and optimizer state, replicated on every device."""
+
+    params: Any
+    opt_state: Any
+
+
+# --- The model: pure functions of a parameter pytree -------------------------------------------------------------
+
+
+def init_params(config: ModelConfig, key: jax.Array) -> Params:
+    """GPT-2 style initialization: N(0, 0.02), residual projections scaled down by depth."""
+    d, f = config.d_model, config.d_ff
+    residual_std = 0.02 / math.sqrt(2 * config.n_layers)  # keeps the residual stream's variance flat with depth
+    keys = iter(jax.random.split(key, 2 + 4 * config.n_layers))
+
+    def normal(shape: tuple[int, ...], std: float = 0.02) -> jax.Array:
+        return std * jax.random.normal(next(keys), shape, jnp.float32)
+
+    def layer() -> dict[str, jax.Array]:
+        return {
+            "ln1_scale": jnp.ones((d,), jnp.float32),
+            "ln1_bias": jnp.zeros((d,), jnp.float32),
+            "qkv": normal((d, 3 * d)),
+            "attn_out": normal((d, d), residual_std),
+            "ln2_scale": jnp.ones((d,), jnp.float32),
+            "ln2_bias": jnp.zeros((d,), jnp.float32),
+            "ff_in": normal((d, f)),
+            "ff_in_bias": jnp.zeros((f,), jnp.float32),
+            "ff_out": normal((f, d), residual_std),
+            "ff_out_bias": jnp.zeros((d,), jnp.float32),
+        }
+
+    return {
+        "embed": normal((config.vocab, d)),
+        "layers": [layer() for _ in range(config.n_layers)],
+        "ln_final_scale": jnp.ones((d,), jnp.float32),
+        "ln_final_bias": jnp.zeros((d,), jnp.float32),
+        "unembed": normal((d, config.vocab)),
+    }
+
+
+def _layer_norm(x: jax.Array, scale: jax.Array, bias: jax.Array) -> jax.Array:
+    mean = x.mean(-1, keepdims=True)
+    var = ((x - mean) ** 2).mean(-1, keepdims=True)
+    return (x - mean) * jax.lax.rsqrt(var + 1e-5) * scale + bias
+
+
+def _positions(length: int, d: int) -> jax.Array:
+    """Sinusoidal position encodings: no parameters, so any sequence length works with the same weights."""
+    pos = jnp.arange(length, dtype=jnp.float32)[:, None]
+    freq = jnp.exp(-math.log(10000.0) * jnp.arange(0, d, 2, dtype=jnp.float32) / d)
+    angles = pos * freq  # (length, d/2)
+    return jnp.stack([jnp.sin(angles), jnp.cos(angles)], axis=-1).reshape(length, d)
+
+
+def _attention(p: Mapping[str, jax.Array], x: jax.Array, n_heads: int) -> jax.Array:
+    """Causal multi-head self-attention over x of shape (batch, length, d)."""
+    b, length, d = x.shape
+    head_dim = d // n_heads
+    q, k, v = jnp.split(x @ p["qkv"], 3, axis=-1)
+    q, k, v = (t.reshape(b, length, n_heads, head_dim) for t in (q, k, v))
+    scores = jnp.einsum("bqhd,bkhd->bhqk", q, k) / math.sqrt(head_dim)
+    causal = jnp.tril(jnp.ones((length, length), dtype=bool))
+    scores = jnp.where(causal, scores, _MASKED)
+    out = jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(scores, axis=-1), v)
+    return out.reshape(b, length, d) @ p["attn_out"]
+
+
+def _block(p: Mapping[str, jax.Array], x: jax.Array, n_heads: int) -> jax.Array:
+    """A pre-LayerNorm transformer block."""
+    x = x + _attention(p, _layer_norm(x, p["ln1_scale"], p["ln1_bias"]), n_heads)
+    h = jax.nn.gelu(_layer_norm(x, p["ln2_scale"], p["ln2_bias"]) @ p["ff_in"] + p["ff_in_bias"])
+    return x + h @ p["ff_out"] + p["ff_out_bias"]
+
+
+def logits_fn(params: Params, tokens: jax.Array, config: ModelConfig) -> jax.Array:
+    """Next-token logits of shape (batch, length, vocab) for int tokens of shape (batch, length)."""
+    embed: jax.Array = params["embed"]
+    unembed: jax.Array = params["unembed"]
+    x = embed[tokens] + _positions(tokens.shape[1], config.d_model)
+    for layer in params["layers"]:
+        x = _block(layer, x, config.n_heads)
+    return _layer_norm(x, params["ln_final_scale"], params["ln_final_bias"]) @ unembed
+
+
+def loss_fn(params: Params, tokens: jax.Array, config: ModelConfig) -> jax.Array:
+    """Mean next-token cross-entropy: position t predicts token t+1."""
+    logits = logits_fn(params, tokens[:, :-1], config)
+    losses: jax.Array = optax.softmax_cross_entropy_with_integer_labels(logits, tokens[:, 1:])
+    return losses.mean()
+
+
+# --- The trainer: the step as separately compiled programs ------------------------------------------------------
+
+
+class DataParallelTrainer:
+    """Data-parallel training over ``devices`` (all local devices by default) on a 1-D ``"data"`` mesh.
+
+    ``trainer.grads`` -> ``trainer.all_reduce`` -> ``trainer.apply`` is one step as three programs;
+    ``trainer.fused_step`` is the same step as one program. Each program is jitted once here, so repeated
+    calls with the same shapes hit the jit cache.
+    """
+
+    def __init__(self, config: ModelConfig = ModelConfig(), devices: Sequence[jax.Device] | None = None, seed: int = 0):
+        self.config = config
+        self.seed = seed
+        self.mesh = Mesh(np.array(list(devices) if devices is not None else jax.local_devices()), (AXIS,))
+        self.n_devices = self.mesh.size
+        self.global_batch = config.batch_per_device * self.n_devices
+        self.optimizer = optax.adam(config.learning_rate)
+        self._replicated = NamedSharding(self.mesh, REPLICATED)
+        self._batch_sharding = NamedSharding(self.mesh, SHARDED)
+        self._init_state = jax.jit(self._make_init_state(), out_shardings=self._replicated)
+        self._grads = jax.jit(self._make_grads())
+        self._all_reduce = jax.jit(self._make_all_reduce())
+        self._apply = jax.jit(self._make_apply())
+        self._fused_step = jax.jit(self._make_fused_step())
+
+    # Each _make_* builds the function that gets jitted. The inner functions carry the names that jax reports
+    # as ``fun_name`` in its compile events and in profiles ("grads", "all_reduce", "apply", "fused_step").
+    #
+    # grads, apply and fused_step use check_vma=False. With the check on, shard_map types the replicated
+    # parameters as device-invariant, and differentiating them against a per-device loss inserts an implicit
+    # psum into the backward pass: grads would communicate (and return the sum over devices instead of each
+    # device's own gradients), and fused_step's explicit pmean would see already-summed gradients. With it off,
+    # gradients stay per device and the only collective is the explicit pmean. apply also needs it to declare
+    # its result replicated (out_specs P()), which holds because every device applies the same mean.
+    #
+    # Nothing is donated: callers may run the split and the fused step from one state (the tests do), and at
+    # this size the extra copy of the state costs nothing worth measuring.
+
+    def _make_init_state(self) -> Callable[[jax.Array], TrainState]:
+        config, optimizer = self.config, self.optimizer
+
+        def init_state(key: jax.Array) -> TrainState:
+            params = init_params(config, key)
+            return TrainState(params, optimizer.init(params))
+
+        return init_state
+
+    def _make_grads(self) -> Callable[[TrainState, jax.Array], tuple[Any, jax.Array]]:
+        config = self.config
+
+        def local_grads(params: Any, shard: jax.Array) -> tuple[Any, jax.Array]:
+            loss, grads = jax.value_and_grad(loss_fn)(params, shard, config)
+            # A leading axis of size 1 per device: shard_map concatenates them into the device axis.
+            return jax.tree.map(lambda g: g[None], grads), loss[None]
+
+        sharded = jax.shard_map(
+            local_grads, mesh=self.mesh, in_specs=(REPLICATED, SHARDED), out_specs=(SHARDED, SHARDED), check_vma=False
+        )
+
+        def grads(state: TrainState, batch: jax.Array) -> tuple[Any, jax.Array]:
+            return sharded(state.params, batch)
+
+        return grads
+
+    def _make_all_reduce(self) -> Callable[[Any], Any]:
+        sharded = jax.shard_map(_mean_over_devices, mesh=self.mesh, in_specs=SHARDED, out_specs=SHARDED)
+
+        def all_reduce(per_shard_grads: Any) -> Any:
+            return sharded(per_shard_grads)
+
+        return all_reduce
+
+    def _make_apply(self) -> Callable[[TrainState, Any], TrainState]:
+        optimizer = self.optimizer
+
+        def local_apply(state: TrainState, reduced: Any) -> TrainState:
+            mean_grads = jax.tree.map(lambda g: g[0], reduced)  # this device's copy of the mean
+            updates, opt_state = optimizer.update(mean_grads, state.opt_state, state.params)
+            return TrainState(optax.apply_updates(state.params, updates), opt_state)
+
+        sharded = jax.shard_map(
+            local_apply, mesh=self.mesh, in_specs=(REPLICATED, SHARDED), out_specs=REPLICATED, check_vma=False
+        )
+
+        def apply(state: TrainState, reduced_grads: Any) -> TrainState:
+            return sharded(state, reduced_grads)
+
+        return apply
+
+    def _make_fused_step(self) -> Callable[[TrainState, jax.Array], tuple[TrainState, jax.Array]]:
+        config, optimizer = self.config, self.optimizer
+
+        def local_step(state: TrainState, shard: jax.Array) -> tuple[TrainState, jax.Array]:
+            loss, grads = jax.value_and_grad(loss_fn)(state.params, shard, config)
+            grads = _mean_over_devices(grads)
+            updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+            return TrainState(optax.apply_updates(state.params, updates), opt_state), _mean_over_devices(loss)
+
+        sharded = jax.shard_map(
+            local_step,
+            mesh=self.mesh,
+            in_specs=(REPLICATED, SHARDED),
+            out_specs=(REPLICATED, REPLICATED),
+            check_vma=False,
+        )
+
+        def fused_step(state: TrainState, batch: jax.Array) -> tuple[TrainState, jax.Array]:
+            return sharded(state, batch)
+
+        return fused_step
+
+    # --- Public API: each call runs one program and blocks until its result is on the devices --------------------
+
+    def init_state(self) -> TrainState:
+        """Fresh parameters and adam state, replicated on the mesh."""
+        state: TrainState = self._init_state(jax.random.key(self.seed))
+        return _ready(state)
+
+    def put_batch(self, tokens: np.ndarray) -> jax.Array:
+        """Host to device: int32 tokens of shape (global_batch, L), split over ``"data"`` on axis 0."""
+        tokens = np.asarray(tokens, dtype=np.int32)
+        if tokens.ndim != 2 or tokens.shape[0] != self.global_batch or tokens.shape[1] < 2:
+            raise ValueError(f"expected tokens of shape ({self.global_batch}, L >= 2), got {tokens.shape}")
+        batch: jax.Array = jax.device_put(tokens, self._batch_sharding)
+        return _ready(batch)
+
+    def grads(self, state: TrainState, batch: jax.Array) -> tuple[Any, jax.Array]:
+        """Per-shard gradients (leading device axis on every leaf) and per-shard losses of shape (n_devices,)."""
+        out: tuple[Any, jax.Array] = self._grads(state, batch)
+        return _ready(out)
+
+    def all_reduce(self, per_shard_grads: Any) -> Any:
+        """The mean of the per-shard gradients, on every device (the leading device axis is kept)."""
+        return _ready(self._all_reduce(per_shard_grads))
+
+    def apply(self, state: TrainState, reduced_grads: Any) -> TrainState:
+        """The adam update from the all-reduced gradients; returns the new (replicated) state."""
+        new_state: TrainState = self._apply(state, reduced_grads)
+        return _ready(new_state)
+
+    def fused_step(self, state: TrainState, batch: jax.Array) -> tuple[TrainState, jax.Array]:
+        """grads + all-reduce + update as one program; returns the new state and the mean loss over shards."""
+        out: tuple[TrainState, jax.Array] = self._fused_step(state, batch)
+        return _ready(out)
+
+    def programs(
+        self, state: TrainState, batch: jax.Array, names: Collection[str] = PROGRAMS
+    ) -> dict[str, jax.stages.Compiled]:
+        """The compiled programs named (of :data:`PROGRAMS`) for this batch's shape, for ``cost_analysis()``
+        and ``memory_analysis()``.
+
+        Lowered from the same jitted functions the methods call, so a program that already ran is taken
+        from the cache: nothing runs and nothing recompiles. Ask only for the programs the step uses: the
+        split programs in split mode, ``fused`` in fused mode. The inputs of ``all_reduce`` and ``apply``
+        are described by the output types of ``grads`` (and ``all_reduce``).
+        """
+        compiled: dict[str, jax.stages.Compiled] = {}
+        if {"grads", "all_reduce", "apply"} & set(names):
+            compiled["grads"] = self._grads.lower(state, batch).compile()
+            per_shard_grads, _ = _abstract_outputs(compiled["grads"])
+            compiled["all_reduce"] = self._all_reduce.lower(per_shard_grads).compile()
+            reduced_grads = _abstract_outputs(compiled["all_reduce"])
+            compiled["apply"] = self._apply.lower(state, reduced_grads).compile()
+        if "fused" in names:
+            compiled["fused"] = self._fused_step.lower(state, batch).compile()
+        return {name: program for name, program in compiled.items() if name in names}
+
+    def flops_per_step(self, state: TrainState, batch: jax.Array, fused: bool = False) -> float:
+        """Model FLOPs of one step over all devices: ``grads`` + ``apply`` (the all-reduce is not model work),
+        or the ``fused`` program's.
+
+        XLA's cost_analysis describes the compiled module, and a shard_map'd program compiles to one SPMD
+        module that every device runs on its own shard: its FLOPs are per device (on CPU with 8 forced devices
+        the grads program reports 1/8 of the whole batch's FLOPs, see tests/test_model.py). So the total is
+        the per-device count times the number of devices.
+        """
+        names = ("fused",) if fused else ("grads", "apply")
+        programs = self.programs(state, batch, names)
+        per_device = sum(program_flops(programs[name]) for name in names)
+        return per_device * self.n_devices
+
+    def param_count(self) -> int:
+        """The number of trainable parameters (computed from shapes; nothing is allocated)."""
+        shapes = jax.eval_shape(lambda: init_params(self.config, jax.random.key(0)))
+        return sum(math.prod(leaf.shape) for leaf in jax.tree.leaves(shapes))
+
+
+def program_flops(compiled: jax.stages.Compiled) -> float:
+    """The ``flops`` of a compiled program's cost analysis (per device for SPMD programs); 0 when unreported."""
+    cost: Any = compiled.cost_analysis()
+    if isinstance(cost, list):  # older jax returned one dict per program
+        cost = cost[0] if cost else {}
+    return float((cost or {}).get("flops", 0.0))
+
+
+def _abstract_outputs(compiled: jax.stages.Compiled) -> Any:
+    """The compiled program's outputs as ShapeDtypeStructs with their shardings, to lower the next program."""
+    return jax.tree.map(
+        lambda out, sharding: jax.ShapeDtypeStruct(out.shape, out.dtype, sharding=sharding),  # type: ignore[no-untyped-call]
+        compiled.out_info,
+        compiled.output_shardings,
+    )
+
+
+def _mean_over_devices(tree: Any) -> Any:
+    """Inside shard_map: every leaf replaced by its mean over the ``"data"`` axis (an all-reduce)."""
+    return jax.tree.map(lambda x: jax.lax.pmean(x, AXIS), tree)  # type: ignore[no-untyped-call]
+
+
+def _ready(tree: T) -> T:
+    """``jax.block_until_ready``, typed: waits until every array in ``tree`` is computed, then returns it."""
+    return jax.block_until_ready(tree)  # type: ignore[no-untyped-call, no-any-return]

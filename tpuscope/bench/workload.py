@@ -1,0 +1,245 @@
+"""The instrumented JAX workload behind ``tpuscope bench``: a small transformer LM, trained data-parallel.
+
+A step, as it is timed:
+
+- io: wait for the next batch from the input pipeline, then copy it to the devices.
+- compute: forward and backward on each device's shard (no communication).
+- sync: the cross-device gradient all-reduce, as its own program.
+- compute: the optimizer update, on each device, from the reduced gradients.
+
+Every program is waited for before the next phase starts: this is what makes
+the phases honest, and on 8 CPU devices it is also what keeps XLA's CPU
+collectives from deadlocking. In ``--fused`` mode the step is one program, as
+a production TPU job runs it: compute and collectives overlap inside it, so the
+whole program is reported as compute, sync stays 0, and what the host does
+around it is ``other``.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tpuscope.bench.faults import Faults
+from tpuscope.tracing import Monitor
+
+CPU_DEVICES_FLAG = "--xla_force_host_platform_device_count"
+
+
+def ensure_cpu_devices(count: int) -> None:
+    """Give JAX ``count`` CPU devices for data-parallel code (harmless on TPU and GPU hosts).
+
+    Must run before jax is imported; a flag the user already set wins.
+    """
+    flags = os.environ.get("XLA_FLAGS", "")
+    if CPU_DEVICES_FLAG not in flags:
+        os.environ["XLA_FLAGS"] = f"{flags} {CPU_DEVICES_FLAG}={count}".strip()
+
+
+@dataclass(frozen=True)
+class WorkloadOptions:
+    steps: int = 200
+    fused: bool = False
+    d_model: int = 64
+    layers: int = 2
+    heads: int = 4
+    seq_len: int = 64
+    batch_per_device: int = 4
+    vocab: int = 256
+    io_latency: float = 0.005  # seconds for the input pipeline to produce a batch
+    checkpoint_every: int = 50
+    async_checkpoint: bool = False
+    run_dir: Path = Path("run/bench")
+    compile_cache: Path | None = None
+    calibrate: bool = False
+    faults: Faults = field(default_factory=lambda: Faults({}))
+
+
+class InjectedCrash(RuntimeError):
+    """The ``crash`` fault."""
+
+
+class Workload:
+    """Builds the model, data, checkpoints and reporting; :meth:`run` trains."""
+
+    def __init__(self, options: WorkloadOptions, monitor: Monitor, log: Callable[[str], None] = print) -> None:
+        import jax
+
+        from tpuscope.bench.checkpoints import Checkpointer
+        from tpuscope.bench.data import TokenPipeline
+        from tpuscope.bench.hardware import accelerator_of, peak_flops_per_second
+        from tpuscope.bench.model import DataParallelTrainer, ModelConfig
+
+        self.options = options
+        self.monitor = monitor
+        self.log = log
+        faults = options.faults
+        if "spill" in faults and accelerator_of(jax.devices()[0]) == "cpu":
+            raise ValueError(
+                "--inject spill needs an accelerator: XLA on the CPU places nothing in host memory "
+                "(compiled.memory_analysis() reports host_* sizes of 0), so there is no spill to show"
+            )
+        if options.compile_cache:
+            _enable_compile_cache(options.compile_cache)
+        monitor.watch_jax_compiles()
+        self.devices = jax.devices()
+        self.accelerator = accelerator_of(self.devices[0])
+        self.peak, peak_source = peak_flops_per_second(self.devices, options.calibrate)
+        monitor.hardware(self.accelerator, len(self.devices), self.peak)
+        config = ModelConfig(
+            vocab=options.vocab,
+            d_model=options.d_model,
+            n_layers=options.layers,
+            n_heads=options.heads,
+            d_ff=4 * options.d_model,
+            seq_len=options.seq_len,
+            batch_per_device=options.batch_per_device,
+        )
+        self.trainer = DataParallelTrainer(config, self.devices)
+        log(
+            f"model: {self.trainer.param_count():,} parameters on {len(self.devices)} {self.accelerator} devices, "
+            f"global batch {self.trainer.global_batch} x {options.seq_len} tokens, "
+            f"{'fused' if options.fused else 'split'} step; peak {self.peak / 1e9:.1f} GFLOP/s ({peak_source})"
+        )
+        self.checkpoints = Checkpointer(
+            options.run_dir / "checkpoints",
+            monitor,
+            options.checkpoint_every,
+            options.async_checkpoint,
+            fail="ckpt-fail" in faults,
+        )
+        latency = options.io_latency + (faults.get("slow-io") if "slow-io" in faults else 0.0)
+        self.data = TokenPipeline(self.trainer.global_batch, options.vocab, latency=latency)
+        self._flops: dict[int, float] = {}
+        self.resumed_from: int | None = None
+
+    def run(self, progress: Callable[[int], None] | None = None, instrumented: Iterator[bool] | None = None) -> None:
+        """Train to ``options.steps``, resuming from the latest checkpoint if there is one.
+
+        ``instrumented`` (for the overhead benchmark) says, step by step, whether
+        to time the step with the Monitor or run it bare.
+        """
+        options, faults = self.options, self.options.faults
+        state = self.trainer.init_state()
+        start = 0
+        if (restored := self.checkpoints.restore_latest(state)) is not None:
+            state, self.resumed_from = restored
+            start = self.resumed_from + 1
+            self.monitor.lifecycle("restart", reason="resumed")
+            self.log(f"resumed from the checkpoint of step {self.resumed_from}")
+        crash_at = int(faults.get("crash")) if "crash" in faults else None
+        if crash_at is not None and crash_at < 0:
+            crash_at = options.steps // 2
+        stall_at = (start + options.steps) // 2 if "stall" in faults else None
+        for n in range(start, options.steps):
+            if n == stall_at:
+                self.log(f"stall: no steps for {faults.get('stall'):g} s")
+                time.sleep(faults.get("stall"))
+            if n == crash_at and self.resumed_from is None:
+                raise InjectedCrash(f"injected crash at step {n}")
+            timed = next(instrumented) if instrumented is not None else True
+            with self.monitor.step(n) if timed else _bare_step() as step:
+                state = self._step(step, state, self._seq_len(n))
+            if self.checkpoints.due(n):
+                self.checkpoints.save(n, state)
+            if n % 10 == 0:
+                self._report_memory()
+            if progress:
+                progress(n)
+
+    def _step(self, step: Any, state: Any, seq_len: int) -> Any:
+        """One training step, its phases timed on ``step`` (a StepTimer, or a bare stand-in)."""
+        trainer = self.trainer
+        with step.phase("io"):
+            batch = trainer.put_batch(self.data.next(seq_len))
+        if self.options.fused:
+            with step.phase("compute"):
+                state, _ = trainer.fused_step(state, batch)
+        else:
+            with step.phase("compute"):
+                started = time.perf_counter()
+                grads, _ = trainer.grads(state, batch)
+                if "straggler" in self.options.faults:  # this worker is slower than its peers
+                    time.sleep((self.options.faults.get("straggler") - 1) * (time.perf_counter() - started))
+            with step.phase("sync"):
+                grads = trainer.all_reduce(grads)
+            with step.phase("compute"):
+                state = trainer.apply(state, grads)
+        step.flops = self._flops.get(seq_len) or self._analyse(state, batch, seq_len)
+        return state
+
+    def _seq_len(self, n: int) -> int:
+        """The batch's sequence length: fixed, or a new one every N steps under the ``recompile`` fault."""
+        if "recompile" not in self.options.faults:
+            return self.options.seq_len
+        every = max(1, int(self.options.faults.get("recompile")))
+        shrink = (n // every) % max(1, self.options.seq_len // 2)
+        return self.options.seq_len - shrink
+
+    def _analyse(self, state: Any, batch: Any, seq_len: int) -> float:
+        """FLOPs and host-memory placement of this shape's programs (already compiled: no recompile)."""
+        names = ("fused",) if self.options.fused else ("grads", "all_reduce", "apply")
+        for name, compiled in self.trainer.programs(state, batch, names).items():
+            analysis = compiled.memory_analysis()
+            spill = sum(
+                getattr(analysis, f"host_{kind}_size_in_bytes", 0) for kind in ("argument", "output", "temp", "alias")
+            )
+            self.monitor.program_memory(name, spill_bytes=int(spill))
+        self._flops[seq_len] = self.trainer.flops_per_step(state, batch, fused=self.options.fused)
+        return self._flops[seq_len]
+
+    def _report_memory(self) -> None:
+        stats = [(device, device.memory_stats()) for device in self.devices]
+        if all(s is None for _, s in stats):  # the CPU backend keeps none: report the process instead
+            import psutil
+
+            self.monitor.device_memory(
+                "host",
+                self.accelerator,
+                used_bytes=psutil.Process().memory_info().rss,
+                limit_bytes=psutil.virtual_memory().total,
+                source="process",
+            )
+            return
+        for device, s in stats:
+            if s:
+                self.monitor.device_memory(
+                    str(device.id),
+                    self.accelerator,
+                    used_bytes=int(s.get("bytes_in_use", 0)),
+                    limit_bytes=int(s.get("bytes_limit", 0)),
+                    peak_bytes=int(s.get("peak_bytes_in_use", 0)),
+                )
+
+    def close(self) -> None:
+        self.checkpoints.close()
+        self.data.close()
+
+
+class _BareStep:
+    """Stands in for a StepTimer when the overhead benchmark runs a step uninstrumented."""
+
+    flops = 0.0
+
+    def phase(self, name: str) -> AbstractContextManager[None]:
+        return nullcontext()
+
+
+@contextmanager
+def _bare_step() -> Iterator[_BareStep]:
+    yield _BareStep()
+
+
+def _enable_compile_cache(directory: Path) -> None:
+    import jax
+
+    directory.mkdir(parents=True, exist_ok=True)
+    jax.config.update("jax_compilation_cache_dir", str(directory.resolve()))  # type: ignore[no-untyped-call]
+    # Cache every program, however small or quick to compile: the benchmark's are both.
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)  # type: ignore[no-untyped-call]
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)  # type: ignore[no-untyped-call]

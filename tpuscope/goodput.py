@@ -1,0 +1,105 @@
+"""Goodput accounting: where a workload's wall time went, from its events.
+
+The sidecar keeps one ledger per workload (it outlives the job's restarts, so it
+sees work that a restart throws away); ``tpuscope bench`` keeps one for its own
+summary. Both feed it the same events and get back seconds per category.
+
+Step time counts as ``productive`` only once it is durable: when a checkpoint
+covering the step is saved, or the run stops cleanly. Until then it is
+pending, and it becomes ``lost`` if the job fails, restores an older
+checkpoint, or is seen repeating step numbers (it restarted from an earlier
+step). Counters never go down, so this is the only way to report lost work
+without counting it twice.
+"""
+
+from __future__ import annotations
+
+from tpuscope import events
+
+CATEGORIES = ("productive", "compile", "io_wait", "checkpoint", "init", "lost")
+
+Increments = list[tuple[str, float]]
+
+
+class GoodputLedger:
+    # A job that never checkpoints would keep every step pending: past this many
+    # steps, the oldest are taken as productive (they are at risk, not lost).
+    MAX_PENDING_STEPS = 100_000
+
+    def __init__(self) -> None:
+        self.pending: dict[int, float] = {}  # step -> productive seconds not yet durable, in step order
+        self.last_step = -1
+        self.compile_since_step = 0.0
+        self.started_at: float | None = None  # set from "start" until the first step
+        self.accounted_since_start = 0.0  # compile and checkpoint seconds between start and first step
+
+    def observe(self, event: events.AnyEvent, now: float) -> Increments:
+        """The seconds per category that ``event``, received at ``now`` (Unix time), adds."""
+        if isinstance(event, events.Step):
+            return self._step(event, now)
+        if isinstance(event, events.Compile):
+            self.compile_since_step += event.duration_s
+            self.accounted_since_start += event.duration_s
+            return [("compile", event.duration_s)]
+        if isinstance(event, events.Checkpoint):
+            return self._checkpoint(event)
+        if isinstance(event, events.Lifecycle):
+            return self._lifecycle(event, now)
+        return []
+
+    def _step(self, e: events.Step, now: float) -> Increments:
+        out: Increments = [("io_wait", e.io_s)] if e.io_s else []
+        compute_time = max(0.0, e.duration_s - e.io_s)
+        compile_in_step = min(self.compile_since_step, compute_time)  # compiled on this step's first call
+        if self.started_at is not None:
+            accounted_before_step = self.accounted_since_start - compile_in_step
+            init = now - e.duration_s - self.started_at - accounted_before_step
+            if init > 0:
+                out.append(("init", init))
+            self.started_at = None
+        self.compile_since_step = 0.0
+        if e.step <= self.last_step:  # the job went back: whatever it had not saved is being redone
+            out += self._lose(after=e.step - 1)
+        self.last_step = e.step
+        self.pending[e.step] = compute_time - compile_in_step
+        if len(self.pending) > self.MAX_PENDING_STEPS:
+            oldest = next(iter(self.pending))
+            out.append(("productive", self.pending.pop(oldest)))
+        return out
+
+    def _checkpoint(self, e: events.Checkpoint) -> Increments:
+        # Compiles during the checkpoint (Orbax jits its copies on the first save) are compile time already.
+        compile_in_checkpoint = min(self.compile_since_step, e.duration_s)
+        self.compile_since_step -= compile_in_checkpoint
+        seconds = e.duration_s - compile_in_checkpoint
+        out: Increments = [("checkpoint", seconds)] if seconds else []
+        if self.started_at is not None:
+            self.accounted_since_start += seconds
+        if e.ok and e.operation == "save":
+            durable = [step for step in self.pending if step <= e.step]
+            saved = sum(self.pending.pop(step) for step in durable)
+            if saved:
+                out.append(("productive", saved))
+        elif e.ok and e.operation == "restore":
+            out += self._lose(after=e.step)
+            self.last_step = e.step
+        return out
+
+    def _lifecycle(self, e: events.Lifecycle, now: float) -> Increments:
+        if e.state == "start":
+            self.started_at = now
+            self.accounted_since_start = 0.0
+            self.compile_since_step = 0.0
+        elif e.state == "stop":  # a clean end: its last steps are its result
+            saved = sum(self.pending.values())
+            self.pending.clear()
+            return [("productive", saved)] if saved else []
+        elif e.state == "failure":
+            return self._lose(after=-1)
+        return []
+
+    def _lose(self, after: int) -> Increments:
+        """Pending work of steps after ``after`` is gone."""
+        gone = [step for step in self.pending if step > after]
+        lost = sum(self.pending.pop(step) for step in gone)
+        return [("lost", lost)] if lost else []
