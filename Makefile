@@ -1,5 +1,5 @@
 # The two commands of the README:
-#   make demo   set up, then run the benchmark workload with the sidecar and show what it exports
+#   make demo   set up, then run the JAX benchmark workload with the sidecar and show what it exports
 #   make test   set up (Python environment, Debian's prometheus for Prometheus and promtool), then test
 # Everything else here is a step of those two.
 
@@ -11,7 +11,7 @@ SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 .PHONY: demo test setup system-deps lint generate clean
 
 demo: setup
-	$(BIN)/tpuscope bench --synthetic --steps 600
+	$(BIN)/tpuscope bench --steps 300
 
 test: setup system-deps lint
 	$(BIN)/python -m pytest

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -216,3 +217,22 @@ def test_fused_mode_reports_the_program_as_compute(bench: Callable[..., Run]) ->
     shares = phase_shares(run.steps[1:])
     assert shares["sync"] == 0 and shares["compute"] > 0.6, shares
     assert all(s.flops > 0 for s in run.steps)
+
+
+def test_the_overhead_benchmark_runs_and_reports_both_measurements(bench: Callable[..., Run]) -> None:
+    """Not a timing test: it checks the benchmark runs at a tiny size and prints well-formed figures."""
+    run = bench("overhead", "--overhead", "--steps", "45")
+    assert re.search(r"Monitor overhead: 20 steps on and 20 off, interleaved in blocks of 10", run.output)
+    figures = re.search(r"instrumentation itself\s+([\d.]+) us per step \(([\d.]+)% of a step", run.output)
+    assert figures and float(figures[1]) > 0, run.output
+    assert re.search(r"A/B difference\s+[+-]\d+ us \([+-][\d.]+%\) \+- \d+ us", run.output), run.output
+    probe_steps = [e for e in run.steps if e.workload != "overhead"]
+    assert not probe_steps and len(run.steps) == 25, "the probe's empty steps stay out of the workload"
+
+
+def test_async_checkpoints_report_when_durable(bench: Callable[..., Run], module_sidecar: SidecarProcess) -> None:
+    run = bench("async", "--steps", "10", "--checkpoint-every", "5", "--async-checkpoint")
+    saves = [e for e in run.of(events.Checkpoint) if isinstance(e, events.Checkpoint)]
+    assert [(c.step, c.ok) for c in saves] == [(4, True), (9, True)]
+    assert all(c.bytes > 100_000 for c in saves)
+    assert scrape(module_sidecar, run).value(catalog.GOODPUT.name, workload="async", category="lost") == 0

@@ -66,6 +66,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--linger", type=float, default=0.0, help="keep a sidecar bench started serving this many seconds after the run"
     )
     jax_flags = bench.add_argument_group("the JAX workload")
+    jax_flags.add_argument(
+        "--overhead",
+        action="store_true",
+        help="benchmark: the Monitor's cost per step, on against off, interleaved (uses --steps)",
+    )
     jax_flags.add_argument("--fused", action="store_true", help="run each step as one program, as a TPU job would")
     jax_flags.add_argument("--d-model", type=int, default=64, help="model width (default %(default)s)")
     jax_flags.add_argument("--layers", type=int, default=2, help="transformer layers (default %(default)s)")

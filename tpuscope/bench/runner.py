@@ -7,13 +7,14 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 
 from tpuscope import catalog, events
 from tpuscope.bench import synthetic
 from tpuscope.bench.faults import FaultError, Faults
 from tpuscope.bench.summary import RunSummary
-from tpuscope.bench.workload import InjectedCrash, Workload, WorkloadOptions, ensure_cpu_devices
+from tpuscope.bench.workload import InjectedCrash, UnsupportedHere, Workload, WorkloadOptions, ensure_cpu_devices
 from tpuscope.exporter.child import SidecarProcess
 from tpuscope.exporter.ingest import SocketError, has_listener
 from tpuscope.exporter.scrape import Scrape
@@ -55,12 +56,14 @@ def run_bench(args: argparse.Namespace) -> int:
         try:
             sinks: list[Sink] = [summary, RecordSink(args.record)] if args.record else [summary]
             with Monitor(args.workload, socket=socket, sinks=sinks) as monitor:
-                if args.synthetic:
+                if args.overhead:
+                    _measure_overhead(args, faults, monitor)
+                elif args.synthetic:
                     profile = synthetic.Profile(step_seconds=args.step_time, checkpoint_every=args.checkpoint_every)
                     synthetic.run(monitor, args.steps, profile, progress=progress)
                 else:
                     _run_jax(args, faults, monitor, progress)
-        except ValueError as e:  # a setting that cannot work here, found by the workload
+        except UnsupportedHere as e:
             print(f"tpuscope bench: {e}", file=sys.stderr)
             return 2
         except InjectedCrash as e:
@@ -78,7 +81,27 @@ def run_bench(args: argparse.Namespace) -> int:
 
 
 def _run_jax(args: argparse.Namespace, faults: Faults, monitor: Monitor, progress: Callable[[int], None]) -> None:
-    options = WorkloadOptions(
+    workload = Workload(_options(args, faults), monitor)
+    try:
+        workload.run(progress)
+    finally:
+        workload.close()
+
+
+def _measure_overhead(args: argparse.Namespace, faults: Faults, monitor: Monitor) -> None:
+    from tpuscope.bench import overhead
+
+    # No checkpoints: their seconds-long pauses would swamp a microsecond difference.
+    options = replace(_options(args, faults), checkpoint_every=0)
+    workload = Workload(options, monitor)
+    try:
+        print("\n".join(overhead.measure(workload, monitor, args.steps)), flush=True)
+    finally:
+        workload.close()
+
+
+def _options(args: argparse.Namespace, faults: Faults) -> WorkloadOptions:
+    return WorkloadOptions(
         steps=args.steps,
         fused=args.fused,
         d_model=args.d_model,
@@ -94,11 +117,6 @@ def _run_jax(args: argparse.Namespace, faults: Faults, monitor: Monitor, progres
         calibrate=args.calibrate,
         faults=faults,
     )
-    workload = Workload(options, monitor)
-    try:
-        workload.run(progress)
-    finally:
-        workload.close()
 
 
 @contextmanager

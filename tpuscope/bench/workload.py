@@ -60,6 +60,10 @@ class WorkloadOptions:
     faults: Faults = field(default_factory=lambda: Faults({}))
 
 
+class UnsupportedHere(ValueError):
+    """An option that cannot work on this machine; the message says why."""
+
+
 class InjectedCrash(RuntimeError):
     """The ``crash`` fault."""
 
@@ -80,7 +84,7 @@ class Workload:
         self.log = log
         faults = options.faults
         if "spill" in faults and accelerator_of(jax.devices()[0]) == "cpu":
-            raise ValueError(
+            raise UnsupportedHere(
                 "--inject spill needs an accelerator: XLA on the CPU places nothing in host memory "
                 "(compiled.memory_analysis() reports host_* sizes of 0), so there is no spill to show"
             )

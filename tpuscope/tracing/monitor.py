@@ -153,6 +153,11 @@ class Monitor:
 
     # --- delivery ------------------------------------------------------------------
     @property
+    def socket_path(self) -> str:
+        """Where events go: the sidecar's socket."""
+        return self._sidecar.path
+
+    @property
     def sent(self) -> int:
         """Events delivered to the sidecar's socket."""
         return self._sidecar.sent
