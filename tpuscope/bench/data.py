@@ -25,7 +25,7 @@ class TokenPipeline:
         self._batches: queue.Queue[np.ndarray] = queue.Queue(maxsize=prefetch)
         self._thread = threading.Thread(target=self._produce, name="tpuscope-data", daemon=True)
         self._thread.start()
-        self._prefetched: list[int] = []
+        self._in_flight = 0  # batches asked for and not yet taken
 
     def _produce(self) -> None:
         while (seq_len := self._requests.get()) is not None:
@@ -43,11 +43,11 @@ class TokenPipeline:
 
         Keeps ``prefetch`` requests in flight, all of the length asked for now.
         """
-        while len(self._prefetched) < self._batches.maxsize:
+        while self._in_flight < self._batches.maxsize:
             self._requests.put(seq_len)
-            self._prefetched.append(seq_len)
-        self._prefetched.pop(0)
+            self._in_flight += 1
         tokens = self._batches.get()
+        self._in_flight -= 1
         if tokens.shape[1] != seq_len:  # a prefetched batch of an older shape: make one of the new shape
             tokens = self._make(seq_len)
         return tokens

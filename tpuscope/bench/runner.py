@@ -7,7 +7,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import replace
+from dataclasses import fields, replace
 from pathlib import Path
 
 from tpuscope import catalog, events
@@ -81,42 +81,22 @@ def run_bench(args: argparse.Namespace) -> int:
 
 
 def _run_jax(args: argparse.Namespace, faults: Faults, monitor: Monitor, progress: Callable[[int], None]) -> None:
-    workload = Workload(_options(args, faults), monitor)
-    try:
+    with Workload(_options(args, faults), monitor) as workload:
         workload.run(progress)
-    finally:
-        workload.close()
 
 
 def _measure_overhead(args: argparse.Namespace, faults: Faults, monitor: Monitor) -> None:
     from tpuscope.bench import overhead
 
     # No checkpoints: their seconds-long pauses would swamp a microsecond difference.
-    options = replace(_options(args, faults), checkpoint_every=0)
-    workload = Workload(options, monitor)
-    try:
+    with Workload(replace(_options(args, faults), checkpoint_every=0), monitor) as workload:
         print("\n".join(overhead.measure(workload, monitor, args.steps)), flush=True)
-    finally:
-        workload.close()
 
 
 def _options(args: argparse.Namespace, faults: Faults) -> WorkloadOptions:
-    return WorkloadOptions(
-        steps=args.steps,
-        fused=args.fused,
-        d_model=args.d_model,
-        layers=args.layers,
-        heads=args.heads,
-        seq_len=args.seq_len,
-        batch_per_device=args.batch_per_device,
-        io_latency=args.io_latency,
-        checkpoint_every=args.checkpoint_every,
-        async_checkpoint=args.async_checkpoint,
-        run_dir=args.run_dir,
-        compile_cache=args.compile_cache,
-        calibrate=args.calibrate,
-        faults=faults,
-    )
+    """The workload's options from the flags of the same names (those without a flag keep their default)."""
+    given = {f.name: getattr(args, f.name) for f in fields(WorkloadOptions) if hasattr(args, f.name)}
+    return WorkloadOptions(**{**given, "faults": faults})
 
 
 @contextmanager

@@ -174,7 +174,9 @@ class Workload:
                 grads = trainer.all_reduce(grads)
             with step.phase("compute"):
                 state = trainer.apply(state, grads)
-        step.flops = self._flops.get(seq_len) or self._analyse(state, batch, seq_len)
+        if seq_len not in self._flops:  # a new shape: its programs were just compiled
+            self._analyse(state, batch, seq_len)
+        step.flops = self._flops[seq_len]
         return state
 
     def _seq_len(self, n: int) -> int:
@@ -185,7 +187,7 @@ class Workload:
         shrink = (n // every) % max(1, self.options.seq_len // 2)
         return self.options.seq_len - shrink
 
-    def _analyse(self, state: Any, batch: Any, seq_len: int) -> float:
+    def _analyse(self, state: Any, batch: Any, seq_len: int) -> None:
         """FLOPs and host-memory placement of this shape's programs (already compiled: no recompile)."""
         names = ("fused",) if self.options.fused else ("grads", "all_reduce", "apply")
         for name, compiled in self.trainer.programs(state, batch, names).items():
@@ -195,7 +197,6 @@ class Workload:
             )
             self.monitor.program_memory(name, spill_bytes=int(spill))
         self._flops[seq_len] = self.trainer.flops_per_step(state, batch, fused=self.options.fused)
-        return self._flops[seq_len]
 
     def _report_memory(self) -> None:
         stats = [(device, device.memory_stats()) for device in self.devices]
@@ -223,6 +224,12 @@ class Workload:
     def close(self) -> None:
         self.checkpoints.close()
         self.data.close()
+
+    def __enter__(self) -> Workload:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
 
 
 class _BareStep:
