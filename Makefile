@@ -11,7 +11,8 @@ SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 .PHONY: demo test setup system-deps lint generate clean
 
 demo: setup
-	$(BIN)/tpuscope bench --steps 300
+	rm -rf run/demo  # a fresh run each time: the workload resumes from checkpoints it finds
+	$(BIN)/tpuscope bench --steps 300 --run-dir run/demo
 
 test: setup system-deps lint
 	$(BIN)/python -m pytest

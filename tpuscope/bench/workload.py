@@ -135,7 +135,9 @@ class Workload:
             state, self.resumed_from = restored
             start = self.resumed_from + 1
             self.monitor.lifecycle("restart", reason="resumed")
-            self.log(f"resumed from the checkpoint of step {self.resumed_from}")
+            self.log(f"resumed from the checkpoint of step {self.resumed_from} in {self.checkpoints.directory}")
+            if start >= options.steps:
+                self.log(f"nothing to do: that is past --steps {options.steps}; remove the directory to start over")
         crash_at = int(faults.get("crash")) if "crash" in faults else None
         if crash_at is not None and crash_at < 0:
             crash_at = options.steps // 2
