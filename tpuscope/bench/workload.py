@@ -83,10 +83,13 @@ class Workload:
         self.monitor = monitor
         self.log = log
         faults = options.faults
-        if "spill" in faults and accelerator_of(jax.devices()[0]) == "cpu":
+        if "spill" in faults:
             raise UnsupportedHere(
                 "--inject spill needs an accelerator: XLA on the CPU places nothing in host memory "
                 "(compiled.memory_analysis() reports host_* sizes of 0), so there is no spill to show"
+                if accelerator_of(jax.devices()[0]) == "cpu"
+                else "--inject spill: host offload of activations is not built yet; memory_spill_bytes "
+                "reports what XLA places in host memory on its own"
             )
         if options.compile_cache:
             _enable_compile_cache(options.compile_cache)
