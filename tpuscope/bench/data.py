@@ -18,8 +18,7 @@ class TokenPipeline:
     def __init__(self, batch: int, vocab: int, latency: float = 0.0, prefetch: int = 2, seed: int = 0) -> None:
         self.batch = batch
         self.vocab = vocab
-        self.latency = latency  # may be changed while running (fault injection)
-        self.seq_len = 0  # set by next(); the shape may change between batches
+        self.latency = latency
         self._rng = np.random.default_rng(seed)
         self._requests: queue.Queue[int | None] = queue.Queue()
         self._batches: queue.Queue[np.ndarray] = queue.Queue(maxsize=prefetch)
@@ -27,7 +26,7 @@ class TokenPipeline:
         self._thread.start()
         self._in_flight = 0  # batches asked for and not yet taken
 
-    def _produce(self) -> None:
+    def _produce(self) -> None:  # the only user of self._rng: numpy generators are not thread-safe
         while (seq_len := self._requests.get()) is not None:
             time.sleep(self.latency)
             self._batches.put(self._make(seq_len))
@@ -41,16 +40,18 @@ class TokenPipeline:
     def next(self, seq_len: int) -> np.ndarray:
         """The next batch of shape (batch, seq_len), waiting for it if the pipeline is behind.
 
-        Keeps ``prefetch`` requests in flight, all of the length asked for now.
+        Keeps ``prefetch`` requests in flight, all of the length asked for now. Batches
+        prefetched at an older length are dropped, and the wait for their replacements
+        is io time, as it would be in a real pipeline after a shape change.
         """
-        while self._in_flight < self._batches.maxsize:
-            self._requests.put(seq_len)
-            self._in_flight += 1
-        tokens = self._batches.get()
-        self._in_flight -= 1
-        if tokens.shape[1] != seq_len:  # a prefetched batch of an older shape: make one of the new shape
-            tokens = self._make(seq_len)
-        return tokens
+        while True:
+            while self._in_flight < self._batches.maxsize:
+                self._requests.put(seq_len)
+                self._in_flight += 1
+            tokens = self._batches.get()
+            self._in_flight -= 1
+            if tokens.shape[1] == seq_len:
+                return tokens
 
     def close(self) -> None:
         self._requests.put(None)

@@ -327,23 +327,30 @@ class DataParallelTrainer:
         return {name: program for name, program in compiled.items() if name in names}
 
     def flops_per_step(self, state: TrainState, batch: jax.Array, fused: bool = False) -> float:
-        """Model FLOPs of one step over all devices: ``grads`` + ``apply`` (the all-reduce is not model work),
-        or the ``fused`` program's.
+        """Model FLOPs of one step over all devices, for this batch's shape (see :meth:`step_flops`)."""
+        return self.step_flops(self.programs(state, batch, step_programs(fused)))
+
+    def step_flops(self, programs: Mapping[str, jax.stages.Compiled]) -> float:
+        """Model FLOPs of one step over all devices from its compiled programs: ``grads`` + ``apply`` (the
+        all-reduce is not model work), or the ``fused`` program's when that is what is given.
 
         XLA's cost_analysis describes the compiled module, and a shard_map'd program compiles to one SPMD
         module that every device runs on its own shard: its FLOPs are per device (on CPU with 8 forced devices
         the grads program reports 1/8 of the whole batch's FLOPs, see tests/test_model.py). So the total is
         the per-device count times the number of devices.
         """
-        names = ("fused",) if fused else ("grads", "apply")
-        programs = self.programs(state, batch, names)
-        per_device = sum(program_flops(programs[name]) for name in names)
-        return per_device * self.n_devices
+        names = ("fused",) if "fused" in programs else ("grads", "apply")
+        return sum(program_flops(programs[name]) for name in names) * self.n_devices
 
     def param_count(self) -> int:
         """The number of trainable parameters (computed from shapes; nothing is allocated)."""
         shapes = jax.eval_shape(lambda: init_params(self.config, jax.random.key(0)))
         return sum(math.prod(leaf.shape) for leaf in jax.tree.leaves(shapes))
+
+
+def step_programs(fused: bool) -> tuple[str, ...]:
+    """The programs a step runs: the fused one, or the three of the split step."""
+    return ("fused",) if fused else ("grads", "all_reduce", "apply")
 
 
 def program_flops(compiled: jax.stages.Compiled) -> float:

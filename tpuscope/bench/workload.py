@@ -194,14 +194,16 @@ class Workload:
 
     def _analyse(self, state: Any, batch: Any, seq_len: int) -> None:
         """FLOPs and host-memory placement of this shape's programs (already compiled: no recompile)."""
-        names = ("fused",) if self.options.fused else ("grads", "all_reduce", "apply")
-        for name, compiled in self.trainer.programs(state, batch, names).items():
+        from tpuscope.bench.model import step_programs
+
+        programs = self.trainer.programs(state, batch, step_programs(self.options.fused))
+        for name, compiled in programs.items():
             analysis = compiled.memory_analysis()
             spill = sum(
                 getattr(analysis, f"host_{kind}_size_in_bytes", 0) for kind in ("argument", "output", "temp", "alias")
             )
             self.monitor.program_memory(name, spill_bytes=int(spill))
-        self._flops[seq_len] = self.trainer.flops_per_step(state, batch, fused=self.options.fused)
+        self._flops[seq_len] = self.trainer.step_flops(programs)
 
     def _report_memory(self) -> None:
         stats = [(device, device.memory_stats()) for device in self.devices]
