@@ -8,12 +8,14 @@ if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", "")
 
 import shutil
 import tempfile
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from tpuscope.exporter.child import SidecarProcess
+from tpuscope.exporter.scrape import Scrape
 
 
 @pytest.fixture
@@ -51,3 +53,23 @@ def require(binary: str) -> str:
     if path is None:
         pytest.fail(f"{binary} is not installed: `make test` installs Debian's prometheus package")
     return path
+
+
+@pytest.fixture(scope="session")
+def fake_nvml_lib() -> Iterator[Path]:
+    """The fake libnvidia-ml.so.1 (tpuscope/bench/fake_nvml.c), built once with gcc for the session."""
+    from tpuscope.bench import fake_nvml
+
+    path = Path(tempfile.mkdtemp(prefix="ts-nvml-"))
+    yield fake_nvml.build(path)
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def wait_for(url: str, condition: Callable[[Scrape], bool], timeout: float = 20.0) -> Scrape:
+    """Scrape ``url`` until ``condition`` holds or ``timeout`` passes; the last scrape, for the asserts."""
+    deadline = time.monotonic() + timeout
+    while True:
+        scrape = Scrape.fetch(url)
+        if condition(scrape) or time.monotonic() > deadline:
+            return scrape
+        time.sleep(0.1)

@@ -10,7 +10,7 @@ import pytest
 from tpuscope import catalog, generate
 
 ROOT = Path(__file__).resolve().parents[1]
-UNITS = {"seconds", "bytes", "ratio"}
+UNITS = {"seconds", "bytes", "ratio", "celsius", "watts", "hertz"}
 
 
 @pytest.mark.parametrize("metric", catalog.CATALOG, ids=lambda m: m.name)
@@ -31,7 +31,9 @@ def test_names_follow_prometheus_conventions(metric: catalog.Metric) -> None:
         assert bad not in words, "base units only"
     assert not {"job", "instance"} & set(metric.labels), "job and instance belong to Prometheus"
     assert len(set(metric.labels)) == len(metric.labels)
-    if metric.kind is catalog.Kind.HISTOGRAM:
+    if metric.kind is catalog.Kind.HISTOGRAM and metric.sampled:
+        assert not metric.buckets, "a sampled histogram keeps its source's bounds"
+    elif metric.kind is catalog.Kind.HISTOGRAM:
         assert list(metric.buckets) == sorted(set(metric.buckets)) and metric.buckets
     else:
         assert not metric.buckets

@@ -8,10 +8,12 @@ import time
 import urllib.request
 from pathlib import Path
 
-from conftest import require
+from conftest import require, wait_for
 
 from tpuscope import catalog
 from tpuscope.bench import synthetic
+from tpuscope.bench.fake_nvml import FakeGpu, FakeNvmlState, environment
+from tpuscope.bench.fake_tpu import Chip, FakeTpuRuntime, FakeTpuServer, default_megascale
 from tpuscope.bench.prometheus import PrometheusServer, target_of
 from tpuscope.exporter.child import SidecarProcess
 from tpuscope.tracing import Monitor
@@ -50,18 +52,34 @@ def test_prometheus_sees_the_step_rate_and_phases_that_add_up(sidecar: SidecarPr
         assert abs(shares["io"] - PROFILE.io_share) < 0.05, shares
 
 
-def test_metrics_pass_promtool_check_metrics(sidecar: SidecarProcess) -> None:
+def test_metrics_pass_promtool_check_metrics_with_every_collector_on(short_tmp: Path, fake_nvml_lib: Path) -> None:
     promtool = require("promtool")
-    with Monitor("lint", socket=sidecar.socket) as mon:
+    nvml = FakeNvmlState(short_tmp / "nvml.state", gpus=[FakeGpu(), FakeGpu()])
+    nvml.xid(0, 79)
+    nvml.write()
+    with (
+        FakeTpuServer(FakeTpuRuntime([Chip(d) for d in range(8)], default_megascale())) as runtime,
+        SidecarProcess(
+            short_tmp / "s.sock",
+            "127.0.0.1:0",
+            "--collectors=libtpu,nvml,host",
+            f"--libtpu-address={runtime.address}",
+            "--collector-interval=0.2",
+            env=environment(fake_nvml_lib, nvml),
+        ) as sidecar,
+        Monitor("lint", socket=sidecar.socket) as mon,
+    ):
         synthetic.run(mon, 12, synthetic.Profile(step_seconds=0.002, checkpoint_every=5, checkpoint_seconds=0))
         mon.compile_cache(hit=True)
         mon.lifecycle("restart", reason="preemption")
         mon.lifecycle("failure", reason="crash")
         mon.inference_batch(4, queue_depth=1, request_seconds=[0.01])
-    time.sleep(0.5)
-    with urllib.request.urlopen(sidecar.url) as r:
-        exposition = r.read()
-    # Every family of the catalogue has samples, so promtool sees every metric.
+        # Every family of the catalogue has samples, so promtool sees every metric.
+        scrape = wait_for(sidecar.url, lambda s: all(f"\n{m.name}" in s.text for m in catalog.CATALOG))
+        for collector in ("libtpu", "nvml", "host"):
+            assert scrape.value(catalog.COLLECTOR_UP.name, collector=collector) == 1, sidecar.log()
+        with urllib.request.urlopen(sidecar.url) as r:
+            exposition = r.read()
     for metric in catalog.CATALOG:
         assert f"\n{metric.name}".encode() in exposition, metric.name
     result = subprocess.run([promtool, "check", "metrics"], input=exposition, capture_output=True, timeout=30)

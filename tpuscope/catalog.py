@@ -40,6 +40,13 @@ class Label(enum.StrEnum):
     REASON = "reason"
     CATEGORY = "category"
     VERSION = "version"
+    COLLECTOR = "collector"
+    CPU = "cpu"
+    PID = "pid"
+    DIRECTION = "direction"
+    BUFFER_SIZE = "buffer_size"
+    CLOCK = "clock"
+    XID = "xid"
 
 
 @dataclass(frozen=True)
@@ -53,6 +60,9 @@ class Metric:
     unit: str = ""
     buckets: tuple[float, ...] = ()
     group: str = ""
+    # Sampled: a collector reads the value from a device or the OS each interval and
+    # the sidecar serves its latest snapshot (a histogram's bounds are then the source's own).
+    sampled: bool = False
 
     @property
     def base_name(self) -> str:
@@ -82,8 +92,9 @@ def _metric(
     group: str,
     unit: str = "",
     buckets: tuple[float, ...] = (),
+    sampled: bool = False,
 ) -> Metric:
-    return Metric(PREFIX + name, kind, help, labels, unit=unit, buckets=buckets, group=group)
+    return Metric(PREFIX + name, kind, help, labels, unit=unit, buckets=buckets, group=group, sampled=sampled)
 
 
 W = Label.WORKLOAD
@@ -145,7 +156,13 @@ COMPILE_CACHE_REQUESTS = _metric(
 MEMORY_GROUP = "Memory"
 _dev = (Label.DEVICE, Label.ACCELERATOR, Label.SOURCE)
 DEVICE_MEMORY_USED = _metric(
-    "device_memory_used_bytes", Kind.GAUGE, "Accelerator (HBM) memory in use.", *_dev, unit="bytes", group=MEMORY_GROUP
+    "device_memory_used_bytes",
+    Kind.GAUGE,
+    "Accelerator (HBM) memory in use.",
+    *_dev,
+    unit="bytes",
+    group=MEMORY_GROUP,
+    sampled=True,
 )
 DEVICE_MEMORY_LIMIT = _metric(
     "device_memory_limit_bytes",
@@ -154,6 +171,7 @@ DEVICE_MEMORY_LIMIT = _metric(
     *_dev,
     unit="bytes",
     group=MEMORY_GROUP,
+    sampled=True,
 )
 DEVICE_MEMORY_PEAK = _metric(
     "device_memory_peak_bytes",
@@ -162,6 +180,7 @@ DEVICE_MEMORY_PEAK = _metric(
     *_dev,
     unit="bytes",
     group=MEMORY_GROUP,
+    sampled=True,
 )
 MEMORY_SPILL = _metric(
     "memory_spill_bytes",
@@ -278,6 +297,177 @@ INFERENCE_BATCH_SIZE = _metric(
     group=SERVING_GROUP,
 )
 
+# --- Accelerators, sampled by the libtpu and nvml collectors ---------------------------
+ACCELERATOR_GROUP = "Accelerators (sampled by the libtpu and nvml collectors)"
+DUTY_CYCLE = _metric(
+    "accelerator_duty_cycle_ratio",
+    Kind.GAUGE,
+    "Share of the last sample period the device was executing: TensorCore duty cycle on TPUs "
+    "(libtpu), GPU utilization on GPUs (nvml).",
+    *_dev,
+    unit="ratio",
+    group=ACCELERATOR_GROUP,
+    sampled=True,
+)
+MEMORY_BANDWIDTH_UTILIZATION = _metric(
+    "accelerator_memory_bandwidth_utilization_ratio",
+    Kind.GAUGE,
+    "Share of the device memory bandwidth in use: HBM bandwidth utilization on TPUs, "
+    "memory utilization (time memory was read or written) on GPUs.",
+    *_dev,
+    unit="ratio",
+    group=ACCELERATOR_GROUP,
+    sampled=True,
+)
+TENSORCORE_IDLE = _metric(
+    "tpu_tensorcore_idle_duration_seconds",
+    Kind.GAUGE,
+    "How long the TensorCore has been idle, as the TPU runtime reports it (grows while a job is stuck).",
+    *_dev,
+    unit="seconds",
+    group=ACCELERATOR_GROUP,
+    sampled=True,
+)
+HLO_QUEUE_SIZE = _metric(
+    "tpu_hlo_queue_size",
+    Kind.GAUGE,
+    "Programs (HLO executions) queued on the device, waiting to run.",
+    *_dev,
+    group=ACCELERATOR_GROUP,
+    sampled=True,
+)
+HLO_EXECUTION_DURATION = _metric(
+    "tpu_hlo_execution_duration_seconds",
+    Kind.HISTOGRAM,
+    "Device execution time of programs (HLO), as the TPU runtime's cumulative distribution, with its own bucket "
+    "bounds.",
+    *_dev,
+    unit="seconds",
+    group=ACCELERATOR_GROUP,
+    sampled=True,
+)
+MEGASCALE_LATENCY = _metric(
+    "tpu_megascale_latency_seconds",
+    Kind.HISTOGRAM,
+    "Multislice (megascale) latencies by operation: dcn_transfer, dcn_inbound_transfer, host_to_device, "
+    "device_to_host, collective_end_to_end, host_compute, tcp_min_rtt; the runtime's cumulative distribution "
+    "with its own bucket bounds.",
+    Label.OPERATION,
+    Label.BUFFER_SIZE,
+    unit="seconds",
+    group=ACCELERATOR_GROUP,
+    sampled=True,
+)
+POWER = _metric(
+    "accelerator_power_watts",
+    Kind.GAUGE,
+    "Power draw of the device (nvml).",
+    *_dev,
+    unit="watts",
+    group=ACCELERATOR_GROUP,
+    sampled=True,
+)
+TEMPERATURE = _metric(
+    "accelerator_temperature_celsius",
+    Kind.GAUGE,
+    "Temperature of the device die (nvml).",
+    *_dev,
+    unit="celsius",
+    group=ACCELERATOR_GROUP,
+    sampled=True,
+)
+CLOCK = _metric(
+    "accelerator_clock_hertz",
+    Kind.GAUGE,
+    "Current clock frequency of the device, by clock domain: sm (compute) or memory (nvml).",
+    *_dev,
+    Label.CLOCK,
+    unit="hertz",
+    group=ACCELERATOR_GROUP,
+    sampled=True,
+)
+XID_ERRORS = _metric(
+    "gpu_xid_errors_total",
+    Kind.COUNTER,
+    "Critical XID errors the NVIDIA driver reported for the device since the sidecar started, by XID code.",
+    *_dev,
+    Label.XID,
+    group=ACCELERATOR_GROUP,
+    sampled=True,
+)
+
+# --- The host and the job's processes, sampled by the host collector -----------------------
+HOST_GROUP = "Host and job processes (sampled by the host collector)"
+HOST_CPU_BUSY = _metric(
+    "host_cpu_busy_ratio",
+    Kind.GAUGE,
+    "Share of the last sample period each logical CPU was busy (not idle and not waiting for IO).",
+    Label.CPU,
+    unit="ratio",
+    group=HOST_GROUP,
+    sampled=True,
+)
+HOST_CPU_IOWAIT = _metric(
+    "host_cpu_iowait_ratio",
+    Kind.GAUGE,
+    "Share of the last sample period the CPUs, all together, sat idle waiting for IO (slow input or checkpoints).",
+    unit="ratio",
+    group=HOST_GROUP,
+    sampled=True,
+)
+HOST_MEMORY_AVAILABLE = _metric(
+    "host_memory_available_bytes",
+    Kind.GAUGE,
+    "Host memory available to new allocations without swapping (the kernel's MemAvailable).",
+    unit="bytes",
+    group=HOST_GROUP,
+    sampled=True,
+)
+HOST_MEMORY_TOTAL = _metric(
+    "host_memory_total_bytes", Kind.GAUGE, "Host memory in total.", unit="bytes", group=HOST_GROUP, sampled=True
+)
+HOST_DISK_IO = _metric(
+    "host_disk_io_bytes_total",
+    Kind.COUNTER,
+    "Bytes read and written by all the host's disks, by direction (read, write); rate() gives the throughput.",
+    Label.DIRECTION,
+    unit="bytes",
+    group=HOST_GROUP,
+    sampled=True,
+)
+HOST_NETWORK = _metric(
+    "host_network_bytes_total",
+    Kind.COUNTER,
+    "Bytes received and transmitted on the host's interfaces except loopback, by direction (receive, transmit).",
+    Label.DIRECTION,
+    unit="bytes",
+    group=HOST_GROUP,
+    sampled=True,
+)
+JOB_CPU = _metric(
+    "job_cpu_seconds_total",
+    Kind.COUNTER,
+    "CPU time (user and system) used by each of the job's processes.",
+    W,
+    Label.PID,
+    unit="seconds",
+    group=HOST_GROUP,
+    sampled=True,
+)
+JOB_RESIDENT_MEMORY = _metric(
+    "job_resident_memory_bytes",
+    Kind.GAUGE,
+    "Resident host memory of each of the job's processes.",
+    W,
+    Label.PID,
+    unit="bytes",
+    group=HOST_GROUP,
+    sampled=True,
+)
+JOB_THREADS = _metric(
+    "job_threads", Kind.GAUGE, "Threads in each of the job's processes.", W, Label.PID, group=HOST_GROUP, sampled=True
+)
+
 # --- The sidecar's own health -----------------------------------------------------
 HEALTH_GROUP = "Exporter health"
 INGEST_EVENTS = _metric(
@@ -292,6 +482,31 @@ INGEST_INVALID_EVENTS = _metric(
     "ingest_invalid_events_total",
     Kind.COUNTER,
     "Rejected datagrams by reason: malformed, truncated, oversized, unknown_version, invalid_field.",
+    Label.REASON,
+    group=HEALTH_GROUP,
+)
+COLLECTOR_UP = _metric(
+    "collector_up",
+    Kind.GAUGE,
+    "1 when the collector's latest collection succeeded in full, 0 when it failed or passed its deadline "
+    "(collector_errors_total says why).",
+    Label.COLLECTOR,
+    group=HEALTH_GROUP,
+)
+COLLECTOR_DURATION = _metric(
+    "collector_duration_seconds",
+    Kind.GAUGE,
+    "How long the collector's latest collection took.",
+    Label.COLLECTOR,
+    unit="seconds",
+    group=HEALTH_GROUP,
+)
+COLLECTOR_ERRORS = _metric(
+    "collector_errors_total",
+    Kind.COUNTER,
+    "Failed collections by reason: unavailable, deadline, unknown_metrics, invalid_response, not_supported, "
+    "process_gone, error.",
+    Label.COLLECTOR,
     Label.REASON,
     group=HEALTH_GROUP,
 )

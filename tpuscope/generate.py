@@ -11,6 +11,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from tpuscope import catalog, events
+from tpuscope.exporter.collectors import COLLECTORS
+from tpuscope.exporter.collectors import base as collector_base
 
 
 def metrics_markdown() -> str:
@@ -34,6 +36,8 @@ def metrics_markdown() -> str:
             text = m.help
             if m.buckets:
                 text += " Buckets: " + ", ".join(f"{b:g}" for b in m.buckets) + "."
+            elif m.kind is catalog.Kind.HISTOGRAM:
+                text += " Buckets: the source's own bounds."
             lines.append(f"| `{m.name}` | {m.kind} | {labels} | {text} |")
         lines.append("")
     lines += [
@@ -43,7 +47,13 @@ def metrics_markdown() -> str:
         "- `result`: `ok` or `error` (checkpoints), `hit` or `miss` (compile cache), "
         "`accepted`, `invalid` or `dropped` (ingest).",
         f"- `reason` on `{catalog.INGEST_INVALID_EVENTS.name}`: {', '.join(events.REJECT_REASONS)}.",
-        "- `source` on device series: `workload` when the job reported it.",
+        "- `source` on device series: `workload` when the job reported it, `libtpu` or `nvml` when a collector "
+        "sampled it.",
+        f"- `collector`: {', '.join(COLLECTORS)}. `reason` on `{catalog.COLLECTOR_ERRORS.name}`: "
+        f"{', '.join(collector_base.REASONS)}.",
+        "- `direction`: `read` or `write` (disk), `receive` or `transmit` (network). `clock`: `sm` or `memory`.",
+        "- `device`: the index the runtime or driver gives the device. `pid` on job series: the process id as "
+        "the sidecar sees it.",
         "",
     ]
     return "\n".join(lines)

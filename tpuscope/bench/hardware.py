@@ -14,28 +14,15 @@ import time
 from pathlib import Path
 from typing import Any
 
+from tpuscope.accelerators import accelerator_name
+
 # Dense bf16 TFLOP/s per chip, from the vendors' data sheets.
 PEAK_TFLOPS = {"v4": 275.0, "v5e": 197.0, "v5p": 459.0, "v6e": 918.0, "h100": 989.0}
-
-# jax Device.device_kind substrings -> our accelerator label (the most specific first).
-_KINDS = (
-    ("v5 lite", "v5e"),
-    ("v5e", "v5e"),
-    ("v5p", "v5p"),
-    ("v6 lite", "v6e"),
-    ("v6e", "v6e"),
-    ("v4", "v4"),
-    ("h100", "h100"),
-)
 
 
 def accelerator_of(device: Any) -> str:
     """``TPU v5 lite`` -> ``v5e``; a CPU device -> ``cpu``; anything unknown -> its platform."""
-    kind = str(getattr(device, "device_kind", "")).lower()
-    for needle, name in _KINDS:
-        if needle in kind:
-            return name
-    return str(device.platform)
+    return accelerator_name(str(getattr(device, "device_kind", ""))) or str(device.platform)
 
 
 def calibration_file() -> Path:

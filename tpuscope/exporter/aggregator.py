@@ -13,10 +13,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from prometheus_client import CollectorRegistry
-
 from tpuscope import __version__, catalog, events
-from tpuscope.exporter.metrics import register
+from tpuscope.exporter.samples import SampleStore
 from tpuscope.goodput import CATEGORIES as GOODPUT_CATEGORIES
 from tpuscope.goodput import GoodputLedger
 
@@ -37,8 +35,9 @@ class WorkloadState:
 
 
 class Aggregator:
-    def __init__(self, registry: CollectorRegistry) -> None:
-        self.metrics = register(registry)
+    def __init__(self, metrics: dict[catalog.Metric, Any], store: SampleStore) -> None:
+        self.metrics = metrics
+        self._store = store
         self._handlers: dict[type, Callable[[Any], None]] = {
             events.Step: self._step,
             events.Compile: self._compile,
@@ -118,12 +117,14 @@ class Aggregator:
             m[catalog.CHECKPOINT_LAST_SUCCESS].labels(e.workload).set(time.time())
 
     def _device_memory(self, e: events.DeviceMemory) -> None:
+        # The same families as the libtpu and nvml collectors fill; `source` tells them apart.
         labels = (e.device, e.accelerator, e.source)
-        self.metrics[catalog.DEVICE_MEMORY_USED].labels(*labels).set(e.used_bytes)
+        owner = f"workload:{e.workload}"
+        self._store.set(owner, catalog.DEVICE_MEMORY_USED, labels, e.used_bytes)
         if e.limit_bytes:
-            self.metrics[catalog.DEVICE_MEMORY_LIMIT].labels(*labels).set(e.limit_bytes)
+            self._store.set(owner, catalog.DEVICE_MEMORY_LIMIT, labels, e.limit_bytes)
         if e.peak_bytes:
-            self.metrics[catalog.DEVICE_MEMORY_PEAK].labels(*labels).set(e.peak_bytes)
+            self._store.set(owner, catalog.DEVICE_MEMORY_PEAK, labels, e.peak_bytes)
 
     def _program_memory(self, e: events.ProgramMemory) -> None:
         self.metrics[catalog.MEMORY_SPILL].labels(e.workload, e.program).set(e.spill_bytes)

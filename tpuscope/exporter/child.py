@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 READY = re.compile(r"^tpuscope serve: metrics at (?P<url>\S+), events at (?P<socket>.+)$")
@@ -21,7 +22,14 @@ READY = re.compile(r"^tpuscope serve: metrics at (?P<url>\S+), events at (?P<soc
 class SidecarProcess:
     """``with SidecarProcess(socket, listen="127.0.0.1:0") as sidecar: sidecar.url``"""
 
-    def __init__(self, socket: Path, listen: str = "127.0.0.1:0", *extra: str, timeout: float = 20.0) -> None:
+    def __init__(
+        self,
+        socket: Path,
+        listen: str = "127.0.0.1:0",
+        *extra: str,
+        timeout: float = 20.0,
+        env: Mapping[str, str] | None = None,
+    ) -> None:
         self.socket = socket
         # The log goes to a file beside the socket: a pipe nobody reads would
         # block the sidecar once it filled.
@@ -33,6 +41,7 @@ class SidecarProcess:
                 stdout=subprocess.PIPE,
                 stderr=log,
                 text=True,
+                env={**os.environ, **env} if env else None,
             )
         self.url = self._wait_ready(timeout)
 

@@ -11,13 +11,15 @@ import argparse
 import logging
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
 import yaml
 
 from tpuscope import events
+from tpuscope.exporter.collectors import COLLECTORS
+from tpuscope.exporter.collectors.libtpu import addresses_from_environment
 
 DEFAULT_PORT = 9478
 T = TypeVar("T")
@@ -60,6 +62,37 @@ OPTIONS = (
         "Permissions of the socket, in octal. 0600: only this user's jobs may send; 0660 admits its group.",
     ),
     Option("log_level", lambda: "info", "debug, info, warning or error."),
+    Option(
+        "collectors",
+        lambda: "auto",
+        f"Which collectors sample the devices and the host: a comma-separated list of {', '.join(COLLECTORS)}; "
+        "'none'; or 'auto', which runs those with something to read here (libtpu when TPU chips or "
+        "TPU_RUNTIME_METRICS_PORTS are present, nvml when an NVIDIA driver is, host always).",
+    ),
+    Option(
+        "collector_interval",
+        lambda: "5",
+        "Seconds between collections: one number for all, and/or NAME=SECONDS per collector (e.g. '5,host=15').",
+    ),
+    Option(
+        "collector_deadline",
+        lambda: "2",
+        "Seconds a collection may take; past it the collector is marked down (reason 'deadline') and retried "
+        "with backoff. /metrics never waits for a collector.",
+    ),
+    Option(
+        "libtpu_address",
+        lambda: "",
+        "Comma-separated HOST:PORT list of TPU runtime metrics services. Default: localhost and each port in "
+        "TPU_RUNTIME_METRICS_PORTS, else localhost:8431.",
+    ),
+    Option("pid", lambda: "", "Comma-separated pids of the job's processes, for the host collector."),
+    Option(
+        "pid_file",
+        lambda: "",
+        "File holding the job's pid, read at every collection (a restarted job is followed). Jobs connected "
+        "to the event socket are watched without either.",
+    ),
 )
 
 
@@ -70,6 +103,12 @@ class ServeConfig:
     socket: Path
     socket_mode: int
     log_level: int
+    collectors: tuple[str, ...] | None = None  # None: auto
+    collector_intervals: dict[str, float] = field(default_factory=dict)
+    collector_deadline: float = 2.0
+    libtpu_addresses: tuple[str, ...] = ()
+    pids: tuple[int, ...] = ()
+    pid_file: Path | None = None
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -108,6 +147,12 @@ def resolve(flags: argparse.Namespace, environ: Mapping[str, str] = os.environ) 
         socket=Path(raw["socket"][0]),
         socket_mode=_parse(raw["socket_mode"], _parse_mode),
         log_level=_parse(raw["log_level"], _parse_log_level),
+        collectors=_parse(raw["collectors"], _parse_collectors),
+        collector_intervals=_parse(raw["collector_interval"], _parse_intervals),
+        collector_deadline=_parse(raw["collector_deadline"], _parse_seconds),
+        libtpu_addresses=_parse(raw["libtpu_address"], _parse_list) or addresses_from_environment(environ),
+        pids=_parse(raw["pid"], _parse_pids),
+        pid_file=Path(raw["pid_file"][0]) if raw["pid_file"][0] else None,
     )
 
 
@@ -117,6 +162,47 @@ def parse_listen(value: str) -> tuple[str, int]:
     if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
         raise ValueError(f"expected HOST:PORT, got {value!r}")
     return host.strip("[]") or "0.0.0.0", int(port)
+
+
+def _parse_list(value: str) -> tuple[str, ...]:
+    return tuple(item.strip() for item in value.split(",") if item.strip())
+
+
+def _parse_collectors(value: str) -> tuple[str, ...] | None:
+    names = _parse_list(value)
+    if names == ("auto",):
+        return None
+    if names == ("none",):
+        return ()
+    if unknown := [n for n in names if n not in COLLECTORS]:
+        raise ValueError(f"unknown collector(s) {', '.join(unknown)}; known: {', '.join(COLLECTORS)}, auto, none")
+    return names
+
+
+def _parse_seconds(value: str) -> float:
+    seconds = float(value)
+    if not 0 < seconds < 86400:
+        raise ValueError(f"expected a number of seconds, got {value!r}")
+    return seconds
+
+
+def _parse_intervals(value: str) -> dict[str, float]:
+    """'5,host=15' -> {libtpu: 5, nvml: 5, host: 15}."""
+    intervals = {name: collector.default_interval for name, collector in COLLECTORS.items()}
+    for item in _parse_list(value):
+        name, sep, seconds = item.rpartition("=")
+        if sep and name not in COLLECTORS:
+            raise ValueError(f"unknown collector {name!r} in {value!r}")
+        for target in [name] if sep else list(COLLECTORS):
+            intervals[target] = _parse_seconds(seconds)
+    return intervals
+
+
+def _parse_pids(value: str) -> tuple[int, ...]:
+    pids = tuple(int(p) for p in _parse_list(value))
+    if any(p <= 0 for p in pids):
+        raise ValueError(f"expected process ids, got {value!r}")
+    return pids
 
 
 def _parse_mode(value: str) -> int:

@@ -7,6 +7,7 @@ import signal
 import sys
 import threading
 from types import FrameType
+from typing import Any
 
 from prometheus_client import (
     GC_COLLECTOR,
@@ -16,10 +17,14 @@ from prometheus_client import (
     disable_created_metrics,
 )
 
+from tpuscope.exporter import collectors
 from tpuscope.exporter.aggregator import Aggregator
+from tpuscope.exporter.collectors.runner import CollectorRunner
 from tpuscope.exporter.config import ServeConfig
 from tpuscope.exporter.http import MetricsServer
 from tpuscope.exporter.ingest import IngestLoop, SocketError
+from tpuscope.exporter.metrics import register
+from tpuscope.exporter.samples import SampleStore
 
 log = logging.getLogger("tpuscope.exporter")
 
@@ -38,7 +43,10 @@ def build_registry() -> CollectorRegistry:
 def serve(config: ServeConfig) -> int:
     logging.basicConfig(level=config.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     registry = build_registry()
-    aggregator = Aggregator(registry)
+    metrics = register(registry)
+    store = SampleStore()
+    registry.register(store)
+    aggregator = Aggregator(metrics, store)
     try:
         ingest = IngestLoop(config.socket, config.socket_mode, aggregator)
     except SocketError as e:
@@ -61,13 +69,39 @@ def serve(config: ServeConfig) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
+    runners = collector_runners(config, ingest, store, metrics)
     ingest.start()
     http.start()
+    for runner in runners:
+        runner.start()
     # One line on stdout that people and tests can read: where to look, where to send.
     print(f"tpuscope serve: metrics at {http.url}, events at {config.socket}", flush=True)
     while not stop.wait(1.0):
         pass
+    for runner in runners:
+        runner.stop()
     http.stop()
     ingest.stop()
     log.info("stopped")
     return 0
+
+
+def collector_runners(
+    config: ServeConfig, ingest: IngestLoop, store: SampleStore, metrics: dict[Any, Any]
+) -> list[CollectorRunner]:
+    """The collectors the configuration asks for (``auto``: those with something to read here)."""
+    settings = collectors.Settings(
+        libtpu_addresses=config.libtpu_addresses, pids=config.pids, pid_file=config.pid_file, job_pids=ingest.job_pids
+    )
+    runners = []
+    for name, collector in collectors.COLLECTORS.items():
+        if config.collectors is None:
+            if why_not := collector.unavailable_here(settings):
+                log.info("collector %s: off (auto): %s", name, why_not)
+                continue
+        elif name not in config.collectors:
+            continue
+        interval = config.collector_intervals.get(name, collector.default_interval)
+        runners.append(CollectorRunner(collector, settings, interval, config.collector_deadline, store, metrics))
+        log.info("collector %s: every %g s, deadline %g s", name, interval, config.collector_deadline)
+    return runners

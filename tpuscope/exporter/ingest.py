@@ -92,7 +92,7 @@ def has_listener(path: Path) -> bool:
     return True
 
 
-@dataclass
+@dataclass(eq=False)  # compared by identity: one per accepted socket
 class Connection:
     """One job process: who it is, and what it last told us."""
 
@@ -115,7 +115,8 @@ class IngestLoop:
         self._wake_r, self._wake_w = socket.socketpair()
         self._selector.register(self._wake_r, selectors.EVENT_READ, "wake")
         self._stopping = threading.Event()
-        self._connections = 0
+        self._connections: set[Connection] = set()
+        self._connections_lock = threading.Lock()  # the host collector reads them from its own thread
         self._buffer = bytearray(events.MAX_DATAGRAM_BYTES + 1)
         self._thread = threading.Thread(target=self._run, name="tpuscope-ingest", daemon=True)
 
@@ -133,15 +134,17 @@ class IngestLoop:
     def _accept(self) -> None:
         with contextlib.suppress(BlockingIOError):
             sock, _ = self._listener.accept()
-            if self._connections >= MAX_CONNECTIONS:
+            if len(self._connections) >= MAX_CONNECTIONS:
                 log.warning("refusing a job connection: %d connections already open", MAX_CONNECTIONS)
                 sock.close()
                 return
             sock.setblocking(False)
             creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
             pid = struct.unpack("3i", creds)[0]
-            self._selector.register(sock, selectors.EVENT_READ, Connection(sock, pid))
-            self._connections += 1
+            conn = Connection(sock, pid)
+            self._selector.register(sock, selectors.EVENT_READ, conn)
+            with self._connections_lock:
+                self._connections.add(conn)
             log.debug("job pid %d connected", pid)
 
     def _drain(self, conn: Connection) -> None:
@@ -182,13 +185,19 @@ class IngestLoop:
     def _close(self, conn: Connection) -> None:
         self._selector.unregister(conn.sock)
         conn.sock.close()
-        self._connections -= 1
+        with self._connections_lock:
+            self._connections.discard(conn)
         if conn.workload and not conn.said_goodbye:
             # It sent events but never stop or failure: killed, or exited without closing its Monitor.
             log.warning("workload %s (pid %d) disconnected without a stop event", conn.workload, conn.pid)
             self._aggregator.apply(events.Lifecycle(workload=conn.workload, state="failure", reason="vanished"))
         else:
             log.debug("job pid %d disconnected", conn.pid)
+
+    def job_pids(self) -> dict[int, str]:
+        """The connected jobs: pid (from the socket's peer credentials) -> workload (once it has said)."""
+        with self._connections_lock:
+            return {conn.pid: conn.workload for conn in self._connections}
 
     def stop(self) -> None:
         """Stop the thread, close every connection, and remove the socket if it is still ours."""

@@ -16,10 +16,14 @@ _CLASSES: dict[catalog.Kind, type[MetricWrapperBase]] = {
 }
 
 
-def register(
-    registry: CollectorRegistry, metrics: tuple[catalog.Metric, ...] = catalog.CATALOG
-) -> dict[catalog.Metric, Any]:
-    """Create and register one prometheus_client object per catalogue entry."""
+UPDATED = tuple(m for m in catalog.CATALOG if not m.sampled)
+
+
+def register(registry: CollectorRegistry, metrics: tuple[catalog.Metric, ...] = UPDATED) -> dict[catalog.Metric, Any]:
+    """Create and register one prometheus_client object per catalogue entry that events update.
+
+    Sampled metrics are served from snapshots instead (:mod:`tpuscope.exporter.samples`).
+    """
     created: dict[catalog.Metric, Any] = {}
     for metric in metrics:
         kwargs: dict[str, Any] = {}

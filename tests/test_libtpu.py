@@ -1,0 +1,229 @@
+"""The libtpu collector against a real gRPC server speaking the TPU runtime's metrics protocol.
+
+The server (tpuscope.bench.fake_tpu) is built on tpu-info's generated stubs;
+tpu-info's own client reads it first, so the collector is tested against what
+the real runtime's reference client accepts, not against our own idea of it.
+"""
+
+from __future__ import annotations
+
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from conftest import wait_for
+from tpu_info import device as tpu_device
+from tpu_info import metrics as tpu_metrics
+from tpu_info.proto import tpu_metric_service_pb2 as pb
+
+from tpuscope import catalog
+from tpuscope.bench.fake_tpu import MEGASCALE, Chip, Distribution, FakeTpuRuntime, FakeTpuServer, default_megascale
+from tpuscope.exporter.child import SidecarProcess
+from tpuscope.exporter.collectors import libtpu
+from tpuscope.exporter.scrape import Scrape
+
+UP = catalog.COLLECTOR_UP.name
+ERRORS = catalog.COLLECTOR_ERRORS.name
+
+
+def chips(first: int, n: int) -> list[Chip]:
+    """Distinct values per device, so a value under the wrong device label fails the test."""
+    return [
+        Chip(
+            d,
+            duty_cycle_percent=5.0 + 10 * d,
+            hbm_used=(d + 1) << 30,
+            hbm_total=16 << 30,
+            hbm_bandwidth_percent=2.0 * d,
+            idle_seconds=0.5 * d,
+            queue_size=d,
+            hlo_timing=Distribution([d, 1, 2, 3, 0], scale=100.0, growth=2.0, mean=300.0),
+        )
+        for d in range(first, first + n)
+    ]
+
+
+@pytest.fixture
+def two_ports() -> Iterator[tuple[FakeTpuServer, FakeTpuServer]]:
+    """A multi-process host: devices 0-3 on one port, 4-7 on another, megascale on both."""
+    with (
+        FakeTpuServer(FakeTpuRuntime(chips(0, 4), default_megascale())) as a,
+        FakeTpuServer(FakeTpuRuntime(chips(4, 4), default_megascale())) as b,
+    ):
+        yield a, b
+
+
+def libtpu_sidecar(socket: Path, *addresses: str) -> SidecarProcess:
+    return SidecarProcess(
+        socket,
+        "127.0.0.1:0",
+        "--collectors=libtpu",
+        f"--libtpu-address={','.join(addresses)}",
+        "--collector-interval=0.2",
+        "--collector-deadline=0.5",
+        "--log-level=debug",
+    )
+
+
+def test_the_fake_runtime_answers_tpu_infos_own_client(two_ports: tuple[FakeTpuServer, FakeTpuServer]) -> None:
+    for server in two_ports:
+        scripted = server.runtime.chips
+        usage = tpu_metrics.get_chip_usage(tpu_device.TpuChip.V5E, server.address)
+        assert [(u.device_id, u.memory_usage, u.total_memory, u.duty_cycle_pct) for u in usage] == [
+            (c.device, c.hbm_used, c.hbm_total, c.duty_cycle_percent) for c in scripted
+        ]
+        assert tpu_metrics.get_runtime_hbm_utilization(server.address) == [
+            (c.device, c.hbm_bandwidth_percent) for c in scripted
+        ]
+        assert tpu_metrics.get_tensorcore_idle_duration(server.address) == [
+            (c.device, c.idle_seconds) for c in scripted
+        ]
+        queues = tpu_metrics.get_hlo_queue_size(tpu_device.TpuChip.V5E, server.address)
+        assert [(q.device_id, q.queue_size) for q in queues] == [(c.device, c.queue_size) for c in scripted]
+        timings = tpu_metrics.get_hlo_exec_timing(tpu_device.TpuChip.V5E, server.address)
+        assert [(t.device_id, t.mean) for t in timings] == [(c.device, 300.0) for c in scripted]
+        latencies = tpu_metrics.get_transfer_latency("collective_e2e_latency", server.address)
+        assert sorted(d.transfer_size for d in latencies) == ["1MB", "64MB", "8MB"]
+        assert all(0 < d.p50 <= d.p90 <= d.p999 for d in latencies)
+
+
+def test_every_runtime_metric_reaches_metrics_per_device(
+    two_ports: tuple[FakeTpuServer, FakeTpuServer], short_tmp: Path
+) -> None:
+    a, b = two_ports
+    with libtpu_sidecar(short_tmp / "s.sock", a.address, b.address) as sidecar:
+        scrape = wait_for(sidecar.url, lambda s: s.value(UP, collector="libtpu") == 1)
+        assert scrape.value(UP, collector="libtpu") == 1, sidecar.log()
+    source = {"source": "libtpu"}
+    for chip in [*a.runtime.chips, *b.runtime.chips]:
+        d = {"device": str(chip.device)}
+        assert scrape.value(catalog.DUTY_CYCLE.name, **d, **source) == pytest.approx(chip.duty_cycle_percent / 100)
+        assert scrape.value(catalog.DEVICE_MEMORY_USED.name, **d, **source) == chip.hbm_used
+        assert scrape.value(catalog.DEVICE_MEMORY_LIMIT.name, **d, **source) == chip.hbm_total
+        bandwidth = scrape.value(catalog.MEMORY_BANDWIDTH_UTILIZATION.name, **d, **source)
+        assert bandwidth == pytest.approx(chip.hbm_bandwidth_percent / 100)
+        assert scrape.value(catalog.TENSORCORE_IDLE.name, **d) == chip.idle_seconds
+        assert scrape.value(catalog.HLO_QUEUE_SIZE.name, **d) == chip.queue_size
+        # The runtime's own bounds (100 us, doubling), in seconds; counts cumulative; the underflow below 100 us.
+        buckets = {s.labels["le"]: s.value for s in scrape.find(catalog.HLO_EXECUTION_DURATION.series("bucket"), **d)}
+        n = chip.device
+        assert buckets == {
+            "0.0001": n,
+            "0.0002": n + 1,
+            "0.0004": n + 3,
+            "0.0008": n + 6,
+            "+Inf": n + 6,
+        }
+        assert scrape.value(catalog.HLO_EXECUTION_DURATION.series("count"), **d) == n + 6
+        assert scrape.value(catalog.HLO_EXECUTION_DURATION.series("sum"), **d) == pytest.approx(300e-6 * (n + 6))
+    # Megascale comes per host, not per device: both ports' counts of a buffer size add up.
+    operations = {s.labels["operation"] for s in scrape.find(catalog.MEGASCALE_LATENCY.series("count"))}
+    assert len(operations) == len(MEGASCALE) == 7
+    one = default_megascale()[MEGASCALE[0]]["8MB"]
+    count = catalog.MEGASCALE_LATENCY.series("count")
+    assert scrape.value(count, operation="dcn_transfer", buffer_size="8MB") == 2 * sum(one.counts)
+    le = scrape.find(catalog.MEGASCALE_LATENCY.series("bucket"), operation="dcn_transfer", buffer_size="8MB")
+    bounds = [s.labels["le"] for s in le]
+    assert bounds[0] == "1e-05" and bounds[-1] == "+Inf" and len(bounds) == one.num_finite + 2
+
+
+def wait_state(url: str, up: int, reason: str | None = None, after: float = 0.0) -> Scrape:
+    """Until collector_up is `up` (and, going down, the reason's error count has passed `after`)."""
+
+    def reached(s: Scrape) -> bool:
+        errors_ok = reason is None or s.value(ERRORS, collector="libtpu", reason=reason) > after
+        return s.value(UP, collector="libtpu") == up and errors_ok
+
+    scrape = wait_for(url, reached)
+    assert reached(scrape), f"libtpu never reached up={up} ({reason})"
+    return scrape
+
+
+def test_faults_mark_the_collector_down_with_a_reason_and_it_recovers(short_tmp: Path) -> None:
+    runtime = FakeTpuRuntime(chips(0, 8), default_megascale())
+    server = FakeTpuServer(runtime).start()
+    port = server.port
+    server.stop()  # down before the sidecar starts
+    try:
+        with libtpu_sidecar(short_tmp / "s.sock", server.address) as sidecar:
+            # 1. Nothing listening at start: the sidecar serves anyway, libtpu down and saying why.
+            scrape = wait_state(sidecar.url, 0, "unavailable")
+            assert not scrape.has(catalog.DUTY_CYCLE.name)
+            with urllib.request.urlopen(sidecar.url.replace("/metrics", "/healthz")) as r:
+                assert r.status == 200
+            server.start()
+            assert server.port == port
+            wait_state(sidecar.url, 1)
+
+            # 2. Killed mid-run: down, and the device series go rather than freeze at their last values.
+            errors = Scrape.fetch(sidecar.url).value(ERRORS, collector="libtpu", reason="unavailable")
+            server.stop()
+            scrape = wait_state(sidecar.url, 0, "unavailable", after=errors)
+            assert not scrape.has(catalog.DUTY_CYCLE.name)
+            server.start()
+            assert wait_state(sidecar.url, 1).has(catalog.DUTY_CYCLE.name)
+
+            # 3. Hanging past the deadline: down with `deadline`, while /metrics keeps answering.
+            runtime.mode = "hang"
+            wait_state(sidecar.url, 0, "deadline")
+            runtime.mode = "ok"
+            runtime.release.set()
+            wait_state(sidecar.url, 1)
+            runtime.release.clear()
+
+            # 4. A runtime that offers only metrics we do not know (a renamed set in a new libtpu).
+            runtime.mode = "unknown_names"
+            wait_state(sidecar.url, 0, "unknown_metrics")
+            runtime.mode = "ok"
+            wait_state(sidecar.url, 1)
+            log = sidecar.log()
+    finally:
+        server.stop()
+    # One log line per change of state, not one per failed try.
+    assert log.count("collector libtpu: down (unavailable)") == 2, log
+    assert log.count("collector libtpu: down (deadline)") == 1, log
+    assert log.count("collector libtpu: down (unknown_metrics)") == 1, log
+    assert log.count("collector libtpu: up") == 4, log
+
+
+def test_addresses_come_from_tpu_runtime_metrics_ports() -> None:
+    assert libtpu.addresses_from_environment({"TPU_RUNTIME_METRICS_PORTS": "8431, 8432"}) == (
+        "localhost:8431",
+        "localhost:8432",
+    )
+    assert libtpu.addresses_from_environment({}) == ("localhost:8431",)
+
+
+@pytest.mark.parametrize(
+    ("options", "bounds"),
+    [
+        ({"exponential_buckets": {"num_finite_buckets": 2, "growth_factor": 10.0, "scale": 1.0}}, [1.0, 10.0, 100.0]),
+        ({"linear_buckets": {"num_finite_buckets": 2, "width": 5.0, "offset": 0.0}}, [0.0, 5.0, 10.0]),
+        ({"explicit_buckets": {"bounds": [1.0, 2.0, 4.0]}}, [1.0, 2.0, 4.0]),
+    ],
+)
+def test_distributions_keep_their_bounds_and_pad_left_out_buckets(
+    options: dict[str, object], bounds: list[float]
+) -> None:
+    # Four buckets for three bounds: the trailing overflow bucket is left out, as Cloud Monitoring allows.
+    distribution = pb.Distribution(count=6, mean=2.0, bucket_options=options, bucket_counts=[1, 2, 3])
+    histogram = libtpu._histogram(distribution, per_unit=1e6)
+    assert histogram.buckets == (
+        (bounds[0] / 1e6, 1.0),
+        (bounds[1] / 1e6, 3.0),
+        (bounds[2] / 1e6, 6.0),
+        (float("inf"), 6.0),
+    )
+    assert histogram.sum == pytest.approx(12e-6)
+
+
+def test_distributions_that_cannot_be_read_are_rejected() -> None:
+    too_many = pb.Distribution(bucket_options={"explicit_buckets": {"bounds": [1.0]}}, bucket_counts=[1, 1, 1])
+    with pytest.raises(ValueError, match="bucket counts"):
+        libtpu._histogram(too_many, 1.0)
+    unsorted = pb.Distribution(bucket_options={"explicit_buckets": {"bounds": [2.0, 1.0]}}, bucket_counts=[1])
+    with pytest.raises(ValueError, match="unsorted"):
+        libtpu._histogram(unsorted, 1.0)
+    with pytest.raises(ValueError, match="unsupported bucket layout"):
+        libtpu._histogram(pb.Distribution(bucket_counts=[1]), 1.0)

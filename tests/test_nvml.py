@@ -1,0 +1,136 @@
+"""The nvml collector through pynvml and a fake libnvidia-ml.so.1: the real C-library boundary, no GPU needed.
+
+The fake (tpuscope/bench/fake_nvml.c) exports the NVML symbols pynvml calls and
+answers from a state file the test rewrites mid-run. What needs a real GPU
+(the numbers a real driver gives) is checked on a lent GPU machine when there
+is one; see the issue notes.
+"""
+
+from __future__ import annotations
+
+import ctypes.util
+from pathlib import Path
+
+import pytest
+from conftest import wait_for
+
+from tpuscope import catalog
+from tpuscope.bench.fake_nvml import FakeGpu, FakeNvmlState, environment
+from tpuscope.exporter.child import SidecarProcess
+from tpuscope.exporter.scrape import Scrape
+
+UP = catalog.COLLECTOR_UP.name
+ERRORS = catalog.COLLECTOR_ERRORS.name
+
+
+def nvml_sidecar(socket: Path, env: dict[str, str] | None) -> SidecarProcess:
+    return SidecarProcess(
+        socket,
+        "127.0.0.1:0",
+        "--collectors=nvml",
+        "--collector-interval=0.2",
+        "--collector-deadline=0.5",
+        env=env,
+    )
+
+
+@pytest.fixture
+def state(short_tmp: Path) -> FakeNvmlState:
+    state = FakeNvmlState(
+        short_tmp / "nvml.state",
+        gpus=[
+            FakeGpu("NVIDIA H100 80GB HBM3", 75, 40, 10 << 30, 80 << 30, 350_500, 65, 1980, 2619),
+            FakeGpu("NVIDIA H200", 3, 97, 100 << 30, 141 << 30, 699_000, 88, 345, 3201),
+        ],
+    )
+    state.write()
+    return state
+
+
+def down_with(url: str, reason: str) -> Scrape:
+    scrape = wait_for(url, lambda s: s.value(UP, collector="nvml") == 0 and s.value(ERRORS, reason=reason) > 0)
+    assert scrape.value(ERRORS, collector="nvml", reason=reason) > 0 and scrape.value(UP, collector="nvml") == 0
+    return scrape
+
+
+def up(url: str) -> Scrape:
+    scrape = wait_for(url, lambda s: s.value(UP, collector="nvml") == 1)
+    assert scrape.value(UP, collector="nvml") == 1
+    return scrape
+
+
+def test_every_gpu_reading_under_the_shared_names(fake_nvml_lib: Path, state: FakeNvmlState, short_tmp: Path) -> None:
+    with nvml_sidecar(short_tmp / "s.sock", environment(fake_nvml_lib, state)) as sidecar:
+        scrape = up(sidecar.url)
+        for index, (gpu, accelerator) in enumerate(zip(state.gpus, ("h100", "h200"), strict=True)):
+            d = {"device": str(index), "accelerator": accelerator, "source": "nvml"}
+            assert scrape.value(catalog.DUTY_CYCLE.name, **d) == pytest.approx(gpu.utilization_gpu / 100)
+            bandwidth = scrape.value(catalog.MEMORY_BANDWIDTH_UTILIZATION.name, **d)
+            assert bandwidth == pytest.approx(gpu.utilization_memory / 100)
+            assert scrape.value(catalog.DEVICE_MEMORY_USED.name, **d) == gpu.memory_used
+            assert scrape.value(catalog.DEVICE_MEMORY_LIMIT.name, **d) == gpu.memory_total
+            assert scrape.value(catalog.POWER.name, **d) == pytest.approx(gpu.power_mw / 1000)
+            assert scrape.value(catalog.TEMPERATURE.name, **d) == gpu.temperature_c
+            assert scrape.value(catalog.CLOCK.name, clock="sm", **d) == gpu.clock_sm_mhz * 1e6
+            assert scrape.value(catalog.CLOCK.name, clock="memory", **d) == gpu.clock_mem_mhz * 1e6
+        assert not scrape.has(catalog.XID_ERRORS.name)
+
+        # XID errors arrive as driver events; each is counted once, by device and code.
+        state.xid(1, 79)
+        state.xid(1, 79)
+        state.xid(0, 48)
+        state.write()
+        xid = catalog.XID_ERRORS.name
+        scrape = wait_for(sidecar.url, lambda s: s.value(xid) == 3)
+        assert scrape.value(xid, device="1", xid="79", accelerator="h200") == 2
+        assert scrape.value(xid, device="0", xid="48") == 1
+
+        # A query a board does not support drops its series; the collector stays up.
+        state.not_supported = {"power"}
+        state.write()
+        scrape = wait_for(sidecar.url, lambda s: not s.has(catalog.POWER.name))
+        assert not scrape.has(catalog.POWER.name) and scrape.value(UP, collector="nvml") == 1
+        assert scrape.has(catalog.TEMPERATURE.name, device="0")
+        assert sidecar.log().count("does not support the power query") == 2  # once per GPU, not per collection
+
+
+def test_faults_mark_nvml_down_with_a_reason_and_it_recovers(
+    fake_nvml_lib: Path, state: FakeNvmlState, short_tmp: Path
+) -> None:
+    state.fail_init = 9  # the driver is not loaded when the sidecar starts
+    state.write()
+    with nvml_sidecar(short_tmp / "s.sock", environment(fake_nvml_lib, state)) as sidecar:
+        down_with(sidecar.url, "unavailable")
+        state.fail_init = None
+        state.write()
+        up(sidecar.url)
+
+        state.fail_device = 15  # NVML_ERROR_GPU_IS_LOST
+        state.write()
+        scrape = down_with(sidecar.url, "unavailable")
+        assert not scrape.has(catalog.DUTY_CYCLE.name)
+        state.fail_device = None
+        state.write()
+        up(sidecar.url)
+
+        state.hang_ms = 3000  # every query hangs past the 0.5 s deadline
+        state.write()
+        down_with(sidecar.url, "deadline")
+        state.hang_ms = 0
+        state.write()
+        up(sidecar.url)
+        log = sidecar.log()
+    assert log.count("collector nvml: down (unavailable)") == 2, log
+    assert log.count("collector nvml: down (deadline)") == 1, log
+
+
+def test_without_a_driver_nvml_says_not_supported(short_tmp: Path) -> None:
+    assert ctypes.util.find_library("nvidia-ml") is None, "this test expects a host without an NVIDIA driver"
+    with nvml_sidecar(short_tmp / "s.sock", None) as sidecar:
+        down_with(sidecar.url, "not_supported")
+        assert "NVML library not found" in sidecar.log()
+    # `auto` leaves it off here rather than reporting a down collector on every GPU-less host.
+    with SidecarProcess(short_tmp / "t.sock", "127.0.0.1:0", "--collector-interval=0.2") as sidecar:
+        scrape = wait_for(sidecar.url, lambda s: s.value(UP, collector="host") == 1)
+        assert {s.labels["collector"] for s in scrape.find(UP)} == {"host"}
+        assert "collector nvml: off (auto)" in sidecar.log()

@@ -1,0 +1,65 @@
+"""The one small interface every collector implements, and how a collection fails."""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import ClassVar
+
+from tpuscope.exporter.samples import Sample
+
+# Why a collection failed: the `reason` label of collector_errors_total (a closed set, so bounded).
+UNAVAILABLE = "unavailable"  # the source is not there: connection refused, driver not loaded, port closed
+DEADLINE = "deadline"  # the source did not answer in time
+UNKNOWN_METRICS = "unknown_metrics"  # the source answers, but with none of the metrics we know
+INVALID_RESPONSE = "invalid_response"  # the source answered something we cannot read
+NOT_SUPPORTED = "not_supported"  # nothing to collect here (no library, no device)
+PROCESS_GONE = "process_gone"  # a process we were told to watch does not exist
+ERROR = "error"  # anything else (a bug of ours, or an error we did not foresee)
+REASONS = (UNAVAILABLE, DEADLINE, UNKNOWN_METRICS, INVALID_RESPONSE, NOT_SUPPORTED, PROCESS_GONE, ERROR)
+
+
+class CollectorError(Exception):
+    """A failed collection: ``reason`` is one of REASONS; ``partial`` is what could still be read."""
+
+    def __init__(self, reason: str, message: str, partial: Sequence[Sample] = ()) -> None:
+        assert reason in REASONS, reason
+        super().__init__(message)
+        self.reason = reason
+        self.partial = list(partial)
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What collectors may need from the sidecar's configuration."""
+
+    libtpu_addresses: tuple[str, ...] = ("localhost:8431",)
+    pids: tuple[int, ...] = ()
+    pid_file: Path | None = None
+    # The job processes connected to the event socket: pid -> workload (from the socket's peer credentials).
+    job_pids: Callable[[], dict[int, str]] = field(default=dict)
+
+
+class Collector(abc.ABC):
+    """Reads one source. The runner calls :meth:`collect` every interval on its own thread."""
+
+    name: ClassVar[str]
+    default_interval: ClassVar[float] = 5.0
+
+    @classmethod
+    def unavailable_here(cls, settings: Settings) -> str | None:
+        """Why this collector has nothing to read on this host (so ``auto`` leaves it off), or None."""
+        return None
+
+    @abc.abstractmethod
+    def __init__(self, settings: Settings) -> None:
+        """Connect to the source; raise CollectorError if it cannot be reached (the runner retries)."""
+
+    @abc.abstractmethod
+    def collect(self, timeout: float) -> list[Sample]:
+        """Everything the source says now; raise CollectorError, within ``timeout`` seconds, if it cannot."""
+
+    def close(self) -> None:  # noqa: B027 - most collectors hold nothing to release
+        """Release the source's resources."""

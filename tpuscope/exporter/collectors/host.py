@@ -1,0 +1,126 @@
+"""``host``: the machine the job runs on, and the job's own processes, through psutil.
+
+CPU shares are computed from the change in the kernel's CPU time counters
+between two collections, so they describe the last interval (the first
+collection has nothing to compare with and leaves them out). Disk and network
+are served as byte counters, as Prometheus expects; ``rate()`` gives the
+throughput over whatever window a query wants.
+
+The job's processes come from three places: ``--pid``, ``--pid-file`` (read
+at every collection, so a restarted job is followed), and the processes
+connected to the event socket (their pid from the socket's peer credentials).
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import psutil
+
+from tpuscope import catalog
+from tpuscope.exporter.collectors.base import PROCESS_GONE, Collector, CollectorError, Settings
+from tpuscope.exporter.samples import Sample
+
+log = logging.getLogger("tpuscope.collectors")
+
+
+class HostCollector(Collector):
+    name = "host"
+
+    def __init__(self, settings: Settings) -> None:
+        self._settings = settings
+        self._previous_cpu: list[tuple[float, float, float]] | None = self._cpu_times()
+
+    def collect(self, timeout: float) -> list[Sample]:
+        samples = self._cpu() + self._memory_disk_network()
+        processes, missing = self._processes()
+        samples += processes
+        if missing:
+            raise CollectorError(PROCESS_GONE, f"no process {', '.join(missing)}", partial=samples)
+        return samples
+
+    @staticmethod
+    def _cpu_times() -> list[tuple[float, float, float]]:
+        """Per CPU: (total, idle, iowait) seconds since boot."""
+        result = []
+        for t in psutil.cpu_times(percpu=True):
+            # Linux counts guest time inside user time as well: subtract it, as psutil's cpu_percent does.
+            total = sum(t) - getattr(t, "guest", 0.0) - getattr(t, "guest_nice", 0.0)
+            result.append((total, t.idle, getattr(t, "iowait", 0.0)))
+        return result
+
+    def _cpu(self) -> list[Sample]:
+        now = self._cpu_times()
+        previous, self._previous_cpu = self._previous_cpu, now
+        if previous is None or len(previous) != len(now):
+            return []
+        samples = []
+        all_total = all_iowait = 0.0
+        for cpu, ((total, idle, iowait), (total0, idle0, iowait0)) in enumerate(zip(now, previous, strict=True)):
+            elapsed = total - total0
+            if elapsed <= 0:  # too soon to tell
+                return []
+            busy = elapsed - (idle - idle0) - (iowait - iowait0)
+            samples.append(Sample(catalog.HOST_CPU_BUSY, (str(cpu),), min(1.0, max(0.0, busy / elapsed))))
+            all_total += elapsed
+            all_iowait += iowait - iowait0
+        samples.append(Sample(catalog.HOST_CPU_IOWAIT, (), max(0.0, all_iowait / all_total)))
+        return samples
+
+    @staticmethod
+    def _memory_disk_network() -> list[Sample]:
+        memory = psutil.virtual_memory()
+        samples = [
+            Sample(catalog.HOST_MEMORY_AVAILABLE, (), float(memory.available)),
+            Sample(catalog.HOST_MEMORY_TOTAL, (), float(memory.total)),
+        ]
+        if disk := psutil.disk_io_counters(perdisk=False):
+            samples += [
+                Sample(catalog.HOST_DISK_IO, ("read",), float(disk.read_bytes)),
+                Sample(catalog.HOST_DISK_IO, ("write",), float(disk.write_bytes)),
+            ]
+        nics = psutil.net_io_counters(pernic=True)
+        received = sum(n.bytes_recv for name, n in nics.items() if name != "lo")
+        sent = sum(n.bytes_sent for name, n in nics.items() if name != "lo")
+        samples += [
+            Sample(catalog.HOST_NETWORK, ("receive",), float(received)),
+            Sample(catalog.HOST_NETWORK, ("transmit",), float(sent)),
+        ]
+        return samples
+
+    def _job_processes(self) -> tuple[dict[int, str], list[str]]:
+        """pid -> workload name (empty when only the pid is known), and what could not be resolved."""
+        jobs: dict[int, str] = {pid: "" for pid in self._settings.pids}
+        problems: list[str] = []
+        if path := self._settings.pid_file:
+            try:
+                jobs.setdefault(int(Path(path).read_text().split()[0]), "")
+            except (OSError, ValueError, IndexError) as e:
+                problems.append(f"from pid file {path} ({e})")
+        for pid, workload in self._settings.job_pids().items():
+            if pid > 0:  # 0: a peer in another pid namespace, which the sidecar cannot see
+                jobs[pid] = workload
+        return jobs, problems
+
+    def _processes(self) -> tuple[list[Sample], list[str]]:
+        jobs, missing = self._job_processes()
+        samples = []
+        for pid, workload in jobs.items():
+            try:
+                process = psutil.Process(pid)
+                with process.oneshot():
+                    name = workload or process.name()
+                    cpu = process.cpu_times()
+                    labels = (name, str(pid))
+                    samples += [
+                        Sample(catalog.JOB_CPU, labels, cpu.user + cpu.system),
+                        Sample(catalog.JOB_RESIDENT_MEMORY, labels, float(process.memory_info().rss)),
+                        Sample(catalog.JOB_THREADS, labels, float(process.num_threads())),
+                    ]
+            except psutil.NoSuchProcess:
+                if pid in self._settings.pids or not workload:
+                    missing.append(str(pid))  # asked for by --pid or the pid file: worth saying
+            except psutil.AccessDenied:
+                log.debug("no permission to read process %d", pid)
+        return samples, missing

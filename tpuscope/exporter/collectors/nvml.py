@@ -1,0 +1,201 @@
+"""``nvml``: NVIDIA GPUs through NVML (nvidia-ml-py), under the same names as TPUs where the meaning is the same.
+
+GPU utilization is the duty cycle (the share of time a kernel was running),
+memory used and total are the device memory series, memory utilization is the
+memory bandwidth series. Power, temperature, clocks and XID errors are
+GPU-only. XID errors arrive as NVML events: each collection drains the
+events that came since the previous one and counts them by device and code.
+
+A query a GPU does not support (power on some boards) leaves that series out
+and is logged once; a GPU that stops answering, or a driver that goes away,
+fails the collection, and the next try starts NVML afresh.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter
+from typing import Any
+
+from tpuscope import catalog
+from tpuscope.accelerators import accelerator_name
+from tpuscope.exporter.collectors.base import (
+    DEADLINE,
+    ERROR,
+    NOT_SUPPORTED,
+    UNAVAILABLE,
+    Collector,
+    CollectorError,
+    Settings,
+)
+from tpuscope.exporter.samples import Sample
+
+log = logging.getLogger("tpuscope.collectors")
+
+SOURCE = "nvml"
+
+
+def _nvml() -> Any:
+    try:
+        import pynvml
+    except ImportError:
+        raise CollectorError(NOT_SUPPORTED, "nvidia-ml-py is not installed (pip install 'tpuscope[gpu]')") from None
+    return pynvml
+
+
+def _error(nvml: Any, e: Exception, doing: str) -> CollectorError:
+    """An NVMLError as a CollectorError with the reason an SRE would act on."""
+    code = getattr(e, "value", None)
+    if isinstance(e, nvml.NVMLError_LibraryNotFound):
+        return CollectorError(NOT_SUPPORTED, f"{doing}: NVML library not found (no NVIDIA driver on this host)")
+    unavailable = (nvml.NVML_ERROR_DRIVER_NOT_LOADED, nvml.NVML_ERROR_GPU_IS_LOST, nvml.NVML_ERROR_UNINITIALIZED)
+    if code in unavailable:
+        return CollectorError(UNAVAILABLE, f"{doing}: {e}")
+    if code == nvml.NVML_ERROR_TIMEOUT:
+        return CollectorError(DEADLINE, f"{doing}: {e}")
+    return CollectorError(ERROR, f"{doing}: {e}")
+
+
+class NvmlCollector(Collector):
+    name = "nvml"
+
+    @classmethod
+    def unavailable_here(cls, settings: Settings) -> str | None:
+        try:
+            nvml = _nvml()
+            nvml.nvmlInit()
+            nvml.nvmlShutdown()
+        except CollectorError as e:
+            return str(e)
+        except Exception as e:
+            return f"NVML cannot start: {e}"
+        return None
+
+    def __init__(self, settings: Settings) -> None:
+        self._nvml = _nvml()
+        self._xids: Counter[tuple[str, str, str, str]] = Counter()  # (device, accelerator, source, xid) -> events
+        self._unsupported: set[tuple[str, str]] = set()  # (device, query) already logged as not supported
+        self._devices: list[tuple[Any, str, str]] = []  # (handle, index, accelerator)
+        self._events: Any = None
+        self._start()
+
+    def _start(self) -> None:
+        """Initialise NVML and find the GPUs and their events (again, after a failure: a lost GPU, a new driver)."""
+        nvml = self._nvml
+        try:
+            nvml.nvmlInit()
+        except nvml.NVMLError as e:
+            raise _error(nvml, e, "starting NVML") from None
+        try:
+            self._discover()
+        except nvml.NVMLError as e:
+            self.close()
+            raise _error(nvml, e, "listing GPUs") from None
+        if not self._devices:
+            self.close()
+            raise CollectorError(NOT_SUPPORTED, "NVML sees no GPU on this host")
+
+    def _discover(self) -> None:
+        nvml = self._nvml
+        self._devices = []
+        for index in range(nvml.nvmlDeviceGetCount()):
+            handle = nvml.nvmlDeviceGetHandleByIndex(index)
+            model = nvml.nvmlDeviceGetName(handle)
+            model = model.decode() if isinstance(model, bytes) else str(model)
+            self._devices.append((handle, str(index), accelerator_name(model) or "gpu"))
+        try:
+            self._events = nvml.nvmlEventSetCreate()
+            for handle, label, _ in self._devices:
+                try:
+                    nvml.nvmlDeviceRegisterEvents(handle, nvml.nvmlEventTypeXidCriticalError, self._events)
+                except nvml.NVMLError_NotSupported:
+                    log.info("GPU %s does not report XID events", label)
+        except nvml.NVMLError as e:
+            log.info("XID events unavailable: %s", e)
+            self._events = None
+
+    def close(self) -> None:
+        nvml = self._nvml
+        try:
+            if self._events is not None:
+                nvml.nvmlEventSetFree(self._events)
+            nvml.nvmlShutdown()
+        except nvml.NVMLError:
+            pass
+        self._events = None
+        self._devices = []
+
+    def collect(self, timeout: float) -> list[Sample]:
+        nvml = self._nvml
+        if not self._devices:  # the previous collection failed (or found no GPU): start afresh
+            self.close()
+            self._start()
+        samples: list[Sample] = []
+        try:
+            for handle, index, accelerator in self._devices:
+                samples += self._device(handle, (index, accelerator, SOURCE))
+            self._drain_xid_events()
+        except nvml.NVMLError as e:
+            self._devices = []
+            raise _error(nvml, e, "reading GPUs") from None
+        samples += [Sample(catalog.XID_ERRORS, key, float(n)) for key, n in self._xids.items()]
+        return samples
+
+    def _device(self, handle: Any, labels: tuple[str, str, str]) -> list[Sample]:
+        nvml = self._nvml
+
+        def utilization() -> list[Sample]:
+            rates = nvml.nvmlDeviceGetUtilizationRates(handle)
+            return [
+                Sample(catalog.DUTY_CYCLE, labels, rates.gpu / 100),
+                Sample(catalog.MEMORY_BANDWIDTH_UTILIZATION, labels, rates.memory / 100),
+            ]
+
+        def memory() -> list[Sample]:
+            info = nvml.nvmlDeviceGetMemoryInfo(handle)
+            return [
+                Sample(catalog.DEVICE_MEMORY_USED, labels, float(info.used)),
+                Sample(catalog.DEVICE_MEMORY_LIMIT, labels, float(info.total)),
+            ]
+
+        def power() -> list[Sample]:  # NVML says milliwatts
+            return [Sample(catalog.POWER, labels, nvml.nvmlDeviceGetPowerUsage(handle) / 1000)]
+
+        def temperature() -> list[Sample]:
+            celsius = nvml.nvmlDeviceGetTemperature(handle, nvml.NVML_TEMPERATURE_GPU)
+            return [Sample(catalog.TEMPERATURE, labels, float(celsius))]
+
+        def clocks() -> list[Sample]:  # NVML says MHz
+            return [
+                Sample(catalog.CLOCK, (*labels, "sm"), nvml.nvmlDeviceGetClockInfo(handle, nvml.NVML_CLOCK_SM) * 1e6),
+                Sample(
+                    catalog.CLOCK, (*labels, "memory"), nvml.nvmlDeviceGetClockInfo(handle, nvml.NVML_CLOCK_MEM) * 1e6
+                ),
+            ]
+
+        samples: list[Sample] = []
+        for query in (utilization, memory, power, temperature, clocks):
+            try:
+                samples += query()
+            except nvml.NVMLError_NotSupported:
+                if (labels[0], query.__name__) not in self._unsupported:
+                    self._unsupported.add((labels[0], query.__name__))
+                    log.info("GPU %s does not support the %s query; its series are left out", labels[0], query.__name__)
+        return samples
+
+    def _drain_xid_events(self) -> None:
+        nvml = self._nvml
+        if self._events is None:
+            return
+        accelerators = {nvml.nvmlDeviceGetIndex(h): (i, a) for h, i, a in self._devices}
+        deadline = time.monotonic() + 0.5  # events are rare; never let a storm of them hold the collection
+        while time.monotonic() < deadline:
+            try:
+                event = nvml.nvmlEventSetWait_v2(self._events, 0)
+            except nvml.NVMLError_Timeout:
+                return
+            index, accelerator = accelerators.get(nvml.nvmlDeviceGetIndex(event.device), ("unknown", "gpu"))
+            xid = str(event.eventData)
+            self._xids[(index, accelerator, SOURCE, xid)] += 1
+            log.warning("GPU %s: XID %s", index, xid)
