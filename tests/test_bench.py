@@ -55,3 +55,17 @@ def test_an_unknown_fault_is_a_clear_error() -> None:
     )
     assert out.returncode == 2
     assert "unknown fault 'meteor'; known: slow-io, stall" in out.stderr
+
+
+def test_scrape_latency_benchmark_runs_every_collector_and_prints_percentiles() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "tpuscope", "bench", "--scrape-latency", "30"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr  # non-zero when a collector was down
+    assert "collectors up: {'libtpu': 1.0, 'nvml': 1.0, 'host': 1.0}" in out.stdout
+    assert re.search(r"p50 [\d.]+ ms, p90 [\d.]+ ms, p99 [\d.]+ ms", out.stdout)
+    samples = int(re.search(r"exposition: (\d+) samples", out.stdout)[1])  # type: ignore[index]
+    assert samples > 500  # 8 devices' runtime metrics and histograms, 8 GPUs, the host, the job

@@ -72,3 +72,9 @@ def test_cli_reports_config_errors_without_a_traceback() -> None:
     assert out.returncode == 2
     assert "error: --listen: expected HOST:PORT" in out.stderr
     assert "Traceback" not in out.stderr
+
+
+def test_readme_documents_every_option() -> None:
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    for option in config.OPTIONS:
+        assert f"| `{option.flag}` | `{option.env}` |" in readme, option.flag

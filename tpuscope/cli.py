@@ -65,6 +65,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     bench.add_argument(
         "--linger", type=float, default=0.0, help="keep a sidecar bench started serving this many seconds after the run"
     )
+    bench.add_argument(
+        "--scrape-latency",
+        type=int,
+        metavar="SCRAPES",
+        help="benchmark: time this many /metrics scrapes of a sidecar with every collector on (8 fake TPU devices, "
+        "8 fake GPUs, the host) while a job sends events",
+    )
     jax_flags = bench.add_argument_group("the JAX workload")
     jax_flags.add_argument(
         "--overhead",

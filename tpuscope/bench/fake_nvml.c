@@ -115,13 +115,6 @@ typedef struct {
     unsigned int computeInstanceId;
 } nvmlEventData_t;
 
-/* The layout nvmlEventSetWait (v1) wrote: no MIG instance ids. */
-typedef struct {
-    nvmlDevice_t device;
-    unsigned long long eventType;
-    unsigned long long eventData;
-} nvmlEventData_v1_t;
-
 struct nvmlEventSet_st {
     unsigned long long registered[MAX_DEVICES];
 };
@@ -755,20 +748,6 @@ nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t *data, unsi
     data->eventData = line.xid;
     data->gpuInstanceId = 0xFFFFFFFFu; /* not attributable to a MIG instance */
     data->computeInstanceId = 0xFFFFFFFFu;
-    return NVML_SUCCESS;
-}
-
-nvmlReturn_t nvmlEventSetWait(nvmlEventSet_t set, nvmlEventData_v1_t *data, unsigned int timeoutms)
-{
-    if (data == NULL)
-        return NVML_ERROR_INVALID_ARGUMENT;
-    xid_line_t line;
-    nvmlReturn_t ret = wait_xid(set, timeoutms, &line);
-    if (ret != NVML_SUCCESS)
-        return ret;
-    data->device = &g_handles[line.device];
-    data->eventType = NVML_EVENT_TYPE_XID_CRITICAL_ERROR;
-    data->eventData = line.xid;
     return NVML_SUCCESS;
 }
 

@@ -37,6 +37,10 @@ CRASHED = 3  # the exit code of a run stopped by the injected crash
 
 
 def run_bench(args: argparse.Namespace) -> int:
+    if args.scrape_latency:
+        from tpuscope.bench import scrape_latency
+
+        return scrape_latency.run(args.scrape_latency)
     try:
         faults = Faults.parse(args.inject)
     except FaultError as e:

@@ -1,0 +1,103 @@
+"""``tpuscope bench --scrape-latency``: how long Prometheus waits for ``/metrics`` with every collector on.
+
+A sidecar runs with the libtpu, nvml and host collectors collecting every
+second while a synthetic job streams events to it, so scrapes contend with
+collections and ingest as they would on a training host. The libtpu
+collector reads the fake runtime (:mod:`tpuscope.bench.fake_tpu`) with 8
+devices and the full metric set; nvml reads the fake NVML library
+(:mod:`tpuscope.bench.fake_nvml`, built with gcc) with 8 GPUs, so both
+collectors produce all their series. The scrapes ask as Prometheus does
+(OpenMetrics first, gzip) and are timed from request to last byte.
+"""
+
+from __future__ import annotations
+
+import statistics
+import tempfile
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+from tpuscope import catalog
+from tpuscope.bench import fake_nvml, synthetic
+from tpuscope.bench.fake_tpu import Chip, FakeTpuRuntime, FakeTpuServer, default_megascale
+from tpuscope.exporter.child import SidecarProcess
+from tpuscope.exporter.scrape import Scrape
+from tpuscope.tracing import Monitor
+
+TARGET_P99_SECONDS = 0.050
+# What Prometheus 2.x sends.
+PROMETHEUS_HEADERS = {
+    "Accept": "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,"
+    "text/plain;version=0.0.4;q=0.5,*/*;q=0.1",
+    "Accept-Encoding": "gzip",
+}
+
+
+def scrape_once(url: str) -> tuple[float, int]:
+    """Seconds from request to the last byte, and the bytes on the wire."""
+    request = urllib.request.Request(url, headers=PROMETHEUS_HEADERS)
+    start = time.perf_counter()
+    with urllib.request.urlopen(request, timeout=10) as response:
+        size = len(response.read())
+    return time.perf_counter() - start, size
+
+
+def run(scrapes: int, devices: int = 8) -> int:
+    with tempfile.TemporaryDirectory(prefix="ts-") as tmp:
+        directory = Path(tmp)
+        nvml_state = fake_nvml.FakeNvmlState(directory / "nvml.state", gpus=[fake_nvml.FakeGpu()] * devices)
+        nvml_state.write()
+        env = fake_nvml.environment(fake_nvml.build(directory / "lib"), nvml_state)
+        runtime = FakeTpuRuntime([Chip(d, duty_cycle_percent=10.0 * d) for d in range(devices)], default_megascale())
+        with (
+            FakeTpuServer(runtime) as server,
+            SidecarProcess(
+                directory / "s.sock",
+                "127.0.0.1:0",
+                "--collectors=libtpu,nvml,host",
+                f"--libtpu-address={server.address}",
+                "--collector-interval=1",
+                env=env,
+            ) as sidecar,
+            Monitor("scrape-bench", socket=sidecar.socket) as monitor,
+        ):
+            stop = threading.Event()
+            profile = synthetic.Profile(step_seconds=0.05, checkpoint_every=100, checkpoint_seconds=0.2)
+            job = threading.Thread(target=synthetic.run, args=(monitor, 10**9, profile), kwargs={"stop": stop})
+            job.start()
+            try:
+                time.sleep(2.5)  # every collector has collected at least twice
+                first = Scrape.fetch(sidecar.url)
+                timings = []
+                size = 0
+                for _ in range(scrapes):
+                    seconds, size = scrape_once(sidecar.url)
+                    timings.append(seconds)
+                last = Scrape.fetch(sidecar.url)
+            finally:
+                stop.set()
+                job.join()
+    return report(timings, size, first, last)
+
+
+def report(timings: list[float], size: int, first: Scrape, last: Scrape) -> int:
+    up = {s.labels["collector"]: s.value for s in last.find(catalog.COLLECTOR_UP.name)}
+    durations = {s.labels["collector"]: s.value for s in last.find(catalog.COLLECTOR_DURATION.name)}
+    samples = len(last.samples)
+    timings.sort()
+    p50, p90, p99 = (timings[int(q * (len(timings) - 1))] for q in (0.5, 0.9, 0.99))
+    print(f"scrape latency, {len(timings)} scrapes as Prometheus asks (OpenMetrics, gzip):")
+    print(f"  exposition: {samples} samples, {len(last.text) / 1024:.0f} KiB text, {size / 1024:.1f} KiB gzipped")
+    print(
+        f"  collectors up: {up}; last collection took "
+        + ", ".join(f"{k} {v * 1000:.1f} ms" for k, v in durations.items())
+    )
+    steps = last.value(catalog.STEPS.name) - first.value(catalog.STEPS.name)
+    print(f"  the job sent {steps:.0f} steps meanwhile")
+    ms = {"p50": p50, "p90": p90, "p99": p99, "max": timings[-1], "mean": statistics.fmean(timings)}
+    print("  " + ", ".join(f"{name} {seconds * 1000:.1f} ms" for name, seconds in ms.items()))
+    verdict = "within" if p99 < TARGET_P99_SECONDS else "OVER"
+    print(f"  p99 is {verdict} the {TARGET_P99_SECONDS * 1000:.0f} ms target")
+    return 0 if all(up.values()) else 1
