@@ -32,6 +32,8 @@ SNAPSHOT = (
     catalog.CHECKPOINT_BYTES,
     catalog.GOODPUT,
     catalog.INGEST_EVENTS,
+    catalog.COLLECTOR_UP,
+    catalog.HOST_CPU_IOWAIT,
 )
 CRASHED = 3  # the exit code of a run stopped by the injected crash
 
@@ -136,4 +138,4 @@ def _print_snapshot(url: str, sent: int) -> None:
     for sample in scrape.samples:
         if sample.name in names and sample.value:
             labels = ",".join(f'{k}="{v}"' for k, v in sorted(sample.labels.items()))
-            print(f"  {sample.name}{{{labels}}} {sample.value:g}")
+            print(f"  {sample.name}{{{labels}}} {sample.value:g}" if labels else f"  {sample.name} {sample.value:g}")
