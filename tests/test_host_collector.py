@@ -51,11 +51,11 @@ def test_host_and_job_processes(short_tmp: Path, sleeper: subprocess.Popen[bytes
         def complete(s: Scrape) -> bool:
             return s.has(catalog.JOB_THREADS.name, **me) and s.has(catalog.JOB_THREADS.name, **job)
 
-        scrape = wait_for(sidecar.url, lambda s: complete(s) and s.has(catalog.HOST_CPU_BUSY.name))
+        scrape = wait_for(sidecar.url, lambda s: complete(s) and s.has(catalog.HOST_CPU_UTILIZATION.name))
     assert scrape.value(UP, collector="host") == 1
-    cpus = {s.labels["cpu"] for s in scrape.find(catalog.HOST_CPU_BUSY.name)}
+    cpus = {s.labels["cpu"] for s in scrape.find(catalog.HOST_CPU_UTILIZATION.name)}
     assert cpus == {str(i) for i in range(psutil.cpu_count())}
-    assert all(0 <= s.value <= 1 for s in scrape.find(catalog.HOST_CPU_BUSY.name))
+    assert all(0 <= s.value <= 1 for s in scrape.find(catalog.HOST_CPU_UTILIZATION.name))
     assert 0 <= scrape.value(catalog.HOST_CPU_IOWAIT.name) <= 1
     assert scrape.value(catalog.HOST_MEMORY_TOTAL.name) == psutil.virtual_memory().total
     assert 0 < scrape.value(catalog.HOST_MEMORY_AVAILABLE.name) <= psutil.virtual_memory().total

@@ -300,7 +300,7 @@ INFERENCE_BATCH_SIZE = _metric(
 # --- Accelerators, sampled by the libtpu and nvml collectors ---------------------------
 ACCELERATOR_GROUP = "Accelerators (sampled by the libtpu and nvml collectors)"
 DUTY_CYCLE = _metric(
-    "accelerator_duty_cycle_ratio",
+    "device_duty_cycle_ratio",
     Kind.GAUGE,
     "Share of the last sample period the device was executing: TensorCore duty cycle on TPUs "
     "(libtpu), GPU utilization on GPUs (nvml).",
@@ -310,7 +310,7 @@ DUTY_CYCLE = _metric(
     sampled=True,
 )
 MEMORY_BANDWIDTH_UTILIZATION = _metric(
-    "accelerator_memory_bandwidth_utilization_ratio",
+    "device_memory_bandwidth_utilization_ratio",
     Kind.GAUGE,
     "Share of the device memory bandwidth in use: HBM bandwidth utilization on TPUs, "
     "memory utilization (time memory was read or written) on GPUs.",
@@ -359,7 +359,7 @@ MEGASCALE_LATENCY = _metric(
     sampled=True,
 )
 POWER = _metric(
-    "accelerator_power_watts",
+    "device_power_watts",
     Kind.GAUGE,
     "Power draw of the device (nvml).",
     *_dev,
@@ -368,7 +368,7 @@ POWER = _metric(
     sampled=True,
 )
 TEMPERATURE = _metric(
-    "accelerator_temperature_celsius",
+    "device_temperature_celsius",
     Kind.GAUGE,
     "Temperature of the device die (nvml).",
     *_dev,
@@ -377,7 +377,7 @@ TEMPERATURE = _metric(
     sampled=True,
 )
 CLOCK = _metric(
-    "accelerator_clock_hertz",
+    "device_clock_hertz",
     Kind.GAUGE,
     "Current clock frequency of the device, by clock domain: sm (compute) or memory (nvml).",
     *_dev,
@@ -398,8 +398,8 @@ XID_ERRORS = _metric(
 
 # --- The host and the job's processes, sampled by the host collector -----------------------
 HOST_GROUP = "Host and job processes (sampled by the host collector)"
-HOST_CPU_BUSY = _metric(
-    "host_cpu_busy_ratio",
+HOST_CPU_UTILIZATION = _metric(
+    "host_cpu_utilization_ratio",
     Kind.GAUGE,
     "Share of the last sample period each logical CPU was busy (not idle and not waiting for IO).",
     Label.CPU,

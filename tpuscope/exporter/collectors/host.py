@@ -62,7 +62,7 @@ class HostCollector(Collector):
             if elapsed <= 0:  # too soon to tell
                 return []
             busy = elapsed - (idle - idle0) - (iowait - iowait0)
-            samples.append(Sample(catalog.HOST_CPU_BUSY, (str(cpu),), min(1.0, max(0.0, busy / elapsed))))
+            samples.append(Sample(catalog.HOST_CPU_UTILIZATION, (str(cpu),), min(1.0, max(0.0, busy / elapsed))))
             all_total += elapsed
             all_iowait += iowait - iowait0
         samples.append(Sample(catalog.HOST_CPU_IOWAIT, (), max(0.0, all_iowait / all_total)))
