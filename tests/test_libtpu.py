@@ -13,14 +13,27 @@ from pathlib import Path
 
 import pytest
 from conftest import wait_for
+from prometheus_client import CollectorRegistry
+from prometheus_client.openmetrics.exposition import generate_latest
 from tpu_info import device as tpu_device
 from tpu_info import metrics as tpu_metrics
 from tpu_info.proto import tpu_metric_service_pb2 as pb
 
 from tpuscope import catalog
-from tpuscope.bench.fake_tpu import MEGASCALE, Chip, Distribution, FakeTpuRuntime, FakeTpuServer, default_megascale
+from tpuscope.bench.fake_tpu import (
+    DUTY_CYCLE,
+    HBM_USED,
+    MEGASCALE,
+    Chip,
+    Distribution,
+    FakeTpuRuntime,
+    FakeTpuServer,
+    default_megascale,
+)
 from tpuscope.exporter.child import SidecarProcess
 from tpuscope.exporter.collectors import libtpu
+from tpuscope.exporter.collectors.base import CollectorError, Settings
+from tpuscope.exporter.samples import Sample, SampleStore
 from tpuscope.exporter.scrape import Scrape
 
 UP = catalog.COLLECTOR_UP.name
@@ -227,3 +240,53 @@ def test_distributions_that_cannot_be_read_are_rejected() -> None:
         libtpu._histogram(unsorted, 1.0)
     with pytest.raises(ValueError, match="unsupported bucket layout"):
         libtpu._histogram(pb.Distribution(bucket_counts=[1]), 1.0)
+
+
+def collect_in_process(*servers: FakeTpuServer) -> tuple[list[Sample], CollectorError | None, bytes]:
+    """One collection, what the store would serve, and the exposition built from it (which must not fail)."""
+    collector = libtpu.LibtpuCollector(Settings(libtpu_addresses=tuple(s.address for s in servers)))
+    try:
+        samples, error = collector.collect(2.0), None
+    except CollectorError as e:
+        samples, error = e.partial, e
+    finally:
+        collector.close()
+    registry = CollectorRegistry()
+    store = SampleStore()
+    registry.register(store)
+    store.replace("libtpu", samples)
+    return samples, error, generate_latest(registry)
+
+
+def test_a_metric_the_runtime_does_not_have_is_left_out_and_the_rest_read() -> None:
+    runtime = FakeTpuRuntime(chips(0, 2))
+    runtime.broken = {DUTY_CYCLE: "not_found"}  # listed, then NOT_FOUND, as an older runtime answers
+    with FakeTpuServer(runtime) as server:
+        samples, error, _ = collect_in_process(server)
+    assert error is None
+    read = {s.metric for s in samples}
+    assert catalog.DUTY_CYCLE not in read
+    assert {catalog.DEVICE_MEMORY_USED, catalog.HLO_QUEUE_SIZE, catalog.HLO_EXECUTION_DURATION} <= read
+
+
+def test_a_value_of_the_wrong_type_is_an_invalid_response_not_a_broken_exposition() -> None:
+    runtime = FakeTpuRuntime(chips(0, 2))
+    runtime.broken = {HBM_USED: "wrong_type"}
+    with FakeTpuServer(runtime) as server:
+        samples, error, exposition = collect_in_process(server)
+    assert error is not None and error.reason == "invalid_response", error
+    assert catalog.DEVICE_MEMORY_USED not in {s.metric for s in samples}
+    assert catalog.DEVICE_MEMORY_LIMIT in {s.metric for s in samples}, "one bad metric must not hide the others"
+    assert catalog.DEVICE_MEMORY_LIMIT.name.encode() in exposition
+
+
+def test_one_device_id_from_two_ports_is_reported_not_merged() -> None:
+    with (
+        FakeTpuServer(FakeTpuRuntime(chips(0, 2))) as a,
+        FakeTpuServer(FakeTpuRuntime(chips(1, 2))) as b,  # device 1 on both
+    ):
+        samples, error, _ = collect_in_process(a, b)
+    assert error is not None and error.reason == "invalid_response"
+    assert "device 1 reported by both" in str(error)
+    duty = {s.labels[0]: s.value for s in samples if s.metric is catalog.DUTY_CYCLE}
+    assert duty == {"0": pytest.approx(0.05), "1": pytest.approx(0.15), "2": pytest.approx(0.25)}

@@ -134,3 +134,29 @@ def test_without_a_driver_nvml_says_not_supported(short_tmp: Path) -> None:
         scrape = wait_for(sidecar.url, lambda s: s.value(UP, collector="host") == 1)
         assert {s.labels["collector"] for s in scrape.find(UP)} == {"host"}
         assert "collector nvml: off (auto)" in sidecar.log()
+
+
+def test_one_lost_gpu_does_not_hide_the_others(fake_nvml_lib: Path, state: FakeNvmlState, short_tmp: Path) -> None:
+    state.xid(0, 79)
+    state.fail_device, state.fail_device_index = 15, 1  # GPU 1 has fallen off the bus
+    state.write()
+    with nvml_sidecar(short_tmp / "s.sock", environment(fake_nvml_lib, state)) as sidecar:
+        scrape = down_with(sidecar.url, "unavailable")
+        scrape = wait_for(sidecar.url, lambda s: s.has(catalog.XID_ERRORS.name))
+        assert scrape.value(UP, collector="nvml") == 0
+        assert scrape.has(catalog.DUTY_CYCLE.name, device="0")
+        assert not scrape.has(catalog.DUTY_CYCLE.name, device="1")
+        assert scrape.value(catalog.XID_ERRORS.name, device="0", xid="79") == 1
+        state.fail_device = None
+        state.write()
+        assert up(sidecar.url).has(catalog.DUTY_CYCLE.name, device="1")
+
+
+def test_a_hung_driver_does_not_keep_the_sidecar_from_stopping(
+    fake_nvml_lib: Path, state: FakeNvmlState, short_tmp: Path
+) -> None:
+    state.hang_ms = 120_000
+    state.write()
+    with nvml_sidecar(short_tmp / "s.sock", environment(fake_nvml_lib, state)) as sidecar:
+        down_with(sidecar.url, "deadline")
+        assert sidecar.stop(timeout=10) == 0  # SIGTERM: a clean exit, not the SIGKILL after 10 s

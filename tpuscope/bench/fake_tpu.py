@@ -84,6 +84,9 @@ class FakeTpuRuntime(pb_grpc.RuntimeMetricServiceServicer):  # type: ignore[misc
         self.chips = chips
         self.megascale = megascale if megascale is not None else {}
         self.mode = "ok"  # or "hang", "unknown_names"
+        # Per metric name, a way to answer it wrongly: "not_found" (listed, then NOT_FOUND, as an older
+        # runtime does), "wrong_type" (a distribution where a gauge belongs).
+        self.broken: dict[str, str] = {}
         self.release = threading.Event()  # ends a hang
         self.calls = 0
 
@@ -106,9 +109,12 @@ class FakeTpuRuntime(pb_grpc.RuntimeMetricServiceServicer):  # type: ignore[misc
     def GetRuntimeMetric(self, request: Any, context: Any) -> Any:
         self._hang()
         name = request.metric_name
-        if name not in self._offered():
+        if name not in self._offered() or self.broken.get(name) == "not_found":
             context.abort(grpc.StatusCode.NOT_FOUND, f"metric {name} not found")
-        return pb.MetricResponse(metric=pb.TPUMetric(name=name, description="fake", metrics=self._values(name)))
+        values = self._values(name)
+        if self.broken.get(name) == "wrong_type":
+            values = [pb.Metric(attribute=v.attribute, distribution=Distribution([1, 1]).to_proto()) for v in values]
+        return pb.MetricResponse(metric=pb.TPUMetric(name=name, description="fake", metrics=values))
 
     def _values(self, name: str) -> list[Any]:
         if name in self.megascale:

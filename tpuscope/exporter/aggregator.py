@@ -119,7 +119,7 @@ class Aggregator:
     def _device_memory(self, e: events.DeviceMemory) -> None:
         # The same families as the libtpu and nvml collectors fill; `source` tells them apart.
         labels = (e.device, e.accelerator, e.source)
-        owner = f"workload:{e.workload}"
+        owner = "workload"  # one owner for all jobs: a device's latest report wins, as with one gauge
         self._store.set(owner, catalog.DEVICE_MEMORY_USED, labels, e.used_bytes)
         if e.limit_bytes:
             self._store.set(owner, catalog.DEVICE_MEMORY_LIMIT, labels, e.limit_bytes)

@@ -67,14 +67,14 @@ class SampleStore(Collector):
         """Everything ``owner`` (a collector) sees now; what it saw before and not now is gone."""
         snapshot: dict[Key, float | Histogram] = {}
         for s in samples:
-            _check(s.metric, s.labels)
+            _check(s.metric, s.labels, s.value)
             snapshot[(s.metric, s.labels)] = s.value
         with self._lock:
             self._snapshots[owner] = snapshot
 
     def set(self, owner: str, metric: catalog.Metric, labels: tuple[str, ...], value: float) -> None:
         """One series from a source that reports changes one at a time (a workload's events)."""
-        _check(metric, labels)
+        _check(metric, labels, value)
         with self._lock:
             self._snapshots.setdefault(owner, {})[(metric, labels)] = value
 
@@ -101,9 +101,12 @@ class SampleStore(Collector):
                 yield family
 
 
-def _check(metric: catalog.Metric, labels: tuple[str, ...]) -> None:
+def _check(metric: catalog.Metric, labels: tuple[str, ...], value: float | Histogram) -> None:
+    """Refuse what would make the whole exposition fail later, at scrape time."""
     if not metric.sampled or len(labels) != len(metric.labels):
         raise ValueError(f"{metric.name} takes labels {[str(label) for label in metric.labels]}, not {labels}")
+    if isinstance(value, Histogram) != (metric.kind is catalog.Kind.HISTOGRAM):
+        raise ValueError(f"{metric.name} is a {metric.kind}, not {type(value).__name__}")
 
 
 def _family(metric: catalog.Metric) -> MetricFamily:

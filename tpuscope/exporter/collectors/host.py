@@ -42,12 +42,16 @@ class HostCollector(Collector):
 
     @staticmethod
     def _cpu_times() -> list[tuple[float, float, float]]:
-        """Per CPU: (total, idle, iowait) seconds since boot."""
+        """Per CPU: (total, not busy, iowait) seconds since boot.
+
+        Not busy is idle, iowait and steal: time the hypervisor gave to another guest was not ours either.
+        """
         result = []
         for t in psutil.cpu_times(percpu=True):
             # Linux counts guest time inside user time as well: subtract it, as psutil's cpu_percent does.
             total = sum(t) - getattr(t, "guest", 0.0) - getattr(t, "guest_nice", 0.0)
-            result.append((total, t.idle, getattr(t, "iowait", 0.0)))
+            iowait = getattr(t, "iowait", 0.0)
+            result.append((total, t.idle + iowait + getattr(t, "steal", 0.0), iowait))
         return result
 
     def _cpu(self) -> list[Sample]:
@@ -57,11 +61,11 @@ class HostCollector(Collector):
             return []
         samples = []
         all_total = all_iowait = 0.0
-        for cpu, ((total, idle, iowait), (total0, idle0, iowait0)) in enumerate(zip(now, previous, strict=True)):
+        for cpu, ((total, free, iowait), (total0, free0, iowait0)) in enumerate(zip(now, previous, strict=True)):
             elapsed = total - total0
             if elapsed <= 0:  # too soon to tell
                 return []
-            busy = elapsed - (idle - idle0) - (iowait - iowait0)
+            busy = elapsed - (free - free0)
             samples.append(Sample(catalog.HOST_CPU_UTILIZATION, (str(cpu),), min(1.0, max(0.0, busy / elapsed))))
             all_total += elapsed
             all_iowait += iowait - iowait0
@@ -95,7 +99,10 @@ class HostCollector(Collector):
         problems: list[str] = []
         if path := self._settings.pid_file:
             try:
-                jobs.setdefault(int(Path(path).read_text().split()[0]), "")
+                pid = int(Path(path).read_text().split()[0])
+                if pid <= 0:
+                    raise ValueError(f"{pid} is not a process id")
+                jobs.setdefault(pid, "")
             except (OSError, ValueError, IndexError) as e:
                 problems.append(f"from pid file {path} ({e})")
         for pid, workload in self._settings.job_pids().items():

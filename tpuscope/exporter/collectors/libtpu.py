@@ -83,6 +83,7 @@ RUNTIME_METRICS = (
     ),
 )
 BY_NAME = {m.name: m for m in RUNTIME_METRICS}
+Key = tuple[catalog.Metric, tuple[str, ...]]
 
 # Attribute keys that name a device (older runtimes: an int attribute; newer: a key/value list).
 _DEVICE_KEYS = ("device_ordinal", "device-id", "device_id")
@@ -157,14 +158,12 @@ class LibtpuCollector(Collector):
             self._reset(address)
 
     def collect(self, timeout: float) -> list[Sample]:
-        end = time.monotonic() + timeout * 0.9  # leave the runner's deadline some room
-
-        def remaining() -> float:
-            return max(0.01, end - time.monotonic())
-
-        # Both stages are sent to every port at once and then awaited: two round trips in all.
+        start = time.monotonic()
+        end = start + timeout * 0.9  # leave the runner's deadline some room
+        # Both stages go to every port at once and are then awaited: two round trips in all. The
+        # listing gets 40% of the time, so a port that hangs there leaves the others time to answer.
         listings = {
-            a: self._stub(a).ListSupportedMetrics.future(self._pb.ListSupportedMetricsRequest(), timeout=remaining())
+            a: self._stub(a).ListSupportedMetrics.future(self._pb.ListSupportedMetricsRequest(), timeout=timeout * 0.4)
             for a in self.addresses
         }
         failures: list[CollectorError] = []
@@ -176,18 +175,28 @@ class LibtpuCollector(Collector):
                 failures.append(e)
                 continue
             stub = self._stub(address)
+            left = max(0.01, end - time.monotonic())
             requests[address] = {
-                name: stub.GetRuntimeMetric.future(self._pb.MetricRequest(metric_name=name), timeout=remaining())
+                name: stub.GetRuntimeMetric.future(self._pb.MetricRequest(metric_name=name), timeout=left)
                 for name in offered
             }
-        samples: dict[tuple[catalog.Metric, tuple[str, ...]], float | Histogram] = {}
+        readings: dict[Key, tuple[str, float | Histogram]] = {}  # -> (the port it came from, value)
         for address, futures in requests.items():
-            try:
-                for name, future in futures.items():
-                    self._read(BY_NAME[name], self._answer(address, future), samples)
-            except CollectorError as e:
-                failures.append(e)
-        result = [Sample(metric, labels, value) for (metric, labels), value in samples.items()]
+            answered = 0
+            for name, future in futures.items():
+                try:
+                    self._read(BY_NAME[name], self._answer(address, future), address, readings)
+                    answered += 1
+                except CollectorError as e:
+                    if e.reason == UNKNOWN_METRICS:  # NOT_FOUND: a runtime that does not have this one
+                        continue
+                    failures.append(e)
+                    if e.reason in (UNAVAILABLE, DEADLINE):
+                        break  # the port is gone; the rest of its answers would say the same
+            else:
+                if not answered:
+                    failures.append(CollectorError(UNKNOWN_METRICS, f"{address} answered none of our metrics"))
+        result = [Sample(metric, labels, value) for (metric, labels), (_, value) in readings.items()]
         if failures:
             raise CollectorError(failures[0].reason, "; ".join(str(f) for f in failures), partial=result)
         return result
@@ -234,29 +243,33 @@ class LibtpuCollector(Collector):
             self._reset(address)
         raise CollectorError(reason, f"{address}: {code.name}: {detail}")
 
-    def _read(
-        self,
-        runtime: RuntimeMetric,
-        response: Any,
-        into: dict[tuple[catalog.Metric, tuple[str, ...]], float | Histogram],
-    ) -> None:
-        """Fold one response's values (one per device, or per buffer size) into ``into``."""
+    def _read(self, runtime: RuntimeMetric, response: Any, address: str, into: dict[Key, tuple[str, Any]]) -> None:
+        """Fold one response's values (one per device, or per buffer size) into ``into``.
+
+        A value that cannot be used is left out and reported; the response's other values still count.
+        """
         if response.metric.name and response.metric.name != runtime.name:
-            raise CollectorError(INVALID_RESPONSE, f"asked for {runtime.name}, got {response.metric.name}")
+            raise CollectorError(INVALID_RESPONSE, f"{address}: asked for {runtime.name}, got {response.metric.name}")
+        problems = []
         for value in response.metric.metrics:
             try:
                 labels = self._labels(runtime, value.attribute)
                 reading = _value(value, runtime.per_unit)
+                if isinstance(reading, Histogram) != (runtime.metric.kind is catalog.Kind.HISTOGRAM):
+                    raise ValueError("a gauge where a distribution belongs, or the other way round")
+                key = (runtime.metric, labels)
+                if key in into:
+                    origin, previous = into[key]
+                    if runtime.metric is not catalog.MEGASCALE_LATENCY or origin == address:
+                        # A device has one value: two for the same device id cannot both be right.
+                        raise ValueError(f"device {labels[0]} reported by both {origin} and {address}")
+                    reading = previous + reading  # megascale is per process: the ports' counts add up
             except ValueError as e:
-                raise CollectorError(INVALID_RESPONSE, f"{runtime.name}: {e}") from None
-            key = (runtime.metric, labels)
-            previous = into.get(key)
-            if isinstance(previous, Histogram) and isinstance(reading, Histogram):
-                try:  # the same distribution from several ports (one per process): their counts add up
-                    reading = previous + reading
-                except ValueError as e:
-                    raise CollectorError(INVALID_RESPONSE, f"{runtime.name} {labels}: {e}") from None
-            into[key] = reading
+                problems.append(str(e))
+                continue
+            into[key] = (address, reading)
+        if problems:
+            raise CollectorError(INVALID_RESPONSE, f"{address}: {runtime.name}: {'; '.join(sorted(set(problems)))}")
 
     def _labels(self, runtime: RuntimeMetric, attribute: Any) -> tuple[str, ...]:
         if runtime.metric is catalog.MEGASCALE_LATENCY:

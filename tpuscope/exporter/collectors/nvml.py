@@ -13,6 +13,8 @@ fails the collection, and the next try starts NVML afresh.
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import logging
 import time
 from collections import Counter
@@ -78,6 +80,7 @@ class NvmlCollector(Collector):
         self._unsupported: set[tuple[str, str]] = set()  # (device, query) already logged as not supported
         self._devices: list[tuple[Any, str, str]] = []  # (handle, index, accelerator)
         self._events: Any = None
+        self._initialized = False  # NVML counts inits: shut down exactly once per successful init
         self._start()
 
     def _start(self) -> None:
@@ -87,6 +90,7 @@ class NvmlCollector(Collector):
             nvml.nvmlInit()
         except nvml.NVMLError as e:
             raise _error(nvml, e, "starting NVML") from None
+        self._initialized = True
         try:
             self._discover()
         except nvml.NVMLError as e:
@@ -101,45 +105,56 @@ class NvmlCollector(Collector):
         self._devices = []
         for index in range(nvml.nvmlDeviceGetCount()):
             handle = nvml.nvmlDeviceGetHandleByIndex(index)
-            model = nvml.nvmlDeviceGetName(handle)
+            try:
+                model = nvml.nvmlDeviceGetName(handle)
+            except nvml.NVMLError:  # a GPU that does not answer is still listed, and reported as failing
+                model = ""
             model = model.decode() if isinstance(model, bytes) else str(model)
             self._devices.append((handle, str(index), accelerator_name(model) or "gpu"))
         try:
             self._events = nvml.nvmlEventSetCreate()
-            for handle, label, _ in self._devices:
-                try:
-                    nvml.nvmlDeviceRegisterEvents(handle, nvml.nvmlEventTypeXidCriticalError, self._events)
-                except nvml.NVMLError_NotSupported:
-                    log.info("GPU %s does not report XID events", label)
         except nvml.NVMLError as e:
             log.info("XID events unavailable: %s", e)
-            self._events = None
+            return
+        for handle, label, _ in self._devices:
+            try:
+                nvml.nvmlDeviceRegisterEvents(handle, nvml.nvmlEventTypeXidCriticalError, self._events)
+            except nvml.NVMLError as e:
+                log.info("GPU %s does not report XID events: %s", label, e)
 
     def close(self) -> None:
         nvml = self._nvml
-        try:
-            if self._events is not None:
+        if self._events is not None:
+            with contextlib.suppress(nvml.NVMLError):
                 nvml.nvmlEventSetFree(self._events)
-            nvml.nvmlShutdown()
-        except nvml.NVMLError:
-            pass
-        self._events = None
+            self._events = None
+        if self._initialized:
+            with contextlib.suppress(nvml.NVMLError):
+                nvml.nvmlShutdown()
+            self._initialized = False
         self._devices = []
 
     def collect(self, timeout: float) -> list[Sample]:
         nvml = self._nvml
-        if not self._devices:  # the previous collection failed (or found no GPU): start afresh
+        if not self._devices:  # every GPU failed last time (a driver reload?): start NVML afresh
             self.close()
             self._start()
         samples: list[Sample] = []
-        try:
-            for handle, index, accelerator in self._devices:
+        errors: list[CollectorError] = []
+        for handle, index, accelerator in self._devices:
+            try:
                 samples += self._device(handle, (index, accelerator, SOURCE))
+            except nvml.NVMLError as e:  # one lost GPU must not hide the others
+                errors.append(_error(nvml, e, f"reading GPU {index}"))
+        try:
             self._drain_xid_events()
         except nvml.NVMLError as e:
-            self._devices = []
-            raise _error(nvml, e, "reading GPUs") from None
+            errors.append(_error(nvml, e, "reading XID events"))
         samples += [Sample(catalog.XID_ERRORS, key, float(n)) for key, n in self._xids.items()]
+        if errors:
+            if len(errors) >= len(self._devices):
+                self._devices = []
+            raise CollectorError(errors[0].reason, "; ".join(str(e) for e in errors), partial=samples)
         return samples
 
     def _device(self, handle: Any, labels: tuple[str, str, str]) -> list[Sample]:
@@ -188,14 +203,20 @@ class NvmlCollector(Collector):
         nvml = self._nvml
         if self._events is None:
             return
-        accelerators = {nvml.nvmlDeviceGetIndex(h): (i, a) for h, i, a in self._devices}
+        # By handle, not nvmlDeviceGetIndex: XID 79 means the GPU fell off the bus and answers nothing.
+        devices = {_address(handle): (index, accelerator) for handle, index, accelerator in self._devices}
         deadline = time.monotonic() + 0.5  # events are rare; never let a storm of them hold the collection
         while time.monotonic() < deadline:
             try:
                 event = nvml.nvmlEventSetWait_v2(self._events, 0)
             except nvml.NVMLError_Timeout:
                 return
-            index, accelerator = accelerators.get(nvml.nvmlDeviceGetIndex(event.device), ("unknown", "gpu"))
+            index, accelerator = devices.get(_address(event.device), ("unknown", "gpu"))
             xid = str(event.eventData)
             self._xids[(index, accelerator, SOURCE, xid)] += 1
             log.warning("GPU %s: XID %s", index, xid)
+
+
+def _address(handle: Any) -> int | None:
+    """A device handle (a C pointer) as a number, to compare handles from different calls."""
+    return ctypes.cast(handle, ctypes.c_void_p).value

@@ -53,7 +53,6 @@ class CollectorRunner:
         self.failures = 0  # consecutive
         self._state: str | None = None  # "up", or the reason it is down; None before the first try
         self._hung: concurrent.futures.Future[list[Sample]] | None = None
-        self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=f"tpuscope-collect-{self.name}")
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"tpuscope-{self.name}", daemon=True)
 
@@ -63,8 +62,7 @@ class CollectorRunner:
     def stop(self) -> None:
         self._stop.set()
         self._thread.join(timeout=self.deadline + 1)
-        self._pool.shutdown(wait=False, cancel_futures=True)
-        if self._instance is not None and self._hung is None:
+        if self._instance is not None and (self._hung is None or self._hung.done()):
             self._instance.close()
 
     def _run(self) -> None:
@@ -84,7 +82,7 @@ class CollectorRunner:
             if self._hung is not None and not self._hung.done():
                 raise CollectorError(DEADLINE, "the previous collection has still not returned")
             self._hung = None
-            future = self._pool.submit(self._collect)
+            future = self._start_collection()
             try:
                 samples = future.result(timeout=self.deadline)
             except concurrent.futures.TimeoutError:
@@ -105,6 +103,19 @@ class CollectorRunner:
             self.failures = 0
         finally:
             self._duration.set(time.perf_counter() - started)
+
+    def _start_collection(self) -> concurrent.futures.Future[list[Sample]]:
+        """Run one collection on a daemon thread: one stuck in a driver must not keep the sidecar from exiting."""
+        future: concurrent.futures.Future[list[Sample]] = concurrent.futures.Future()
+
+        def work() -> None:
+            try:
+                future.set_result(self._collect())
+            except BaseException as e:
+                future.set_exception(e)
+
+        threading.Thread(target=work, name=f"tpuscope-collect-{self.name}", daemon=True).start()
+        return future
 
     def _collect(self) -> list[Sample]:
         if self._instance is None:
