@@ -8,6 +8,10 @@ if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", "")
 
 import shutil
 import tempfile
+
+# Spans from the tests' Monitors go to a scratch file, not into the working tree (tests that
+# check spans set their own destination).
+os.environ.setdefault("TPUSCOPE_SPANS_FILE", os.path.join(tempfile.mkdtemp(prefix="ts-spans-"), "spans.jsonl"))
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path

@@ -39,6 +39,8 @@ Text = Annotated[str, msgspec.Meta(max_length=256)]
 Seconds = Annotated[float, msgspec.Meta(ge=0.0, le=7 * 86400.0)]
 Count = Annotated[int, msgspec.Meta(ge=0, le=2**63 - 1)]
 Flops = Annotated[float, msgspec.Meta(ge=0.0, le=1e30)]
+# A W3C trace id in lowercase hex, or empty: the step's spans were not kept.
+TraceId = Annotated[str, msgspec.Meta(pattern=r"^([0-9a-f]{32})?$")]
 
 PHASES = ("compute", "sync", "io", "other")
 Phase = Literal["compute", "sync", "io", "other"]
@@ -59,6 +61,8 @@ class Step(Event, tag="step", frozen=True):
     ``dropped`` is the number of events this process could not send since its
     last successful send, so the sidecar sees the job's losses too. ``flops`` is
     the model FLOPs the step did on all the job's devices (0: unknown), for MFU.
+    ``trace_id`` names the trace of the step's spans when they were kept, so the
+    sidecar can attach it to the step-duration histogram as an exemplar.
     """
 
     step: Count
@@ -69,6 +73,7 @@ class Step(Event, tag="step", frozen=True):
     other_s: Seconds = 0.0
     dropped: Count = 0
     flops: Flops = 0.0
+    trace_id: TraceId = ""
 
     def __post_init__(self) -> None:
         measured = self.compute_s + self.sync_s + self.io_s + self.other_s

@@ -61,7 +61,7 @@ def run_bench(args: argparse.Namespace) -> int:
 
         try:
             sinks: list[Sink] = [summary, RecordSink(args.record)] if args.record else [summary]
-            with Monitor(args.workload, socket=socket, sinks=sinks) as monitor:
+            with Monitor(args.workload, socket=socket, sinks=sinks, spans_file=args.run_dir / "spans.jsonl") as monitor:
                 if args.overhead:
                     _measure_overhead(args, faults, monitor)
                 elif args.synthetic:

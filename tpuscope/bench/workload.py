@@ -82,6 +82,8 @@ class Workload:
         self.options = options
         self.monitor = monitor
         self.log = log
+        self._stall_at: int | None = None  # the step whose input stalls (fault `stall`)
+        self._straggle_from = 0  # the first step this worker straggles at (fault `straggler`)
         faults = options.faults
         if "spill" in faults:
             raise UnsupportedHere(
@@ -144,16 +146,14 @@ class Workload:
         crash_at = int(faults.get("crash")) if "crash" in faults else None
         if crash_at is not None and crash_at < 0:
             crash_at = options.steps // 2
-        stall_at = (start + options.steps) // 2 if "stall" in faults else None
+        self._stall_at = (start + options.steps) // 2 if "stall" in faults else None
+        self._straggle_from = start + (options.steps - start) // 3
         for n in range(start, options.steps):
-            if n == stall_at:
-                self.log(f"stall: no steps for {faults.get('stall'):g} s")
-                time.sleep(faults.get("stall"))
             if n == crash_at and self.resumed_from is None:
                 raise InjectedCrash(f"injected crash at step {n}")
             timed = next(instrumented) if instrumented is not None else True
             with self.monitor.step(n) if timed else _bare_step() as step:
-                state = self._step(step, state, self._seq_len(n))
+                state = self._step(step, n, state, self._seq_len(n))
             if self.checkpoints.due(n):
                 self.checkpoints.save(n, state)
             if n % 10 == 0:
@@ -161,10 +161,14 @@ class Workload:
             if progress:
                 progress(n)
 
-    def _step(self, step: Any, state: Any, seq_len: int) -> Any:
+    def _step(self, step: Any, n: int, state: Any, seq_len: int) -> Any:
         """One training step, its phases timed on ``step`` (a StepTimer, or a bare stand-in)."""
         trainer = self.trainer
+        faults = self.options.faults
         with step.phase("io"):
+            if n == self._stall_at:  # the input pipeline hangs: no step ends for this long
+                self.log(f"stall: no steps for {faults.get('stall'):g} s")
+                time.sleep(faults.get("stall"))
             batch = trainer.put_batch(self.data.next(seq_len))
         if self.options.fused:
             with step.phase("compute"):
@@ -173,8 +177,8 @@ class Workload:
             with step.phase("compute"):
                 started = time.perf_counter()
                 grads, _ = trainer.grads(state, batch)
-                if "straggler" in self.options.faults:  # this worker is slower than its peers
-                    time.sleep((self.options.faults.get("straggler") - 1) * (time.perf_counter() - started))
+                if "straggler" in faults and n >= self._straggle_from:  # this worker falls behind its peers
+                    time.sleep((faults.get("straggler") - 1) * (time.perf_counter() - started))
             with step.phase("sync"):
                 grads = trainer.all_reduce(grads)
             with step.phase("compute"):

@@ -82,7 +82,10 @@ class Aggregator:
     # --- one handler per event type ----------------------------------------------------
     def _step(self, e: events.Step) -> None:
         m = self.metrics
-        m[catalog.STEP_DURATION].labels(e.workload).observe(e.duration_s)
+        # A kept step's trace id rides on its bucket as an exemplar (served under OpenMetrics), so a
+        # slow bucket on a dashboard links to the trace of a step that landed in it.
+        exemplar = {"trace_id": e.trace_id} if e.trace_id else None
+        m[catalog.STEP_DURATION].labels(e.workload).observe(e.duration_s, exemplar)
         phases = m[catalog.STEP_PHASE_DURATION]
         for phase, seconds in e.phase_seconds():
             phases.labels(e.workload, phase).observe(seconds)

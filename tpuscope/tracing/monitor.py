@@ -37,6 +37,7 @@ from tpuscope.tracing.sinks import Sink, SocketSink
 
 if TYPE_CHECKING:
     from tpuscope.tracing.jax_compiles import JaxCompileWatcher
+    from tpuscope.tracing.spans import SpanRecorder, TrainingSampler
 
 log = logging.getLogger("tpuscope")
 
@@ -54,7 +55,11 @@ class Monitor:
 
     ``socket`` defaults to ``$TPUSCOPE_SOCKET``, else the sidecar's default path.
     ``sinks`` are further receivers of every event besides the sidecar (a run
-    summary; OpenTelemetry spans).
+    summary, a record file).
+
+    Spans (``traces``): 1 in ``sample_every`` steps, every step slower than the
+    recent p99 times ``slow_factor``, every compile and checkpoint; exported as
+    the ``OTEL_*`` variables say, else to ``spans_file`` (see tracing/otel.py).
     """
 
     def __init__(
@@ -63,6 +68,10 @@ class Monitor:
         *,
         socket: str | os.PathLike[str] | None = None,
         sinks: Sequence[Sink] = (),
+        traces: bool = True,
+        spans_file: str | os.PathLike[str] | None = None,
+        sample_every: int = 100,
+        slow_factor: float = 1.2,
     ) -> None:
         self.workload = sanitize_label(workload)
         if self.workload != workload:
@@ -72,6 +81,11 @@ class Monitor:
         self._warned_phases: set[str] = set()
         self._jax_watcher: JaxCompileWatcher | None = None
         self._closed = False
+        self.spans: SpanRecorder | None = None
+        if traces:
+            from tpuscope.tracing.spans import TrainingSampler
+
+            self.spans = _span_recorder(self.workload, spans_file, TrainingSampler(sample_every, slow_factor))
         self.lifecycle("start")
         atexit.register(self.close)
 
@@ -168,7 +182,12 @@ class Monitor:
         return self._sidecar.dropped
 
     def emit(self, event: events.AnyEvent) -> None:
-        """Hand a finished event to every sink. Never raises."""
+        """Hand a finished event to every sink (and the rare ones to the span recorder). Never raises."""
+        if self.spans is not None and not isinstance(event, events.Step):
+            try:
+                self.spans.event(event)
+            except Exception:
+                log.debug("tpuscope: span for %r failed", event, exc_info=True)
         for sink in self.sinks:
             try:
                 sink.emit(event)
@@ -204,6 +223,8 @@ class Monitor:
                 sink.close()
             except Exception:
                 log.debug("tpuscope sink %r failed to close", sink, exc_info=True)
+        if self.spans is not None:
+            self.spans.close()
 
     def __enter__(self) -> Monitor:
         return self
@@ -223,6 +244,23 @@ class Monitor:
         return "other"
 
 
+def _span_recorder(
+    workload: str, spans_file: str | os.PathLike[str] | None, sampler: TrainingSampler
+) -> SpanRecorder | None:
+    """The span recorder the environment asks for; None when spans are off or OpenTelemetry fails to start."""
+    try:
+        from tpuscope.tracing import otel
+        from tpuscope.tracing.spans import SpanRecorder
+
+        exporter = otel.exporter(spans_file)
+        if exporter is None:
+            return None
+        return SpanRecorder(workload, otel.tracer_provider(workload, exporter), sampler)
+    except Exception as e:  # a bad OTEL_* setting must not stop the job: it runs without spans
+        log.warning("tpuscope: spans are off: %s", e)
+        return None
+
+
 class StepTimer:
     """Times one step and its phases; sends one event when the step ends.
 
@@ -230,13 +268,15 @@ class StepTimer:
     add up to its duration.
     """
 
-    __slots__ = ("_monitor", "_phases", "_start", "flops", "number")
+    __slots__ = ("_intervals", "_monitor", "_phases", "_start", "flops", "number")
 
     def __init__(self, monitor: Monitor, number: int) -> None:
         self._monitor = monitor
         self.number = number
         self.flops = 0.0  # set it to the step's model FLOPs for MFU
         self._phases = {"compute": 0.0, "sync": 0.0, "io": 0.0, "other": 0.0}
+        # (phase, start, end) of each phase, for the step's spans should it be kept; None without spans.
+        self._intervals: list[tuple[str, float, float]] | None = [] if monitor.spans is not None else None
         self._start = 0.0
 
     def __enter__(self) -> StepTimer:
@@ -245,10 +285,17 @@ class StepTimer:
 
     def phase(self, name: str) -> PhaseTimer:
         """Time a phase of this step: ``"io"``, ``"compute"`` or ``"sync"``. Phases must not nest."""
-        return PhaseTimer(self._phases, self._monitor._phase_name(name))
+        return PhaseTimer(self._phases, self._monitor._phase_name(name), self._intervals)
 
     def __exit__(self, *_: object) -> None:
-        duration = time.perf_counter() - self._start
+        end = time.perf_counter()
+        duration = end - self._start
+        trace_id = ""
+        if self._intervals is not None and (spans := self._monitor.spans) is not None:
+            try:
+                trace_id = spans.step(self.number, self._start, end, self._intervals)
+            except Exception:  # telemetry must never fail the step
+                log.debug("tpuscope: step span failed", exc_info=True)
         p = self._phases
         # "other" is whatever the measured phases leave; an explicit or unknown phase is part of it.
         other = max(0.0, duration - p["compute"] - p["sync"] - p["io"])
@@ -261,15 +308,19 @@ class StepTimer:
             io_s=p["io"],
             other_s=other,
             flops=self.flops,
+            trace_id=trace_id,
         )
 
 
 class PhaseTimer:
-    __slots__ = ("_name", "_phases", "_start")
+    __slots__ = ("_intervals", "_name", "_phases", "_start")
 
-    def __init__(self, phases: dict[str, float], name: str) -> None:
+    def __init__(
+        self, phases: dict[str, float], name: str, intervals: list[tuple[str, float, float]] | None = None
+    ) -> None:
         self._phases = phases
         self._name = name
+        self._intervals = intervals
         self._start = 0.0
 
     def __enter__(self) -> PhaseTimer:
@@ -277,7 +328,10 @@ class PhaseTimer:
         return self
 
     def __exit__(self, *_: object) -> None:
-        self._phases[self._name] += time.perf_counter() - self._start
+        end = time.perf_counter()
+        self._phases[self._name] += end - self._start
+        if self._intervals is not None:
+            self._intervals.append((self._name, self._start, end))
 
 
 class CheckpointTimer:

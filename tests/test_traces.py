@@ -1,0 +1,155 @@
+"""Spans from the job: what is kept, how it nests, where it goes, and the exemplar that links metrics to it."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from otlp import Receiver, attributes
+
+from tpuscope import catalog
+from tpuscope.exporter.child import SidecarProcess
+from tpuscope.tracing import Monitor
+from tpuscope.tracing.spans import TrainingSampler
+
+
+@pytest.fixture
+def receiver(monkeypatch: pytest.MonkeyPatch) -> Iterator[Receiver]:
+    """An OTLP/gRPC receiver, and the standard variables pointing the job at it."""
+    receiver = Receiver()
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.endpoint)
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc")
+    yield receiver
+    receiver.stop()
+
+
+def run_steps(mon: Monitor, n: int, slow: set[int] = frozenset(), seconds: float = 0.002) -> None:  # type: ignore[assignment]
+    for step in range(n):
+        with mon.step(step) as s:
+            with s.phase("io"):
+                time.sleep(seconds / 4)
+            with s.phase("compute"):
+                time.sleep(seconds / 2 + (0.05 if step in slow else 0))
+            with s.phase("sync"):
+                time.sleep(seconds / 4)
+
+
+def test_kept_steps_nest_their_phases_and_carry_the_resource(
+    receiver: Receiver, monkeypatch: pytest.MonkeyPatch, short_tmp: Path
+) -> None:
+    monkeypatch.setenv("K8S_POD_NAME", "trainer-0")
+    monkeypatch.setenv("POD_NAMESPACE", "ml")
+    with Monitor("traced", socket=short_tmp / "absent.sock", sample_every=10) as mon:
+        run_steps(mon, 150, slow={133})
+        with mon.checkpoint("save", step=149) as ckpt:
+            ckpt.bytes = 1234
+        mon.compile_cache(hit=False)
+        for stage in ("tracing", "lowering", "backend"):
+            mon.compile(stage, 0.01, function="train_step")
+    spans = list(receiver.spans())
+    resource = spans[0][0]
+    assert resource["service.name"] == "traced"
+    assert resource["k8s.pod.name"] == "trainer-0" and resource["k8s.namespace.name"] == "ml"
+    assert resource["host.name"]
+    steps = {attributes(s)["tpuscope.step"]: s for _, s in spans if s.name == "step"}
+    assert set(steps) >= {*range(0, 150, 10), 133}, "1 in 10, and the slow one"
+    # Others only when the machine's jitter made them slow too (sleeps of 2 ms are not exact).
+    assert len(steps) < 16 + 15, sorted(steps)
+    step = steps[133]
+    assert attributes(step)["tpuscope.workload"] == "traced" and "tpuscope.worker" in attributes(step)
+    children = [s for _, s in spans if s.parent_span_id == step.span_id]
+    assert sorted(c.name for c in children) == ["compute", "io", "sync"]
+    for child in children:
+        assert child.trace_id == step.trace_id
+        assert step.start_time_unix_nano <= child.start_time_unix_nano <= child.end_time_unix_nano
+        assert child.end_time_unix_nano <= step.end_time_unix_nano
+    compute = next(c for c in children if c.name == "compute")
+    assert compute.end_time_unix_nano - compute.start_time_unix_nano > 50e6
+    checkpoint = next(s for _, s in spans if s.name == "checkpoint.save")
+    assert attributes(checkpoint)["tpuscope.checkpoint.bytes"] == 1234
+    compile_span = next(s for _, s in spans if s.name == "compile")
+    compile_attributes = attributes(compile_span)
+    assert compile_attributes["tpuscope.compile.function"] == "train_step"
+    assert compile_attributes["tpuscope.compile.cache_hit"] is False
+    assert compile_attributes["tpuscope.compile.backend_seconds"] == pytest.approx(0.01)
+    lifecycle = [e.name for _, s in spans if s.name == "lifecycle" for e in s.events]
+    assert lifecycle == ["start", "stop"]
+
+
+def test_the_sampler_keeps_the_slow_steps_a_straggler_and_a_stall_cause(receiver: Receiver, short_tmp: Path) -> None:
+    """The JAX workload with its own faults: the straggler's onset (steps 40 on) and the stalled step (60)."""
+    env = {"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint, "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"}
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tpuscope",
+            "bench",
+            "--steps=120",
+            "--checkpoint-every=0",
+            "--inject=straggler=3",
+            "--inject=stall=1",
+            f"--socket={short_tmp / 'b.sock'}",
+            "--listen=127.0.0.1:0",
+            f"--run-dir={short_tmp / 'run'}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env={**__import__("os").environ, **env},
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    kept = {attributes(s)["tpuscope.step"] for _, s in receiver.spans() if s.name == "step"}
+    assert 60 in kept, f"the stalled step was not kept: {sorted(kept)}"
+    assert {40, 41, 42} <= kept, f"the straggler's first slow steps were not kept: {sorted(kept)}"
+    assert {0, 100} <= kept and len(kept) < 90, sorted(kept)
+    assert any(s.name == "compile" for _, s in receiver.spans())
+
+
+def test_a_kept_steps_trace_id_is_an_exemplar_on_metrics(receiver: Receiver, sidecar: SidecarProcess) -> None:
+    with Monitor("exemplary", socket=sidecar.socket, sample_every=5) as mon:
+        run_steps(mon, 20)
+    time.sleep(0.3)
+    request = urllib.request.Request(sidecar.url, headers={"Accept": "application/openmetrics-text; version=1.0.0"})
+    with urllib.request.urlopen(request) as response:
+        text = response.read().decode()
+    bucket = re.escape(catalog.STEP_DURATION.series("bucket"))
+    exemplars = re.findall(bucket + r'\{[^}]*workload="exemplary"[^}]*\} \S+ # \{trace_id="([0-9a-f]{32})"\}', text)
+    assert exemplars, text
+    traces = {s.trace_id.hex() for _, s in receiver.spans() if s.name == "step"}
+    assert set(exemplars) <= traces
+
+
+def test_without_an_endpoint_spans_go_to_a_json_lines_file(monkeypatch: pytest.MonkeyPatch, short_tmp: Path) -> None:
+    for name in ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_TRACES_EXPORTER"):
+        monkeypatch.delenv(name, raising=False)
+    path = short_tmp / "spans.jsonl"
+    with Monitor("local", socket=short_tmp / "absent.sock", spans_file=path, sample_every=4) as mon:
+        run_steps(mon, 8)
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    steps = [r for r in records if r["name"] == "step"]
+    assert [r["attributes"]["tpuscope.step"] for r in steps] == [0, 4]
+    children = [r for r in records if r["parentSpanId"] == steps[0]["spanId"]]
+    assert sorted(r["name"] for r in children) == ["compute", "io", "sync"]
+    assert steps[0]["resource"]["service.name"] == "local" and len(steps[0]["traceId"]) == 32
+
+
+def test_spans_can_be_turned_off(monkeypatch: pytest.MonkeyPatch, short_tmp: Path) -> None:
+    monkeypatch.setenv("OTEL_TRACES_EXPORTER", "none")
+    with Monitor("dark", socket=short_tmp / "absent.sock") as mon:
+        assert mon.spans is None
+        run_steps(mon, 3)
+
+
+def test_sampler_keeps_one_in_n_and_what_is_slower_than_the_recent_p99() -> None:
+    sampler = TrainingSampler(every=50, slow_factor=1.2)
+    kept = [n for n in range(200) if sampler.keep(n, 0.5 if n in (120, 121) else 0.1 + (n % 7) * 0.001)]
+    assert kept == [0, 50, 100, 120, 121, 150]
+    assert sampler.threshold == pytest.approx(0.106 * 1.2)

@@ -1,0 +1,117 @@
+"""OpenTelemetry wiring for the job's spans: resource, exporter and provider, from the standard variables.
+
+- Export: ``OTEL_EXPORTER_OTLP_ENDPOINT`` or ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` set means OTLP, over
+  gRPC or HTTP as ``OTEL_EXPORTER_OTLP[_TRACES]_PROTOCOL`` says (``http/protobuf`` by default, as the
+  specification has it); the exporters read the rest (headers, timeout, certificates) themselves.
+  ``OTEL_TRACES_EXPORTER=none`` or ``OTEL_SDK_DISABLED=true`` turns spans off.
+- With no endpoint: spans are written as JSON lines (one OTLP-shaped span per line) to a file, by
+  default ``tpuscope-spans.jsonl`` in the working directory (``$TPUSCOPE_SPANS_FILE`` to move it), so
+  traces exist without any collector.
+- Resource: ``service.name`` is the workload (unless ``OTEL_SERVICE_NAME`` says otherwise), ``host.name``,
+  and ``k8s.*`` from the variables a pod spec sets through the downward API; ``OTEL_RESOURCE_ATTRIBUTES``
+  is honoured.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import IO, Any
+
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+from opentelemetry.sdk.trace.sampling import ALWAYS_ON
+
+DEFAULT_SPANS_FILE = "tpuscope-spans.jsonl"
+
+# Resource attribute -> the environment variables (set through the downward API) it is read from.
+K8S_VARIABLES = {
+    "k8s.pod.name": ("K8S_POD_NAME", "POD_NAME"),
+    "k8s.pod.uid": ("K8S_POD_UID", "POD_UID"),
+    "k8s.namespace.name": ("K8S_NAMESPACE_NAME", "POD_NAMESPACE"),
+    "k8s.node.name": ("K8S_NODE_NAME", "NODE_NAME"),
+    "k8s.container.name": ("K8S_CONTAINER_NAME", "CONTAINER_NAME"),
+}
+
+
+def resource(workload: str, environ: Mapping[str, str] = os.environ) -> Resource:
+    attributes: dict[str, str] = {"host.name": socket.gethostname()}
+    if not environ.get("OTEL_SERVICE_NAME"):
+        attributes["service.name"] = workload
+    for attribute, names in K8S_VARIABLES.items():
+        if value := next((environ[n] for n in names if environ.get(n)), None):
+            attributes[attribute] = value
+    # create() adds the SDK's own attributes and OTEL_RESOURCE_ATTRIBUTES / OTEL_SERVICE_NAME.
+    return Resource.create(attributes)
+
+
+def exporter(
+    spans_file: str | os.PathLike[str] | None = None, environ: Mapping[str, str] = os.environ
+) -> SpanExporter | None:
+    """The exporter the environment asks for; None when spans are turned off."""
+    if environ.get("OTEL_SDK_DISABLED", "").lower() == "true":
+        return None
+    if environ.get("OTEL_TRACES_EXPORTER", "otlp").lower() == "none":
+        return None
+    if environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"):
+        protocol = environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL") or environ.get(
+            "OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf"
+        )
+        if protocol == "grpc":
+            from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcExporter
+
+            return GrpcExporter()
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpExporter
+
+        return HttpExporter()
+    path = Path(spans_file or environ.get("TPUSCOPE_SPANS_FILE") or DEFAULT_SPANS_FILE)
+    return JsonLinesExporter(path)
+
+
+def tracer_provider(workload: str, span_exporter: SpanExporter) -> TracerProvider:
+    # Always on: tpuscope decides which steps to keep (see spans.py) before it creates any span.
+    provider = TracerProvider(resource=resource(workload), sampler=ALWAYS_ON)
+    # Batched on a thread of its own: ending a span only queues it; a full queue drops, never blocks.
+    provider.add_span_processor(BatchSpanProcessor(span_exporter, max_queue_size=4096, schedule_delay_millis=1000))
+    return provider
+
+
+class JsonLinesExporter(SpanExporter):
+    """Spans as JSON lines, in OTLP's JSON field names, appended to a file: traces with no collector."""
+
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = path
+        self._file: IO[str] = open(path, "a")  # noqa: SIM115 - held open for the exporter's life
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        for span in spans:
+            self._file.write(json.dumps(span_record(span), separators=(",", ":")) + "\n")
+        self._file.flush()
+        return SpanExportResult.SUCCESS
+
+    def shutdown(self) -> None:
+        self._file.close()
+
+
+def span_record(span: ReadableSpan) -> dict[str, Any]:
+    context = span.get_span_context()
+    assert context is not None
+    return {
+        "traceId": f"{context.trace_id:032x}",
+        "spanId": f"{context.span_id:016x}",
+        "parentSpanId": f"{span.parent.span_id:016x}" if span.parent else "",
+        "name": span.name,
+        "startTimeUnixNano": span.start_time,
+        "endTimeUnixNano": span.end_time,
+        "attributes": dict(span.attributes or {}),
+        "events": [
+            {"name": e.name, "timeUnixNano": e.timestamp, "attributes": dict(e.attributes or {})} for e in span.events
+        ],
+        "status": span.status.status_code.name,
+        "resource": dict(span.resource.attributes),
+    }

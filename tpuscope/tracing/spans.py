@@ -1,0 +1,142 @@
+"""Spans for the steps worth looking at, decided when each step ends.
+
+Creating a span costs tens of microseconds; a step loop runs thousands of
+steps an hour, most of them alike. So nothing is created while a step runs:
+the step only keeps its phase timings (a tuple per phase). When it ends,
+:class:`TrainingSampler` decides whether to keep it: 1 in ``every`` steps,
+and every step slower than the recent p99 times ``slow_factor``. Only a kept
+step becomes spans (a ``step`` span with its ``io``, ``compute`` and ``sync``
+children), back-dated to when things happened. Compiles and checkpoints are
+rare and always kept; lifecycle changes become span events.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Sequence
+
+from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.trace import Status, StatusCode
+
+from tpuscope import events
+
+log = logging.getLogger("tpuscope")
+
+ATTRIBUTE_PREFIX = "tpuscope."
+
+
+class TrainingSampler:
+    """Keep 1 in ``every`` steps, and every step slower than the recent p99 times ``slow_factor``."""
+
+    WINDOW = 1024  # recent step times the p99 is taken over
+    REFRESH = 64  # steps between two p99 computations (sorting 1024 floats costs ~50 us; 1 us a step)
+    WARMUP = 32  # steps before slowness is judged at all
+
+    def __init__(self, every: int = 100, slow_factor: float = 1.2) -> None:
+        self.every = max(1, every)
+        self.slow_factor = slow_factor
+        self._recent: list[float] = []
+        self._next = 0
+        self._seen = 0
+        self.threshold = float("inf")
+
+    def keep(self, step: int, seconds: float) -> bool:
+        slow = seconds > self.threshold
+        if len(self._recent) < self.WINDOW:
+            self._recent.append(seconds)
+        else:
+            self._recent[self._next] = seconds
+            self._next = (self._next + 1) % self.WINDOW
+        self._seen += 1
+        if self._seen >= self.WARMUP and (self._seen - self.WARMUP) % self.REFRESH == 0:
+            ordered = sorted(self._recent)
+            self.threshold = ordered[int(0.99 * (len(ordered) - 1))] * self.slow_factor
+        return slow or step % self.every == 0
+
+
+class SpanRecorder:
+    """Turns the Monitor's finished work into spans on one TracerProvider."""
+
+    def __init__(self, workload: str, provider: TracerProvider, sampler: TrainingSampler) -> None:
+        self.provider = provider
+        self.sampler = sampler
+        self._tracer = provider.get_tracer("tpuscope")
+        self._workload = workload
+        self._worker = os.environ.get("TPU_WORKER_ID") or os.environ.get("JAX_PROCESS_ID") or "0"
+        # perf_counter times (what the Monitor measures with) to Unix nanoseconds.
+        self._epoch_offset = time.time() - time.perf_counter()
+        self._compile: dict[str, dict[str, float]] = {}  # function -> stage seconds, until its backend stage
+        self._cache_hit: bool | None = None
+        self.kept = 0
+
+    def _ns(self, perf_seconds: float) -> int:
+        return int((perf_seconds + self._epoch_offset) * 1e9)
+
+    def step(self, number: int, start: float, end: float, phases: Sequence[tuple[str, float, float]]) -> str:
+        """The trace id of the step's spans, or "" when the sampler leaves it out."""
+        if not self.sampler.keep(number, end - start):
+            return ""
+        attributes: dict[str, str | int] = {
+            "tpuscope.step": number,
+            "tpuscope.workload": self._workload,
+            "tpuscope.worker": self._worker,
+        }
+        span = self._tracer.start_span("step", attributes=attributes, start_time=self._ns(start))
+        parent = trace.set_span_in_context(span)
+        for name, phase_start, phase_end in phases:
+            if name != "other":
+                child = self._tracer.start_span(name, context=parent, start_time=self._ns(phase_start))
+                child.end(end_time=self._ns(phase_end))
+        span.end(end_time=self._ns(end))
+        self.kept += 1
+        return f"{span.get_span_context().trace_id:032x}"
+
+    def event(self, event: events.AnyEvent) -> None:
+        """Spans for the rare events: compiles, checkpoints, lifecycle changes."""
+        if isinstance(event, events.Compile):
+            self._compile_stage(event)
+        elif isinstance(event, events.CompileCache):
+            self._cache_hit = event.hit
+        elif isinstance(event, events.Checkpoint):
+            self._ended(
+                f"checkpoint.{event.operation}",
+                event.duration_s,
+                {"tpuscope.step": event.step, "tpuscope.checkpoint.bytes": event.bytes},
+                ok=event.ok,
+            )
+        elif isinstance(event, events.Lifecycle):
+            span = self._tracer.start_span("lifecycle", attributes={"tpuscope.workload": self._workload})
+            span.add_event(event.state, {"tpuscope.reason": event.reason})
+            span.end()
+
+    def _compile_stage(self, event: events.Compile) -> None:
+        stages = self._compile.setdefault(event.function, {})
+        stages[event.stage] = stages.get(event.stage, 0.0) + event.duration_s
+        if event.stage != "backend":  # the last stage: the compile is over
+            return
+        del self._compile[event.function]
+        attributes: dict[str, str | float | bool] = {"tpuscope.compile.function": event.function}
+        attributes.update({f"tpuscope.compile.{stage}_seconds": s for stage, s in stages.items()})
+        if self._cache_hit is not None:
+            attributes["tpuscope.compile.cache_hit"] = self._cache_hit
+            self._cache_hit = None
+        self._ended("compile", sum(stages.values()), attributes, ok=True)
+
+    def _ended(self, name: str, seconds: float, attributes: dict[str, str | float | bool | int], ok: bool) -> None:
+        """A span for something that just ended after ``seconds``."""
+        end = time.time_ns()
+        span = self._tracer.start_span(
+            name, attributes={"tpuscope.workload": self._workload, **attributes}, start_time=end - int(seconds * 1e9)
+        )
+        if not ok:
+            span.set_status(Status(StatusCode.ERROR))
+        span.end(end_time=end)
+
+    def close(self) -> None:
+        try:
+            self.provider.shutdown()  # flushes what is queued (bounded by the exporter's timeout)
+        except Exception:
+            log.debug("tpuscope: span export failed at close", exc_info=True)
