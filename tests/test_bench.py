@@ -69,3 +69,15 @@ def test_scrape_latency_benchmark_runs_every_collector_and_prints_percentiles() 
     assert re.search(r"p50 [\d.]+ ms, p90 [\d.]+ ms, p99 [\d.]+ ms", out.stdout)
     samples = int(re.search(r"exposition: (\d+) samples", out.stdout)[1])  # type: ignore[index]
     assert samples > 500  # 8 devices' runtime metrics and histograms, 8 GPUs, the host, the job
+
+
+def test_trace_cost_benchmark_prints_both_paths() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "tpuscope", "bench", "--trace-cost", "2000"], capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr
+    assert re.search(r"unsampled path: \+-?[\d.]+ us per step", out.stdout), out.stdout
+    kept = re.search(r"sampled path: \+[\d.]+ us per step \((\d+) steps kept, (\d+) spans written", out.stdout)
+    # Every step of every round kept on the sampled path, and all its spans (the step and 3 phases) written.
+    assert kept and int(kept[1]) == 2000 * 5 and int(kept[2]) == 2000 * 5 * 4, out.stdout
+    assert "dropping" not in out.stderr, out.stderr

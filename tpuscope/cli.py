@@ -72,6 +72,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="benchmark: time this many /metrics scrapes of a sidecar with every collector on (8 fake TPU devices, "
         "8 fake GPUs, the host) while a job sends events",
     )
+    bench.add_argument(
+        "--trace-cost",
+        type=int,
+        metavar="STEPS",
+        help="benchmark: the per-step cost of spans, unsampled and sampled, over this many empty steps per round",
+    )
     jax_flags = bench.add_argument_group("the JAX workload")
     jax_flags.add_argument(
         "--overhead",

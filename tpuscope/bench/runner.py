@@ -43,6 +43,10 @@ def run_bench(args: argparse.Namespace) -> int:
         from tpuscope.bench import scrape_latency
 
         return scrape_latency.run(args.scrape_latency)
+    if args.trace_cost:
+        from tpuscope.bench import trace_cost
+
+        return trace_cost.run(args.trace_cost)
     try:
         faults = Faults.parse(args.inject)
     except FaultError as e:

@@ -76,7 +76,14 @@ def tracer_provider(workload: str, span_exporter: SpanExporter) -> TracerProvide
     # Always on: tpuscope decides which steps to keep (see spans.py) before it creates any span.
     provider = TracerProvider(resource=resource(workload), sampler=ALWAYS_ON)
     # Batched on a thread of its own: ending a span only queues it; a full queue drops, never blocks.
-    provider.add_span_processor(BatchSpanProcessor(span_exporter, max_queue_size=4096, schedule_delay_millis=1000))
+    # Our defaults (a larger queue, a shorter delay than the SDK's) give way to the standard OTEL_BSP_* variables.
+    provider.add_span_processor(
+        BatchSpanProcessor(
+            span_exporter,
+            max_queue_size=None if "OTEL_BSP_MAX_QUEUE_SIZE" in os.environ else 4096,
+            schedule_delay_millis=None if "OTEL_BSP_SCHEDULE_DELAY" in os.environ else 1000,
+        )
+    )
     return provider
 
 
