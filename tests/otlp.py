@@ -1,10 +1,12 @@
-"""An OTLP/gRPC receiver for the tests: the collector's trace and metrics services on 127.0.0.1, recording."""
+"""OTLP receivers for the tests, recording what they get on 127.0.0.1: the collector's trace and metrics
+services over gRPC, and its metrics endpoint over HTTP (``POST /v1/metrics``, protobuf)."""
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
 from concurrent import futures
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import grpc
@@ -13,14 +15,14 @@ from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_serv
 
 
 class Receiver(trace_service_pb2_grpc.TraceServiceServicer, metrics_service_pb2_grpc.MetricsServiceServicer):  # type: ignore[misc]
-    def __init__(self) -> None:
+    def __init__(self, port: int = 0) -> None:
         self.trace_requests: list[Any] = []
         self.metrics_requests: list[Any] = []
         self.lock = threading.Lock()
         self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
         trace_service_pb2_grpc.add_TraceServiceServicer_to_server(self, self._server)
         metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server(self, self._server)
-        self.port = self._server.add_insecure_port("127.0.0.1:0")
+        self.port = self._server.add_insecure_port(f"127.0.0.1:{port}")
         self._server.start()
 
     @property
@@ -48,6 +50,67 @@ class Receiver(trace_service_pb2_grpc.TraceServiceServicer, metrics_service_pb2_
 
     def stop(self) -> None:
         self._server.stop(None)
+
+
+class HttpReceiver:
+    """OTLP/HTTP metrics: each POST to /v1/metrics decoded as an ExportMetricsServiceRequest."""
+
+    def __init__(self) -> None:
+        self.metrics_requests: list[Any] = []
+        self.paths: list[str] = []
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                request = metrics_service_pb2.ExportMetricsServiceRequest.FromString(body)
+                receiver.paths.append(self.path)
+                receiver.metrics_requests.append(request)
+                reply = metrics_service_pb2.ExportMetricsServiceResponse().SerializeToString()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/x-protobuf")
+                self.send_header("Content-Length", str(len(reply)))
+                self.end_headers()
+                self.wfile.write(reply)
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+        self.endpoint = f"http://127.0.0.1:{self._server.server_port}"
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+
+def as_prometheus(request: Any) -> tuple[dict[str, str], dict[tuple[str, frozenset[tuple[str, str]]], float]]:
+    """One metrics request as (resource attributes, Prometheus samples): what a collector would write back.
+
+    Histograms become cumulative ``_bucket`` series with an ``le`` (as a float's repr, +Inf last), ``_sum``
+    and ``_count``; sums and gauges one sample each under the metric's name.
+    """
+    samples: dict[tuple[str, frozenset[tuple[str, str]]], float] = {}
+    (resource_metrics,) = request.resource_metrics
+    resource = {a.key: value(a.value) for a in resource_metrics.resource.attributes}
+    for scope in resource_metrics.scope_metrics:
+        for metric in scope.metrics:
+            kind = metric.WhichOneof("data")
+            for point in getattr(metric, kind).data_points:
+                labels = {a.key: str(value(a.value)) for a in point.attributes}
+                if kind == "histogram":
+                    cumulative = 0
+                    for bound, count in zip([*point.explicit_bounds, float("inf")], point.bucket_counts, strict=True):
+                        cumulative += count
+                        key = frozenset({**labels, "le": repr(bound)}.items())
+                        samples[(metric.name + "_bucket", key)] = cumulative
+                    samples[(metric.name + "_sum", frozenset(labels.items()))] = point.sum
+                    samples[(metric.name + "_count", frozenset(labels.items()))] = point.count
+                else:
+                    number = point.as_double if point.WhichOneof("value") == "as_double" else point.as_int
+                    samples[(metric.name, frozenset(labels.items()))] = number
+    return resource, samples
 
 
 def value(any_value: Any) -> Any:

@@ -510,6 +510,13 @@ COLLECTOR_ERRORS = _metric(
     Label.REASON,
     group=HEALTH_GROUP,
 )
+OTLP_PUSHES = _metric(
+    "otlp_pushes_total",
+    Kind.COUNTER,
+    "Pushes of these metrics to an OpenTelemetry collector (--otlp-metrics on), by result: ok, error.",
+    Label.RESULT,
+    group=HEALTH_GROUP,
+)
 BUILD_INFO = _metric(
     "build_info",
     Kind.GAUGE,

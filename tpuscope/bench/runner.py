@@ -82,6 +82,10 @@ def run_bench(args: argparse.Namespace) -> int:
         finally:
             print("\n".join(["", "Run summary (measured in the job):", *("  " + line for line in summary.lines())]))
             print(f"  events        {monitor.sent} sent to {socket}, {monitor.dropped} dropped")
+            if monitor.spans:
+                spans = monitor.spans
+                kept = f"1 in {spans.sampler.every} steps and the slow ones ({spans.kept} kept)"
+                print(f"  spans         {kept}, compiles, checkpoints -> {spans.destination}")
         if url:
             _print_snapshot(url, monitor.sent)
             if args.linger > 0:

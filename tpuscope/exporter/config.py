@@ -20,6 +20,7 @@ import yaml
 from tpuscope import events
 from tpuscope.exporter.collectors import COLLECTORS
 from tpuscope.exporter.collectors.libtpu import addresses_from_environment
+from tpuscope.exporter.otlp_push import interval_seconds
 
 DEFAULT_PORT = 9478
 T = TypeVar("T")
@@ -86,6 +87,13 @@ OPTIONS = (
         "Comma-separated HOST:PORT list of TPU runtime metrics services. Default: localhost and each port in "
         "TPU_RUNTIME_METRICS_PORTS, else localhost:8431.",
     ),
+    Option(
+        "otlp_metrics",
+        lambda: "off",
+        "on: also push these metrics over OTLP, for fleets whose OpenTelemetry collector gathers metrics "
+        "instead of Prometheus scraping. Where to and how often: the standard OTEL_EXPORTER_OTLP_* and "
+        "OTEL_METRIC_EXPORT_INTERVAL variables.",
+    ),
     Option("pid", lambda: "", "Comma-separated pids of the job's processes, for the host collector."),
     Option(
         "pid_file",
@@ -109,6 +117,7 @@ class ServeConfig:
     libtpu_addresses: tuple[str, ...] = ()
     pids: tuple[int, ...] = ()
     pid_file: Path | None = None
+    otlp_metrics_interval: float | None = None  # seconds between OTLP pushes; None: no pushing
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -153,6 +162,7 @@ def resolve(flags: argparse.Namespace, environ: Mapping[str, str] = os.environ) 
         libtpu_addresses=_parse(raw["libtpu_address"], _parse_list) or addresses_from_environment(environ),
         pids=_parse(raw["pid"], _parse_pids),
         pid_file=Path(raw["pid_file"][0]) if raw["pid_file"][0] else None,
+        otlp_metrics_interval=_otlp_interval(_parse(raw["otlp_metrics"], _parse_switch), environ),
     )
 
 
@@ -196,6 +206,23 @@ def _parse_intervals(value: str) -> dict[str, float]:
         for target in [name] if sep else list(COLLECTORS):
             intervals[target] = _parse_seconds(seconds)
     return intervals
+
+
+def _otlp_interval(on: bool, environ: Mapping[str, str]) -> float | None:
+    if not on:
+        return None
+    try:
+        return interval_seconds(environ)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+
+
+def _parse_switch(value: str) -> bool:
+    if value.lower() in ("on", "true", "1"):
+        return True
+    if value.lower() in ("off", "false", "0"):
+        return False
+    raise ValueError(f"expected on or off, got {value!r}")
 
 
 def _parse_pids(value: str) -> tuple[int, ...]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import signal
+import socket
 import sys
 import threading
 from types import FrameType
@@ -24,7 +25,9 @@ from tpuscope.exporter.config import ServeConfig
 from tpuscope.exporter.http import MetricsServer
 from tpuscope.exporter.ingest import IngestLoop, SocketError
 from tpuscope.exporter.metrics import register
+from tpuscope.exporter.otlp_push import OtlpPusher, metric_exporter
 from tpuscope.exporter.samples import SampleStore
+from tpuscope.tracing.otel import resource
 
 log = logging.getLogger("tpuscope.exporter")
 
@@ -70,16 +73,26 @@ def serve(config: ServeConfig) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     runners = collector_runners(config, ingest, store, metrics)
+    pusher = None
+    if config.otlp_metrics_interval:
+        instance = f"{socket.gethostname()}:{http.port}"  # as Prometheus' instance label would say
+        exporter = metric_exporter()
+        pusher = OtlpPusher(registry, resource("tpuscope", instance), exporter, config.otlp_metrics_interval, metrics)
+        log.info("pushing metrics over OTLP every %g s", config.otlp_metrics_interval)
     ingest.start()
     http.start()
     for runner in runners:
         runner.start()
+    if pusher:
+        pusher.start()
     # One line on stdout that people and tests can read: where to look, where to send.
     print(f"tpuscope serve: metrics at {http.url}, events at {config.socket}", flush=True)
     while not stop.wait(1.0):
         pass
     for runner in runners:
         runner.stop()
+    if pusher:
+        pusher.stop()
     http.stop()
     ingest.stop()
     log.info("stopped")

@@ -255,7 +255,7 @@ def _span_recorder(
         exporter = otel.exporter(spans_file)
         if exporter is None:
             return None
-        return SpanRecorder(workload, otel.tracer_provider(workload, exporter), sampler)
+        return SpanRecorder(workload, otel.tracer_provider(workload, exporter), sampler, otel.destination(exporter))
     except Exception as e:  # a bad OTEL_* setting must not stop the job: it runs without spans
         log.warning("tpuscope: spans are off: %s", e)
         return None

@@ -7,9 +7,9 @@
 - With no endpoint: spans are written as JSON lines (one OTLP-shaped span per line) to a file, by
   default ``tpuscope-spans.jsonl`` in the working directory (``$TPUSCOPE_SPANS_FILE`` to move it), so
   traces exist without any collector.
-- Resource: ``service.name`` is the workload (unless ``OTEL_SERVICE_NAME`` says otherwise), ``host.name``,
-  and ``k8s.*`` from the variables a pod spec sets through the downward API; ``OTEL_RESOURCE_ATTRIBUTES``
-  is honoured.
+- Resource: ``service.name`` is the workload (the sidecar's is ``tpuscope``), ``host.name``, and ``k8s.*``
+  from the variables a pod spec sets through the downward API; ``OTEL_SERVICE_NAME`` and
+  ``OTEL_RESOURCE_ATTRIBUTES`` win over all of these.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
-from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.resources import OTELResourceDetector, Resource
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 from opentelemetry.sdk.trace.sampling import ALWAYS_ON
@@ -38,15 +38,19 @@ K8S_VARIABLES = {
 }
 
 
-def resource(workload: str, environ: Mapping[str, str] = os.environ) -> Resource:
-    attributes: dict[str, str] = {"host.name": socket.gethostname()}
-    if not environ.get("OTEL_SERVICE_NAME"):
-        attributes["service.name"] = workload
+def resource(service: str, instance: str = "", environ: Mapping[str, str] = os.environ) -> Resource:
+    """Semantic-convention attributes; what OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES say wins over ours."""
+    attributes: dict[str, str] = {"host.name": socket.gethostname(), "service.name": service}
+    if instance:
+        attributes["service.instance.id"] = instance
     for attribute, names in K8S_VARIABLES.items():
         if value := next((environ[n] for n in names if environ.get(n)), None):
             attributes[attribute] = value
-    # create() adds the SDK's own attributes and OTEL_RESOURCE_ATTRIBUTES / OTEL_SERVICE_NAME.
-    return Resource.create(attributes)
+    configured = set(OTELResourceDetector().detect().attributes)
+    if environ.get("OTEL_SERVICE_NAME"):
+        configured.add("service.name")
+    # create() adds the SDK's own attributes and the configured ones, which ours would otherwise override.
+    return Resource.create({k: v for k, v in attributes.items() if k not in configured})
 
 
 def exporter(
@@ -58,10 +62,7 @@ def exporter(
     if environ.get("OTEL_TRACES_EXPORTER", "otlp").lower() == "none":
         return None
     if environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"):
-        protocol = environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL") or environ.get(
-            "OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf"
-        )
-        if protocol == "grpc":
+        if otlp_protocol("TRACES", environ) == "grpc":
             from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcExporter
 
             return GrpcExporter()
@@ -70,6 +71,21 @@ def exporter(
         return HttpExporter()
     path = Path(spans_file or environ.get("TPUSCOPE_SPANS_FILE") or DEFAULT_SPANS_FILE)
     return JsonLinesExporter(path)
+
+
+def destination(span_exporter: SpanExporter, environ: Mapping[str, str] = os.environ) -> str:
+    """Where ``span_exporter`` sends spans, in words."""
+    if isinstance(span_exporter, JsonLinesExporter):
+        return str(span_exporter.path)
+    endpoint = environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
+    return f"OTLP ({otlp_protocol('TRACES', environ)}) to {endpoint}"
+
+
+def otlp_protocol(signal: str, environ: Mapping[str, str] = os.environ) -> str:
+    """``grpc`` or ``http/protobuf`` (the specification's default) for TRACES or METRICS."""
+    return environ.get(f"OTEL_EXPORTER_OTLP_{signal}_PROTOCOL") or environ.get(
+        "OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf"
+    )
 
 
 def tracer_provider(workload: str, span_exporter: SpanExporter) -> TracerProvider:

@@ -60,8 +60,11 @@ class TrainingSampler:
 class SpanRecorder:
     """Turns the Monitor's finished work into spans on one TracerProvider."""
 
-    def __init__(self, workload: str, provider: TracerProvider, sampler: TrainingSampler) -> None:
+    def __init__(
+        self, workload: str, provider: TracerProvider, sampler: TrainingSampler, destination: str = ""
+    ) -> None:
         self.provider = provider
+        self.destination = destination  # where the spans go, in words (for people)
         self.sampler = sampler
         self._tracer = provider.get_tracer("tpuscope")
         self._workload = workload

@@ -1,0 +1,200 @@
+"""``--otlp-metrics on``: the sidecar pushes what /metrics serves to real OTLP receivers (gRPC and HTTP)."""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from conftest import wait_for
+from otlp import HttpReceiver, Receiver, as_prometheus
+
+from tpuscope import catalog
+from tpuscope.bench.fake_tpu import Chip, Distribution, FakeTpuRuntime, FakeTpuServer, default_megascale
+from tpuscope.exporter.child import SidecarProcess
+from tpuscope.exporter.scrape import Scrape
+from tpuscope.tracing import Monitor
+
+PUSHES = catalog.OTLP_PUSHES.name
+# Series that change between a scrape and the next push even when nothing happens.
+CHANGING = {PUSHES, catalog.COLLECTOR_DURATION.name}
+
+
+def push_env(protocol: str, **endpoint: str) -> dict[str, str]:
+    """The standard variables for a push every 200 ms; ``endpoint`` names the endpoint variable to set."""
+    return {
+        **endpoint,
+        "OTEL_EXPORTER_OTLP_METRICS_PROTOCOL": protocol,
+        "OTEL_METRIC_EXPORT_INTERVAL": "200",
+        "OTEL_EXPORTER_OTLP_METRICS_TIMEOUT": "1",
+        "OTEL_RESOURCE_ATTRIBUTES": "deployment.environment.name=test",
+    }
+
+
+def run_job(sidecar: SidecarProcess) -> None:
+    with Monitor("pushed", socket=sidecar.socket, traces=False) as mon:
+        for step in range(20):
+            with mon.step(step) as s:
+                with s.phase("io"):
+                    time.sleep(0.001)
+                with s.phase("compute"):
+                    time.sleep(0.002 if step != 7 else 0.03)
+        with mon.checkpoint("save", step=19) as ckpt:
+            ckpt.bytes = 4096
+        for stage in ("tracing", "lowering", "backend"):
+            mon.compile(stage, 0.02, function="train_step")
+
+
+def wait_until(condition: Callable[[], bool], timeout: float = 20.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return condition()
+
+
+def tpuscope_samples(scrape: Scrape) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    """The scrape's own series (not prometheus_client's process_*/python_*), with ``le`` as a float's repr."""
+    samples = {}
+    for s in scrape.samples:
+        if s.name.startswith(catalog.PREFIX) and not any(s.name.startswith(c) for c in CHANGING):
+            labels = {k: repr(float(v)) if k == "le" else v for k, v in s.labels.items()}
+            samples[(s.name, frozenset(labels.items()))] = s.value
+    return samples
+
+
+def the_push_after(receiver: Any) -> Any:
+    """The first request that began after the scrape (two pushes on: one may have straddled it)."""
+    count = len(receiver.metrics_requests)
+    assert wait_until(lambda: len(receiver.metrics_requests) >= count + 2), "no pushes arrived"
+    return receiver.metrics_requests[count + 1]
+
+
+def test_grpc_push_carries_exactly_what_is_scraped_including_sampled_histograms(short_tmp: Path) -> None:
+    receiver = Receiver()
+    chip = Chip(0, duty_cycle_percent=40.0, hlo_timing=Distribution([1, 4, 0, 2], scale=100.0, growth=2.0, mean=300.0))
+    with (
+        FakeTpuServer(FakeTpuRuntime([chip], default_megascale())) as tpu,
+        SidecarProcess(
+            short_tmp / "events.sock",
+            "127.0.0.1:0",
+            "--otlp-metrics",
+            "on",
+            "--collectors",
+            "libtpu",
+            "--collector-interval",
+            "0.2",
+            "--libtpu-address",
+            tpu.address,
+            env=push_env("grpc", OTEL_EXPORTER_OTLP_METRICS_ENDPOINT=receiver.endpoint),
+        ) as sidecar,
+    ):
+        run_job(sidecar)
+        scrape = wait_for(
+            sidecar.url,
+            lambda s: (
+                s.value(catalog.CHECKPOINT_BYTES.name) == 4096
+                and s.value(catalog.COMPILE_DURATION.series("count")) >= 3
+                and s.value(catalog.COLLECTOR_UP.name, collector="libtpu") == 1
+            ),
+        )
+        request = the_push_after(receiver)
+    receiver.stop()
+
+    resource, pushed = as_prometheus(request)
+    assert resource["service.name"] == "tpuscope"
+    assert resource["service.instance.id"].endswith(":" + sidecar.url.split(":")[-1].split("/")[0])
+    assert resource["deployment.environment.name"] == "test"  # OTEL_RESOURCE_ATTRIBUTES is honoured
+    expected = tpuscope_samples(scrape)
+    assert expected[(catalog.STEPS.name, frozenset({("workload", "pushed")}))] == 20
+    assert any(name == catalog.HLO_EXECUTION_DURATION.series("bucket") for name, _ in expected)  # sampled, too
+    missing = {k: v for k, v in expected.items() if k not in pushed}
+    assert not missing, f"scraped but not pushed: {sorted(missing)[:5]}"
+    different = {k: (v, pushed[k]) for k, v in expected.items() if pushed[k] != v}
+    assert not different, f"scraped vs pushed: {different}"
+
+    # OTLP's own types and units, which a collector maps back to the same Prometheus names.
+    metrics = {m.name: m for scope in request.resource_metrics[0].scope_metrics for m in scope.metrics}
+    steps = metrics[catalog.STEPS.name]
+    assert steps.sum.is_monotonic and steps.sum.aggregation_temporality == 2  # CUMULATIVE
+    duration = metrics[catalog.STEP_DURATION.name]
+    assert duration.unit == "s" and duration.histogram.aggregation_temporality == 2
+    assert list(duration.histogram.data_points[0].explicit_bounds) == list(catalog.STEP_DURATION.buckets)
+    assert metrics[catalog.CHECKPOINT_BYTES.name].unit == "By"
+    assert (
+        metrics[catalog.DUTY_CYCLE.name].unit == "1" and metrics[catalog.DUTY_CYCLE.name].WhichOneof("data") == "gauge"
+    )
+    # Cumulative points start when the sidecar did, before every point's time.
+    point = steps.sum.data_points[0]
+    assert 0 < point.start_time_unix_nano < point.time_unix_nano
+
+
+def test_http_push_uses_the_standard_path_and_counts_its_results(short_tmp: Path) -> None:
+    receiver = HttpReceiver()
+    with SidecarProcess(
+        short_tmp / "events.sock",
+        "127.0.0.1:0",
+        "--otlp-metrics",
+        "on",
+        "--collectors",
+        "none",
+        env=push_env("http/protobuf", OTEL_EXPORTER_OTLP_ENDPOINT=receiver.endpoint),
+    ) as sidecar:
+        run_job(sidecar)
+        scrape = wait_for(sidecar.url, lambda s: s.value(PUSHES, result="ok") >= 3)
+        sidecar.stop()
+    receiver.stop()
+    assert scrape.value(PUSHES, result="error") == 0
+    assert set(receiver.paths) == {"/v1/metrics"}  # the signal's path, appended to the base endpoint
+    # The push made at shutdown holds the whole job, whatever the interval had reached.
+    _, last = as_prometheus(receiver.metrics_requests[-1])
+    assert last[(catalog.STEPS.name, frozenset({("workload", "pushed")}))] == 20
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_an_absent_collector_is_counted_logged_once_and_retried_until_it_appears(short_tmp: Path) -> None:
+    port = free_port()
+    with SidecarProcess(
+        short_tmp / "events.sock",
+        "127.0.0.1:0",
+        "--otlp-metrics",
+        "on",
+        "--collectors",
+        "none",
+        env=push_env("grpc", OTEL_EXPORTER_OTLP_METRICS_ENDPOINT=f"http://127.0.0.1:{port}"),
+    ) as sidecar:
+        failing = wait_for(sidecar.url, lambda s: s.value(PUSHES, result="error") >= 2)
+        assert failing.value(PUSHES, result="error") >= 2 and failing.value(PUSHES, result="ok") == 0
+        receiver = Receiver(port)  # the collector comes up where the sidecar was told to look
+        try:
+            recovered = wait_for(sidecar.url, lambda s: s.value(PUSHES, result="ok") >= 1)
+            assert recovered.value(PUSHES, result="ok") >= 1
+            assert wait_until(lambda: len(receiver.metrics_requests) >= 1)
+        finally:
+            sidecar.stop()
+            receiver.stop()
+        log = sidecar.log()
+    assert log.count("OTLP metrics push failing") == 1, log  # one line per change of state, not per push
+    assert log.count("OTLP metrics push working") == 1, log
+
+
+def test_a_bad_export_interval_is_a_clear_error(short_tmp: Path) -> None:
+    try:
+        SidecarProcess(
+            short_tmp / "events.sock",
+            "127.0.0.1:0",
+            "--otlp-metrics",
+            "on",
+            env={"OTEL_METRIC_EXPORT_INTERVAL": "soon"},
+            timeout=10,
+        )
+    except RuntimeError as e:
+        assert "OTEL_METRIC_EXPORT_INTERVAL" in str(e) and "soon" in str(e)
+    else:
+        raise AssertionError("the sidecar started with OTEL_METRIC_EXPORT_INTERVAL=soon")
