@@ -9,6 +9,7 @@ import urllib.request
 from pathlib import Path
 
 from conftest import require, wait_for
+from otlp import Receiver
 
 from tpuscope import catalog
 from tpuscope.bench import synthetic
@@ -57,6 +58,8 @@ def test_metrics_pass_promtool_check_metrics_with_every_collector_on(short_tmp: 
     nvml = FakeNvmlState(short_tmp / "nvml.state", gpus=[FakeGpu(), FakeGpu()])
     nvml.xid(0, 79)
     nvml.write()
+    receiver = Receiver()  # for the OTLP push, whose health is in the catalogue too
+    otlp = {"OTEL_EXPORTER_OTLP_METRICS_ENDPOINT": receiver.endpoint, "OTEL_EXPORTER_OTLP_METRICS_PROTOCOL": "grpc"}
     with (
         FakeTpuServer(FakeTpuRuntime([Chip(d) for d in range(8)], default_megascale())) as runtime,
         SidecarProcess(
@@ -65,7 +68,8 @@ def test_metrics_pass_promtool_check_metrics_with_every_collector_on(short_tmp: 
             "--collectors=libtpu,nvml,host",
             f"--libtpu-address={runtime.address}",
             "--collector-interval=0.2",
-            env=environment(fake_nvml_lib, nvml),
+            "--otlp-metrics=on",
+            env={**environment(fake_nvml_lib, nvml), **otlp},
         ) as sidecar,
         Monitor("lint", socket=sidecar.socket) as mon,
     ):
@@ -80,6 +84,7 @@ def test_metrics_pass_promtool_check_metrics_with_every_collector_on(short_tmp: 
             assert scrape.value(catalog.COLLECTOR_UP.name, collector=collector) == 1, sidecar.log()
         with urllib.request.urlopen(sidecar.url) as r:
             exposition = r.read()
+    receiver.stop()
     for metric in catalog.CATALOG:
         assert f"\n{metric.name}".encode() in exposition, metric.name
     result = subprocess.run([promtool, "check", "metrics"], input=exposition, capture_output=True, timeout=30)
