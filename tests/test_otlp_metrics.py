@@ -33,6 +33,14 @@ def push_env(protocol: str, **endpoint: str) -> dict[str, str]:
     }
 
 
+def pushing_sidecar(tmp: Path, protocol: str, *flags: str, **endpoint: str) -> SidecarProcess:
+    """A sidecar pushing every 200 ms; ``flags`` default to no collectors."""
+    flags = flags or ("--collectors", "none")
+    return SidecarProcess(
+        tmp / "events.sock", "127.0.0.1:0", "--otlp-metrics", "on", *flags, env=push_env(protocol, **endpoint)
+    )
+
+
 def run_job(sidecar: SidecarProcess) -> None:
     with Monitor("pushed", socket=sidecar.socket, traces=False) as mon:
         for step in range(20):
@@ -76,18 +84,13 @@ def test_grpc_push_carries_exactly_what_is_scraped_including_sampled_histograms(
     chip = Chip(0, duty_cycle_percent=40.0, hlo_timing=Distribution([1, 4, 0, 2], scale=100.0, growth=2.0, mean=300.0))
     with (
         FakeTpuServer(FakeTpuRuntime([chip], default_megascale())) as tpu,
-        SidecarProcess(
-            short_tmp / "events.sock",
-            "127.0.0.1:0",
-            "--otlp-metrics",
-            "on",
-            "--collectors",
-            "libtpu",
-            "--collector-interval",
-            "0.2",
-            "--libtpu-address",
-            tpu.address,
-            env=push_env("grpc", OTEL_EXPORTER_OTLP_METRICS_ENDPOINT=receiver.endpoint),
+        pushing_sidecar(
+            short_tmp,
+            "grpc",
+            "--collectors=libtpu",
+            "--collector-interval=0.2",
+            f"--libtpu-address={tpu.address}",
+            OTEL_EXPORTER_OTLP_METRICS_ENDPOINT=receiver.endpoint,
         ) as sidecar,
     ):
         run_job(sidecar)
@@ -132,15 +135,7 @@ def test_grpc_push_carries_exactly_what_is_scraped_including_sampled_histograms(
 
 def test_http_push_uses_the_standard_path_and_counts_its_results(short_tmp: Path) -> None:
     receiver = HttpReceiver()
-    with SidecarProcess(
-        short_tmp / "events.sock",
-        "127.0.0.1:0",
-        "--otlp-metrics",
-        "on",
-        "--collectors",
-        "none",
-        env=push_env("http/protobuf", OTEL_EXPORTER_OTLP_ENDPOINT=receiver.endpoint),
-    ) as sidecar:
+    with pushing_sidecar(short_tmp, "http/protobuf", OTEL_EXPORTER_OTLP_ENDPOINT=receiver.endpoint) as sidecar:
         run_job(sidecar)
         scrape = wait_for(sidecar.url, lambda s: s.value(PUSHES, result="ok") >= 3)
         sidecar.stop()
@@ -160,15 +155,8 @@ def free_port() -> int:
 
 def test_an_absent_collector_is_counted_logged_once_and_retried_until_it_appears(short_tmp: Path) -> None:
     port = free_port()
-    with SidecarProcess(
-        short_tmp / "events.sock",
-        "127.0.0.1:0",
-        "--otlp-metrics",
-        "on",
-        "--collectors",
-        "none",
-        env=push_env("grpc", OTEL_EXPORTER_OTLP_METRICS_ENDPOINT=f"http://127.0.0.1:{port}"),
-    ) as sidecar:
+    endpoint = f"http://127.0.0.1:{port}"
+    with pushing_sidecar(short_tmp, "grpc", OTEL_EXPORTER_OTLP_METRICS_ENDPOINT=endpoint) as sidecar:
         failing = wait_for(sidecar.url, lambda s: s.value(PUSHES, result="error") >= 2)
         assert failing.value(PUSHES, result="error") >= 2 and failing.value(PUSHES, result="ok") == 0
         receiver = Receiver(port)  # the collector comes up where the sidecar was told to look

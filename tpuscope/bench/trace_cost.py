@@ -19,6 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from tpuscope.bench.overhead import empty_steps
 from tpuscope.tracing import Monitor
 
 TARGET_UNSAMPLED_US = 5.0
@@ -27,14 +28,7 @@ ROUNDS = 5
 
 def per_step_seconds(monitor: Monitor, steps: int) -> float:
     start = time.perf_counter()
-    for n in range(1, steps + 1):  # from 1: step 0 is always a 1-in-N step
-        with monitor.step(n) as step:
-            with step.phase("io"):
-                pass
-            with step.phase("compute"):
-                pass
-            with step.phase("sync"):
-                pass
+    empty_steps(monitor, steps, first=1)  # from 1: step 0 is always a 1-in-N step
     if monitor.spans:
         monitor.spans.provider.force_flush()  # the export is part of the cost
     return (time.perf_counter() - start) / steps
