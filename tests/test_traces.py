@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -103,7 +104,7 @@ def test_the_sampler_keeps_the_slow_steps_a_straggler_and_a_stall_cause(receiver
         capture_output=True,
         text=True,
         timeout=240,
-        env={**__import__("os").environ, **env},
+        env={**os.environ, **env},
     )
     assert out.returncode == 0, out.stderr[-3000:]
     kept = {attributes(s)["tpuscope.step"] for _, s in receiver.spans() if s.name == "step"}

@@ -34,7 +34,9 @@ K8S_VARIABLES = {
     "k8s.pod.uid": ("K8S_POD_UID", "POD_UID"),
     "k8s.namespace.name": ("K8S_NAMESPACE_NAME", "POD_NAMESPACE"),
     "k8s.node.name": ("K8S_NODE_NAME", "NODE_NAME"),
-    "k8s.container.name": ("K8S_CONTAINER_NAME", "CONTAINER_NAME"),
+    # The downward API cannot give a container's name, so only the explicit variable counts: a bare
+    # CONTAINER_NAME is set by too many unrelated tools to be trusted.
+    "k8s.container.name": ("K8S_CONTAINER_NAME",),
 }
 
 
