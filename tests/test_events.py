@@ -67,6 +67,13 @@ def test_bad_datagrams_are_rejected_with_a_reason(datagram: bytes, reason: str) 
     assert caught.value.reason == reason
 
 
+def test_fields_a_newer_job_appends_are_ignored() -> None:
+    """A job one version ahead (a field added at the end) still reaches an older sidecar."""
+    fields = msgspec.msgpack.decode(STEP[len(events.HEADER) :])
+    newer = events.HEADER + msgspec.msgpack.encode([*fields, "a field from the future", 42])
+    assert events.decode(newer) == VALID[0]
+
+
 @given(st.binary(max_size=200))
 def test_arbitrary_bytes_decode_or_raise_invalid_event(data: bytes) -> None:
     for datagram in (data, events.HEADER + data):

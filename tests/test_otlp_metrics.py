@@ -4,16 +4,21 @@ from __future__ import annotations
 
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import pytest
 from conftest import wait_for
+from opentelemetry.sdk.resources import Resource
 from otlp import HttpReceiver, Receiver, as_prometheus
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import CounterMetricFamily
 
 from tpuscope import catalog
 from tpuscope.bench.fake_tpu import Chip, Distribution, FakeTpuRuntime, FakeTpuServer, default_megascale
 from tpuscope.exporter.child import SidecarProcess
+from tpuscope.exporter.otlp_push import StartTimes, metrics_data
 from tpuscope.exporter.scrape import Scrape
 from tpuscope.tracing import Monitor
 
@@ -172,17 +177,46 @@ def test_an_absent_collector_is_counted_logged_once_and_retried_until_it_appears
     assert log.count("OTLP metrics push working") == 1, log
 
 
-def test_a_bad_export_interval_is_a_clear_error(short_tmp: Path) -> None:
-    try:
-        SidecarProcess(
-            short_tmp / "events.sock",
-            "127.0.0.1:0",
-            "--otlp-metrics",
-            "on",
-            env={"OTEL_METRIC_EXPORT_INTERVAL": "soon"},
-            timeout=10,
-        )
-    except RuntimeError as e:
-        assert "OTEL_METRIC_EXPORT_INTERVAL" in str(e) and "soon" in str(e)
-    else:
-        raise AssertionError("the sidecar started with OTEL_METRIC_EXPORT_INTERVAL=soon")
+@pytest.mark.parametrize(
+    ("settings", "named"),
+    [
+        ({"OTEL_METRIC_EXPORT_INTERVAL": "soon"}, "OTEL_METRIC_EXPORT_INTERVAL"),
+        ({"OTEL_EXPORTER_OTLP_METRICS_PROTOCOL": "http/json"}, "OTEL_EXPORTER_OTLP_METRICS_PROTOCOL"),
+        ({"OTEL_EXPORTER_OTLP_PROTOCOL": "grpc", "OTEL_EXPORTER_OTLP_TIMEOUT": "abc"}, "cannot push metrics over OTLP"),
+    ],
+)
+def test_bad_otlp_settings_are_a_clear_error_that_leaves_nothing_behind(
+    settings: dict[str, str], named: str, short_tmp: Path
+) -> None:
+    events_socket = short_tmp / "events.sock"
+    with pytest.raises(RuntimeError) as refused:
+        SidecarProcess(events_socket, "127.0.0.1:0", "--otlp-metrics", "on", env=settings, timeout=10)
+    assert named in str(refused.value) and "exited with" in str(refused.value), refused.value
+    assert not events_socket.exists()
+
+
+def test_a_counter_that_goes_down_starts_its_series_again() -> None:
+    """A job restarted (its counters from zero): the point's start moves, so deltas are never negative."""
+
+    class Restarting:
+        values = iter([5.0, 2.0, 3.0])
+
+        def collect(self) -> Iterator[CounterMetricFamily]:
+            family = CounterMetricFamily("tpuscope_restarting", "A counter whose source restarts.", labels=["pid"])
+            family.add_metric(["7"], next(self.values))
+            yield family
+
+    registry = CollectorRegistry()
+    registry.register(Restarting())
+    starts = StartTimes(origin_ns=100)
+    resource = Resource.create({})
+
+    def start_of_push(now_ns: int) -> int:
+        data = metrics_data(registry.collect(), resource, starts, now_ns)
+        (metric,) = data.resource_metrics[0].scope_metrics[0].metrics
+        assert metric.name == "tpuscope_restarting_total"
+        return int(metric.data.data_points[0].start_time_unix_nano)
+
+    assert start_of_push(1_000) == 100  # the sidecar's start
+    assert start_of_push(2_000) == 2_000  # 5 -> 2: counting began again
+    assert start_of_push(3_000) == 2_000  # 2 -> 3: the same run of the counter

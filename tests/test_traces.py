@@ -5,8 +5,10 @@ from __future__ import annotations
 import json
 import os
 import re
+import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -18,7 +20,8 @@ from otlp import Receiver, attributes
 from tpuscope import catalog
 from tpuscope.exporter.child import SidecarProcess
 from tpuscope.tracing import Monitor
-from tpuscope.tracing.spans import TrainingSampler
+from tpuscope.tracing.otel import resource
+from tpuscope.tracing.spans import CLOSE_TIMEOUT_SECONDS, TrainingSampler
 
 
 @pytest.fixture
@@ -154,3 +157,75 @@ def test_sampler_keeps_one_in_n_and_what_is_slower_than_the_recent_p99() -> None
     kept = [n for n in range(200) if sampler.keep(n, 0.5 if n in (120, 121) else 0.1 + (n % 7) * 0.001)]
     assert kept == [0, 50, 100, 120, 121, 150]
     assert sampler.threshold == pytest.approx(0.106 * 1.2)
+
+
+def test_the_first_steps_compile_and_do_not_set_the_slowness_threshold() -> None:
+    """Steps 0 and 1 take 10 s (compiles); a 1 s step later among 0.1 s steps is still slow."""
+    sampler = TrainingSampler(every=1000, slow_factor=1.2)
+    kept = [n for n in range(120) if sampler.keep(n, 10.0 if n < 2 else 1.0 if n == 50 else 0.1)]
+    assert kept == [0, 50]
+    assert sampler.threshold == pytest.approx(0.1 * 1.2)
+
+
+def test_close_waits_a_bounded_time_for_a_collector_that_never_answers(
+    monkeypatch: pytest.MonkeyPatch, short_tmp: Path
+) -> None:
+    with socket.socket() as hung:  # accepts connections (the kernel's backlog) and never says a word
+        hung.bind(("127.0.0.1", 0))
+        hung.listen(8)
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", f"http://127.0.0.1:{hung.getsockname()[1]}")
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc")
+        mon = Monitor("hung", socket=short_tmp / "absent.sock", sample_every=1)
+        run_steps(mon, 5)
+        began = time.monotonic()
+        mon.close()
+        waited = time.monotonic() - began
+    # The exporter alone would wait its 10 s timeout, then retry.
+    assert waited < CLOSE_TIMEOUT_SECONDS + 2, waited
+
+
+def test_the_standard_resource_variables_win_over_ours(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OTEL_SERVICE_NAME", "svc")
+    monkeypatch.setenv("OTEL_RESOURCE_ATTRIBUTES", "host.name=override,deployment.environment.name=prod")
+    monkeypatch.setenv("K8S_POD_NAME", "trainer-1")
+    attributes = dict(resource("workload-name").attributes)
+    assert attributes["service.name"] == "svc" and attributes["host.name"] == "override"
+    assert attributes["deployment.environment.name"] == "prod" and attributes["k8s.pod.name"] == "trainer-1"
+
+
+def test_monitors_sharing_a_spans_file_never_interleave_lines(monkeypatch: pytest.MonkeyPatch, short_tmp: Path) -> None:
+    for name in ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_TRACES_EXPORTER"):
+        monkeypatch.delenv(name, raising=False)
+    path = short_tmp / "shared.jsonl"
+
+    def job(name: str) -> None:
+        with Monitor(name, socket=short_tmp / "absent.sock", spans_file=path, sample_every=1) as mon:
+            run_steps(mon, 200, seconds=0.0)
+
+    workers = [threading.Thread(target=job, args=(f"job{i}",)) for i in range(2)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    for name in ("job0", "job1"):
+        steps = [r for r in records if r["name"] == "step" and r["resource"]["service.name"] == name]
+        assert len(steps) == 200, name
+
+
+@pytest.mark.parametrize(
+    ("setting", "expected"),
+    [("console", "standard output"), ("otlp,console", "tpuscope-spans.jsonl"), ("zipkin", None)],
+)
+def test_the_traces_exporter_variable_chooses_or_refuses(
+    setting: str, expected: str | None, monkeypatch: pytest.MonkeyPatch, short_tmp: Path
+) -> None:
+    for name in ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("OTEL_TRACES_EXPORTER", setting)
+    with Monitor("chosen", socket=short_tmp / "absent.sock", spans_file=short_tmp / "tpuscope-spans.jsonl") as mon:
+        run_steps(mon, 2)  # spans or none, the job's steps run
+        if expected is None:
+            assert mon.spans is None, "an exporter nobody offers must turn spans off, not fail the job"
+        else:
+            assert mon.spans is not None and mon.spans.destination.endswith(expected)

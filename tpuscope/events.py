@@ -5,8 +5,10 @@ version) followed by the record as MessagePack, encoded positionally
 (``array_like``) so a step event costs well under a hundred bytes. Records are
 validated when the sidecar decodes them; anything that fails raises
 :class:`InvalidEvent` with a reason the sidecar counts. Fields may only be
-added at the end of a record with a default (old senders keep working); any
-other change bumps :data:`VERSION`.
+added at the end of a record with a default, and a sidecar ignores trailing
+fields it does not know, so a job and a sidecar of different versions work
+together both ways (the job and the sidecar image are upgraded separately);
+any other change bumps :data:`VERSION`.
 """
 
 from __future__ import annotations
@@ -49,7 +51,7 @@ CheckpointOperation = Literal["save", "restore"]
 LifecycleState = Literal["start", "stop", "failure", "restart"]
 
 
-class Event(msgspec.Struct, array_like=True, frozen=True, forbid_unknown_fields=True, tag_field="k"):
+class Event(msgspec.Struct, array_like=True, frozen=True, tag_field="k"):
     """Base of every record; ``workload`` names the job that sent it."""
 
     workload: LabelValue

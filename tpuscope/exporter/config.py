@@ -21,6 +21,7 @@ from tpuscope import events
 from tpuscope.exporter.collectors import COLLECTORS
 from tpuscope.exporter.collectors.libtpu import addresses_from_environment
 from tpuscope.exporter.otlp_push import interval_seconds
+from tpuscope.tracing.otel import otlp_protocol
 
 DEFAULT_PORT = 9478
 T = TypeVar("T")
@@ -212,6 +213,7 @@ def _otlp_interval(on: bool, environ: Mapping[str, str]) -> float | None:
     if not on:
         return None
     try:
+        otlp_protocol("METRICS", environ)
         return interval_seconds(environ)
     except ValueError as e:
         raise ConfigError(str(e)) from None

@@ -50,6 +50,13 @@ def serve(config: ServeConfig) -> int:
     store = SampleStore()
     registry.register(store)
     aggregator = Aggregator(metrics, store)
+    otlp_exporter = None
+    if config.otlp_metrics_interval:
+        try:  # before anything is bound, so that a bad OTEL_* setting leaves nothing behind
+            otlp_exporter = metric_exporter()
+        except Exception as e:
+            print(f"tpuscope serve: cannot push metrics over OTLP: {type(e).__name__}: {e}", file=sys.stderr)
+            return 1
     try:
         ingest = IngestLoop(config.socket, config.socket_mode, aggregator)
     except SocketError as e:
@@ -74,10 +81,11 @@ def serve(config: ServeConfig) -> int:
     signal.signal(signal.SIGINT, on_signal)
     runners = collector_runners(config, ingest, store, metrics)
     pusher = None
-    if config.otlp_metrics_interval:
+    if otlp_exporter and config.otlp_metrics_interval:
         instance = f"{socket.gethostname()}:{http.port}"  # as Prometheus' instance label would say
-        exporter = metric_exporter()
-        pusher = OtlpPusher(registry, resource("tpuscope", instance), exporter, config.otlp_metrics_interval, metrics)
+        pusher = OtlpPusher(
+            registry, resource("tpuscope", instance), otlp_exporter, config.otlp_metrics_interval, metrics
+        )
         log.info("pushing metrics over OTLP every %g s", config.otlp_metrics_interval)
     ingest.start()
     http.start()

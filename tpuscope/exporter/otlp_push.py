@@ -79,28 +79,55 @@ def interval_seconds(environ: Mapping[str, str] = os.environ) -> float:
     return milliseconds / 1000
 
 
-def metrics_data(families: Iterable[Family], resource: Resource, start_ns: int, now_ns: int) -> MetricsData:
+class StartTimes:
+    """When each cumulative series began counting, as OTLP wants it on every point.
+
+    The sidecar's start, for a series first seen; now, for a series whose value went down: its source
+    restarted counting (a job process, the TPU runtime), and a consumer that turns cumulative points
+    into deltas (the collector's cumulativetodelta) must see a new start rather than a negative delta.
+    """
+
+    def __init__(self, origin_ns: int) -> None:
+        self.origin_ns = origin_ns
+        self._last: dict[tuple[str, tuple[tuple[str, str], ...]], tuple[int, float]] = {}
+        self._seen: dict[tuple[str, tuple[tuple[str, str], ...]], tuple[int, float]] = {}
+
+    def of(self, name: str, labels: dict[str, str], value: float, now_ns: int) -> int:
+        key = (name, tuple(sorted(labels.items())))
+        start, last = self._last.get(key, (self.origin_ns, value))
+        if value < last:
+            start = now_ns
+        self._seen[key] = (start, value)
+        return start
+
+    def forget_unseen(self) -> None:
+        """After a push: series that are gone (a job's old pid) stop taking memory."""
+        self._last, self._seen = self._seen, {}
+
+
+def metrics_data(families: Iterable[Family], resource: Resource, starts: StartTimes, now_ns: int) -> MetricsData:
     """One OTLP request's worth of data from a registry's families."""
-    metrics = [m for family in families if (m := convert(family, start_ns, now_ns)) is not None]
+    metrics = [m for family in families if (m := convert(family, starts, now_ns)) is not None]
+    starts.forget_unseen()
     scope = InstrumentationScope("tpuscope", __version__)
     return MetricsData([ResourceMetrics(resource, [ScopeMetrics(scope, metrics, "")], "")])
 
 
-def convert(family: Family, start_ns: int, now_ns: int) -> Metric | None:
+def convert(family: Family, starts: StartTimes, now_ns: int) -> Metric | None:
     """A prometheus_client family as one OTLP metric (None when empty, or of a kind this registry never holds)."""
     if not family.samples:  # a labelled metric nothing has set yet: OTLP has no empty form of it
         return None
     unit = UCUM.get(family.unit, family.unit)
     if family.type == "histogram":
-        return Metric(family.name, family.documentation, unit, _histogram(family, start_ns, now_ns))
-    points = [
-        NumberDataPoint(dict(s.labels), start_ns, now_ns, s.value)
-        for s in family.samples
-        if not s.name.endswith("_created")
-    ]
+        return Metric(family.name, family.documentation, unit, _histogram(family, starts, now_ns))
+    samples = [s for s in family.samples if not s.name.endswith("_created")]
     if family.type == "counter":
+        points = [
+            NumberDataPoint(s.labels, starts.of(s.name, s.labels, s.value, now_ns), now_ns, s.value) for s in samples
+        ]
         data: Sum | Gauge = Sum(points, CUMULATIVE, is_monotonic=True)
         return Metric(family.name + "_total", family.documentation, unit, data)
+    points = [NumberDataPoint(s.labels, starts.origin_ns, now_ns, s.value) for s in samples]
     if family.type == "info":  # python_info: the labels are the information, the value is 1
         return Metric(family.name + "_info", family.documentation, unit, Gauge(points))
     if family.type in ("gauge", "unknown"):
@@ -108,7 +135,7 @@ def convert(family: Family, start_ns: int, now_ns: int) -> Metric | None:
     return None  # summary, stateset, gaugehistogram: not in the sidecar's registry
 
 
-def _histogram(family: Family, start_ns: int, now_ns: int) -> Histogram:
+def _histogram(family: Family, starts: StartTimes, now_ns: int) -> Histogram:
     """Prometheus' cumulative ``le`` buckets back into OTLP's per-bucket counts, one point per label set."""
     series: dict[tuple[tuple[str, str], ...], dict[str, Any]] = {}
     for sample in family.samples:
@@ -130,9 +157,11 @@ def _histogram(family: Family, start_ns: int, now_ns: int) -> Histogram:
             below = count
         # Prometheus buckets do not know the min and max: None leaves those optional OTLP fields unset.
         unknown: Any = None
+        attributes = dict(labels)
+        start_ns = starts.of(family.name, attributes, point["count"], now_ns)
         points.append(
             HistogramDataPoint(
-                dict(labels), start_ns, now_ns, point["count"], point["sum"], counts, bounds, unknown, unknown
+                attributes, start_ns, now_ns, point["count"], point["sum"], counts, bounds, unknown, unknown
             )
         )
     return Histogram(points, CUMULATIVE)
@@ -153,7 +182,7 @@ class OtlpPusher:
         self._pushes = metrics[catalog.OTLP_PUSHES]
         for result in ("ok", "error"):
             self._pushes.labels(result)  # both series from the start, so increase() sees the first error
-        self._start_ns = time.time_ns()  # cumulative points count from the sidecar's start
+        self._starts = StartTimes(time.time_ns())  # cumulative points count from the sidecar's start
         self._healthy: bool | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="tpuscope-otlp", daemon=True)
@@ -161,17 +190,26 @@ class OtlpPusher:
     def start(self) -> None:
         self._thread.start()
 
-    def stop(self) -> None:
+    def stop(self, timeout: float = 5.0) -> None:
+        """One last push, so what happened since the previous one is not lost; bounded, because a
+        collector that hangs must not hold the sidecar past its pod's grace period."""
         self._stop.set()
-        self._thread.join()
-        self.push()  # what happened since the last push is not lost at shutdown
+        last = threading.Thread(target=self._last_push, name="tpuscope-otlp-last", daemon=True)
+        last.start()
+        last.join(timeout)
+        if last.is_alive():
+            log.warning("OTLP metrics: the last push did not finish within %g s; left behind", timeout)
+
+    def _last_push(self) -> None:
+        self._thread.join()  # a push under way finishes first
+        self.push()
         self._exporter.shutdown()
 
     def push(self) -> bool:
-        data = metrics_data(self._registry.collect(), self._resource, self._start_ns, time.time_ns())
         try:
+            data = metrics_data(self._registry.collect(), self._resource, self._starts, time.time_ns())
             ok = self._exporter.export(data) is MetricExportResult.SUCCESS
-        except Exception:  # an exporter bug must not end the thread: the next push tries again
+        except Exception:  # a bug here must not end the thread: the next push tries again
             log.exception("OTLP metrics push raised")
             ok = False
         self._pushes.labels("ok" if ok else "error").inc()

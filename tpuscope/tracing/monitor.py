@@ -37,7 +37,7 @@ from tpuscope.tracing.sinks import Sink, SocketSink
 
 if TYPE_CHECKING:
     from tpuscope.tracing.jax_compiles import JaxCompileWatcher
-    from tpuscope.tracing.spans import SpanRecorder, TrainingSampler
+    from tpuscope.tracing.spans import SpanRecorder
 
 log = logging.getLogger("tpuscope")
 
@@ -83,9 +83,7 @@ class Monitor:
         self._closed = False
         self.spans: SpanRecorder | None = None
         if traces:
-            from tpuscope.tracing.spans import TrainingSampler
-
-            self.spans = _span_recorder(self.workload, spans_file, TrainingSampler(sample_every, slow_factor))
+            self.spans = _span_recorder(self.workload, spans_file, sample_every, slow_factor)
         self.lifecycle("start")
         atexit.register(self.close)
 
@@ -245,13 +243,14 @@ class Monitor:
 
 
 def _span_recorder(
-    workload: str, spans_file: str | os.PathLike[str] | None, sampler: TrainingSampler
+    workload: str, spans_file: str | os.PathLike[str] | None, sample_every: int, slow_factor: float
 ) -> SpanRecorder | None:
     """The span recorder the environment asks for; None when spans are off or OpenTelemetry fails to start."""
     try:
         from tpuscope.tracing import otel
-        from tpuscope.tracing.spans import SpanRecorder
+        from tpuscope.tracing.spans import SpanRecorder, TrainingSampler
 
+        sampler = TrainingSampler(int(sample_every), float(slow_factor))
         exporter = otel.exporter(spans_file)
         if exporter is None:
             return None

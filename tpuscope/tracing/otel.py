@@ -19,11 +19,11 @@ import os
 import socket
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 from opentelemetry.sdk.resources import OTELResourceDetector, Resource
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SpanExporter, SpanExportResult
 from opentelemetry.sdk.trace.sampling import ALWAYS_ON
 
 DEFAULT_SPANS_FILE = "tpuscope-spans.jsonl"
@@ -61,8 +61,13 @@ def exporter(
     """The exporter the environment asks for; None when spans are turned off."""
     if environ.get("OTEL_SDK_DISABLED", "").lower() == "true":
         return None
-    if environ.get("OTEL_TRACES_EXPORTER", "otlp").lower() == "none":
+    chosen = {name.strip().lower() for name in environ.get("OTEL_TRACES_EXPORTER", "otlp").split(",")}
+    if "none" in chosen:
         return None
+    if unknown := chosen - {"otlp", "console"}:
+        raise ValueError(f"OTEL_TRACES_EXPORTER: {', '.join(sorted(unknown))} not offered (otlp, console, none)")
+    if "otlp" not in chosen:
+        return ConsoleSpanExporter()
     if environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"):
         if otlp_protocol("TRACES", environ) == "grpc":
             from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcExporter
@@ -79,20 +84,28 @@ def destination(span_exporter: SpanExporter, environ: Mapping[str, str] = os.env
     """Where ``span_exporter`` sends spans, in words."""
     if isinstance(span_exporter, JsonLinesExporter):
         return str(span_exporter.path)
+    if isinstance(span_exporter, ConsoleSpanExporter):
+        return "standard output"
     endpoint = environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
     return f"OTLP ({otlp_protocol('TRACES', environ)}) to {endpoint}"
 
 
 def otlp_protocol(signal: str, environ: Mapping[str, str] = os.environ) -> str:
     """``grpc`` or ``http/protobuf`` (the specification's default) for TRACES or METRICS."""
-    return environ.get(f"OTEL_EXPORTER_OTLP_{signal}_PROTOCOL") or environ.get(
-        "OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf"
-    )
+    variable = f"OTEL_EXPORTER_OTLP_{signal}_PROTOCOL"
+    if not environ.get(variable):
+        variable = "OTEL_EXPORTER_OTLP_PROTOCOL"
+    protocol = environ.get(variable) or "http/protobuf"
+    if protocol not in ("grpc", "http/protobuf"):
+        # http/json is in the specification but not in OpenTelemetry's Python exporters.
+        raise ValueError(f"{variable}={protocol!r}: use grpc or http/protobuf")
+    return protocol
 
 
 def tracer_provider(workload: str, span_exporter: SpanExporter) -> TracerProvider:
     # Always on: tpuscope decides which steps to keep (see spans.py) before it creates any span.
-    provider = TracerProvider(resource=resource(workload), sampler=ALWAYS_ON)
+    # No atexit shutdown of its own: the Monitor's close flushes with a bound on the wait.
+    provider = TracerProvider(resource=resource(workload), sampler=ALWAYS_ON, shutdown_on_exit=False)
     # Batched on a thread of its own: ending a span only queues it; a full queue drops, never blocks.
     # Our defaults (a larger queue, a shorter delay than the SDK's) give way to the standard OTEL_BSP_* variables.
     provider.add_span_processor(
@@ -111,16 +124,16 @@ class JsonLinesExporter(SpanExporter):
     def __init__(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
-        self._file: IO[str] = open(path, "a")  # noqa: SIM115 - held open for the exporter's life
+        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
-        for span in spans:
-            self._file.write(json.dumps(span_record(span), separators=(",", ":")) + "\n")
-        self._file.flush()
+        lines = "".join(json.dumps(span_record(span), separators=(",", ":")) + "\n" for span in spans)
+        # One write to an O_APPEND file: the lines of several processes sharing the file never interleave.
+        os.write(self._fd, lines.encode())
         return SpanExportResult.SUCCESS
 
     def shutdown(self) -> None:
-        self._file.close()
+        os.close(self._fd)
 
 
 def span_record(span: ReadableSpan) -> dict[str, Any]:

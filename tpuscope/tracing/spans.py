@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
 from collections.abc import Sequence
 
@@ -26,6 +27,7 @@ from tpuscope import events
 log = logging.getLogger("tpuscope")
 
 ATTRIBUTE_PREFIX = "tpuscope."
+CLOSE_TIMEOUT_SECONDS = 2.0
 
 
 class TrainingSampler:
@@ -33,7 +35,10 @@ class TrainingSampler:
 
     WINDOW = 1024  # recent step times the p99 is taken over
     REFRESH = 64  # steps between two p99 computations (sorting 1024 floats costs ~50 us; 1 us a step)
-    WARMUP = 32  # steps before slowness is judged at all
+    # The first steps compile (often twice: JAX recompiles when donated buffers change layout), and
+    # taking them into a short window would set the threshold at compile time for a hundred steps.
+    SKIP = 8
+    WARMUP = 32  # steps in the window before slowness is judged at all
 
     def __init__(self, every: int = 100, slow_factor: float = 1.2) -> None:
         self.every = max(1, every)
@@ -45,13 +50,16 @@ class TrainingSampler:
 
     def keep(self, step: int, seconds: float) -> bool:
         slow = seconds > self.threshold
+        self._seen += 1
+        if self._seen <= self.SKIP:
+            return step % self.every == 0
         if len(self._recent) < self.WINDOW:
             self._recent.append(seconds)
         else:
             self._recent[self._next] = seconds
             self._next = (self._next + 1) % self.WINDOW
-        self._seen += 1
-        if self._seen >= self.WARMUP and (self._seen - self.WARMUP) % self.REFRESH == 0:
+        judged = self._seen - self.SKIP  # steps in the window so far
+        if judged >= self.WARMUP and (judged - self.WARMUP) % self.REFRESH == 0:
             ordered = sorted(self._recent)
             self.threshold = ordered[int(0.99 * (len(ordered) - 1))] * self.slow_factor
         return slow or step % self.every == 0
@@ -73,6 +81,7 @@ class SpanRecorder:
         self._epoch_offset = time.time() - time.perf_counter()
         self._compile: dict[str, dict[str, float]] = {}  # function -> stage seconds, until its backend stage
         self._cache_hit: bool | None = None
+        self._lock = threading.Lock()
         self.kept = 0
 
     def _ns(self, perf_seconds: float) -> int:
@@ -99,6 +108,10 @@ class SpanRecorder:
 
     def event(self, event: events.AnyEvent) -> None:
         """Spans for the rare events: compiles, checkpoints, lifecycle changes."""
+        with self._lock:  # JAX reports compiles from whichever thread compiles
+            self._event(event)
+
+    def _event(self, event: events.AnyEvent) -> None:
         if isinstance(event, events.Compile):
             self._compile_stage(event)
         elif isinstance(event, events.CompileCache):
@@ -116,6 +129,8 @@ class SpanRecorder:
             span.end()
 
     def _compile_stage(self, event: events.Compile) -> None:
+        if event.stage == "tracing":  # a new compile; drop what a trace-only call (eval_shape) left
+            self._compile.pop(event.function, None)
         stages = self._compile.setdefault(event.function, {})
         stages[event.stage] = stages.get(event.stage, 0.0) + event.duration_s
         if event.stage != "backend":  # the last stage: the compile is over
@@ -138,8 +153,18 @@ class SpanRecorder:
             span.set_status(Status(StatusCode.ERROR))
         span.end(end_time=end)
 
-    def close(self) -> None:
-        try:
-            self.provider.shutdown()  # flushes what is queued (bounded by the exporter's timeout)
-        except Exception:
-            log.debug("tpuscope: span export failed at close", exc_info=True)
+    def close(self, timeout: float = CLOSE_TIMEOUT_SECONDS) -> None:
+        """Flush what is queued, waiting ``timeout`` seconds at most: a collector that is down or hung
+        (the exporter retries for up to 10 s) must not hold the job's exit."""
+
+        def shutdown() -> None:
+            try:
+                self.provider.shutdown()
+            except Exception:
+                log.debug("tpuscope: span export failed at close", exc_info=True)
+
+        flusher = threading.Thread(target=shutdown, name="tpuscope-spans-close", daemon=True)
+        flusher.start()
+        flusher.join(timeout)
+        if flusher.is_alive():
+            log.warning("tpuscope: spans not delivered within %g s at close; left behind", timeout)
