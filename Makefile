@@ -22,7 +22,7 @@ setup: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev,jax,tpu,gpu]'
+	$(BIN)/python -m pip install --quiet -e '.[dev,jax,tpu,gpu,dashboards]'
 	touch $@
 
 # Real Prometheus and promtool for the tests (Debian's package; it starts no service).

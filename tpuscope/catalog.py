@@ -241,6 +241,15 @@ PEAK_FLOPS = _metric(
     Label.ACCELERATOR,
     group=UTILIZATION_GROUP,
 )
+WORKLOAD_DEVICES = _metric(
+    "workload_devices",
+    Kind.GAUGE,
+    "Accelerator devices the workload's process drives, as it reported them: the chips a step occupies "
+    "(with a price per chip-hour, the cost of a step).",
+    W,
+    Label.ACCELERATOR,
+    group=UTILIZATION_GROUP,
+)
 MFU = _metric(
     "model_flops_utilization_ratio",
     Kind.GAUGE,

@@ -7,7 +7,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from tpuscope import __version__, events, generate
+from tpuscope import __version__, events
 from tpuscope.exporter import config as serve_config
 
 
@@ -111,6 +111,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     synth.add_argument("--step-time", type=float, default=0.05, help="mean step time, seconds (default %(default)s)")
     bench.set_defaults(run=_bench)
 
+    boards = commands.add_parser(
+        "dashboards",
+        help="write the Grafana dashboards as JSON files",
+        description="Write the Grafana dashboards (fleet overview, on-call, job debug, serving) as JSON files "
+        "to import into Grafana or provision from a directory.",
+    )
+    boards.add_argument("--out", type=Path, required=True, help="directory to write NAME.json files into")
+    boards.set_defaults(run=_dashboards)
+
     gen = commands.add_parser(
         "generate",
         help="write the committed generated files (docs/metrics.md, ...)",
@@ -141,7 +150,17 @@ def _bench(args: argparse.Namespace) -> int:
     return run_bench(args)
 
 
+def _dashboards(args: argparse.Namespace) -> int:
+    from tpuscope import dashboards  # grafana-foundation-sdk: the dashboards extra
+
+    for path in dashboards.write(args.out):
+        print(f"wrote {path}")
+    return 0
+
+
 def _generate(args: argparse.Namespace) -> int:
+    from tpuscope import generate
+
     if args.check:
         stale = generate.stale(args.root)
         for path in stale:

@@ -8,9 +8,10 @@ runs it, so a stale artifact fails CI).
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
-from tpuscope import catalog, events
+from tpuscope import catalog, dashboards, events
 from tpuscope.exporter.collectors import COLLECTORS
 from tpuscope.exporter.collectors import base as collector_base
 
@@ -62,6 +63,8 @@ def metrics_markdown() -> str:
 # Path relative to the repository root -> the function that produces its content.
 ARTIFACTS: dict[str, Callable[[], str]] = {
     "docs/metrics.md": metrics_markdown,
+    **{f"deploy/grafana/{name}.json": partial(dashboards.file, name) for name in dashboards.DASHBOARDS},
+    "deploy/kubernetes/grafana-dashboards.yaml": dashboards.configmaps,
 }
 
 

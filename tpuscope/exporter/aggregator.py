@@ -104,6 +104,7 @@ class Aggregator:
     def _hardware(self, e: events.Hardware) -> None:
         self._workload(e.workload).peak_flops_per_second = e.peak_flops_per_second
         self.metrics[catalog.PEAK_FLOPS].labels(e.workload, e.accelerator).set(e.peak_flops_per_second)
+        self.metrics[catalog.WORKLOAD_DEVICES].labels(e.workload, e.accelerator).set(e.devices)
 
     def _compile(self, e: events.Compile) -> None:
         self.metrics[catalog.COMPILE_DURATION].labels(e.workload, e.stage).observe(e.duration_s)

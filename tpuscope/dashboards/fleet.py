@@ -1,0 +1,208 @@
+"""Fleet overview: is the fleet's money turning into training?
+
+For the platform owner and the SRE looking across every job: how busy the chips
+are, how much of the wall time is goodput against its objective, what a step
+costs, and how often jobs fail and restart.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tpuscope import catalog as c
+from tpuscope.dashboards import panels as p
+from tpuscope.dashboards import promql as q
+from tpuscope.thresholds import DEFAULT as T
+
+UID = "tpuscope-fleet"
+TITLE = "tpuscope / Fleet overview"
+DESCRIPTION = "Every workload and chip: utilization, goodput against its objective, cost per step, failures."
+
+PRICE = f"${q.PRICE}"
+CHIPS = f"count ({q.selector(c.DUTY_CYCLE)})"
+
+
+def goodput_ratio(by: str = "", window: str = q.RANGE) -> str:
+    """Productive share of wall time over ``window``."""
+    per = f" by ({by})" if by else ""
+    productive = f"sum{per} ({q.increase(c.GOODPUT, q.eq('category', 'productive'), window=window)})"
+    return f"{productive} / sum{per} ({q.increase(c.GOODPUT, window=window)})"
+
+
+def now() -> p.Section:
+    return p.Section(
+        "The fleet now",
+        [
+            p.stat_panel(
+                "Chips",
+                "Accelerator chips the collectors see on the selected hosts (TPU chips from the runtime, GPUs "
+                "from NVML), whether or not a job uses them.",
+                "short",
+                p.query(CHIPS),
+                span=3,
+            ),
+            p.stat_panel(
+                "Duty cycle, mean",
+                f"Mean share of time the chips were busy. Below {T.duty_cycle_low:.0%} the fleet pays for idle "
+                "chips: find the idle hosts on the on-call dashboard, or the input-bound jobs on Job debug.",
+                "percentunit",
+                p.query(f"avg ({q.selector(c.DUTY_CYCLE)})"),
+                limits=p.low_is_bad(T.duty_cycle_low),
+                span=3,
+            ),
+            p.stat_panel(
+                "Duty cycle, p95",
+                "The 95th percentile of the chips' duty cycle: what the busiest chips reach. A high p95 with a "
+                "low mean is a fleet with some jobs well tuned and many idle chips.",
+                "percentunit",
+                p.query(f"quantile (0.95, {q.selector(c.DUTY_CYCLE)})"),
+                limits=p.low_is_bad(T.duty_cycle_low),
+                span=3,
+            ),
+            p.stat_panel(
+                "Model FLOPs utilization",
+                f"Model FLOP/s achieved over the range, over the chips' peak, across the selected workloads. "
+                f"Below {T.mfu_low:.0%} the chips are busy with something other than the model's math (or "
+                "waiting): compare duty cycle with MFU per workload.",
+                "percentunit",
+                p.query(f"sum ({q.rate(c.MODEL_FLOPS, window=q.RANGE)}) / sum ({q.selector(c.PEAK_FLOPS)})"),
+                limits=p.low_is_bad(T.mfu_low),
+                span=3,
+            ),
+            p.stat_panel(
+                "Goodput",
+                f"Productive share of the workloads' wall time over the range; the objective is "
+                f"{T.goodput_objective:.0%}. Badput by category below says where the rest went.",
+                "percentunit",
+                p.query(goodput_ratio()),
+                limits=p.low_is_bad(T.goodput_objective),
+                span=3,
+            ),
+            p.stat_panel(
+                "Active workloads",
+                f"Workloads that completed a step in the last {T.stall_seconds:g} s.",
+                "short",
+                p.query(f"count ({q.age(c.LAST_STEP)} < {T.stall_seconds:g}) or vector(0)"),
+                span=3,
+            ),
+            p.stat_panel(
+                "Spend per hour",
+                "The chips the collectors see times the price per chip-hour (the dashboard variable): what the "
+                "selected hosts cost while they run, busy or not.",
+                "currencyUSD",
+                p.query(f"{PRICE} * {CHIPS}"),
+                span=3,
+            ),
+            p.stat_panel(
+                "Failures over the range",
+                "Workload failures (crashes, errors the job reported) across the selected workloads. Each one "
+                "costs the work since its last checkpoint and a restart.",
+                "short",
+                p.query(f"sum ({q.increase(c.WORKLOAD_FAILURES, window=q.RANGE)})"),
+                limits=p.high_is_bad(1),
+                span=3,
+            ),
+        ],
+    )
+
+
+def goodput() -> p.Section:
+    badput = f"sum by (category) ({q.rate(c.GOODPUT, q.ne('category', 'productive'))})"
+    budget_left = f"1 - (1 - ({goodput_ratio('workload')})) / {1 - T.goodput_objective:g}"
+    return p.Section(
+        "Goodput and its objective",
+        [
+            p.timeseries_panel(
+                "Goodput, by workload",
+                f"Productive share of each workload's wall time. The dashed line is the objective "
+                f"({T.goodput_objective:.0%}); a workload below it is wasting its chips: see Badput by category "
+                "and the workload's Job debug dashboard.",
+                "percentunit",
+                p.query(goodput_ratio("workload", window=q.RATE), "{{workload}}"),
+                limits=p.low_is_bad(T.goodput_objective),
+                max_value=1,
+            ),
+            p.timeseries_panel(
+                "Badput by category",
+                "The fleet's wall time that was not productive training, as a share of all wall time: compile, "
+                "io_wait (input-bound steps), checkpoint, init (start to first step), lost (work redone after "
+                "failures and restarts). The largest band is where the fleet's money goes first.",
+                "percentunit",
+                p.query(q.share(badput, f"sum ({q.rate(c.GOODPUT)})", by="category"), "{{category}}"),
+                stacked=True,
+            ),
+            p.bar_gauge_panel(
+                "Goodput objective: compliance over the range",
+                f"Each workload's goodput over the dashboard's range against the {T.goodput_objective:.0%} "
+                "objective: red below it.",
+                "percentunit",
+                p.query(goodput_ratio("workload"), "{{workload}}"),
+                limits=p.low_is_bad(T.goodput_objective),
+                max_value=1,
+            ),
+            p.bar_gauge_panel(
+                "Goodput objective: error budget left",
+                f"The share of the badput budget ({1 - T.goodput_objective:.0%} of wall time) each workload has "
+                "left over the range; below zero the objective is missed. Spend it on deliberate work (new "
+                "compiles, experiments), not on restarts.",
+                "percentunit",
+                p.query(budget_left, "{{workload}}"),
+                limits=p.low_is_bad(0, 0.25),
+                min_value=-1,
+                max_value=1,
+            ),
+        ],
+    )
+
+
+def cost() -> p.Section:
+    devices = f"sum by (workload) ({q.selector(c.WORKLOAD_DEVICES)})"
+    steps_per_second = f"max by (workload) ({q.rate(c.STEPS, window=q.RANGE)})"
+    badput_share = f"(1 - ({goodput_ratio('workload', window=q.RATE)}))"
+    return p.Section(
+        "Cost",
+        [
+            p.bar_gauge_panel(
+                "Cost per step, by workload",
+                "The price of the chips a workload occupies for the wall time of one step, over the range "
+                "(chips x price per chip-hour / 3600 / steps per second). Badput makes it rise: a workload "
+                "stalled for the whole range has no finite cost per step.",
+                "currencyUSD",
+                p.query(f"({PRICE} / 3600) * {devices} / {steps_per_second}", "{{workload}}"),
+            ),
+            p.timeseries_panel(
+                "Spend on badput per hour, by workload",
+                "What the non-productive share of each workload's wall time costs per hour at the chip-hour "
+                "price: the money a fix to that workload's badput would save.",
+                "currencyUSD",
+                p.query(f"{PRICE} * {devices} * {badput_share}", "{{workload}}"),
+            ),
+        ],
+    )
+
+
+def failures() -> p.Section:
+    return p.Section(
+        "Failures and restarts",
+        [
+            p.timeseries_panel(
+                "Failures, by workload and reason",
+                "Workload failures in each interval, by the reason the job gave. A repeating reason is a bug or "
+                "a bad host, not bad luck.",
+                "short",
+                p.query(f"sum by (workload, reason) ({q.increase(c.WORKLOAD_FAILURES)})", "{{workload}} {{reason}}"),
+            ),
+            p.timeseries_panel(
+                "Restarts, by workload and reason",
+                "Workload restarts (preemptions, resumptions after a crash). Each costs init time, compile time "
+                "(less with a warm compilation cache) and the work since the last checkpoint.",
+                "short",
+                p.query(f"sum by (workload, reason) ({q.increase(c.WORKLOAD_RESTARTS)})", "{{workload}} {{reason}}"),
+            ),
+        ],
+    )
+
+
+def dashboard() -> dict[str, Any]:
+    sections = [now(), goodput(), cost(), failures()]
+    return p.build(UID, TITLE, DESCRIPTION, sections, p.variables(c.STEPS, price=True))

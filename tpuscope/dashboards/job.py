@@ -1,0 +1,377 @@
+"""Job debug: where one workload's time goes, step by step, worker by worker.
+
+For the ML engineer whose job is slow, and the SRE paged for it: step time and
+its distribution (exemplars link to traces), the phase breakdown, the straggler
+view, compiles, memory, checkpoints and the host that feeds the chips.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tpuscope import catalog as c
+from tpuscope.dashboards import panels as p
+from tpuscope.dashboards import promql as q
+from tpuscope.thresholds import DEFAULT as T
+
+UID = "tpuscope-job"
+TITLE = "tpuscope / Job debug"
+DESCRIPTION = "One workload's steps, phases, stragglers, compiles, memory, checkpoints and host."
+
+PER_WORKER = f"workload, {q.BY_WORKER}"
+WORKER = "{{workload}} " + q.WORKER_LEGEND
+DEVICE = "{{instance}} {{device}}"
+
+
+def steps() -> p.Section:
+    quantiles = [
+        p.query(
+            q.quantile(quantile, c.STEP_DURATION, by="workload"), f"p{quantile * 100:g} {{{{workload}}}}", exemplar=True
+        )
+        for quantile in (0.5, 0.95, 0.99)
+    ]
+    phase_seconds = q.share(
+        f"sum by (phase) ({q.rate(c.STEP_PHASE_DURATION, suffix='sum')})",
+        f"sum ({q.rate(c.STEP_DURATION, suffix='count')})",
+        by="phase",
+    )
+
+    def phase_share(phase: str) -> str:
+        part = f"sum ({q.rate(c.STEP_PHASE_DURATION, q.eq('phase', phase), suffix='sum', window=q.RANGE)})"
+        return q.share(part, f"sum ({q.rate(c.STEP_DURATION, suffix='sum', window=q.RANGE)})")
+
+    return p.Section(
+        "Steps",
+        [
+            p.timeseries_panel(
+                "Step time p50 / p95 / p99",
+                "Wall time of one training step, from the step histogram, for the selected workers. A p99 that "
+                "rises while the p50 stays flat is a few slow steps (a straggler, a stall, an input hiccup); both "
+                "rising is a regression: compare with the phase breakdown below. The dots are exemplars: each "
+                "opens the trace of a kept step (link trace_id to your tracing datasource).",
+                "s",
+                *quantiles,
+            ),
+            p.heatmap_panel(
+                "Step time distribution",
+                "Steps per second in each step-time bucket. One band is a healthy job; a second, higher band is "
+                "a recurring slow step (checkpoints, recompiles, a periodic input stall). Exemplars mark kept "
+                "steps; open one for its trace.",
+                "s",
+                p.query(f"sum by (le) ({q.rate(c.STEP_DURATION, suffix='bucket')})", buckets=True, exemplar=True),
+            ),
+            p.timeseries_panel(
+                "Where a step's time goes",
+                "Mean seconds per step in each phase: compute, sync (collectives), io (waiting for input and "
+                "copying it to the devices) and other (what no phase claims: the loop's own Python). The stack "
+                "is the mean step time. A growing io band means an input-bound job (more loader workers, "
+                "prefetch); a growing sync band, a slow interconnect or a straggler (see Stragglers).",
+                "s",
+                p.query(phase_seconds, "{{phase}}"),
+                stacked=True,
+            ),
+            p.stat_panel(
+                "Input wait share",
+                f"The io phase's share of step time over the range. Above {T.io_share:.0%} the chips wait for "
+                "data: add input workers, prefetch more, or move decoding off the training host.",
+                "percentunit",
+                p.query(phase_share("io")),
+                limits=p.high_is_bad(T.io_share, T.io_share / 2),
+                span=6,
+            ),
+            p.stat_panel(
+                "Collective sync share",
+                f"The sync phase's share of step time over the range. Above {T.sync_share:.0%} the job is bound "
+                "by collectives: check for a straggler (below), the interconnect, or the sharding.",
+                "percentunit",
+                p.query(phase_share("sync")),
+                limits=p.high_is_bad(T.sync_share, T.sync_share / 2),
+                span=6,
+            ),
+            p.stat_panel(
+                "Seconds since the last step",
+                f"Per workload. Over {T.stall_seconds:g} s the workload is stalled: look at the job's logs, its "
+                "input pipeline, and whether a host is down (Exporter health on the on-call dashboard).",
+                "s",
+                p.query(q.age(c.LAST_STEP), "{{workload}}"),
+                limits=p.high_is_bad(T.stall_seconds, T.stall_seconds / 2),
+                span=6,
+            ),
+            p.stat_panel(
+                "Steps per second",
+                "Steps completed per second, per workload (the fastest worker: in a synchronous job all workers "
+                "take the same steps). Zero while the job compiles, checkpoints or is stalled.",
+                "short",
+                p.query(f"max by (workload) ({q.rate(c.STEPS)})", "{{workload}}"),
+                span=6,
+            ),
+        ],
+    )
+
+
+def stragglers() -> p.Section:
+    compute = q.mean(c.STEP_PHASE_DURATION, q.eq("phase", "compute"), by=PER_WORKER)
+    return p.Section(
+        "Stragglers",
+        [
+            p.timeseries_panel(
+                "Compute time per step, by worker",
+                "Mean compute phase of each worker. In a synchronous job every worker waits for the slowest at "
+                "the next collective, so one line above the others slows them all: that host is the straggler "
+                "(thermal throttling, a noisy neighbour, a failing chip).",
+                "s",
+                p.query(compute, WORKER),
+                span=8,
+            ),
+            p.timeseries_panel(
+                "Compute time over the workload's median, by worker",
+                f"Each worker's compute time divided by its workload's median worker. Above "
+                f"{T.straggler_factor:g} the worker is a straggler: cordon or replace its host.",
+                "none",
+                p.query(f"({compute}) / on (workload) group_left () quantile by (workload) (0.5, {compute})", WORKER),
+                limits=p.high_is_bad(T.straggler_factor, 1 + (T.straggler_factor - 1) / 2),
+                span=8,
+            ),
+            p.timeseries_panel(
+                "Sync time per step, by worker",
+                "Mean sync phase of each worker: the time spent in collectives, most of it waiting for the "
+                "others. A straggler shows here inverted: little sync on itself, much on everyone else.",
+                "s",
+                p.query(q.mean(c.STEP_PHASE_DURATION, q.eq("phase", "sync"), by=PER_WORKER), WORKER),
+                span=8,
+            ),
+        ],
+    )
+
+
+def compiles() -> p.Section:
+    cache = f"sum ({q.increase(c.COMPILE_CACHE_REQUESTS, window=q.RANGE)})"
+    hits = f"sum ({q.increase(c.COMPILE_CACHE_REQUESTS, q.eq('result', 'hit'), window=q.RANGE)})"
+    return p.Section(
+        "Compilation",
+        [
+            p.timeseries_panel(
+                "Compile time by stage",
+                "Seconds spent compiling, by stage (tracing, lowering to MLIR, XLA backend). Expected at the start "
+                "and after each restart; in the steady state it means recompiles: shapes or static arguments "
+                "that change between steps (pad to fixed shapes, mark arguments static deliberately).",
+                "s",
+                p.query(f"sum by (stage) ({q.increase(c.COMPILE_DURATION, suffix='sum')})", "{{stage}}"),
+                stacked=True,
+                span=8,
+            ),
+            p.timeseries_panel(
+                "Compiles, by workload",
+                "XLA backend compiles. A steady trickle after warm-up is a recompiling job; each one stalls "
+                "every worker for its duration.",
+                "short",
+                p.query(
+                    f"sum by (workload) ({q.increase(c.COMPILE_DURATION, q.eq('stage', 'backend'), suffix='count')})",
+                    "{{workload}}",
+                ),
+                span=8,
+            ),
+            p.stat_panel(
+                "Compilation cache hit ratio",
+                f"Share of persistent compilation-cache look-ups that hit, over the range. Below "
+                f"{T.compile_cache_hit_ratio:.0%} restarts pay full compile time: check that the cache directory "
+                "is shared and persistent and that the JAX version and flags did not change.",
+                "percentunit",
+                p.query(f"{hits} / {cache}"),
+                limits=p.low_is_bad(T.compile_cache_hit_ratio),
+                span=8,
+                height=8,
+            ),
+        ],
+    )
+
+
+def memory() -> p.Section:
+    used, limit = q.selector(c.DEVICE_MEMORY_USED), q.selector(c.DEVICE_MEMORY_LIMIT)
+    return p.Section(
+        "Memory and utilization",
+        [
+            p.timeseries_panel(
+                "Device memory used, by device",
+                f"HBM (or GPU memory) in use over its limit, per device of the workload's hosts. Above "
+                f"{T.hbm_used_ratio:.0%} the next larger batch or program will not fit: reduce the batch, "
+                "rematerialize activations, or shard the optimizer state.",
+                "percentunit",
+                p.query(q.on_workload_hosts(f"{used} / {limit}"), DEVICE),
+                limits=p.high_is_bad(T.hbm_used_ratio, T.hbm_used_ratio - 0.1),
+                max_value=1,
+                span=8,
+            ),
+            p.timeseries_panel(
+                "Memory spilled to host, by program",
+                "Bytes XLA placed in host memory for each compiled program (arguments, outputs, temporaries). "
+                "Any spill makes a step wait on host transfers: it means the program did not fit in device "
+                "memory, or offloading was asked for.",
+                "bytes",
+                p.query(f"max by (workload, program) ({q.selector(c.MEMORY_SPILL)})", "{{workload}} {{program}}"),
+                limits=p.high_is_bad(1),
+                span=8,
+            ),
+            p.timeseries_panel(
+                "Peak device memory, by device",
+                "The high-water mark of device memory: the headroom a step really has is limit minus peak, not "
+                "limit minus current use.",
+                "bytes",
+                p.query(q.on_workload_hosts(f"max by (instance, device) ({q.selector(c.DEVICE_MEMORY_PEAK)})"), DEVICE),
+                span=8,
+            ),
+            p.timeseries_panel(
+                "Model FLOPs utilization",
+                f"Achieved model FLOP/s over the chips' peak, per workload. Below {T.mfu_low:.0%} the chips "
+                "spend their time on something other than the model's math: look at the phase breakdown, the "
+                "duty cycle, and the step's compiled program (fusion, padding).",
+                "percentunit",
+                p.query(f"avg by (workload) ({q.selector(c.MFU)})", "{{workload}}"),
+                limits=p.low_is_bad(T.mfu_low),
+                max_value=1,
+                span=12,
+            ),
+            p.timeseries_panel(
+                "Duty cycle, by device",
+                f"Share of time each chip of the workload's hosts was busy (the runtime's or the driver's own "
+                f"measure). Below {T.duty_cycle_low:.0%} the chips wait: on input, on the host, or on a "
+                "straggler.",
+                "percentunit",
+                p.query(q.on_workload_hosts(q.selector(c.DUTY_CYCLE)), DEVICE),
+                limits=p.low_is_bad(T.duty_cycle_low),
+                max_value=1,
+                span=12,
+            ),
+        ],
+    )
+
+
+def checkpoints() -> p.Section:
+    by = "operation, result"
+    checkpoint_time = f"sum ({q.increase(c.GOODPUT, q.eq('category', 'checkpoint'), window=q.RANGE)})"
+    wall_time = f"sum ({q.increase(c.GOODPUT, window=q.RANGE)})"
+    return p.Section(
+        "Checkpoints",
+        [
+            p.bar_gauge_panel(
+                "Checkpoint time p50 / p95 over the range",
+                "How long saves and restores took, by result. Long saves block training (unless asynchronous); "
+                "long restores lengthen every recovery.",
+                "s",
+                *[
+                    p.query(
+                        q.quantile(quantile, c.CHECKPOINT_DURATION, by=by, window=q.RANGE),
+                        f"p{quantile * 100:g} {{{{operation}}}} {{{{result}}}}",
+                    )
+                    for quantile in (0.5, 0.95)
+                ],
+                span=8,
+            ),
+            p.timeseries_panel(
+                "Checkpoints, by result",
+                "Checkpoint saves and restores, ok and error. A failed save leaves the work since the last good "
+                "one at risk: check the storage (quota, permissions, throttling).",
+                "short",
+                p.query(
+                    f"sum by ({by}) ({q.increase(c.CHECKPOINT_DURATION, suffix='count')})", "{{operation}} {{result}}"
+                ),
+                span=8,
+            ),
+            p.timeseries_panel(
+                "Checkpoint throughput",
+                "Bytes per second written by saves and read by restores.",
+                "Bps",
+                p.query(f"sum by (operation) ({q.rate(c.CHECKPOINT_BYTES)})", "{{operation}}"),
+                span=8,
+            ),
+            p.stat_panel(
+                "Time since the last good checkpoint",
+                f"Per workload. Everything computed since is lost if the job fails now; over "
+                f"{T.checkpoint_age_seconds:g} s the work at risk is above the bound: check for failing saves.",
+                "s",
+                p.query(q.age(c.CHECKPOINT_LAST_SUCCESS), "{{workload}}"),
+                limits=p.high_is_bad(T.checkpoint_age_seconds, T.checkpoint_age_seconds / 2),
+                span=12,
+            ),
+            p.stat_panel(
+                "Checkpointing share of wall time",
+                f"Wall time spent checkpointing over the range. Above {T.checkpoint_share:.0%} checkpoint less "
+                "often, save asynchronously, or write less (only what a restart needs).",
+                "percentunit",
+                p.query(f"{checkpoint_time} / {wall_time}"),
+                limits=p.high_is_bad(T.checkpoint_share, T.checkpoint_share / 2),
+                span=12,
+            ),
+        ],
+    )
+
+
+def goodput() -> p.Section:
+    by_category = f"sum by (category) ({q.rate(c.GOODPUT)})"
+    return p.Section(
+        "Goodput",
+        [
+            p.timeseries_panel(
+                "Wall time by category",
+                "Where the wall time goes: productive training (step time that reached a checkpoint or the end), "
+                "compile, io_wait, checkpoint, init (start to first step) and lost (work redone after a failure "
+                f"or restart). The objective is {T.goodput_objective:.0%} productive; the largest other band is "
+                "the first thing to fix.",
+                "percentunit",
+                p.query(q.share(by_category, f"sum ({q.rate(c.GOODPUT)})", by="category"), "{{category}}"),
+                stacked=True,
+                max_value=1,
+                span=24,
+            ),
+        ],
+    )
+
+
+def host() -> p.Section:
+    return p.Section(
+        "Host",
+        [
+            p.timeseries_panel(
+                "Host CPU, by host",
+                f"CPU busy and iowait of the workload's hosts. Busier than {T.host_cpu_ratio:.0%} the host cannot "
+                "feed its chips (input decoding, the Python loop); high iowait points at the input files.",
+                "percentunit",
+                p.query(
+                    q.on_workload_hosts(f"avg by (job, instance) ({q.selector(c.HOST_CPU_UTILIZATION)})"),
+                    "busy {{instance}}",
+                ),
+                p.query(q.on_workload_hosts(q.selector(c.HOST_CPU_IOWAIT)), "iowait {{instance}}"),
+                limits=p.high_is_bad(T.host_cpu_ratio),
+                max_value=1,
+                span=8,
+            ),
+            p.timeseries_panel(
+                "The job's CPU, by host",
+                "CPU cores the workload's processes use. Near the host's core count, the input pipeline and the "
+                "training loop compete for the CPU.",
+                "short",
+                p.query(f"sum by (workload, instance) ({q.rate(c.JOB_CPU)})", "{{workload}} {{instance}}"),
+                span=8,
+            ),
+            p.timeseries_panel(
+                "Host disk and network",
+                "Bytes per second read and written on the workload's hosts' disks, and received and transmitted "
+                "on their network interfaces: input reads and checkpoint writes show here.",
+                "Bps",
+                p.query(
+                    q.on_workload_hosts(f"sum by (job, instance, direction) ({q.rate(c.HOST_DISK_IO)})"),
+                    "disk {{direction}} {{instance}}",
+                ),
+                p.query(
+                    q.on_workload_hosts(f"sum by (job, instance, direction) ({q.rate(c.HOST_NETWORK)})"),
+                    "net {{direction}} {{instance}}",
+                ),
+                span=8,
+            ),
+        ],
+    )
+
+
+def dashboard() -> dict[str, Any]:
+    sections = [steps(), stragglers(), compiles(), memory(), checkpoints(), goodput(), host()]
+    return p.build(UID, TITLE, DESCRIPTION, sections, p.variables(c.STEPS))

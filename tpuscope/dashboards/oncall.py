@@ -1,0 +1,221 @@
+"""On-call: what is broken right now, and is the monitoring itself working?
+
+For the SRE holding the pager: the sidecars and their collectors, stalled
+workloads, failures, checkpoint staleness, memory headroom, the hosts, and the
+alerts firing. Every panel reads well when all is fine (ages, ratios, counts of
+zero), so a blank panel always means missing data, never good news.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tpuscope import catalog as c
+from tpuscope.dashboards import panels as p
+from tpuscope.dashboards import promql as q
+from tpuscope.thresholds import DEFAULT as T
+
+UID = "tpuscope-oncall"
+TITLE = "tpuscope / On-call"
+DESCRIPTION = "Exporter and collector health, stalled workloads, failures, checkpoint staleness, headroom, alerts."
+
+UP = f'up{{job=~"${q.JOB}", slice=~"${q.SLICE}", worker=~"${q.WORKER}"}}'
+ALERTS = 'ALERTS{alertstate="firing", alertname=~"Tpuscope.*"}'
+LOST = 'result=~"dropped|invalid"'
+UP_DOWN = [("1", "up", p.GOOD), ("0", "down", p.BAD)]
+
+
+def monitoring() -> p.Section:
+    return p.Section(
+        "Is the monitoring working?",
+        [
+            p.stat_panel(
+                "Sidecars down",
+                "tpuscope sidecars Prometheus could not scrape at its last attempt. While one is down, its "
+                "host's workloads are invisible and their alerts cannot fire: check the pod (restarts, OOM "
+                "kills) and the network policy between Prometheus and port 9478.",
+                "short",
+                p.query(f"count ({UP} == 0) or vector(0)"),
+                limits=p.high_is_bad(1),
+                span=4,
+            ),
+            p.stat_panel(
+                "Collectors down",
+                "Collectors (libtpu, nvml, host) whose latest collection failed or passed its deadline. The "
+                "sidecar keeps serving the rest; Collector errors says why.",
+                "short",
+                p.query(f"count ({q.selector(c.COLLECTOR_UP)} == 0) or vector(0)"),
+                limits=p.high_is_bad(1),
+                span=4,
+            ),
+            p.stat_panel(
+                "Events dropped or invalid",
+                "Events from jobs the sidecar lost over the range: dropped (the job could not send: sidecar "
+                "down or socket full) and invalid (rejected as malformed). Nonzero means the step metrics "
+                "undercount.",
+                "short",
+                p.query(f"sum ({q.increase(c.INGEST_EVENTS, LOST, window=q.RANGE)})"),
+                limits=p.high_is_bad(1),
+                span=4,
+            ),
+            p.state_panel(
+                "Sidecar scrapes",
+                "Prometheus' up for each sidecar target: red while it cannot be scraped.",
+                p.query(UP, "{{instance}}"),
+                mappings=UP_DOWN,
+                span=12,
+            ),
+            p.state_panel(
+                "Collectors",
+                "Each collector's state on each host: red while its collections fail.",
+                p.query(f"max by (instance, collector) ({q.selector(c.COLLECTOR_UP)})", "{{instance}} {{collector}}"),
+                mappings=UP_DOWN,
+                span=12,
+            ),
+            p.timeseries_panel(
+                "Collector errors, by reason",
+                "Failed collections: unavailable (the runtime or driver is not answering), deadline (too slow), "
+                "unknown_metrics, invalid_response, not_supported, process_gone, error. A collector that keeps "
+                "failing backs off and retries; the sidecar log has the detail.",
+                "short",
+                p.query(
+                    f"sum by (instance, collector, reason) ({q.increase(c.COLLECTOR_ERRORS)})",
+                    "{{instance}} {{collector}} {{reason}}",
+                ),
+            ),
+            p.timeseries_panel(
+                "Events received, by result",
+                "Events per second from the jobs: accepted, invalid (rejected by the sidecar) and dropped (lost "
+                "on the job's side, as the job reports it).",
+                "eps",
+                p.query(f"sum by (result) ({q.rate(c.INGEST_EVENTS)})", "{{result}}"),
+            ),
+        ],
+    )
+
+
+def workloads() -> p.Section:
+    return p.Section(
+        "Workloads",
+        [
+            p.bar_gauge_panel(
+                "Seconds since the last step, by workload",
+                f"Over {T.stall_seconds:g} s a workload is stalled: a hung collective, a dead input pipeline, "
+                "a host gone. Look at the job's logs and at its hosts below; a workload that finished stays "
+                "here until its sidecar forgets it.",
+                "s",
+                p.query(q.age(c.LAST_STEP), "{{workload}}"),
+                limits=p.high_is_bad(T.stall_seconds, T.stall_seconds / 2),
+                span=8,
+            ),
+            p.bar_gauge_panel(
+                "Time since the last good checkpoint, by workload",
+                f"The work at risk if the workload failed now. Over {T.checkpoint_age_seconds:g} s: are saves "
+                "failing (storage full, permissions), or was checkpointing turned off?",
+                "s",
+                p.query(q.age(c.CHECKPOINT_LAST_SUCCESS), "{{workload}}"),
+                limits=p.high_is_bad(T.checkpoint_age_seconds, T.checkpoint_age_seconds / 2),
+                span=8,
+            ),
+            p.timeseries_panel(
+                "Failures and restarts in the last hour",
+                "Failures and restarts per workload over a sliding hour. A workload in a crash loop restarts "
+                "without progress: stop it before it burns its chips.",
+                "short",
+                p.query(
+                    f"sum by (workload, reason) ({q.increase(c.WORKLOAD_FAILURES, window='1h')})",
+                    "failure {{workload}} {{reason}}",
+                ),
+                p.query(
+                    f"sum by (workload, reason) ({q.increase(c.WORKLOAD_RESTARTS, window='1h')})",
+                    "restart {{workload}} {{reason}}",
+                ),
+                span=8,
+            ),
+        ],
+    )
+
+
+def hosts() -> p.Section:
+    used, limit = q.selector(c.DEVICE_MEMORY_USED), q.selector(c.DEVICE_MEMORY_LIMIT)
+    return p.Section(
+        "Devices and hosts",
+        [
+            p.bar_gauge_panel(
+                "Device memory headroom, by device",
+                f"Free share of each device's memory (HBM). Below {1 - T.hbm_used_ratio:.0%} a larger batch, a "
+                "new program or fragmentation will fail with out-of-memory.",
+                "percentunit",
+                p.query(f"min by (instance, device) (1 - {used} / {limit})", "{{instance}} {{device}}"),
+                limits=p.low_is_bad(1 - T.hbm_used_ratio, 2 * (1 - T.hbm_used_ratio)),
+                max_value=1,
+                span=8,
+            ),
+            p.timeseries_panel(
+                "Host CPU and iowait, by host",
+                f"Busier than {T.host_cpu_ratio:.0%}, a host cannot feed its chips. High iowait points at the "
+                "disks (input files, checkpoint writes).",
+                "percentunit",
+                p.query(f"avg by (instance) ({q.selector(c.HOST_CPU_UTILIZATION)})", "busy {{instance}}"),
+                p.query(f"max by (instance) ({q.selector(c.HOST_CPU_IOWAIT)})", "iowait {{instance}}"),
+                limits=p.high_is_bad(T.host_cpu_ratio),
+                max_value=1,
+                span=8,
+            ),
+            p.timeseries_panel(
+                "Host memory available, by host",
+                "Share of host memory still available. Near zero the kernel's OOM killer picks a process, "
+                "likely the training job.",
+                "percentunit",
+                p.query(
+                    f"max by (instance) ({q.selector(c.HOST_MEMORY_AVAILABLE)})"
+                    f" / max by (instance) ({q.selector(c.HOST_MEMORY_TOTAL)})",
+                    "{{instance}}",
+                ),
+                limits=p.low_is_bad(0.05, 0.15),
+                max_value=1,
+                span=8,
+            ),
+            p.timeseries_panel(
+                "GPU XID errors in the last hour",
+                "NVIDIA driver XID errors per GPU. 48 (double-bit ECC), 79 (fell off the bus) and 94/95 "
+                "(contained and uncontained ECC) mean drain the node; 13 and 31 are usually the program's fault.",
+                "short",
+                p.query(
+                    f"sum by (instance, device, xid) ({q.increase(c.XID_ERRORS, window='1h')})",
+                    "{{instance}} GPU {{device}} XID {{xid}}",
+                ),
+                limits=p.high_is_bad(1),
+                span=24,
+            ),
+        ],
+    )
+
+
+def alerts() -> p.Section:
+    return p.Section(
+        "Alerts",
+        [
+            p.stat_panel(
+                "Firing tpuscope alerts",
+                "tpuscope's alerts (the generated rules) firing now, as Prometheus evaluates them. Each one's "
+                "runbook link is in Alertmanager and in the table.",
+                "short",
+                p.query(f"count ({ALERTS}) or vector(0)"),
+                limits=p.high_is_bad(1),
+                span=6,
+                height=8,
+            ),
+            p.table_panel(
+                "Firing tpuscope alerts",
+                "Which alerts fire, for which workload and host, by severity: critical pages, warning makes a ticket.",
+                p.query(f"max by (alertname, severity, workload, instance) ({ALERTS})", instant=True),
+                span=18,
+            ),
+        ],
+    )
+
+
+def dashboard() -> dict[str, Any]:
+    sections = [monitoring(), workloads(), hosts(), alerts()]
+    return p.build(UID, TITLE, DESCRIPTION, sections, p.variables(c.STEPS, job=True))

@@ -1,0 +1,351 @@
+"""Shared factories: the panels, variables and dashboard frame every tpuscope dashboard is made of.
+
+One place decides how a tpuscope panel looks (legend, units, thresholds, the
+datasource variable, exemplars on the step panels), so the dashboards modules say
+only *what* each panel shows and why.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from grafana_foundation_sdk.builders import bargauge, heatmap, stat, statetimeline, table, timeseries
+from grafana_foundation_sdk.builders.common import (
+    GraphThresholdsStyleConfig,
+    ReduceDataOptions,
+    StackingConfig,
+    VizLegendOptions,
+)
+from grafana_foundation_sdk.builders.dashboard import (
+    Dashboard,
+    DatasourceVariable,
+    QueryVariable,
+    Row,
+    TextBoxVariable,
+    ThresholdsConfig,
+)
+from grafana_foundation_sdk.builders.heatmap import HeatmapColorOptions, YAxisConfig
+from grafana_foundation_sdk.builders.prometheus import Dataquery
+from grafana_foundation_sdk.cog.builder import Builder
+from grafana_foundation_sdk.cog.encoder import JSONEncoder
+from grafana_foundation_sdk.models import common, dashboard
+from grafana_foundation_sdk.models.heatmap import HeatmapColorMode
+from grafana_foundation_sdk.models.prometheus import PromQueryFormat
+
+from tpuscope import catalog
+from tpuscope.dashboards import promql
+
+DATASOURCE = dashboard.DataSourceRef(type_val="prometheus", uid="${datasource}")
+ALL = ".*"
+TAGS = ["tpuscope"]
+
+# Threshold colours: Grafana's named palette.
+GOOD, WARN, BAD = "green", "orange", "red"
+NEUTRAL = "text"
+
+
+# --- thresholds --------------------------------------------------------------------
+def thresholds(*steps: tuple[float | None, str]) -> ThresholdsConfig:
+    """Absolute steps, lowest first; the first step's value is None (everything below the next)."""
+    return (
+        ThresholdsConfig().mode(dashboard.ThresholdsMode.ABSOLUTE).steps([dashboard.Threshold(v, c) for v, c in steps])
+    )
+
+
+def high_is_bad(bad: float, warn: float | None = None) -> ThresholdsConfig:
+    steps: list[tuple[float | None, str]] = [(None, GOOD)]
+    if warn is not None:
+        steps.append((warn, WARN))
+    return thresholds(*steps, (bad, BAD))
+
+
+def low_is_bad(bad: float, warn: float | None = None) -> ThresholdsConfig:
+    """Red below ``bad``, orange below ``warn``, green above."""
+    steps: list[tuple[float | None, str]] = [(None, BAD)]
+    if warn is not None:
+        steps += [(bad, WARN), (warn, GOOD)]
+    else:
+        steps.append((bad, GOOD))
+    return thresholds(*steps)
+
+
+def informational() -> ThresholdsConfig:
+    """For panels with no good or bad value (a rate, a size): one neutral step."""
+    return thresholds((None, NEUTRAL))
+
+
+# --- queries ---------------------------------------------------------------------------
+def query(
+    expr: str, legend: str = "", *, instant: bool = False, exemplar: bool = False, buckets: bool = False
+) -> Dataquery:
+    """A Prometheus target; ``instant`` for tables, ``buckets`` for a heatmap of a histogram's ``le`` series."""
+    q = Dataquery().expr(expr).legend_format(legend or "__auto")
+    if instant:
+        q = q.instant().format(PromQueryFormat.TABLE)
+    if buckets:
+        q = q.format(PromQueryFormat.HEATMAP).legend_format("{{le}}")
+    if exemplar:
+        q = q.exemplar(True)
+    return q
+
+
+def _with_targets(panel: Any, targets: Sequence[Dataquery]) -> Any:
+    for ref, target in zip("ABCDEFGHIJ", targets, strict=False):
+        panel = panel.with_target(target.ref_id(ref))
+    return panel
+
+
+def _common(
+    panel: Any, title: str, description: str, unit: str, limits: ThresholdsConfig, span: int, height: int
+) -> Any:
+    return (
+        panel.title(title)
+        .description(description)
+        .datasource(DATASOURCE)
+        .unit(unit)
+        .thresholds(limits)
+        .span(span)
+        .height(height)
+    )
+
+
+# --- panels ------------------------------------------------------------------------------
+def timeseries_panel(
+    title: str,
+    description: str,
+    unit: str,
+    *targets: Dataquery,
+    limits: ThresholdsConfig | None = None,
+    stacked: bool = False,
+    min_value: float | None = 0,
+    max_value: float | None = None,
+    span: int = 12,
+    height: int = 8,
+) -> timeseries.Panel:
+    """A time series; its thresholds are drawn as dashed lines, so a reader sees where bad begins."""
+    panel = _common(timeseries.Panel(), title, description, unit, limits or informational(), span, height)
+    panel = panel.legend(
+        VizLegendOptions()
+        .show_legend(True)
+        .display_mode(common.LegendDisplayMode.TABLE if len(targets) > 1 or stacked else common.LegendDisplayMode.LIST)
+        .placement(common.LegendPlacement.BOTTOM)
+        .calcs(["mean", "max", "lastNotNull"])
+    )
+    panel = panel.fill_opacity(10).line_width(1).show_points(common.VisibilityMode.NEVER)
+    if limits is not None:
+        panel = panel.thresholds_style(GraphThresholdsStyleConfig().mode(common.GraphThresholdsStyleMode.DASHED))
+    if stacked:
+        panel = panel.stacking(StackingConfig().mode(common.StackingMode.NORMAL)).fill_opacity(60)
+    if min_value is not None:
+        panel = panel.min(min_value)
+    if max_value is not None:
+        panel = panel.max(max_value)
+    return _with_targets(panel, targets)  # type: ignore[no-any-return]
+
+
+def stat_panel(
+    title: str,
+    description: str,
+    unit: str,
+    *targets: Dataquery,
+    limits: ThresholdsConfig | None = None,
+    reduce: str = "lastNotNull",
+    span: int = 4,
+    height: int = 4,
+) -> stat.Panel:
+    """One number per series, coloured by its thresholds."""
+    panel = _common(stat.Panel(), title, description, unit, limits or informational(), span, height)
+    panel = panel.reduce_options(ReduceDataOptions().calcs([reduce]).values(False))
+    panel = panel.color_mode(common.BigValueColorMode.BACKGROUND if limits else common.BigValueColorMode.NONE)
+    panel = panel.graph_mode(common.BigValueGraphMode.AREA)
+    return _with_targets(panel, targets)  # type: ignore[no-any-return]
+
+
+def bar_gauge_panel(
+    title: str,
+    description: str,
+    unit: str,
+    *targets: Dataquery,
+    limits: ThresholdsConfig | None = None,
+    min_value: float = 0,
+    max_value: float | None = None,
+    span: int = 12,
+    height: int = 8,
+) -> bargauge.Panel:
+    """One bar per series (a workload, a device), for comparing many at a glance."""
+    panel = _common(bargauge.Panel(), title, description, unit, limits or informational(), span, height)
+    panel = panel.reduce_options(ReduceDataOptions().calcs(["lastNotNull"]).values(False))
+    panel = panel.display_mode(common.BarGaugeDisplayMode.GRADIENT).orientation(common.VizOrientation.HORIZONTAL)
+    panel = panel.min(min_value)
+    if max_value is not None:
+        panel = panel.max(max_value)
+    return _with_targets(panel, targets)  # type: ignore[no-any-return]
+
+
+def heatmap_panel(
+    title: str, description: str, unit: str, target: Dataquery, span: int = 12, height: int = 8
+) -> heatmap.Panel:
+    """A histogram's buckets over time, as Prometheus stores them (no recalculation), exemplars on."""
+    panel = (
+        heatmap.Panel()
+        .title(title)
+        .description(description)
+        .datasource(DATASOURCE)
+        .span(span)
+        .height(height)
+        .calculate(False)
+        .y_axis(YAxisConfig().unit(unit))
+        .color(
+            HeatmapColorOptions()
+            .mode(HeatmapColorMode.SCHEME)
+            .scheme("Oranges")
+            .fill("dark-orange")
+            .exponent(0.5)
+            .steps(64)
+            .reverse(False)
+        )
+        .exemplars_color("rgba(255,0,255,0.7)")
+        .thresholds(informational())
+    )
+    return _with_targets(panel, [target])  # type: ignore[no-any-return]
+
+
+def table_panel(title: str, description: str, *targets: Dataquery, span: int = 12, height: int = 8) -> table.Panel:
+    """Rows of an instant query's labels and value (firing alerts, a fleet's workloads)."""
+    panel = _common(table.Panel(), title, description, "short", informational(), span, height)
+    return _with_targets(panel, targets)  # type: ignore[no-any-return]
+
+
+def state_panel(
+    title: str,
+    description: str,
+    *targets: Dataquery,
+    mappings: Sequence[tuple[str, str, str]],
+    span: int = 12,
+    height: int = 8,
+) -> statetimeline.Panel:
+    """Up or down over time, one lane per series; ``mappings`` are (value, text, colour)."""
+    panel = _common(statetimeline.Panel(), title, description, "short", informational(), span, height)
+    value_map = dashboard.ValueMap(
+        options={value: dashboard.ValueMappingResult(text=text, color=color) for value, text, color in mappings},
+    )
+    panel = panel.mappings([value_map])
+    return _with_targets(panel, targets)  # type: ignore[no-any-return]
+
+
+# --- variables -------------------------------------------------------------------------
+def _label_values(name: str, label: str, source: str, description: str) -> QueryVariable:
+    return (
+        QueryVariable(name)
+        .label(label.capitalize())
+        .description(description)
+        .datasource(DATASOURCE)
+        .query(f"label_values({source}, {label})")
+        .definition(f"label_values({source}, {label})")
+        .refresh(dashboard.VariableRefresh.ON_TIME_RANGE_CHANGED)
+        .sort(dashboard.VariableSort.ALPHABETICAL_ASC)
+        .multi(True)
+        .include_all(True)
+        .all_value(ALL)
+        .current(dashboard.VariableOption(selected=True, text="All", value="$__all"))
+    )
+
+
+def variables(workload_source: catalog.Metric, *, job: bool = False, price: bool = False) -> list[Builder[Any]]:
+    """datasource, workload, slice, worker, accelerator (and the scrape job, the chip-hour price)."""
+    build = f"{catalog.BUILD_INFO.name}"
+    result: list[Builder[Any]] = [
+        DatasourceVariable("datasource").label("Data source").type("prometheus"),
+        _label_values(
+            promql.WORKLOAD,
+            "workload",
+            workload_source.name,
+            "The workload label each job reports with (Monitor(workload=...)).",
+        ),
+        _label_values(
+            promql.SLICE,
+            "slice",
+            build,
+            "The slice label your scrape configuration gives each target (All also covers targets without one).",
+        ),
+        _label_values(
+            promql.WORKER,
+            "worker",
+            f'{build}{{slice=~"${promql.SLICE}"}}',
+            "The worker (host index within its slice) label of each target.",
+        ),
+        _label_values(
+            promql.ACCELERATOR,
+            "accelerator",
+            catalog.DUTY_CYCLE.name,
+            "The accelerator type (v5e, v5p, v6e, h100, ...) the collectors found.",
+        ),
+    ]
+    if job:
+        # No custom All value: All expands to the jobs found, so `up` is not read for other exporters.
+        result.append(
+            QueryVariable(promql.JOB)
+            .label("Scrape job")
+            .description("The Prometheus job(s) whose targets are tpuscope sidecars.")
+            .datasource(DATASOURCE)
+            .query(f"label_values({build}, job)")
+            .definition(f"label_values({build}, job)")
+            .refresh(dashboard.VariableRefresh.ON_TIME_RANGE_CHANGED)
+            .multi(True)
+            .include_all(True)
+            .current(dashboard.VariableOption(selected=True, text="All", value="$__all"))
+        )
+    if price:
+        result.append(
+            TextBoxVariable(promql.PRICE)
+            .label("Price per chip-hour")
+            .description("What one accelerator chip costs per hour, in your currency: the basis of every cost panel.")
+            .default_value(DEFAULT_CHIP_HOUR_PRICE)
+        )
+    return result
+
+
+DEFAULT_CHIP_HOUR_PRICE = "1.20"  # about a TPU v5e chip-hour on demand; users set their own
+
+
+# --- the dashboard -------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Section:
+    """A row of the dashboard and its panels, laid out left to right in 24 columns."""
+
+    title: str
+    panels: Sequence[Any]
+
+
+def build(
+    uid: str, title: str, description: str, sections: Sequence[Section], variables: Sequence[Builder[Any]]
+) -> dict[str, Any]:
+    """The dashboard as the JSON object Grafana imports, with panel ids assigned in order."""
+    board = (
+        Dashboard(title)
+        .uid(uid)
+        .description(description)
+        .tags(TAGS)
+        .editable()
+        .time("now-6h", "now")
+        .refresh("30s")
+        .timezone("browser")
+        .tooltip(dashboard.DashboardCursorSync.CROSSHAIR)
+        .variables(list(variables))
+    )
+    for section in sections:
+        board = board.with_row(Row(section.title))
+        for panel in section.panels:
+            board = board.with_panel(panel)
+    encoded: dict[str, Any] = json.loads(JSONEncoder(sort_keys=True).encode(board.build()))
+    for number, panel in enumerate(encoded["panels"], start=1):
+        panel["id"] = number
+    return encoded
+
+
+def panels_of(board: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every panel that shows data (rows hold none)."""
+    return [p for p in board["panels"] if p["type"] != "row"]

@@ -1,0 +1,98 @@
+"""PromQL for the dashboards, built from the catalogue's metric objects.
+
+Every selector filters by the dashboard's template variables, and only by those
+the metric can carry: ``workload`` where the catalogue gives it a workload label,
+``accelerator`` where it has one, and always ``slice`` and ``worker``, which
+Prometheus adds from the scrape target. All variables match with ``=~`` and
+their *All* value is ``.*``, which also matches a series without the label: the
+dashboards work before a fleet labels its targets by slice and worker.
+"""
+
+from __future__ import annotations
+
+from tpuscope.catalog import LAST_STEP, Label, Metric
+
+# Grafana's interval variables, substituted when a panel runs.
+RATE = "$__rate_interval"  # at least four scrape intervals: a rate always has two samples
+RANGE = "$__range"  # the dashboard's time range: for stats over the whole view
+INTERVAL = "$__interval"  # one point's width: for heatmap buckets
+
+# Template variables: (name, label it filters).
+WORKLOAD = "workload"
+SLICE = "slice"
+WORKER = "worker"
+ACCELERATOR = "accelerator"
+JOB = "job"  # the Prometheus job(s) scraping tpuscope sidecars
+PRICE = "chip_hour_price"
+
+TARGET_LABELS = (SLICE, WORKER)
+# The labels that tell one worker (one sidecar, one host) from another.
+BY_WORKER = "job, instance, slice, worker"
+WORKER_LEGEND = "{{slice}} {{worker}} {{instance}}"
+
+
+def selector(metric: Metric, *matchers: str, suffix: str = "") -> str:
+    """``name{...}`` with the template variables' matchers and any extra ones (``'phase="io"'``)."""
+    name = metric.series(suffix) if suffix else metric.name
+    labels = []
+    if Label.WORKLOAD in metric.labels:
+        labels.append(f'workload=~"${WORKLOAD}"')
+    if Label.ACCELERATOR in metric.labels:
+        labels.append(f'accelerator=~"${ACCELERATOR}"')
+    labels += [f'{label}=~"${label}"' for label in TARGET_LABELS]
+    labels += matchers
+    return f"{name}{{{', '.join(labels)}}}"
+
+
+def eq(label: str, value: str) -> str:
+    """An equality matcher: ``eq("phase", "io")`` -> ``phase="io"``."""
+    return f'{label}="{value}"'
+
+
+def ne(label: str, value: str) -> str:
+    return f'{label}!="{value}"'
+
+
+def rate(metric: Metric, *matchers: str, suffix: str = "", window: str = RATE) -> str:
+    return f"rate({selector(metric, *matchers, suffix=suffix)}[{window}])"
+
+
+def increase(metric: Metric, *matchers: str, suffix: str = "", window: str = RATE) -> str:
+    return f"increase({selector(metric, *matchers, suffix=suffix)}[{window}])"
+
+
+def quantile(q: float, histogram: Metric, *matchers: str, by: str = "", window: str = RATE) -> str:
+    """The ``q`` quantile of a histogram's observations in ``window``, per ``by``."""
+    grouping = f"le, {by}" if by else "le"
+    return (
+        f"histogram_quantile({q}, sum by ({grouping}) ({rate(histogram, *matchers, suffix='bucket', window=window)}))"
+    )
+
+
+def mean(histogram: Metric, *matchers: str, by: str = "", window: str = RATE) -> str:
+    """The mean observation in ``window``, per ``by``: sum over count."""
+    per = f" by ({by})" if by else ""
+    return (
+        f"sum{per} ({rate(histogram, *matchers, suffix='sum', window=window)})"
+        f" / sum{per} ({rate(histogram, *matchers, suffix='count', window=window)})"
+    )
+
+
+def age(timestamp: Metric, by: str = "workload") -> str:
+    """Seconds since a ``*_timestamp_seconds`` gauge's latest value, the freshest across workers."""
+    return f"time() - max by ({by}) ({selector(timestamp)})"
+
+
+def on_workload_hosts(expr: str) -> str:
+    """Per-host series (devices, the host) kept only for the hosts where the chosen workloads run."""
+    return f"({expr}) and on (job, instance) {selector(LAST_STEP)}"
+
+
+def share(part: str, whole: str, by: str = "") -> str:
+    """``part / whole``, where ``part`` has one more label than ``whole`` (a phase, a category)."""
+    return f"{part} / ignoring ({by}) group_left {whole}" if by else f"{part} / {whole}"
+
+
+def le(bound: float) -> str:
+    """A bucket bound as prometheus_client writes the ``le`` label (0.5 -> "0.5", 1 -> "1.0")."""
+    return repr(float(bound))

@@ -1,0 +1,109 @@
+"""Serving: batched inference's latency against its objective, its queue and its batches."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tpuscope import catalog as c
+from tpuscope.dashboards import panels as p
+from tpuscope.dashboards import promql as q
+from tpuscope.thresholds import DEFAULT as T
+
+UID = "tpuscope-serving"
+TITLE = "tpuscope / Serving"
+DESCRIPTION = "Batched inference: request latency against its objective, request rate, queue depth, batch size."
+
+FAST_ENOUGH = q.eq("le", q.le(T.inference_latency_seconds))
+
+
+def good_ratio(window: str) -> str:
+    """Share of requests answered within the latency objective's bound."""
+    good = f"sum ({q.rate(c.INFERENCE_REQUEST_DURATION, FAST_ENOUGH, suffix='bucket', window=window)})"
+    return f"{good} / sum ({q.rate(c.INFERENCE_REQUEST_DURATION, suffix='count', window=window)})"
+
+
+def latency() -> p.Section:
+    budget = 1 - T.inference_latency_objective
+    return p.Section(
+        "Latency",
+        [
+            p.timeseries_panel(
+                "Request latency p50 / p95 / p99",
+                f"Time from a request's arrival to its answer, per workload. The objective: "
+                f"{T.inference_latency_objective:.0%} of requests within {T.inference_latency_seconds:g} s "
+                "(the dashed line). A p99 that rises with the queue depth is too little capacity; one that "
+                "rises alone is slow batches (see Batch size).",
+                "s",
+                *[
+                    p.query(
+                        q.quantile(quantile, c.INFERENCE_REQUEST_DURATION, by="workload"),
+                        f"p{quantile * 100:g} {{{{workload}}}}",
+                    )
+                    for quantile in (0.5, 0.95, 0.99)
+                ],
+                limits=p.high_is_bad(T.inference_latency_seconds),
+                span=12,
+            ),
+            p.stat_panel(
+                "Requests within the objective",
+                f"Share of requests answered within {T.inference_latency_seconds:g} s over the range, against "
+                f"the {T.inference_latency_objective:.0%} objective.",
+                "percentunit",
+                p.query(good_ratio(q.RANGE)),
+                limits=p.low_is_bad(T.inference_latency_objective),
+                span=6,
+                height=8,
+            ),
+            p.stat_panel(
+                "Latency error budget left",
+                f"The share of the error budget ({budget:.1%} of requests may be slow) left over the range; "
+                "below zero the objective is missed. When it runs low, freeze risky changes and add capacity.",
+                "percentunit",
+                p.query(f"1 - (1 - ({good_ratio(q.RANGE)})) / {budget:g}"),
+                limits=p.low_is_bad(0, 0.25),
+                span=6,
+                height=8,
+            ),
+        ],
+    )
+
+
+def load() -> p.Section:
+    return p.Section(
+        "Load and batching",
+        [
+            p.timeseries_panel(
+                "Requests per second",
+                "Requests answered per second, per workload.",
+                "reqps",
+                p.query(f"sum by (workload) ({q.rate(c.INFERENCE_REQUEST_DURATION, suffix='count')})", "{{workload}}"),
+                span=8,
+            ),
+            p.timeseries_panel(
+                "Queue depth",
+                "Requests waiting for a batch slot, per workload. A queue that grows and does not drain is "
+                "demand above capacity: scale out before latency follows.",
+                "short",
+                p.query(f"max by (workload) ({q.selector(c.INFERENCE_QUEUE_DEPTH)})", "{{workload}}"),
+                span=8,
+            ),
+            p.timeseries_panel(
+                "Batch size p50 / p95",
+                "Requests per executed batch. Batches far below the configured maximum under load mean the "
+                "batching window is too short; always full batches with a growing queue mean too few replicas.",
+                "short",
+                *[
+                    p.query(
+                        q.quantile(quantile, c.INFERENCE_BATCH_SIZE, by="workload"),
+                        f"p{quantile * 100:g} {{{{workload}}}}",
+                    )
+                    for quantile in (0.5, 0.95)
+                ],
+                span=8,
+            ),
+        ],
+    )
+
+
+def dashboard() -> dict[str, Any]:
+    return p.build(UID, TITLE, DESCRIPTION, [latency(), load()], p.variables(c.INFERENCE_QUEUE_DEPTH))
