@@ -39,14 +39,28 @@ def target_of(metrics_url: str) -> str:
 class PrometheusServer:
     """``with PrometheusServer(workdir, ["127.0.0.1:9478"]) as prom: prom.query("up")``"""
 
-    def __init__(self, workdir: Path, targets: list[str], scrape_interval: str = "1s", binary: str = "prometheus"):
+    def __init__(
+        self,
+        workdir: Path,
+        targets: list[str],
+        scrape_interval: str = "1s",
+        binary: str = "prometheus",
+        *,
+        labels: dict[str, str] | None = None,
+        rule_files: list[Path] = (),  # type: ignore[assignment]
+    ):
+        """``labels`` are added to every target (as a fleet's relabelling adds slice and worker)."""
         path = shutil.which(binary)
         if path is None:
             raise PrometheusError(f"{binary} not found: install Debian's prometheus package (`make test` does)")
         workdir.mkdir(parents=True, exist_ok=True)
+        static: dict[str, Any] = {"targets": targets}
+        if labels:
+            static["labels"] = labels
         config = {
             "global": {"scrape_interval": scrape_interval, "evaluation_interval": scrape_interval},
-            "scrape_configs": [{"job_name": "tpuscope", "static_configs": [{"targets": targets}]}],
+            "rule_files": [str(rule_file) for rule_file in rule_files],
+            "scrape_configs": [{"job_name": "tpuscope", "static_configs": [static]}],
         }
         (workdir / "prometheus.yml").write_text(yaml.safe_dump(config))
         self.port = free_port()
@@ -82,15 +96,26 @@ class PrometheusServer:
 
     def query(self, expr: str) -> list[dict[str, Any]]:
         """An instant query; returns the result vector (each item has ``metric`` and ``value``)."""
-        url = f"{self.url}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
+        return list(self._get("query", {"query": expr})["result"])
+
+    def query_range(self, expr: str, start: float, end: float, step: float) -> list[dict[str, Any]]:
+        """A range query, as Grafana runs a time series panel; each item has ``metric`` and ``values``."""
+        return list(self._get("query_range", {"query": expr, "start": start, "end": end, "step": step})["result"])
+
+    def label_values(self, label: str, match: str) -> list[str]:
+        """What Grafana's ``label_values(match, label)`` variable query lists."""
+        return list(self._get(f"label/{label}/values", {"match[]": match}))
+
+    def _get(self, endpoint: str, parameters: dict[str, Any]) -> Any:
+        url = f"{self.url}/api/v1/{endpoint}?" + urllib.parse.urlencode(parameters)
         try:
             with urllib.request.urlopen(url, timeout=10) as r:
                 body = json.load(r)
         except urllib.error.HTTPError as e:
-            raise PrometheusError(f"query {expr!r} failed: {e.read().decode()}") from None
+            raise PrometheusError(f"{endpoint} {parameters} failed: {e.read().decode()}") from None
         if body.get("status") != "success":
-            raise PrometheusError(f"query {expr!r} failed: {body}")
-        return list(body["data"]["result"])
+            raise PrometheusError(f"{endpoint} {parameters} failed: {body}")
+        return body["data"]
 
     def scalar(self, expr: str) -> float | None:
         """The value of a query that yields at most one series, or None when it yields none."""

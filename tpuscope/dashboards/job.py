@@ -20,7 +20,7 @@ DESCRIPTION = "One workload's steps, phases, stragglers, compiles, memory, check
 
 PER_WORKER = f"workload, {q.BY_WORKER}"
 WORKER = "{{workload}} " + q.WORKER_LEGEND
-DEVICE = "{{instance}} {{device}}"
+DEVICE = "{{instance}} {{accelerator}} {{device}}"
 
 
 def steps() -> p.Section:
@@ -217,7 +217,12 @@ def memory() -> p.Section:
                 "The high-water mark of device memory: the headroom a step really has is limit minus peak, not "
                 "limit minus current use.",
                 "bytes",
-                p.query(q.on_workload_hosts(f"max by (instance, device) ({q.selector(c.DEVICE_MEMORY_PEAK)})"), DEVICE),
+                p.query(
+                    q.on_workload_hosts(
+                        f"max by (job, instance, accelerator, device) ({q.selector(c.DEVICE_MEMORY_PEAK)})"
+                    ),
+                    DEVICE,
+                ),
                 span=8,
             ),
             p.timeseries_panel(

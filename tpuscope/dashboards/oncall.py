@@ -146,7 +146,10 @@ def hosts() -> p.Section:
                 f"Free share of each device's memory (HBM). Below {1 - T.hbm_used_ratio:.0%} a larger batch, a "
                 "new program or fragmentation will fail with out-of-memory.",
                 "percentunit",
-                p.query(f"min by (instance, device) (1 - {used} / {limit})", "{{instance}} {{device}}"),
+                p.query(
+                    f"min by (instance, accelerator, device) (1 - {used} / {limit})",
+                    "{{instance}} {{accelerator}} {{device}}",
+                ),
                 limits=p.low_is_bad(1 - T.hbm_used_ratio, 2 * (1 - T.hbm_used_ratio)),
                 max_value=1,
                 span=8,

@@ -281,7 +281,8 @@ def variables(workload_source: catalog.Metric, *, job: bool = False, price: bool
             promql.ACCELERATOR,
             "accelerator",
             catalog.DUTY_CYCLE.name,
-            "The accelerator type (v5e, v5p, v6e, h100, ...) the collectors found.",
+            "The devices shown, by accelerator type (v5e, v5p, v6e, h100, ...) as the collectors found them; "
+            "per-workload panels (MFU, cost) are not filtered by it.",
         ),
     ]
     if job:

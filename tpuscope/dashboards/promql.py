@@ -2,7 +2,7 @@
 
 Every selector filters by the dashboard's template variables, and only by those
 the metric can carry: ``workload`` where the catalogue gives it a workload label,
-``accelerator`` where it has one, and always ``slice`` and ``worker``, which
+``accelerator`` on per-device series, and always ``slice`` and ``worker``, which
 Prometheus adds from the scrape target. All variables match with ``=~`` and
 their *All* value is ``.*``, which also matches a series without the label: the
 dashboards work before a fleet labels its targets by slice and worker.
@@ -37,7 +37,7 @@ def selector(metric: Metric, *matchers: str, suffix: str = "") -> str:
     labels = []
     if Label.WORKLOAD in metric.labels:
         labels.append(f'workload=~"${WORKLOAD}"')
-    if Label.ACCELERATOR in metric.labels:
+    if Label.DEVICE in metric.labels:  # the accelerator variable picks devices, not workloads
         labels.append(f'accelerator=~"${ACCELERATOR}"')
     labels += [f'{label}=~"${label}"' for label in TARGET_LABELS]
     labels += matchers

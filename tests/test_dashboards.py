@@ -1,0 +1,266 @@
+"""The dashboards: well-formed for Grafana, named from the catalogue, and every query proven on real data."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from conftest import require
+
+from tpuscope import catalog, dashboards
+from tpuscope.bench.fake_nvml import FakeGpu, FakeNvmlState, environment
+from tpuscope.bench.fake_tpu import Chip, FakeTpuRuntime, FakeTpuServer, default_megascale
+from tpuscope.bench.prometheus import PrometheusServer, target_of
+from tpuscope.dashboards import promql
+from tpuscope.dashboards.panels import panels_of
+from tpuscope.exporter.child import SidecarProcess
+from tpuscope.tracing import Monitor
+
+ROOT = Path(__file__).resolve().parents[1]
+ALL = ".*"
+BOARDS = {name: build() for name, build in dashboards.DASHBOARDS.items()}
+VARIABLES = {"datasource", promql.WORKLOAD, promql.SLICE, promql.WORKER, promql.ACCELERATOR}
+# Panel types Grafana has replaced (graph -> timeseries, singlestat -> stat, table-old -> table, ...).
+DEPRECATED = {"graph", "singlestat", "table-old", "grafana-piechart-panel", "grafana-worldmap-panel", "graph-old"}
+CORE = {"timeseries", "stat", "bargauge", "heatmap", "table", "state-timeline", "gauge", "text"}
+# The histogram series and the catalogue's names; anything else named tpuscope_* is a typo.
+KNOWN = {m.name for m in catalog.CATALOG} | {
+    m.series(s) for m in catalog.CATALOG if m.kind is catalog.Kind.HISTOGRAM for s in ("bucket", "sum", "count")
+}
+
+
+def targets(board: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any]]]:
+    for panel in panels_of(board):
+        for target in panel.get("targets", []):
+            yield panel["title"], target
+
+
+def variable_queries(board: dict[str, Any]) -> list[str]:
+    return [v["query"] for v in board["templating"]["list"] if v["type"] == "query"]
+
+
+def test_every_metric_a_query_names_is_in_the_catalogue() -> None:
+    named = {
+        name
+        for board in BOARDS.values()
+        for text in [*(t["expr"] for _, t in targets(board)), *variable_queries(board)]
+        for name in re.findall(r"\btpuscope_[a-z0-9_]+", text)
+    }
+    assert named, "no query names a tpuscope metric"
+    assert named <= KNOWN, sorted(named - KNOWN)
+    # And the dashboards use the catalogue broadly, not a corner of it.
+    assert len({n for n in named if n in {m.name for m in catalog.CATALOG}}) >= 25
+
+
+@pytest.mark.parametrize("name", BOARDS)
+def test_panels_are_current_types_with_descriptions_units_and_thresholds(name: str) -> None:
+    board = BOARDS[name]
+    assert {v["name"] for v in board["templating"]["list"]} >= VARIABLES
+    assert board["uid"] == name and board["title"].startswith("tpuscope / ")
+    ids = [p["id"] for p in board["panels"]]
+    assert len(ids) == len(set(ids))
+    for panel in panels_of(board):
+        title = panel["title"]
+        assert panel["type"] in CORE and panel["type"] not in DEPRECATED, title
+        assert len(panel.get("description", "")) > 40, f"{title}: say what it means and what to do"
+        defaults = panel["fieldConfig"]["defaults"]
+        unit = panel["options"]["yAxis"]["unit"] if panel["type"] == "heatmap" else defaults.get("unit")
+        assert unit, f"{title}: no unit"
+        assert "color" in json.dumps(defaults["thresholds"]), f"{title}: no thresholds"
+        assert panel["datasource"]["uid"] == "${datasource}", title
+        assert panel["targets"] and all(t["expr"] for t in panel["targets"]), title
+        grid = panel["gridPos"]
+        assert grid["x"] >= 0 and grid["x"] + grid["w"] <= 24, title
+
+
+def test_step_panels_show_exemplars() -> None:
+    job = BOARDS["tpuscope-job"]
+    step_series = catalog.STEP_DURATION.series("bucket")
+    with_exemplars = [title for title, t in targets(job) if step_series in t["expr"] and t.get("exemplar")]
+    assert {"Step time p50 / p95 / p99", "Step time distribution"} <= set(with_exemplars)
+
+
+def test_the_committed_files_and_configmaps_are_what_the_command_writes(short_tmp: Path) -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "tpuscope", "dashboards", "--out", str(short_tmp)], capture_output=True, text=True
+    )
+    assert out.returncode == 0, out.stderr
+    for name in BOARDS:
+        written = (short_tmp / f"{name}.json").read_text()
+        assert written == (ROOT / "deploy/grafana" / f"{name}.json").read_text(), name
+    maps = list(yaml.safe_load_all((ROOT / "deploy/kubernetes/grafana-dashboards.yaml").read_text()))
+    assert len(maps) == len(BOARDS)
+    for config_map in maps:
+        assert config_map["kind"] == "ConfigMap" and config_map["metadata"]["labels"]["grafana_dashboard"] == "1"
+        ((file_name, content),) = config_map["data"].items()
+        assert json.loads(content) == json.loads((short_tmp / file_name).read_text())
+        assert len(content) < 1_000_000, "a ConfigMap holds at most 1 MiB"
+
+
+# --- every query against real data ---------------------------------------------------------
+WORKLOAD = "dash"
+SERVING = "dash-serving"
+TARGET_LABELS = {promql.SLICE: "slice-0", promql.WORKER: "0"}
+# Prometheus' own alert from the rules Prometheus evaluates, so the firing-alerts panels have something.
+RULES = {
+    "groups": [
+        {
+            "name": "dashboard-test",
+            "rules": [
+                {
+                    "alert": "TpuscopeWorkloadRestarted",
+                    "expr": f"{catalog.WORKLOAD_RESTARTS.name} > 0",
+                    "labels": {"severity": "warning"},
+                }
+            ],
+        }
+    ]
+}
+
+
+def bench(socket: Path, run_dir: Path, cache: Path, *faults: str) -> subprocess.CompletedProcess[str]:
+    """The JAX workload with the faults that make every panel's series exist: the first run stalls,
+    recompiles and crashes; run again, it resumes from its checkpoint (a restart, lost work, cache hits)."""
+    command = [
+        sys.executable,
+        "-m",
+        "tpuscope",
+        "bench",
+        f"--workload={WORKLOAD}",
+        "--steps=60",
+        "--checkpoint-every=20",
+        f"--socket={socket}",
+        f"--run-dir={run_dir}",
+        f"--compile-cache={cache}",
+        "--inject=stall=3",
+        "--inject=recompile=25",
+        "--inject=crash=45",
+        *faults,
+    ]
+    return subprocess.run(command, capture_output=True, text=True, timeout=300, env=os.environ.copy())
+
+
+def serve_requests(monitor: Monitor, stop: threading.Event) -> None:
+    """A batched-inference loop on a TPU v5e: some batches answer within the objective, some do not.
+    It reports its chips' memory as jax's memory_stats() has it on a TPU (the CPU has none)."""
+    n = 0
+    while not stop.is_set():
+        n += 1
+        for device in range(2):
+            monitor.device_memory(str(device), "v5e", used_bytes=n % 7 << 30, limit_bytes=16 << 30, peak_bytes=9 << 30)
+        monitor.inference_batch(8 + n % 8, queue_depth=n % 5, request_seconds=[0.05, 0.2, 0.7 if n % 4 == 0 else 0.1])
+        time.sleep(0.05)
+
+
+def substitute(expr: str, values: dict[str, str], range_seconds: int) -> str:
+    """Grafana's job before a query leaves it: template and interval variables replaced."""
+    for name, value in values.items():
+        expr = expr.replace(f"${{{name}}}", value).replace(f"${name}", value)
+    return (
+        expr.replace("$__rate_interval", "10s")
+        .replace("$__interval", "2s")
+        .replace("$__range", f"{range_seconds}s")
+        .replace(f"${promql.PRICE}", "1.20")
+    )
+
+
+def selections(board: dict[str, Any], prom: PrometheusServer) -> Iterator[tuple[str, dict[str, str]]]:
+    """The variable values to run the panels with, as Grafana fills them from its variable queries: All
+    (a variable's custom all value, or every value found), then one value of each; for the accelerator,
+    each value in turn (a GPU-only panel is empty with a TPU selected, and should be)."""
+    found = {}
+    for variable in board["templating"]["list"]:
+        if variable["type"] != "query":
+            continue
+        match, label = re.fullmatch(r"label_values\((.*), (\w+)\)", variable["query"]).groups()  # type: ignore[union-attr]
+        if variable["name"] == promql.WORKER:
+            match = match.replace(f"${promql.SLICE}", ALL)
+        found[variable["name"]] = prom.label_values(label, match)
+        assert found[variable["name"]], f"{board['title']}: variable {variable['name']} lists nothing ({match})"
+    yield (
+        "All",
+        {
+            v["name"]: v.get("allValue") or "(" + "|".join(map(grafana_escape, found[v["name"]])) + ")"
+            for v in board["templating"]["list"]
+            if v["type"] == "query"
+        },
+    )
+    first = {name: grafana_escape(values[0]) for name, values in found.items()}
+    for accelerator in found[promql.ACCELERATOR]:
+        yield f"accelerator {accelerator}", {**first, promql.ACCELERATOR: grafana_escape(accelerator)}
+
+
+def grafana_escape(value: str) -> str:
+    """How Grafana's Prometheus datasource escapes a multi-value variable's value inside a regex matcher."""
+    return re.sub(r"([\\^$*+?.()|{}\[\]])", r"\\\\\1", value)
+
+
+def test_every_panel_query_returns_data_from_the_workload_the_sidecar_and_prometheus(
+    short_tmp: Path, fake_nvml_lib: Path
+) -> None:
+    require("prometheus")
+    nvml = FakeNvmlState(short_tmp / "nvml.state", gpus=[FakeGpu(), FakeGpu()])
+    nvml.xid(1, 79)
+    nvml.write()
+    rules = short_tmp / "rules.yml"
+    rules.write_text(yaml.safe_dump(RULES))
+    with (
+        FakeTpuServer(FakeTpuRuntime([Chip(d) for d in range(4)], default_megascale())) as runtime,
+        SidecarProcess(
+            short_tmp / "s.sock",
+            "127.0.0.1:0",
+            "--collectors=libtpu,nvml,host",
+            f"--libtpu-address={runtime.address}",
+            "--collector-interval=0.5",
+            env={**environment(fake_nvml_lib, nvml), "TPU_ACCELERATOR_TYPE": "v5litepod-4"},
+        ) as sidecar,
+        PrometheusServer(
+            short_tmp / "prom", [target_of(sidecar.url)], labels=TARGET_LABELS, rule_files=[rules]
+        ) as prom,
+    ):
+        started = time.time()
+        stop = threading.Event()
+        with Monitor(SERVING, socket=sidecar.socket, traces=False) as serving:
+            loop = threading.Thread(target=serve_requests, args=(serving, stop))
+            loop.start()
+            try:
+                first = bench(sidecar.socket, short_tmp / "run", short_tmp / "cache")
+                second = bench(sidecar.socket, short_tmp / "run", short_tmp / "cache", "--inject=ckpt-fail")
+            finally:
+                stop.set()
+                loop.join()
+        assert first.returncode == 3, f"the crash fault did not end the first run:\n{first.stderr[-3000:]}"
+        assert second.returncode == 0, second.stderr[-3000:]
+        time.sleep(3)  # two more scrapes and a rule evaluation after the last events
+        end = time.time()
+        range_seconds = int(end - started) + 1
+        failing = []
+        for board in BOARDS.values():
+            empty: dict[str, list[str]] = {}  # target -> the selections it had no data with
+            runs = 0
+            for selection, values in selections(board, prom):
+                runs += 1
+                for title, target in targets(board):
+                    expr = substitute(target["expr"], values, range_seconds)
+                    result = prom.query(expr) if target.get("instant") else prom.query_range(expr, started, end, 2)
+                    if not any(r.get("value") or r.get("values") for r in result):
+                        empty.setdefault(f"{board['title']} / {title} ({target['refId']})", []).append(
+                            f"{selection}: {expr}"
+                        )
+            # Empty with All is a wrong query; empty with every single selection, too.
+            failing += [
+                f"{name}\n    " + "\n    ".join(why)
+                for name, why in empty.items()
+                if why[0].startswith("All") or len(why) == runs - 1
+            ]
+    assert not failing, "panels without data:\n" + "\n".join(failing)
