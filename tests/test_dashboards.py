@@ -187,15 +187,16 @@ def selections(board: dict[str, Any], prom: PrometheusServer) -> Iterator[tuple[
             match = match.replace(f"${promql.SLICE}", ALL)
         found[variable["name"]] = prom.label_values(label, match)
         assert found[variable["name"]], f"{board['title']}: variable {variable['name']} lists nothing ({match})"
-    yield (
-        "All",
-        {
-            v["name"]: v.get("allValue") or "(" + "|".join(map(grafana_escape, found[v["name"]])) + ")"
-            for v in board["templating"]["list"]
-            if v["type"] == "query"
-        },
-    )
     first = {name: grafana_escape(values[0]) for name, values in found.items()}
+    every = {}
+    for variable in board["templating"]["list"]:
+        if variable["type"] == "query":
+            name = variable["name"]
+            if not variable["includeAll"]:  # a single-value variable: Grafana selects its first value
+                every[name] = first[name]
+            else:
+                every[name] = variable.get("allValue") or "(" + "|".join(map(grafana_escape, found[name])) + ")"
+    yield "All", every
     for accelerator in found[promql.ACCELERATOR]:
         yield f"accelerator {accelerator}", {**first, promql.ACCELERATOR: grafana_escape(accelerator)}
 
@@ -245,6 +246,7 @@ def test_every_panel_query_returns_data_from_the_workload_the_sidecar_and_promet
         end = time.time()
         range_seconds = int(end - started) + 1
         failing = []
+        shown: dict[str, list[float]] = {}  # "dashboard / panel" -> its first target's values, All selected
         for board in BOARDS.values():
             empty: dict[str, list[str]] = {}  # target -> the selections it had no data with
             runs = 0
@@ -253,10 +255,13 @@ def test_every_panel_query_returns_data_from_the_workload_the_sidecar_and_promet
                 for title, target in targets(board):
                     expr = substitute(target["expr"], values, range_seconds)
                     result = prom.query(expr) if target.get("instant") else prom.query_range(expr, started, end, 2)
-                    if not any(r.get("value") or r.get("values") for r in result):
+                    numbers = [float(v[1]) for r in result for v in r.get("values", [r.get("value")]) if v]
+                    if not numbers:
                         empty.setdefault(f"{board['title']} / {title} ({target['refId']})", []).append(
                             f"{selection}: {expr}"
                         )
+                    if selection == "All" and target["refId"] == "A":
+                        shown[f"{board['title']} / {title}"] = numbers
             # Empty with All is a wrong query; empty with every single selection, too.
             failing += [
                 f"{name}\n    " + "\n    ".join(why)
@@ -264,3 +269,11 @@ def test_every_panel_query_returns_data_from_the_workload_the_sidecar_and_promet
                 if why[0].startswith("All") or len(why) == runs - 1
             ]
     assert not failing, "panels without data:\n" + "\n".join(failing)
+    # And the values are right where the faults say what they must be.
+    assert shown["tpuscope / Fleet overview / Failures over the range"] == [1], "one crash, counted from the first"
+    assert max(shown["tpuscope / Fleet overview / Restarts, by workload and reason"]) == 1
+    assert max(shown["tpuscope / On-call / Firing tpuscope alerts"]) >= 1
+    assert 0 < shown["tpuscope / Job debug / Compilation cache hit ratio"][0] < 1, "the rerun hits the cache"
+    assert 0 < shown["tpuscope / Serving / Requests within the objective"][0] < 1
+    assert 0 < shown["tpuscope / Fleet overview / Cost per step, by workload"][0] < 1
+    assert shown["tpuscope / Job debug / Time since the last good checkpoint"][0] < range_seconds

@@ -99,7 +99,8 @@ class Workload:
         self.devices = jax.devices()
         self.accelerator = accelerator_of(self.devices[0])
         self.peak, peak_source = peak_flops_per_second(self.devices, options.calibrate)
-        monitor.hardware(self.accelerator, len(self.devices), self.peak)
+        # The chips this process drives (its host's): the sidecar's workload_devices, summed over workers.
+        monitor.hardware(self.accelerator, jax.local_device_count(), self.peak)
         config = ModelConfig(
             vocab=options.vocab,
             d_model=options.d_model,

@@ -65,7 +65,9 @@ def now() -> p.Section:
                 f"Below {T.mfu_low:.0%} the chips are busy with something other than the model's math (or "
                 "waiting): compare duty cycle with MFU per workload.",
                 "percentunit",
-                p.query(f"sum ({q.rate(c.MODEL_FLOPS, window=q.RANGE)}) / sum ({q.selector(c.PEAK_FLOPS)})"),
+                p.query(
+                    f"sum ({q.rate(c.MODEL_FLOPS, window=q.RANGE)}) / sum ({q.selector(c.PEAK_FLOPS)})", instant=True
+                ),
                 limits=p.low_is_bad(T.mfu_low),
                 span=3,
             ),
@@ -74,7 +76,7 @@ def now() -> p.Section:
                 f"Productive share of the workloads' wall time over the range; the objective is "
                 f"{T.goodput_objective:.0%}. Badput by category below says where the rest went.",
                 "percentunit",
-                p.query(goodput_ratio()),
+                p.query(goodput_ratio(), instant=True),
                 limits=p.low_is_bad(T.goodput_objective),
                 span=3,
             ),
@@ -82,7 +84,7 @@ def now() -> p.Section:
                 "Active workloads",
                 f"Workloads that completed a step in the last {T.stall_seconds:g} s.",
                 "short",
-                p.query(f"count ({q.age(c.LAST_STEP)} < {T.stall_seconds:g}) or vector(0)"),
+                p.query(f"count ({q.age(c.LAST_STEP)} < {T.stall_seconds:g}) or vector(0)", instant=True),
                 span=3,
             ),
             p.stat_panel(
@@ -98,7 +100,7 @@ def now() -> p.Section:
                 "Workload failures (crashes, errors the job reported) across the selected workloads. Each one "
                 "costs the work since its last checkpoint and a restart.",
                 "short",
-                p.query(f"sum ({q.increase(c.WORKLOAD_FAILURES, window=q.RANGE)})"),
+                p.query(f"sum ({q.events(c.WORKLOAD_FAILURES, window=q.RANGE)})", instant=True),
                 limits=p.high_is_bad(1),
                 span=3,
             ),
@@ -107,28 +109,32 @@ def now() -> p.Section:
 
 
 def goodput() -> p.Section:
-    badput = f"sum by (category) ({q.rate(c.GOODPUT, q.ne('category', 'productive'))})"
+    badput = f"sum by (category) ({q.rate(c.GOODPUT, q.ne('category', 'productive'), window=q.HOUR)})"
     budget_left = f"1 - (1 - ({goodput_ratio('workload')})) / {1 - T.goodput_objective:g}"
     return p.Section(
         "Goodput and its objective",
         [
             p.timeseries_panel(
                 "Goodput, by workload",
-                f"Productive share of each workload's wall time. The dashed line is the objective "
-                f"({T.goodput_objective:.0%}); a workload below it is wasting its chips: see Badput by category "
-                "and the workload's Job debug dashboard.",
+                f"Productive share of each workload's wall time over the last hour. Step time becomes productive "
+                "when a checkpoint covers it (work lost to a failure never does), so shorter windows swing with "
+                f"each checkpoint. The dashed line is the objective ({T.goodput_objective:.0%}); a workload below "
+                "it is wasting its chips: see Badput by category and the workload's Job debug dashboard.",
                 "percentunit",
-                p.query(goodput_ratio("workload", window=q.RATE), "{{workload}}"),
+                p.query(goodput_ratio("workload", window=q.HOUR), "{{workload}}"),
                 limits=p.low_is_bad(T.goodput_objective),
                 max_value=1,
             ),
             p.timeseries_panel(
                 "Badput by category",
-                "The fleet's wall time that was not productive training, as a share of all wall time: compile, "
+                "The fleet's wall time over the last hour that was not productive training, as a share of all "
+                "wall time: compile, "
                 "io_wait (input-bound steps), checkpoint, init (start to first step), lost (work redone after "
                 "failures and restarts). The largest band is where the fleet's money goes first.",
                 "percentunit",
-                p.query(q.share(badput, f"sum ({q.rate(c.GOODPUT)})", by="category"), "{{category}}"),
+                p.query(
+                    q.share(badput, f"sum ({q.rate(c.GOODPUT, window=q.HOUR)})", ignoring="category"), "{{category}}"
+                ),
                 stacked=True,
             ),
             p.bar_gauge_panel(
@@ -136,7 +142,7 @@ def goodput() -> p.Section:
                 f"Each workload's goodput over the dashboard's range against the {T.goodput_objective:.0%} "
                 "objective: red below it.",
                 "percentunit",
-                p.query(goodput_ratio("workload"), "{{workload}}"),
+                p.query(goodput_ratio("workload"), "{{workload}}", instant=True),
                 limits=p.low_is_bad(T.goodput_objective),
                 max_value=1,
             ),
@@ -146,7 +152,7 @@ def goodput() -> p.Section:
                 "left over the range; below zero the objective is missed. Spend it on deliberate work (new "
                 "compiles, experiments), not on restarts.",
                 "percentunit",
-                p.query(budget_left, "{{workload}}"),
+                p.query(budget_left, "{{workload}}", instant=True),
                 limits=p.low_is_bad(0, 0.25),
                 min_value=-1,
                 max_value=1,
@@ -156,24 +162,27 @@ def goodput() -> p.Section:
 
 
 def cost() -> p.Section:
+    # Chip-seconds: each worker's chips times its wall time (all goodput categories: the job was up).
+    wall = f"sum by (job, instance, workload) ({q.increase(c.GOODPUT, window=q.RANGE)})"
+    chip_seconds = f"sum by (workload) ({q.selector(c.WORKLOAD_DEVICES)} * on (job, instance, workload) {wall})"
+    steps = f"max by (workload) ({q.increase(c.STEPS, window=q.RANGE)})"
     devices = f"sum by (workload) ({q.selector(c.WORKLOAD_DEVICES)})"
-    steps_per_second = f"max by (workload) ({q.rate(c.STEPS, window=q.RANGE)})"
-    badput_share = f"(1 - ({goodput_ratio('workload', window=q.RATE)}))"
+    badput_share = f"(1 - ({goodput_ratio('workload', window=q.HOUR)}))"
     return p.Section(
         "Cost",
         [
             p.bar_gauge_panel(
                 "Cost per step, by workload",
-                "The price of the chips a workload occupies for the wall time of one step, over the range "
-                "(chips x price per chip-hour / 3600 / steps per second). Badput makes it rise: a workload "
-                "stalled for the whole range has no finite cost per step.",
+                "What a step cost over the range: the chip-hours the workload's workers held while they ran "
+                "(chips times wall time, compile, checkpoints and stalls included) at the price per chip-hour, "
+                "over the steps completed. Badput makes it rise.",
                 "currencyUSD",
-                p.query(f"({PRICE} / 3600) * {devices} / {steps_per_second}", "{{workload}}"),
+                p.query(f"{PRICE} * {chip_seconds} / 3600 / {steps}", "{{workload}}", instant=True),
             ),
             p.timeseries_panel(
                 "Spend on badput per hour, by workload",
-                "What the non-productive share of each workload's wall time costs per hour at the chip-hour "
-                "price: the money a fix to that workload's badput would save.",
+                "What the non-productive share of each workload's wall time (over the last hour) costs per hour "
+                "at the chip-hour price: the money a fix to that workload's badput would save.",
                 "currencyUSD",
                 p.query(f"{PRICE} * {devices} * {badput_share}", "{{workload}}"),
             ),
@@ -190,14 +199,14 @@ def failures() -> p.Section:
                 "Workload failures in each interval, by the reason the job gave. A repeating reason is a bug or "
                 "a bad host, not bad luck.",
                 "short",
-                p.query(f"sum by (workload, reason) ({q.increase(c.WORKLOAD_FAILURES)})", "{{workload}} {{reason}}"),
+                p.query(f"sum by (workload, reason) ({q.events(c.WORKLOAD_FAILURES)})", "{{workload}} {{reason}}"),
             ),
             p.timeseries_panel(
                 "Restarts, by workload and reason",
                 "Workload restarts (preemptions, resumptions after a crash). Each costs init time, compile time "
                 "(less with a warm compilation cache) and the work since the last checkpoint.",
                 "short",
-                p.query(f"sum by (workload, reason) ({q.increase(c.WORKLOAD_RESTARTS)})", "{{workload}} {{reason}}"),
+                p.query(f"sum by (workload, reason) ({q.events(c.WORKLOAD_RESTARTS)})", "{{workload}} {{reason}}"),
             ),
         ],
     )

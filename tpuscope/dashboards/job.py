@@ -20,20 +20,14 @@ DESCRIPTION = "One workload's steps, phases, stragglers, compiles, memory, check
 
 PER_WORKER = f"workload, {q.BY_WORKER}"
 WORKER = "{{workload}} " + q.WORKER_LEGEND
-DEVICE = "{{instance}} {{accelerator}} {{device}}"
 
 
 def steps() -> p.Section:
-    quantiles = [
-        p.query(
-            q.quantile(quantile, c.STEP_DURATION, by="workload"), f"p{quantile * 100:g} {{{{workload}}}}", exemplar=True
-        )
-        for quantile in (0.5, 0.95, 0.99)
-    ]
+    quantiles = p.quantile_queries(c.STEP_DURATION, (0.5, 0.95, 0.99))
     phase_seconds = q.share(
         f"sum by (phase) ({q.rate(c.STEP_PHASE_DURATION, suffix='sum')})",
         f"sum ({q.rate(c.STEP_DURATION, suffix='count')})",
-        by="phase",
+        ignoring="phase",
     )
 
     def phase_share(phase: str) -> str:
@@ -75,7 +69,7 @@ def steps() -> p.Section:
                 f"The io phase's share of step time over the range. Above {T.io_share:.0%} the chips wait for "
                 "data: add input workers, prefetch more, or move decoding off the training host.",
                 "percentunit",
-                p.query(phase_share("io")),
+                p.query(phase_share("io"), instant=True),
                 limits=p.high_is_bad(T.io_share, T.io_share / 2),
                 span=6,
             ),
@@ -84,7 +78,7 @@ def steps() -> p.Section:
                 f"The sync phase's share of step time over the range. Above {T.sync_share:.0%} the job is bound "
                 "by collectives: check for a straggler (below), the interconnect, or the sharding.",
                 "percentunit",
-                p.query(phase_share("sync")),
+                p.query(phase_share("sync"), instant=True),
                 limits=p.high_is_bad(T.sync_share, T.sync_share / 2),
                 span=6,
             ),
@@ -145,28 +139,29 @@ def stragglers() -> p.Section:
 
 
 def compiles() -> p.Section:
-    cache = f"sum ({q.increase(c.COMPILE_CACHE_REQUESTS, window=q.RANGE)})"
-    hits = f"sum ({q.increase(c.COMPILE_CACHE_REQUESTS, q.eq('result', 'hit'), window=q.RANGE)})"
+    cache = f"sum ({q.events(c.COMPILE_CACHE_REQUESTS, window=q.RANGE)})"
+    hits = f"sum ({q.events(c.COMPILE_CACHE_REQUESTS, q.eq('result', 'hit'), window=q.RANGE)})"
     return p.Section(
         "Compilation",
         [
             p.timeseries_panel(
                 "Compile time by stage",
-                "Seconds spent compiling, by stage (tracing, lowering to MLIR, XLA backend). Expected at the start "
-                "and after each restart; in the steady state it means recompiles: shapes or static arguments "
-                "that change between steps (pad to fixed shapes, mark arguments static deliberately).",
+                "Seconds spent compiling in each interval, by stage (tracing, lowering to MLIR, XLA backend). "
+                "Expected at the start and after each restart; in the steady state it means recompiles: shapes "
+                "or static arguments that change between steps (pad to fixed shapes, mark arguments static "
+                "deliberately).",
                 "s",
-                p.query(f"sum by (stage) ({q.increase(c.COMPILE_DURATION, suffix='sum')})", "{{stage}}"),
+                p.query(f"sum by (stage) ({q.events(c.COMPILE_DURATION, suffix='sum')})", "{{stage}}"),
                 stacked=True,
                 span=8,
             ),
             p.timeseries_panel(
-                "Compiles, by workload",
-                "XLA backend compiles. A steady trickle after warm-up is a recompiling job; each one stalls "
-                "every worker for its duration.",
+                "Compiles",
+                "XLA backend compiles in each interval. A steady trickle after warm-up is a recompiling job; "
+                "each compile stalls every worker for its duration.",
                 "short",
                 p.query(
-                    f"sum by (workload) ({q.increase(c.COMPILE_DURATION, q.eq('stage', 'backend'), suffix='count')})",
+                    f"sum by (workload) ({q.events(c.COMPILE_DURATION, q.eq('stage', 'backend'), suffix='count')})",
                     "{{workload}}",
                 ),
                 span=8,
@@ -177,7 +172,7 @@ def compiles() -> p.Section:
                 f"{T.compile_cache_hit_ratio:.0%} restarts pay full compile time: check that the cache directory "
                 "is shared and persistent and that the JAX version and flags did not change.",
                 "percentunit",
-                p.query(f"{hits} / {cache}"),
+                p.query(f"{hits} / {cache}", instant=True),
                 limits=p.low_is_bad(T.compile_cache_hit_ratio),
                 span=8,
                 height=8,
@@ -187,17 +182,28 @@ def compiles() -> p.Section:
 
 
 def memory() -> p.Section:
-    used, limit = q.selector(c.DEVICE_MEMORY_USED), q.selector(c.DEVICE_MEMORY_LIMIT)
+    peak, limit = (f"max by ({q.BY_DEVICE}) ({q.selector(m)})" for m in (c.DEVICE_MEMORY_PEAK, c.DEVICE_MEMORY_LIMIT))
     return p.Section(
         "Memory and utilization",
         [
             p.timeseries_panel(
                 "Device memory used, by device",
-                f"HBM (or GPU memory) in use over its limit, per device of the workload's hosts. Above "
+                f"HBM (or GPU memory) in use over its limit, per device of the workload's hosts, as the job "
+                f"reports it (source workload) and as the runtime or driver does (libtpu, nvml). Above "
                 f"{T.hbm_used_ratio:.0%} the next larger batch or program will not fit: reduce the batch, "
                 "rematerialize activations, or shard the optimizer state.",
                 "percentunit",
-                p.query(q.on_workload_hosts(f"{used} / {limit}"), DEVICE),
+                p.query(q.on_workload_hosts(q.memory_used_ratio()), q.DEVICE_LEGEND),
+                limits=p.high_is_bad(T.hbm_used_ratio, T.hbm_used_ratio - 0.1),
+                max_value=1,
+                span=8,
+            ),
+            p.timeseries_panel(
+                "Peak device memory over its limit, by device",
+                "The high-water mark of device memory the job reports (its allocator's peak), over the limit: "
+                "the headroom a step really has is what the peak leaves, not what current use leaves.",
+                "percentunit",
+                p.query(q.on_workload_hosts(f"{peak} / {limit}"), q.DEVICE_LEGEND),
                 limits=p.high_is_bad(T.hbm_used_ratio, T.hbm_used_ratio - 0.1),
                 max_value=1,
                 span=8,
@@ -213,23 +219,10 @@ def memory() -> p.Section:
                 span=8,
             ),
             p.timeseries_panel(
-                "Peak device memory, by device",
-                "The high-water mark of device memory: the headroom a step really has is limit minus peak, not "
-                "limit minus current use.",
-                "bytes",
-                p.query(
-                    q.on_workload_hosts(
-                        f"max by (job, instance, accelerator, device) ({q.selector(c.DEVICE_MEMORY_PEAK)})"
-                    ),
-                    DEVICE,
-                ),
-                span=8,
-            ),
-            p.timeseries_panel(
                 "Model FLOPs utilization",
-                f"Achieved model FLOP/s over the chips' peak, per workload. Below {T.mfu_low:.0%} the chips "
-                "spend their time on something other than the model's math: look at the phase breakdown, the "
-                "duty cycle, and the step's compiled program (fusion, padding).",
+                f"Achieved model FLOP/s over the chips' peak, averaged over the workload's workers. Below "
+                f"{T.mfu_low:.0%} the chips spend their time on something other than the model's math: look at "
+                "the phase breakdown, the duty cycle, and the step's compiled program (fusion, padding).",
                 "percentunit",
                 p.query(f"avg by (workload) ({q.selector(c.MFU)})", "{{workload}}"),
                 limits=p.low_is_bad(T.mfu_low),
@@ -242,7 +235,7 @@ def memory() -> p.Section:
                 f"measure). Below {T.duty_cycle_low:.0%} the chips wait: on input, on the host, or on a "
                 "straggler.",
                 "percentunit",
-                p.query(q.on_workload_hosts(q.selector(c.DUTY_CYCLE)), DEVICE),
+                p.query(q.on_workload_hosts(q.selector(c.DUTY_CYCLE)), q.DEVICE_LEGEND),
                 limits=p.low_is_bad(T.duty_cycle_low),
                 max_value=1,
                 span=12,
@@ -255,6 +248,10 @@ def checkpoints() -> p.Section:
     by = "operation, result"
     checkpoint_time = f"sum ({q.increase(c.GOODPUT, q.eq('category', 'checkpoint'), window=q.RANGE)})"
     wall_time = f"sum ({q.increase(c.GOODPUT, window=q.RANGE)})"
+    written = f"sum by (operation) ({q.events(c.CHECKPOINT_BYTES, window=q.RANGE)})"
+    writing = (
+        f"sum by (operation) ({q.events(c.CHECKPOINT_DURATION, q.eq('result', 'ok'), suffix='sum', window=q.RANGE)})"
+    )
     return p.Section(
         "Checkpoints",
         [
@@ -263,38 +260,34 @@ def checkpoints() -> p.Section:
                 "How long saves and restores took, by result. Long saves block training (unless asynchronous); "
                 "long restores lengthen every recovery.",
                 "s",
-                *[
-                    p.query(
-                        q.quantile(quantile, c.CHECKPOINT_DURATION, by=by, window=q.RANGE),
-                        f"p{quantile * 100:g} {{{{operation}}}} {{{{result}}}}",
-                    )
-                    for quantile in (0.5, 0.95)
-                ],
+                *p.quantile_queries(c.CHECKPOINT_DURATION, (0.5, 0.95), by=by, window=q.RANGE, instant=True, rare=True),
                 span=8,
             ),
             p.timeseries_panel(
                 "Checkpoints, by result",
-                "Checkpoint saves and restores, ok and error. A failed save leaves the work since the last good "
-                "one at risk: check the storage (quota, permissions, throttling).",
+                "Checkpoint saves and restores in each interval, ok and error. A failed save leaves the work "
+                "since the last good one at risk: check the storage (quota, permissions, throttling).",
                 "short",
                 p.query(
-                    f"sum by ({by}) ({q.increase(c.CHECKPOINT_DURATION, suffix='count')})", "{{operation}} {{result}}"
+                    f"sum by ({by}) ({q.events(c.CHECKPOINT_DURATION, suffix='count')})", "{{operation}} {{result}}"
                 ),
                 span=8,
             ),
-            p.timeseries_panel(
-                "Checkpoint throughput",
-                "Bytes per second written by saves and read by restores.",
+            p.bar_gauge_panel(
+                "Checkpoint speed over the range",
+                "Bytes written per second of saving, and read per second of restoring, for the checkpoints that "
+                "succeeded. Far below the storage's bandwidth: too many small files, or a throttled bucket.",
                 "Bps",
-                p.query(f"sum by (operation) ({q.rate(c.CHECKPOINT_BYTES)})", "{{operation}}"),
+                p.query(f"{written} / {writing}", "{{operation}}", instant=True),
                 span=8,
             ),
-            p.stat_panel(
+            p.bar_gauge_panel(
                 "Time since the last good checkpoint",
-                f"Per workload. Everything computed since is lost if the job fails now; over "
-                f"{T.checkpoint_age_seconds:g} s the work at risk is above the bound: check for failing saves.",
+                f"Per workload: everything computed since is lost if the job fails now. Over "
+                f"{T.checkpoint_age_seconds:g} s the work at risk is above the bound: are saves failing? "
+                "Infinity: the workload steps and never saved.",
                 "s",
-                p.query(q.age(c.CHECKPOINT_LAST_SUCCESS), "{{workload}}"),
+                p.query(q.checkpoint_age(), "{{workload}}", instant=True),
                 limits=p.high_is_bad(T.checkpoint_age_seconds, T.checkpoint_age_seconds / 2),
                 span=12,
             ),
@@ -303,7 +296,7 @@ def checkpoints() -> p.Section:
                 f"Wall time spent checkpointing over the range. Above {T.checkpoint_share:.0%} checkpoint less "
                 "often, save asynchronously, or write less (only what a restart needs).",
                 "percentunit",
-                p.query(f"{checkpoint_time} / {wall_time}"),
+                p.query(f"{checkpoint_time} / {wall_time}", instant=True),
                 limits=p.high_is_bad(T.checkpoint_share, T.checkpoint_share / 2),
                 span=12,
             ),
@@ -312,18 +305,23 @@ def checkpoints() -> p.Section:
 
 
 def goodput() -> p.Section:
-    by_category = f"sum by (category) ({q.rate(c.GOODPUT)})"
+    by_category = f"sum by (category) ({q.rate(c.GOODPUT, window=q.HOUR)})"
     return p.Section(
         "Goodput",
         [
             p.timeseries_panel(
                 "Wall time by category",
-                "Where the wall time goes: productive training (step time that reached a checkpoint or the end), "
-                "compile, io_wait, checkpoint, init (start to first step) and lost (work redone after a failure "
-                f"or restart). The objective is {T.goodput_objective:.0%} productive; the largest other band is "
-                "the first thing to fix.",
+                "Where the wall time of the last hour went: productive training, compile, io_wait, checkpoint, "
+                "init (start to first step) and lost (work redone after a failure or restart). Step time becomes "
+                "productive only when a checkpoint covers it, so the productive band grows in steps, one "
+                "checkpoint at a time (hence the hour). Time in which the job reports nothing (hung for good) "
+                f"counts nowhere. The objective is {T.goodput_objective:.0%} productive; the largest other band "
+                "is the first thing to fix.",
                 "percentunit",
-                p.query(q.share(by_category, f"sum ({q.rate(c.GOODPUT)})", by="category"), "{{category}}"),
+                p.query(
+                    q.share(by_category, f"sum ({q.rate(c.GOODPUT, window=q.HOUR)})", ignoring="category"),
+                    "{{category}}",
+                ),
                 stacked=True,
                 max_value=1,
                 span=24,
@@ -338,12 +336,18 @@ def host() -> p.Section:
         [
             p.timeseries_panel(
                 "Host CPU, by host",
-                f"CPU busy and iowait of the workload's hosts. Busier than {T.host_cpu_ratio:.0%} the host cannot "
-                "feed its chips (input decoding, the Python loop); high iowait points at the input files.",
+                f"CPU busy (all CPUs, and the busiest one) and iowait of the workload's hosts. Busier than "
+                f"{T.host_cpu_ratio:.0%} the host cannot feed its chips; one CPU at 100% while the rest idle is a "
+                "single-threaded bottleneck (the Python loop, an input thread). High iowait points at the input "
+                "files.",
                 "percentunit",
                 p.query(
                     q.on_workload_hosts(f"avg by (job, instance) ({q.selector(c.HOST_CPU_UTILIZATION)})"),
                     "busy {{instance}}",
+                ),
+                p.query(
+                    q.on_workload_hosts(f"max by (job, instance) ({q.selector(c.HOST_CPU_UTILIZATION)})"),
+                    "busiest CPU {{instance}}",
                 ),
                 p.query(q.on_workload_hosts(q.selector(c.HOST_CPU_IOWAIT)), "iowait {{instance}}"),
                 limits=p.high_is_bad(T.host_cpu_ratio),
@@ -379,4 +383,4 @@ def host() -> p.Section:
 
 def dashboard() -> dict[str, Any]:
     sections = [steps(), stragglers(), compiles(), memory(), checkpoints(), goodput(), host()]
-    return p.build(UID, TITLE, DESCRIPTION, sections, p.variables(c.STEPS))
+    return p.build(UID, TITLE, DESCRIPTION, sections, p.variables(c.STEPS, one_workload=True))

@@ -54,7 +54,7 @@ def monitoring() -> p.Section:
                 "down or socket full) and invalid (rejected as malformed). Nonzero means the step metrics "
                 "undercount.",
                 "short",
-                p.query(f"sum ({q.increase(c.INGEST_EVENTS, LOST, window=q.RANGE)})"),
+                p.query(f"sum ({q.increase(c.INGEST_EVENTS, LOST, window=q.RANGE)})", instant=True),
                 limits=p.high_is_bad(1),
                 span=4,
             ),
@@ -104,16 +104,16 @@ def workloads() -> p.Section:
                 "a host gone. Look at the job's logs and at its hosts below; a workload that finished stays "
                 "here until its sidecar forgets it.",
                 "s",
-                p.query(q.age(c.LAST_STEP), "{{workload}}"),
+                p.query(q.age(c.LAST_STEP), "{{workload}}", instant=True),
                 limits=p.high_is_bad(T.stall_seconds, T.stall_seconds / 2),
                 span=8,
             ),
             p.bar_gauge_panel(
                 "Time since the last good checkpoint, by workload",
                 f"The work at risk if the workload failed now. Over {T.checkpoint_age_seconds:g} s: are saves "
-                "failing (storage full, permissions), or was checkpointing turned off?",
+                "failing (storage full, permissions)? Infinity: the workload steps and has never saved.",
                 "s",
-                p.query(q.age(c.CHECKPOINT_LAST_SUCCESS), "{{workload}}"),
+                p.query(q.checkpoint_age(), "{{workload}}", instant=True),
                 limits=p.high_is_bad(T.checkpoint_age_seconds, T.checkpoint_age_seconds / 2),
                 span=8,
             ),
@@ -123,11 +123,11 @@ def workloads() -> p.Section:
                 "without progress: stop it before it burns its chips.",
                 "short",
                 p.query(
-                    f"sum by (workload, reason) ({q.increase(c.WORKLOAD_FAILURES, window='1h')})",
+                    f"sum by (workload, reason) ({q.events(c.WORKLOAD_FAILURES, window=q.HOUR)})",
                     "failure {{workload}} {{reason}}",
                 ),
                 p.query(
-                    f"sum by (workload, reason) ({q.increase(c.WORKLOAD_RESTARTS, window='1h')})",
+                    f"sum by (workload, reason) ({q.events(c.WORKLOAD_RESTARTS, window=q.HOUR)})",
                     "restart {{workload}} {{reason}}",
                 ),
                 span=8,
@@ -137,7 +137,6 @@ def workloads() -> p.Section:
 
 
 def hosts() -> p.Section:
-    used, limit = q.selector(c.DEVICE_MEMORY_USED), q.selector(c.DEVICE_MEMORY_LIMIT)
     return p.Section(
         "Devices and hosts",
         [
@@ -146,10 +145,7 @@ def hosts() -> p.Section:
                 f"Free share of each device's memory (HBM). Below {1 - T.hbm_used_ratio:.0%} a larger batch, a "
                 "new program or fragmentation will fail with out-of-memory.",
                 "percentunit",
-                p.query(
-                    f"min by (instance, accelerator, device) (1 - {used} / {limit})",
-                    "{{instance}} {{accelerator}} {{device}}",
-                ),
+                p.query(f"min by ({q.BY_DEVICE}) (1 - {q.memory_used_ratio()})", q.DEVICE_LEGEND, instant=True),
                 limits=p.low_is_bad(1 - T.hbm_used_ratio, 2 * (1 - T.hbm_used_ratio)),
                 max_value=1,
                 span=8,
@@ -181,11 +177,12 @@ def hosts() -> p.Section:
             ),
             p.timeseries_panel(
                 "GPU XID errors in the last hour",
-                "NVIDIA driver XID errors per GPU. 48 (double-bit ECC), 79 (fell off the bus) and 94/95 "
-                "(contained and uncontained ECC) mean drain the node; 13 and 31 are usually the program's fault.",
+                "NVIDIA driver XID errors per GPU over a sliding hour. 79 (fell off the bus), 48 and 95 "
+                "(uncontained ECC errors) and 74 (NVLink) mean drain the node; 94 (contained ECC) means restart "
+                "the job; 63/64 (row remapping) want a GPU reset soon; 13 and 31 are usually the program's fault.",
                 "short",
                 p.query(
-                    f"sum by (instance, device, xid) ({q.increase(c.XID_ERRORS, window='1h')})",
+                    f"sum by (instance, device, xid) ({q.events(c.XID_ERRORS, window=q.HOUR)})",
                     "{{instance}} GPU {{device}} XID {{xid}}",
                 ),
                 limits=p.high_is_bad(1),
@@ -201,8 +198,8 @@ def alerts() -> p.Section:
         [
             p.stat_panel(
                 "Firing tpuscope alerts",
-                "tpuscope's alerts (the generated rules) firing now, as Prometheus evaluates them. Each one's "
-                "runbook link is in Alertmanager and in the table.",
+                "tpuscope's alerts (alert names starting with Tpuscope, from its generated rules) firing now, as "
+                "Prometheus evaluates them. Their runbooks are linked from the notifications Alertmanager sends.",
                 "short",
                 p.query(f"count ({ALERTS}) or vector(0)"),
                 limits=p.high_is_bad(1),
@@ -212,7 +209,7 @@ def alerts() -> p.Section:
             p.table_panel(
                 "Firing tpuscope alerts",
                 "Which alerts fire, for which workload and host, by severity: critical pages, warning makes a ticket.",
-                p.query(f"max by (alertname, severity, workload, instance) ({ALERTS})", instant=True),
+                p.query(f"max by (alertname, severity, workload, instance) ({ALERTS})", table=True),
                 span=18,
             ),
         ],

@@ -79,12 +79,21 @@ def informational() -> ThresholdsConfig:
 
 # --- queries ---------------------------------------------------------------------------
 def query(
-    expr: str, legend: str = "", *, instant: bool = False, exemplar: bool = False, buckets: bool = False
+    expr: str,
+    legend: str = "",
+    *,
+    instant: bool = False,
+    table: bool = False,
+    exemplar: bool = False,
+    buckets: bool = False,
 ) -> Dataquery:
-    """A Prometheus target; ``instant`` for tables, ``buckets`` for a heatmap of a histogram's ``le`` series."""
+    """A Prometheus target. ``instant`` for a stat over the whole range (one evaluation, not one per
+    point), ``table`` for a table's rows, ``buckets`` for a heatmap of a histogram's ``le`` series."""
     q = Dataquery().expr(expr).legend_format(legend or "__auto")
-    if instant:
-        q = q.instant().format(PromQueryFormat.TABLE)
+    if instant or table:
+        q = q.instant()
+    if table:
+        q = q.format(PromQueryFormat.TABLE)
     if buckets:
         q = q.format(PromQueryFormat.HEATMAP).legend_format("{{le}}")
     if exemplar:
@@ -92,10 +101,38 @@ def query(
     return q
 
 
+def quantile_queries(
+    histogram: catalog.Metric,
+    quantiles: Sequence[float],
+    *,
+    by: str = "workload",
+    window: str = promql.RATE,
+    instant: bool = False,
+    rare: bool = False,
+) -> list[Dataquery]:
+    """One target per quantile, legend ``p95 {{workload}}``; exemplars on the step histogram's highest
+    quantile, where the slow steps are (on every line, each exemplar would be drawn once per line)."""
+    legend = " ".join("{{" + label.strip() + "}}" for label in by.split(","))
+    return [
+        query(
+            promql.quantile(quantile, histogram, by=by, window=window, rare=rare),
+            f"p{quantile * 100:g} {legend}",
+            instant=instant,
+            exemplar=histogram is catalog.STEP_DURATION and quantile == max(quantiles),
+        )
+        for quantile in quantiles
+    ]
+
+
 def _with_targets(panel: Any, targets: Sequence[Dataquery]) -> Any:
-    for ref, target in zip("ABCDEFGHIJ", targets, strict=False):
+    if len(targets) > len(REF_IDS):
+        raise ValueError(f"at most {len(REF_IDS)} targets a panel")
+    for ref, target in zip(REF_IDS, targets, strict=False):
         panel = panel.with_target(target.ref_id(ref))
     return panel
+
+
+REF_IDS = "ABCDEFGHIJ"
 
 
 def _common(
@@ -237,8 +274,12 @@ def state_panel(
 
 
 # --- variables -------------------------------------------------------------------------
-def _label_values(name: str, label: str, source: str, description: str) -> QueryVariable:
-    return (
+def _label_values(
+    name: str, source: str, description: str, *, label: str = "", all_value: str | None = ALL, single: bool = False
+) -> QueryVariable:
+    """A variable listing ``label_values(source, label)``; several values or All unless ``single``."""
+    label = label or name
+    variable = (
         QueryVariable(name)
         .label(label.capitalize())
         .description(description)
@@ -247,63 +288,59 @@ def _label_values(name: str, label: str, source: str, description: str) -> Query
         .definition(f"label_values({source}, {label})")
         .refresh(dashboard.VariableRefresh.ON_TIME_RANGE_CHANGED)
         .sort(dashboard.VariableSort.ALPHABETICAL_ASC)
-        .multi(True)
-        .include_all(True)
-        .all_value(ALL)
-        .current(dashboard.VariableOption(selected=True, text="All", value="$__all"))
     )
+    if single:
+        return variable.multi(False).include_all(False)
+    variable = variable.multi(True).include_all(True)
+    variable = variable.current(dashboard.VariableOption(selected=True, text="All", value="$__all"))
+    # Without a custom all value, All expands to the values found (`up` is then not read for other exporters).
+    return variable.all_value(all_value) if all_value else variable
 
 
-def variables(workload_source: catalog.Metric, *, job: bool = False, price: bool = False) -> list[Builder[Any]]:
-    """datasource, workload, slice, worker, accelerator (and the scrape job, the chip-hour price)."""
-    build = f"{catalog.BUILD_INFO.name}"
+def variables(
+    workload_source: catalog.Metric, *, one_workload: bool = False, job: bool = False, price: bool = False
+) -> list[Builder[Any]]:
+    """datasource, workload, slice, worker, accelerator (and the scrape job, the chip-hour price).
+
+    ``one_workload``: the panels compare workers of one workload, and would blend several.
+    """
+    build = catalog.BUILD_INFO.name
     result: list[Builder[Any]] = [
         DatasourceVariable("datasource").label("Data source").type("prometheus"),
         _label_values(
             promql.WORKLOAD,
-            "workload",
             workload_source.name,
             "The workload label each job reports with (Monitor(workload=...)).",
+            single=one_workload,
         ),
         _label_values(
             promql.SLICE,
-            "slice",
             build,
             "The slice label your scrape configuration gives each target (All also covers targets without one).",
         ),
         _label_values(
             promql.WORKER,
-            "worker",
             f'{build}{{slice=~"${promql.SLICE}"}}',
             "The worker (host index within its slice) label of each target.",
         ),
         _label_values(
             promql.ACCELERATOR,
-            "accelerator",
             catalog.DUTY_CYCLE.name,
             "The devices shown, by accelerator type (v5e, v5p, v6e, h100, ...) as the collectors found them; "
             "per-workload panels (MFU, cost) are not filtered by it.",
         ),
     ]
     if job:
-        # No custom All value: All expands to the jobs found, so `up` is not read for other exporters.
         result.append(
-            QueryVariable(promql.JOB)
-            .label("Scrape job")
-            .description("The Prometheus job(s) whose targets are tpuscope sidecars.")
-            .datasource(DATASOURCE)
-            .query(f"label_values({build}, job)")
-            .definition(f"label_values({build}, job)")
-            .refresh(dashboard.VariableRefresh.ON_TIME_RANGE_CHANGED)
-            .multi(True)
-            .include_all(True)
-            .current(dashboard.VariableOption(selected=True, text="All", value="$__all"))
+            _label_values(
+                promql.JOB, build, "The Prometheus job(s) whose targets are tpuscope sidecars.", all_value=None
+            )
         )
     if price:
         result.append(
             TextBoxVariable(promql.PRICE)
-            .label("Price per chip-hour")
-            .description("What one accelerator chip costs per hour, in your currency: the basis of every cost panel.")
+            .label("Price per chip-hour (USD)")
+            .description("What one accelerator chip costs per hour, in US dollars: the basis of every cost panel.")
             .default_value(DEFAULT_CHIP_HOUR_PRICE)
         )
     return result

@@ -10,14 +10,15 @@ dashboards work before a fleet labels its targets by slice and worker.
 
 from __future__ import annotations
 
-from tpuscope.catalog import LAST_STEP, Label, Metric
+from tpuscope.catalog import CHECKPOINT_LAST_SUCCESS, DEVICE_MEMORY_LIMIT, DEVICE_MEMORY_USED, LAST_STEP, Label, Metric
 
 # Grafana's interval variables, substituted when a panel runs.
 RATE = "$__rate_interval"  # at least four scrape intervals: a rate always has two samples
 RANGE = "$__range"  # the dashboard's time range: for stats over the whole view
-INTERVAL = "$__interval"  # one point's width: for heatmap buckets
+INTERVAL = "$__interval"  # one point's width: for counts of rare events, each counted on one point
+HOUR = "1h"  # goodput becomes productive only when a checkpoint covers it: shorter windows swing
 
-# Template variables: (name, label it filters).
+# Template variable names.
 WORKLOAD = "workload"
 SLICE = "slice"
 WORKER = "worker"
@@ -29,6 +30,8 @@ TARGET_LABELS = (SLICE, WORKER)
 # The labels that tell one worker (one sidecar, one host) from another.
 BY_WORKER = "job, instance, slice, worker"
 WORKER_LEGEND = "{{slice}} {{worker}} {{instance}}"
+BY_DEVICE = "job, instance, accelerator, source, device"
+DEVICE_LEGEND = "{{instance}} {{accelerator}} {{device}} ({{source}})"
 
 
 def selector(metric: Metric, *matchers: str, suffix: str = "") -> str:
@@ -61,11 +64,26 @@ def increase(metric: Metric, *matchers: str, suffix: str = "", window: str = RAT
     return f"increase({selector(metric, *matchers, suffix=suffix)}[{window}])"
 
 
-def quantile(q: float, histogram: Metric, *matchers: str, by: str = "", window: str = RATE) -> str:
-    """The ``q`` quantile of a histogram's observations in ``window``, per ``by``."""
+def events(counter: Metric, *matchers: str, suffix: str = "", window: str = INTERVAL) -> str:
+    """How much a counter of rare events (failures, XID errors, checkpoints) grew in ``window``, the
+    first event included.
+
+    A labelled counter comes into being at its first event, already at 1, and ``increase()`` never
+    counts a series' first sample: the first failure of a kind would read 0. A series that did not
+    exist ``window`` ago counts in full (it started from 0); one that went down (the sidecar restarted)
+    counts what it has since.
+    """
+    series = selector(counter, *matchers, suffix=suffix)
+    return f"(({series} - {series} offset {window}) >= 0 or {series})"
+
+
+def quantile(q: float, histogram: Metric, *matchers: str, by: str = "", window: str = RATE, rare: bool = False) -> str:
+    """The ``q`` quantile of a histogram's observations in ``window``, per ``by``; ``rare`` for
+    histograms of rare events (checkpoints), whose first observation ``rate()`` would miss."""
     grouping = f"le, {by}" if by else "le"
+    count = events if rare else rate
     return (
-        f"histogram_quantile({q}, sum by ({grouping}) ({rate(histogram, *matchers, suffix='bucket', window=window)}))"
+        f"histogram_quantile({q}, sum by ({grouping}) ({count(histogram, *matchers, suffix='bucket', window=window)}))"
     )
 
 
@@ -83,14 +101,26 @@ def age(timestamp: Metric, by: str = "workload") -> str:
     return f"time() - max by ({by}) ({selector(timestamp)})"
 
 
+def checkpoint_age() -> str:
+    """Seconds since each workload's last good checkpoint; +Inf for a stepping workload that never saved."""
+    never = f"max by (workload) ({selector(LAST_STEP)}) * 0 + Inf"
+    return f"{age(CHECKPOINT_LAST_SUCCESS)} or {never}"
+
+
 def on_workload_hosts(expr: str) -> str:
     """Per-host series (devices, the host) kept only for the hosts where the chosen workloads run."""
     return f"({expr}) and on (job, instance) {selector(LAST_STEP)}"
 
 
-def share(part: str, whole: str, by: str = "") -> str:
+def share(part: str, whole: str, ignoring: str = "") -> str:
     """``part / whole``, where ``part`` has one more label than ``whole`` (a phase, a category)."""
-    return f"{part} / ignoring ({by}) group_left {whole}" if by else f"{part} / {whole}"
+    return f"{part} / ignoring ({ignoring}) group_left {whole}" if ignoring else f"{part} / {whole}"
+
+
+def memory_used_ratio() -> str:
+    """Device memory used over its limit, per device and per source (the job and a collector may both
+    report a chip, each with its own numbering)."""
+    return f"{selector(DEVICE_MEMORY_USED)} / {selector(DEVICE_MEMORY_LIMIT)}"
 
 
 def le(bound: float) -> str:
