@@ -1,6 +1,6 @@
 # The two commands of the README:
 #   make demo   set up, then run the JAX benchmark workload with the sidecar and show what it exports
-#   make test   set up (Python environment, Debian's prometheus for Prometheus and promtool), then test
+#   make test   set up (Python environment, Debian's prometheus and prometheus-alertmanager), then test
 # Everything else here is a step of those two.
 
 PYTHON ?= python3
@@ -25,11 +25,13 @@ $(VENV)/.installed: pyproject.toml
 	$(BIN)/python -m pip install --quiet -e '.[dev,jax,tpu,gpu,dashboards]'
 	touch $@
 
-# Real Prometheus and promtool for the tests (Debian's package; it starts no service).
+# Real Prometheus, promtool, Alertmanager and amtool for the tests (Debian's packages; they start no service).
 system-deps:
-	@command -v prometheus >/dev/null && command -v promtool >/dev/null || { \
+	@command -v prometheus >/dev/null && command -v promtool >/dev/null && \
+	  command -v prometheus-alertmanager >/dev/null && command -v amtool >/dev/null || { \
 	  $(SUDO) apt-get update -qq && \
-	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends prometheus; }
+	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends \
+	    prometheus prometheus-alertmanager; }
 
 lint: setup
 	$(BIN)/ruff check tpuscope tests
