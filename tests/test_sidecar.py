@@ -199,3 +199,19 @@ def test_a_killed_job_is_recorded_as_a_failure(sidecar: SidecarProcess) -> None:
     scrape = scrape_when(sidecar.url, lambda s: s.value(catalog.STEPS.name, workload="clean") == 1)
     time.sleep(0.2)
     assert not Scrape.fetch(sidecar.url).has(catalog.WORKLOAD_FAILURES.name, workload="clean")
+
+
+def test_connected_processes_per_workload_come_and_go(sidecar: SidecarProcess) -> None:
+    """While a workload's processes are connected it has a series; it goes with the last of them."""
+    processes = catalog.WORKLOAD_PROCESSES.name
+
+    def count(scrape: Scrape) -> float:
+        return scrape.value(processes, workload="pair") if scrape.has(processes, workload="pair") else 0
+
+    first, second = Monitor("pair", socket=sidecar.socket), Monitor("pair", socket=sidecar.socket)
+    scrape_when(sidecar.url, lambda s: count(s) == 2)
+    first.close()
+    scrape_when(sidecar.url, lambda s: count(s) == 1)
+    second.close()
+    gone = scrape_when(sidecar.url, lambda s: not s.has(processes, workload="pair"))
+    assert gone.has(INGEST, result="accepted")  # the sidecar serves on: only the workload's series went

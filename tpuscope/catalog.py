@@ -279,6 +279,14 @@ WORKLOAD_RESTARTS = _metric(
     Label.REASON,
     group=LIFECYCLE_GROUP,
 )
+WORKLOAD_PROCESSES = _metric(
+    "workload_processes",
+    Kind.GAUGE,
+    "The workload's processes connected to the sidecar now. The series goes when the last one leaves: a "
+    "workload that stopped reporting steps while it is still here is stalled, not finished.",
+    W,
+    group=LIFECYCLE_GROUP,
+)
 WORKLOAD_FAILURES = _metric(
     "workload_failures_total", Kind.COUNTER, "Workload failures, by reason.", W, Label.REASON, group=LIFECYCLE_GROUP
 )

@@ -50,6 +50,7 @@ class Aggregator:
             events.InferenceBatch: self._inference_batch,
         }
         self._workloads: dict[str, WorkloadState] = {}
+        self._processes: dict[str, int] = {}  # workload -> its connected processes
         ingest = self.metrics[catalog.INGEST_EVENTS]
         self._ingest = {result: ingest.labels(result) for result in INGEST_RESULTS}
         invalid = self.metrics[catalog.INGEST_INVALID_EVENTS]
@@ -57,6 +58,20 @@ class Aggregator:
         self.metrics[catalog.BUILD_INFO].labels(__version__).set(1)
 
     # --- the ingest loop's entry points --------------------------------------------
+    def process_joined(self, workload: str) -> None:
+        """A connected process said which workload it belongs to."""
+        self._processes[workload] = self._processes.get(workload, 0) + 1
+        self.metrics[catalog.WORKLOAD_PROCESSES].labels(workload).set(self._processes[workload])
+
+    def process_left(self, workload: str) -> None:
+        """One of the workload's processes disconnected; the series goes with the last one."""
+        self._processes[workload] -= 1
+        if self._processes[workload] > 0:
+            self.metrics[catalog.WORKLOAD_PROCESSES].labels(workload).set(self._processes[workload])
+        else:
+            del self._processes[workload]
+            self.metrics[catalog.WORKLOAD_PROCESSES].remove(workload)
+
     def accept(self, event: events.AnyEvent) -> None:
         """A valid event from a job."""
         self.apply(event)

@@ -178,7 +178,11 @@ class IngestLoop:
             log.exception("failed to aggregate %r", event)
             self._aggregator.reject("invalid_field")
             return
-        conn.workload = event.workload
+        if conn.workload != event.workload:
+            if conn.workload:
+                self._aggregator.process_left(conn.workload)
+            self._aggregator.process_joined(event.workload)
+            conn.workload = event.workload
         if isinstance(event, events.Lifecycle):
             conn.said_goodbye = event.state in ("stop", "failure")
 
@@ -187,6 +191,8 @@ class IngestLoop:
         conn.sock.close()
         with self._connections_lock:
             self._connections.discard(conn)
+        if conn.workload:
+            self._aggregator.process_left(conn.workload)
         if conn.workload and not conn.said_goodbye:
             # It sent events but never stop or failure: killed, or exited without closing its Monitor.
             log.warning("workload %s (pid %d) disconnected without a stop event", conn.workload, conn.pid)
