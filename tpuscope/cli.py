@@ -120,6 +120,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     boards.add_argument("--out", type=Path, required=True, help="directory to write NAME.json files into")
     boards.set_defaults(run=_dashboards)
 
+    alerting = commands.add_parser(
+        "alerts",
+        help="write the Prometheus rules and the Alertmanager configuration",
+        description="Write tpuscope-rules.yaml (recording and alert rules) and alertmanager.yml (page and ticket "
+        "routing), with the thresholds, webhooks and links of --config.",
+    )
+    alerting.add_argument("--out", type=Path, required=True, help="directory to write the two files into")
+    alerting.add_argument("--config", type=Path, help="YAML: thresholds, webhook URLs, runbook and Grafana URLs")
+    alerting.set_defaults(run=_alerts)
+
     gen = commands.add_parser(
         "generate",
         help="write the committed generated files (docs/metrics.md, ...)",
@@ -154,6 +164,20 @@ def _dashboards(args: argparse.Namespace) -> int:
     from tpuscope import dashboards  # grafana-foundation-sdk: the dashboards extra
 
     for path in dashboards.write(args.out):
+        print(f"wrote {path}")
+    return 0
+
+
+def _alerts(args: argparse.Namespace) -> int:
+    from tpuscope import alerts
+    from tpuscope.alerts.config import AlertingConfig
+
+    try:
+        config = AlertingConfig.load(args.config)
+    except ValueError as e:
+        print(f"tpuscope alerts: {e}", file=sys.stderr)
+        return 2
+    for path in alerts.write(args.out, config):
         print(f"wrote {path}")
     return 0
 

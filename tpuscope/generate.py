@@ -11,7 +11,8 @@ from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
-from tpuscope import catalog, dashboards, events
+from tpuscope import alerts, catalog, dashboards, events
+from tpuscope.alerts.config import AlertingConfig
 from tpuscope.exporter.collectors import COLLECTORS
 from tpuscope.exporter.collectors import base as collector_base
 
@@ -65,6 +66,9 @@ ARTIFACTS: dict[str, Callable[[], str]] = {
     "docs/metrics.md": metrics_markdown,
     **{f"deploy/grafana/{name}.json": partial(dashboards.file, name) for name in dashboards.DASHBOARDS},
     "deploy/kubernetes/grafana-dashboards.yaml": dashboards.configmaps,
+    "deploy/prometheus/tpuscope-rules.yaml": lambda: alerts.rules_file(AlertingConfig()),
+    "deploy/alertmanager/alertmanager.yml": lambda: alerts.alertmanager_file(AlertingConfig()),
+    "docs/alerts.md": alerts.runbooks_markdown,
 }
 
 

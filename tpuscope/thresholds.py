@@ -7,7 +7,9 @@ first time someone tuned one of them.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from typing import Any
 
 from tpuscope import catalog
 
@@ -47,6 +49,29 @@ class Thresholds:
     """Device memory above this share of its limit: the next larger batch or program will not fit."""
     host_cpu_ratio: float = 0.90
     """Host CPU busier than this cannot feed the chips."""
+
+    # --- for the alerts alone ---
+    step_regression_factor: float = 1.3
+    """Mean step time this many times its own baseline (the 6 hours before the last 30 minutes)."""
+    compile_seconds_per_hour: float = 600.0
+    """Backend compile time per hour above this is a job that keeps compiling."""
+    steady_state_compiles: float = 3
+    """Compiles in 30 minutes of a workload that was already stepping an hour earlier: recompiles."""
+    crash_loop_restarts: float = 3
+    """Restarts in an hour that make a crash loop (a page); a single failure makes a ticket."""
+    ingest_loss_ratio: float = 0.01
+    """Share of a sidecar's events dropped or invalid above which its step metrics undercount."""
+
+    @classmethod
+    def override(cls, values: Mapping[str, Any]) -> Thresholds:
+        """The defaults with ``values`` (from a YAML file) in their place; an unknown name is an error."""
+        known = {f.name for f in fields(cls)}
+        if unknown := set(values) - known:
+            raise ValueError(f"unknown thresholds: {', '.join(sorted(unknown))} (known: {', '.join(sorted(known))})")
+        try:
+            return cls(**{name: float(value) for name, value in values.items()})
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"thresholds must be numbers: {e}") from None
 
 
 DEFAULT = Thresholds()

@@ -1,0 +1,60 @@
+"""What users set without touching code: thresholds, where pages and tickets go, and links.
+
+One YAML file (``tpuscope alerts --config FILE``); every key is optional::
+
+    thresholds:             # any field of tpuscope.thresholds.Thresholds
+      stall_seconds: 600
+      goodput_objective: 0.95
+    exporter_job: tpuscope  # the Prometheus job(s) scraping sidecars, a regex
+    page_webhook_url: https://pager.example/hook
+    ticket_webhook_url: https://tickets.example/hook
+    runbook_url: https://wiki.example/tpuscope/alerts    # each alert links to <runbook_url>#<alertname>
+    grafana_url: https://grafana.example                 # dashboards linked from alerts
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from tpuscope.thresholds import DEFAULT, Thresholds
+
+
+@dataclass(frozen=True)
+class AlertingConfig:
+    thresholds: Thresholds = field(default_factory=lambda: DEFAULT)
+    exporter_job: str = "tpuscope.*"
+    page_webhook_url: str = "http://alert-receiver.monitoring.svc:8080/page"
+    ticket_webhook_url: str = "http://alert-receiver.monitoring.svc:8080/ticket"
+    runbook_url: str = "https://tpuscope.example/docs/alerts"
+    grafana_url: str = "http://grafana.monitoring.svc"
+
+    @classmethod
+    def load(cls, path: Path | None) -> AlertingConfig:
+        if path is None:
+            return cls()
+        try:
+            raw = yaml.safe_load(path.read_text()) or {}
+        except (OSError, yaml.YAMLError) as e:
+            raise ValueError(f"{path}: {e}") from None
+        if not isinstance(raw, dict):
+            raise ValueError(f"{path}: expected a mapping of settings")
+        known = {f.name for f in fields(cls)}
+        if unknown := set(raw) - known:
+            raise ValueError(
+                f"{path}: unknown settings {', '.join(sorted(unknown))} (known: {', '.join(sorted(known))})"
+            )
+        settings: dict[str, Any] = {k: v for k, v in raw.items() if k != "thresholds"}
+        for name, value in settings.items():
+            if not isinstance(value, str):
+                raise ValueError(f"{path}: {name} must be a string")
+        config = replace(cls(), **settings)
+        if "thresholds" in raw:
+            try:
+                config = replace(config, thresholds=Thresholds.override(raw["thresholds"] or {}))
+            except ValueError as e:
+                raise ValueError(f"{path}: {e}") from None
+        return config
