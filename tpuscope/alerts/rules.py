@@ -38,6 +38,8 @@ PRODUCTIVE = 'category="productive"'
 CHECKPOINTING = 'category="checkpoint"'
 BACKEND = 'stage="backend"'
 HIT = 'result="hit"'
+SAVE = 'operation="save"'
+ERROR = 'result="error"'
 
 
 def series(metric: c.Metric, *matchers: str, suffix: str = "") -> str:
@@ -45,10 +47,10 @@ def series(metric: c.Metric, *matchers: str, suffix: str = "") -> str:
     return f"{name}{{{', '.join(matchers)}}}" if matchers else name
 
 
-def new_or_increase(counter: c.Metric, window: str, *matchers: str, by: str = "workload") -> str:
+def new_or_increase(counter: c.Metric, window: str, *matchers: str, suffix: str = "", by: str = "workload") -> str:
     """How much a counter of rare events grew in ``window``, a series born in it counted in full
     (``increase()`` never counts a series' first sample, so a first failure would read 0)."""
-    s = series(counter, *matchers)
+    s = series(counter, *matchers, suffix=suffix)
     return f"sum by ({by}) (({s} - {s} offset {window}) >= 0 or {s})"
 
 
@@ -67,7 +69,7 @@ class Alert:
     def rule(self, config: AlertingConfig) -> dict[str, Any]:
         anchor = self.name.lower()
         dashboard = f"{config.grafana_url}/d/{self.dashboard}"
-        if "workload" in self.description:
+        if "$labels.workload" in self.description:
             dashboard += "?var-workload={{ $labels.workload }}"
         rule: dict[str, Any] = {"alert": self.name, "expr": self.expr}
         if self.for_ != "0m":
@@ -173,7 +175,6 @@ def alerts(config: AlertingConfig) -> list[Alert]:
     connected = series(c.WORKLOAD_PROCESSES)
     share = "workload_phase:tpuscope_step_phase_duration_seconds:share5m"
     mean_step = "workload:tpuscope_step_duration_seconds:mean5m"
-    checkpoints = series(c.CHECKPOINT_DURATION, 'operation="save"', 'result="error"', suffix="count")
     lost = series(c.INGEST_EVENTS, 'result=~"dropped|invalid"')
     return [
         Alert(
@@ -270,7 +271,7 @@ def alerts(config: AlertingConfig) -> list[Alert]:
         Alert(
             f"{PREFIX}Recompiling",
             "warning",
-            f"{new_or_increase(c.COMPILE_DURATION, '30m', BACKEND)} > {t.steady_state_compiles:g}"
+            f"{new_or_increase(c.COMPILE_DURATION, '30m', BACKEND, suffix='count')} > {t.steady_state_compiles:g}"
             f" and on (workload) sum by (workload) ({series(c.STEPS)} offset 1h) > 0",
             "A workload keeps recompiling in its steady state.",
             "Workload {{ $labels.workload }} compiled {{ $value }} programs in 30 minutes, an hour after it began "
@@ -316,7 +317,7 @@ def alerts(config: AlertingConfig) -> list[Alert]:
         Alert(
             f"{PREFIX}CheckpointFailing",
             "warning",
-            f"sum by (workload) (({checkpoints} - {checkpoints} offset 30m) >= 0 or {checkpoints}) > 0",
+            f"{new_or_increase(c.CHECKPOINT_DURATION, '30m', SAVE, ERROR, suffix='count')} > 0",
             "Checkpoint saves fail.",
             "Workload {{ $labels.workload }} failed {{ $value }} checkpoint saves in the last 30 minutes.",
             "tpuscope-job",
@@ -398,8 +399,8 @@ def alerts(config: AlertingConfig) -> list[Alert]:
             "warning",
             f'absent(up{{job=~"{config.exporter_job}"}})',
             "Prometheus has no tpuscope sidecar to scrape.",
-            "No target of a job matching {{ $labels.job }} exists: the scrape configuration or the PodMonitor "
-            "lost the sidecars.",
+            f"No target of a job matching {config.exporter_job} exists: the scrape configuration or the "
+            "PodMonitor lost the sidecars.",
             "tpuscope-oncall",
             "15m",
             "Check the PodMonitor's selector and the scrape configuration's job name.",

@@ -1,0 +1,358 @@
+"""promtool unit-test cases for every alert: input series, when to look, what must (or must not) fire.
+
+Each case names an alert and either the severity it must fire with (its exact labels and description
+given) or None: it must stay quiet. tests/test_alerts.py turns them into a `promtool test rules` file
+and fails when an alert of the generated rules has no firing case or no quiet one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from tpuscope import catalog as c
+
+HOST = {"job": "tpuscope", "instance": "h:9478"}
+
+
+def s(metric: c.Metric, suffix: str = "", **labels: str) -> str:
+    """A series name with labels, as promtool's input_series wants it."""
+    name = metric.series(suffix) if suffix else metric.name
+    return name + "{" + ", ".join(f'{k}="{v}"' for k, v in {**HOST, **labels}.items()) + "}"
+
+
+W = {"workload": "w"}
+
+
+@dataclass(frozen=True)
+class Case:
+    alert: str  # without the Tpuscope prefix
+    severity: str | None  # None: must stay quiet
+    eval_time: str
+    series: dict[str, str]
+    labels: dict[str, str] = field(default_factory=dict)  # the firing alert's labels besides alertname, severity
+    description: str = ""
+    also: tuple[tuple[str, str], ...] = ()  # (severity, description) of the same alert firing too
+
+
+def phases(io: int, sync: int) -> dict[str, str]:
+    """One step per second, io and sync taking the given share in hundredths."""
+    return {
+        s(c.STEP_DURATION, "sum", **W): "0+60x40",
+        s(c.STEP_PHASE_DURATION, "sum", phase="io", **W): f"0+{io * 60 // 100}x40",
+        s(c.STEP_PHASE_DURATION, "sum", phase="sync", **W): f"0+{sync * 60 // 100}x40",
+    }
+
+
+def workers(slow: int) -> dict[str, str]:
+    """Three workers of one workload; the third computes ``slow`` seconds a step, the others 1."""
+    result = {}
+    for index, seconds in enumerate((1, 1, slow)):
+        where = {"instance": f"h{index}:9478", "slice": "0", "worker": str(index), **W}
+        result[s(c.STEP_PHASE_DURATION, "sum", phase="compute", **where)] = f"0+{seconds}x30"
+        result[s(c.STEP_PHASE_DURATION, "count", phase="compute", **where)] = "0+1x30"
+    return result
+
+
+def goodput(productive: int, io_wait: int, minutes: int) -> dict[str, str]:
+    return {
+        s(c.GOODPUT, category="productive", **W): f"0+{productive}x{minutes}",
+        s(c.GOODPUT, category="io_wait", **W): f"0+{io_wait}x{minutes}",
+    }
+
+
+def latency(slow_percent: int, minutes: int) -> dict[str, str]:
+    return {
+        s(c.INFERENCE_REQUEST_DURATION, "bucket", le="0.5", **W): f"0+{100 - slow_percent}x{minutes}",
+        s(c.INFERENCE_REQUEST_DURATION, "count", **W): f"0+100x{minutes}",
+    }
+
+
+STALL = {s(c.LAST_STEP, **W): "0x20", s(c.WORKLOAD_PROCESSES, **W): "1x20"}
+REGRESSION_STEPS = s(c.STEP_DURATION, "count", **W)
+REGRESSION_SUM = s(c.STEP_DURATION, "sum", **W)
+DEVICE = {"device": "0", "accelerator": "v5e", "source": "libtpu"}
+
+CASES = [
+    Case(
+        "WorkloadStalled",
+        "critical",
+        "10m",
+        STALL,
+        W,
+        "Workload w has completed no step for 10m 0s while its processes are still connected.",
+    ),
+    Case("WorkloadStalled", None, "10m", {s(c.LAST_STEP, **W): "0+60x20", s(c.WORKLOAD_PROCESSES, **W): "1x20"}),
+    Case("WorkloadStalled", None, "10m", {s(c.LAST_STEP, **W): "0x20"}),  # finished: no process left
+    Case(
+        "StepTimeRegression",
+        "warning",
+        "475m",
+        {REGRESSION_STEPS: "0+60x480", REGRESSION_SUM: "0+60x420 25320+120x60"},
+        W,
+        "Workload w takes 2s a step, more than 1.3x its mean of the 6 hours before.",
+    ),
+    Case("StepTimeRegression", None, "475m", {REGRESSION_STEPS: "0+60x480", REGRESSION_SUM: "0+60x480"}),
+    Case(
+        "InputBound",
+        "warning",
+        "30m",
+        phases(io=50, sync=0),
+        {**W, "phase": "io"},
+        "Workload w spends 50% of its step time waiting for input.",
+    ),
+    Case("InputBound", None, "30m", phases(io=10, sync=0)),
+    Case(
+        "SyncBound",
+        "warning",
+        "30m",
+        phases(io=0, sync=50),
+        {**W, "phase": "sync"},
+        "Workload w spends 50% of its step time in collective sync.",
+    ),
+    Case("SyncBound", None, "30m", phases(io=0, sync=20)),
+    Case(
+        "Straggler",
+        "warning",
+        "25m",
+        workers(slow=2),
+        {**W, **HOST, "instance": "h2:9478", "slice": "0", "worker": "2"},
+        "Worker 2 (h2:9478, slice 0) of workload w computes a step in 2s, over 1.2x its workload's median.",
+    ),
+    Case("Straggler", None, "25m", workers(slow=1)),
+    Case(
+        "LowDutyCycle",
+        "warning",
+        "40m",
+        {s(c.DUTY_CYCLE, **DEVICE): "0.1x40", s(c.WORKLOAD_PROCESSES, **W): "1x40"},
+        HOST,
+        "The chips of h:9478 were busy 10% of the time.",
+    ),
+    Case("LowDutyCycle", None, "40m", {s(c.DUTY_CYCLE, **DEVICE): "0.9x40", s(c.WORKLOAD_PROCESSES, **W): "1x40"}),
+    Case("LowMFU", "warning", "40m", {s(c.MFU, **W): "0.1x40"}, W, "Workload w reaches 10% model FLOPs utilization."),
+    Case("LowMFU", None, "40m", {s(c.MFU, **W): "0.5x40"}),
+    Case(
+        "CompileTimeHigh",
+        "warning",
+        "70m",
+        {s(c.COMPILE_DURATION, "sum", stage="backend", **W): "0+20x70"},
+        W,
+        "Workload w compiled for 20m 0s in the last hour.",
+    ),
+    Case("CompileTimeHigh", None, "70m", {s(c.COMPILE_DURATION, "sum", stage="backend", **W): "0+1x70"}),
+    Case(
+        "Recompiling",
+        "warning",
+        "90m",
+        {s(c.COMPILE_DURATION, "count", stage="backend", **W): "0x60 1+1x30", s(c.STEPS, **W): "0+100x90"},
+        W,
+        "Workload w compiled 30 programs in 30 minutes, an hour after it began stepping.",
+    ),
+    Case(
+        "Recompiling",
+        None,
+        "90m",  # compiles while it warms up: it only began stepping at 60m
+        {s(c.COMPILE_DURATION, "count", stage="backend", **W): "0x60 1+1x30", s(c.STEPS, **W): "_x60 0+100x30"},
+    ),
+    Case(
+        "CompileCacheHitRatioLow",
+        "warning",
+        "70m",
+        {
+            s(c.COMPILE_CACHE_REQUESTS, result="hit", **W): "0+1x70",
+            s(c.COMPILE_CACHE_REQUESTS, result="miss", **W): "0+9x70",
+        },
+        W,
+        "Workload w hit the compilation cache for 10% of its look-ups in the last hour.",
+    ),
+    Case(
+        "CompileCacheHitRatioLow",
+        None,
+        "70m",
+        {
+            s(c.COMPILE_CACHE_REQUESTS, result="hit", **W): "0+9x70",
+            s(c.COMPILE_CACHE_REQUESTS, result="miss", **W): "0+1x70",
+        },
+    ),
+    Case(
+        "MemorySpill",
+        "warning",
+        "20m",
+        {s(c.MEMORY_SPILL, program="train_step", **W): "1048576x20"},
+        {**W, "program": "train_step"},
+        "Program train_step of workload w places 1MiB in host memory.",
+    ),
+    Case("MemorySpill", None, "20m", {s(c.MEMORY_SPILL, program="train_step", **W): "0x20"}),
+    Case(
+        "DeviceMemoryNearLimit",
+        "warning",
+        "20m",
+        {s(c.DEVICE_MEMORY_USED, **DEVICE): "15e9x20", s(c.DEVICE_MEMORY_LIMIT, **DEVICE): "16e9x20"},
+        {**HOST, **DEVICE},
+        "Device 0 (v5e, libtpu) of h:9478 uses 93.75% of its memory.",
+    ),
+    Case(
+        "DeviceMemoryNearLimit",
+        None,
+        "20m",
+        {s(c.DEVICE_MEMORY_USED, **DEVICE): "8e9x20", s(c.DEVICE_MEMORY_LIMIT, **DEVICE): "16e9x20"},
+    ),
+    Case(
+        "CheckpointFailing",
+        "warning",
+        "20m",
+        {s(c.CHECKPOINT_DURATION, "count", operation="save", result="error", **W): "_x10 1x10"},
+        W,
+        "Workload w failed 1 checkpoint saves in the last 30 minutes.",
+    ),
+    Case(
+        "CheckpointFailing",
+        None,
+        "20m",
+        {s(c.CHECKPOINT_DURATION, "count", operation="save", result="ok", **W): "_x10 1x10"},
+    ),
+    Case(
+        "CheckpointStale",
+        "critical",
+        "70m",
+        {s(c.CHECKPOINT_LAST_SUCCESS, **W): "0x70", s(c.WORKLOAD_PROCESSES, **W): "1x70"},
+        W,
+        "Workload w last saved a checkpoint 1h 10m 0s ago: that much work is lost if it fails now.",
+    ),
+    Case("CheckpointStale", None, "70m", {s(c.CHECKPOINT_LAST_SUCCESS, **W): "0x70"}),  # finished
+    Case(
+        "CheckpointTimeHigh",
+        "warning",
+        "100m",
+        {s(c.GOODPUT, category="checkpoint", **W): "0+6x100", s(c.GOODPUT, category="productive", **W): "0+54x100"},
+        W,
+        "Workload w spends 10% of its wall time checkpointing.",
+    ),
+    Case(
+        "CheckpointTimeHigh",
+        None,
+        "100m",
+        {s(c.GOODPUT, category="checkpoint", **W): "0+1x100", s(c.GOODPUT, category="productive", **W): "0+59x100"},
+    ),
+    Case(
+        "GoodputBudgetBurn",
+        "critical",
+        "30m",
+        goodput(productive=0, io_wait=60, minutes=30),
+        W,
+        "Workload w is burning its goodput error budget at a fast (14.4x over 1h, 6x over 6h) rate: 100% of it is "
+        "bad over the long window.",
+        # A fast burn is a slow one too; Alertmanager's inhibition keeps the ticket quiet while the page fires.
+        also=(
+            (
+                "warning",
+                "Workload w is burning its goodput error budget at a steady (3x over 1d, 1x over 3d) rate: "
+                "100% of it is bad over the long window.",
+            ),
+        ),
+    ),
+    Case(
+        "GoodputBudgetBurn",
+        "warning",
+        "180m",
+        goodput(productive=36, io_wait=24, minutes=180),
+        W,
+        "Workload w is burning its goodput error budget at a steady (3x over 1d, 1x over 3d) rate: 40% of it is "
+        "bad over the long window.",
+    ),
+    Case("GoodputBudgetBurn", None, "180m", goodput(productive=57, io_wait=3, minutes=180)),
+    Case(
+        "WorkloadFailed",
+        "warning",
+        "10m",
+        {s(c.WORKLOAD_FAILURES, reason="crash", **W): "_x5 1x5"},
+        W,
+        "Workload w failed 1 times in the last hour.",
+    ),
+    Case("WorkloadFailed", None, "10m", {s(c.WORKLOAD_RESTARTS, reason="resumed", **W): "_x5 1x5"}),
+    Case(
+        "WorkloadCrashLooping",
+        "critical",
+        "10m",
+        {s(c.WORKLOAD_RESTARTS, reason="crash", **W): "_x5 1 2 3x5"},
+        W,
+        "Workload w restarted 3 times in the last hour.",
+    ),
+    Case("WorkloadCrashLooping", None, "10m", {s(c.WORKLOAD_RESTARTS, reason="crash", **W): "_x5 1x5"}),
+    Case(
+        "CollectorDown",
+        "warning",
+        "10m",
+        {s(c.COLLECTOR_UP, collector="libtpu"): "0x10"},
+        {**HOST, "collector": "libtpu"},
+        "Collector libtpu of h:9478 has failed for 5 minutes.",
+    ),
+    Case("CollectorDown", None, "10m", {s(c.COLLECTOR_UP, collector="libtpu"): "1x10"}),
+    Case(
+        "ExporterDown",
+        "critical",
+        "10m",
+        {'up{job="tpuscope", instance="h:9478"}': "0x10"},
+        HOST,
+        "Prometheus has not scraped the sidecar h:9478 for 5 minutes: its workloads are unmonitored.",
+    ),
+    Case("ExporterDown", None, "10m", {'up{job="tpuscope", instance="h:9478"}': "1x10"}),
+    Case(
+        "ExporterAbsent",
+        "warning",
+        "20m",
+        {'up{job="node", instance="n:9100"}': "1x20"},
+        {},
+        "No target of a job matching tpuscope.* exists: the scrape configuration or the PodMonitor lost the sidecars.",
+    ),
+    Case("ExporterAbsent", None, "20m", {'up{job="tpuscope", instance="h:9478"}': "1x20"}),
+    Case(
+        "IngestLosingEvents",
+        "warning",
+        "20m",
+        {s(c.INGEST_EVENTS, result="accepted"): "0+100x20", s(c.INGEST_EVENTS, result="dropped"): "0+10x20"},
+        HOST,
+        "The sidecar h:9478 lost 9.091% of its events (dropped or invalid): the step metrics undercount.",
+    ),
+    Case(
+        "IngestLosingEvents",
+        None,
+        "20m",
+        {s(c.INGEST_EVENTS, result="accepted"): "0+1000x20", s(c.INGEST_EVENTS, result="dropped"): "0+1x20"},
+    ),
+    Case(
+        "HostCPUSaturated",
+        "warning",
+        "20m",
+        {s(c.HOST_CPU_UTILIZATION, cpu="0"): "0.95x20", s(c.HOST_CPU_UTILIZATION, cpu="1"): "0.97x20"},
+        HOST,
+        "The CPU of h:9478 is 96% busy: it cannot feed its chips.",
+    ),
+    Case("HostCPUSaturated", None, "20m", {s(c.HOST_CPU_UTILIZATION, cpu="0"): "0.5x20"}),
+    Case(
+        "InferenceLatencyBudgetBurn",
+        "critical",
+        "30m",
+        latency(slow_percent=50, minutes=30),
+        W,
+        "Workload w is burning its latency error budget at a fast (14.4x over 1h, 6x over 6h) rate: 50% of it is "
+        "bad over the long window.",
+        # A fast burn is a slow one too; Alertmanager's inhibition keeps the ticket quiet while the page fires.
+        also=(
+            (
+                "warning",
+                "Workload w is burning its latency error budget at a steady (3x over 1d, 1x over 3d) rate: "
+                "50% of it is bad over the long window.",
+            ),
+        ),
+    ),
+    Case(
+        "InferenceLatencyBudgetBurn",
+        "warning",
+        "180m",
+        latency(slow_percent=5, minutes=180),
+        W,
+        "Workload w is burning its latency error budget at a steady (3x over 1d, 1x over 3d) rate: 5% of it is "
+        "bad over the long window.",
+    ),
+    Case("InferenceLatencyBudgetBurn", None, "180m", latency(slow_percent=0, minutes=180)),
+]

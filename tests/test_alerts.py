@@ -1,0 +1,158 @@
+"""The alert and recording rules and the Alertmanager configuration: linted, unit-tested, routed."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from alert_cases import CASES, Case
+from conftest import require
+
+from tpuscope import alerts
+from tpuscope.alerts.config import AlertingConfig
+from tpuscope.alerts.rules import PREFIX
+
+ROOT = Path(__file__).resolve().parents[1]
+RULES = ROOT / "deploy/prometheus/tpuscope-rules.yaml"
+ALERTMANAGER = ROOT / "deploy/alertmanager/alertmanager.yml"
+
+
+def generated_alerts() -> list[dict[str, Any]]:
+    groups = yaml.safe_load(RULES.read_text())["groups"]
+    return [rule for group in groups for rule in group["rules"] if "alert" in rule]
+
+
+def run(*command: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(command, capture_output=True, text=True, timeout=120)
+
+
+def test_promtool_lints_the_rules_clean() -> None:
+    out = run(require("promtool"), "check", "rules", "--lint=all", "--lint-fatal", str(RULES))
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "SUCCESS" in out.stdout
+
+
+def test_rules_follow_the_mixin_conventions() -> None:
+    groups = yaml.safe_load(RULES.read_text())["groups"]
+    for rule in (r for g in groups for r in g["rules"] if "record" in r):
+        level, metric, operation = rule["record"].split(":")
+        assert level and metric.startswith("tpuscope_") and operation, rule["record"]
+    for rule in generated_alerts():
+        assert rule["alert"].startswith(PREFIX) and rule["alert"][len(PREFIX)].isupper()
+        assert rule["labels"]["severity"] in ("critical", "warning", "info")
+        annotations = rule["annotations"]
+        assert set(annotations) == {"summary", "description", "runbook_url", "dashboard_url"}
+        assert "{{" not in annotations["summary"] and "{{" in annotations["description"] or "absent" in rule["expr"]
+        assert annotations["runbook_url"].endswith("#" + rule["alert"].lower())
+        assert f"## {rule['alert']}" in (ROOT / "docs/alerts.md").read_text()
+
+
+def promtool_tests(cases: list[Case], rules: Path) -> dict[str, Any]:
+    by_name = {}
+    for rule in generated_alerts():
+        by_name.setdefault(rule["alert"], {})[rule["labels"]["severity"]] = rule
+    tests = []
+    for case in cases:
+        name = PREFIX + case.alert
+        expected = []
+        firing = ((case.severity, case.description), *case.also) if case.severity else ()
+        for severity, description in firing:
+            annotations = dict(by_name[name][severity]["annotations"])
+            annotations["description"] = description
+            annotations["dashboard_url"] = annotations["dashboard_url"].replace(
+                "{{ $labels.workload }}", case.labels.get("workload", "")
+            )
+            expected.append({"exp_labels": {"severity": severity, **case.labels}, "exp_annotations": annotations})
+        tests.append(
+            {
+                "name": f"{name} {case.severity or 'quiet'}",
+                "interval": "1m",
+                "input_series": [{"series": series, "values": values} for series, values in case.series.items()],
+                "alert_rule_test": [{"eval_time": case.eval_time, "alertname": name, "exp_alerts": expected}],
+            }
+        )
+    return {"rule_files": [str(rules)], "evaluation_interval": "1m", "tests": tests}
+
+
+def test_every_alert_fires_with_exact_labels_and_annotations_and_stays_quiet_when_it_should(tmp_path: Path) -> None:
+    tests = tmp_path / "tests.yaml"
+    tests.write_text(yaml.safe_dump(promtool_tests(CASES, RULES), sort_keys=False))
+    out = run(require("promtool"), "test", "rules", str(tests))
+    assert out.returncode == 0, out.stdout[-6000:] + out.stderr[-3000:]
+
+
+def test_every_alert_and_severity_has_a_firing_case_and_a_quiet_one() -> None:
+    """Computed from the generated rules: a new alert without unit tests fails here."""
+    needed = {(rule["alert"], rule["labels"]["severity"]) for rule in generated_alerts()}
+    firing = {(PREFIX + case.alert, case.severity) for case in CASES if case.severity}
+    quiet = {PREFIX + case.alert for case in CASES if not case.severity}
+    assert needed - firing == set(), "alerts with no case where they fire"
+    assert {name for name, _ in needed} - quiet == set(), "alerts with no case where they must stay quiet"
+
+
+def test_amtool_accepts_the_configuration_and_routes_pages_and_tickets() -> None:
+    amtool = require("amtool")
+    out = run(amtool, "check-config", str(ALERTMANAGER))
+    assert out.returncode == 0, out.stdout + out.stderr
+    for labels, receiver in (
+        (["severity=critical", "alertname=TpuscopeWorkloadStalled", "workload=w"], "page"),
+        (["severity=warning", "alertname=TpuscopeInputBound", "workload=w"], "ticket"),
+        (["severity=info", "alertname=TpuscopeSomething"], "null"),
+    ):
+        routed = run(
+            amtool,
+            "config",
+            "routes",
+            "test",
+            f"--config.file={ALERTMANAGER}",
+            "--verify.receivers=" + receiver,
+            *labels,
+        )
+        assert routed.returncode == 0, f"{labels}: {routed.stdout}{routed.stderr}"
+
+
+def test_thresholds_and_webhooks_come_from_a_yaml_file(tmp_path: Path) -> None:
+    config = tmp_path / "alerting.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "thresholds": {"stall_seconds": 42},
+                "page_webhook_url": "http://pager.test/hook",
+                "exporter_job": "sidecars",
+            }
+        )
+    )
+    out = subprocess.run(
+        [sys.executable, "-m", "tpuscope", "alerts", "--out", str(tmp_path / "out"), "--config", str(config)],
+        capture_output=True,
+        text=True,
+    )
+    assert out.returncode == 0, out.stderr
+    rules = (tmp_path / "out/tpuscope-rules.yaml").read_text()
+    assert "> 42" in rules and 'up{job=~"sidecars"}' in rules
+    assert "http://pager.test/hook" in (tmp_path / "out/alertmanager.yml").read_text()
+    assert rules == alerts.rules_file(AlertingConfig.load(config))
+
+
+@pytest.mark.parametrize(
+    ("content", "complaint"),
+    [
+        ({"thresholds": {"stall_secs": 1}}, "unknown thresholds: stall_secs"),
+        ({"thresholds": {"stall_seconds": "soon"}}, "must be numbers"),
+        ({"pager": "x"}, "unknown settings pager"),
+    ],
+)
+def test_a_bad_config_file_is_a_clear_error(content: dict[str, Any], complaint: str, tmp_path: Path) -> None:
+    config = tmp_path / "alerting.yaml"
+    config.write_text(yaml.safe_dump(content))
+    out = subprocess.run(
+        [sys.executable, "-m", "tpuscope", "alerts", "--out", str(tmp_path / "out"), "--config", str(config)],
+        capture_output=True,
+        text=True,
+    )
+    assert out.returncode == 2 and complaint in out.stderr, out.stderr
+    assert not (tmp_path / "out").exists()
