@@ -46,7 +46,8 @@ def test_rules_follow_the_mixin_conventions() -> None:
         assert rule["labels"]["severity"] in ("critical", "warning", "info")
         annotations = rule["annotations"]
         assert set(annotations) == {"summary", "description", "runbook_url", "dashboard_url"}
-        assert "{{" not in annotations["summary"] and "{{" in annotations["description"] or "absent" in rule["expr"]
+        assert "{{" not in annotations["summary"], "the summary is static"
+        assert "{{" in annotations["description"] or "absent" in rule["expr"], "the description says which"
         assert annotations["runbook_url"].endswith("#" + rule["alert"].lower())
         assert f"## {rule['alert']}" in (ROOT / "docs/alerts.md").read_text()
 
