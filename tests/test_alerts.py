@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -12,9 +14,13 @@ import yaml
 from alert_cases import CASES, Case
 from conftest import require
 
-from tpuscope import alerts
+from tpuscope import alerts, catalog
 from tpuscope.alerts.config import AlertingConfig
 from tpuscope.alerts.rules import PREFIX
+from tpuscope.bench.alertmanager import AlertmanagerServer, Webhook
+from tpuscope.bench.prometheus import PrometheusServer, target_of
+from tpuscope.exporter.child import SidecarProcess
+from tpuscope.thresholds import Thresholds
 
 ROOT = Path(__file__).resolve().parents[1]
 RULES = ROOT / "deploy/prometheus/tpuscope-rules.yaml"
@@ -157,3 +163,83 @@ def test_a_bad_config_file_is_a_clear_error(content: dict[str, Any], complaint: 
     )
     assert out.returncode == 2 and complaint in out.stderr, out.stderr
     assert not (tmp_path / "out").exists()
+
+
+# --- a real page, end to end -----------------------------------------------------------------
+def notifications(webhook: Webhook, path: str, status: str) -> list[dict[str, Any]]:
+    return [body for where, body in webhook.received if where == path and body["status"] == status]
+
+
+def wait_until(condition: Callable[[], bool], timeout: float, what: str, log: Callable[[], str]) -> float:
+    """Seconds until ``condition`` held; fails naming ``what`` (and the logs) after ``timeout``."""
+    began = time.monotonic()
+    while not condition():
+        assert time.monotonic() - began < timeout, f"{what} within {timeout:g} s\n{log()}"
+        time.sleep(0.2)
+    return time.monotonic() - began
+
+
+def test_a_stalled_workload_pages_through_alertmanager_and_resolves_when_it_recovers(short_tmp: Path) -> None:
+    require("prometheus")
+    require("prometheus-alertmanager")
+    webhook = Webhook()
+    config = AlertingConfig(
+        thresholds=Thresholds.override({"stall_seconds": 3}),
+        exporter_job="tpuscope",
+        page_webhook_url=f"{webhook.url}/page",
+        ticket_webhook_url=f"{webhook.url}/ticket",
+    )
+    rules = short_tmp / "rules.yaml"
+    rules.write_text(alerts.rules_file(config))
+    routing = yaml.safe_load(alerts.alertmanager_file(config))
+    routing["route"].update(group_wait="1s", group_interval="1s")  # a test's patience, not an on-call's
+    with (
+        SidecarProcess(short_tmp / "s.sock", "127.0.0.1:0", "--collectors=none") as sidecar,
+        AlertmanagerServer(short_tmp / "am", yaml.safe_dump(routing)) as alertmanager,
+        PrometheusServer(
+            short_tmp / "prom", [target_of(sidecar.url)], rule_files=[rules], alertmanager=alertmanager.address
+        ) as prom,
+    ):
+
+        def logs() -> str:
+            return f"webhook got: {webhook.received}\n{prom.log_path.read_text()}\n{alertmanager.log_path.read_text()}"
+
+        job = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "tpuscope",
+                "bench",
+                "--workload=e2e",
+                "--steps=300",
+                "--checkpoint-every=0",
+                "--inject=stall=20",
+                f"--socket={sidecar.socket}",
+                f"--run-dir={short_tmp / 'run'}",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        try:
+            stepping = wait_until(
+                lambda: bool(prom.query(f'{catalog.STEPS.name}{{workload="e2e"}} > 5')), 120, "no steps", logs
+            )
+            paged = wait_until(lambda: bool(notifications(webhook, "/page", "firing")), 40, "no page", logs)
+            page = notifications(webhook, "/page", "firing")[0]
+            resolved = wait_until(lambda: bool(notifications(webhook, "/page", "resolved")), 60, "no resolve", logs)
+            # Resolved because steps resumed, not because the job went away (150 steps remain after the stall).
+            assert job.poll() is None, "the job ended before the resolution: nothing shows it recovered"
+        finally:
+            output, _ = job.communicate(timeout=180)
+        assert job.returncode == 0, output[-3000:]
+    webhook.stop()
+    assert page["receiver"] == "page" and page["groupLabels"]["workload"] == "e2e"
+    (alert,) = page["alerts"]
+    assert alert["labels"] == {"alertname": "TpuscopeWorkloadStalled", "severity": "critical", "workload": "e2e"}
+    assert alert["annotations"]["runbook_url"].endswith("#tpuscopeworkloadstalled")
+    assert "has completed no step for" in alert["annotations"]["description"]
+    resolution = notifications(webhook, "/page", "resolved")[0]["alerts"][0]
+    assert resolution["labels"] == alert["labels"] and resolution["status"] == "resolved"
+    assert not notifications(webhook, "/ticket", "firing"), "a stall is a page, and nothing else here a ticket"
+    print(f"steps after {stepping:.1f} s; page {paged:.1f} s later; resolved {resolved:.1f} s after the page")

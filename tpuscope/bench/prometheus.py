@@ -48,6 +48,7 @@ class PrometheusServer:
         *,
         labels: dict[str, str] | None = None,
         rule_files: list[Path] = (),  # type: ignore[assignment]
+        alertmanager: str = "",
     ):
         """``labels`` are added to every target (as a fleet's relabelling adds slice and worker)."""
         path = shutil.which(binary)
@@ -62,6 +63,8 @@ class PrometheusServer:
             "rule_files": [str(rule_file) for rule_file in rule_files],
             "scrape_configs": [{"job_name": "tpuscope", "static_configs": [static]}],
         }
+        if alertmanager:  # host:port of an Alertmanager to send alerts to
+            config["alerting"] = {"alertmanagers": [{"static_configs": [{"targets": [alertmanager]}]}]}
         (workdir / "prometheus.yml").write_text(yaml.safe_dump(config))
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
