@@ -17,7 +17,8 @@ import pytest
 import yaml
 from conftest import require
 
-from tpuscope import catalog, dashboards
+from tpuscope import alerts, catalog, dashboards
+from tpuscope.alerts.config import AlertingConfig
 from tpuscope.bench.fake_nvml import FakeGpu, FakeNvmlState, environment
 from tpuscope.bench.fake_tpu import Chip, FakeTpuRuntime, FakeTpuServer, default_megascale
 from tpuscope.bench.prometheus import PrometheusServer, target_of
@@ -111,21 +112,6 @@ def test_the_committed_files_and_configmaps_are_what_the_command_writes(short_tm
 WORKLOAD = "dash"
 SERVING = "dash-serving"
 TARGET_LABELS = {promql.SLICE: "slice-0", promql.WORKER: "0"}
-# Prometheus' own alert from the rules Prometheus evaluates, so the firing-alerts panels have something.
-RULES = {
-    "groups": [
-        {
-            "name": "dashboard-test",
-            "rules": [
-                {
-                    "alert": "TpuscopeWorkloadRestarted",
-                    "expr": f"{catalog.WORKLOAD_RESTARTS.name} > 0",
-                    "labels": {"severity": "warning"},
-                }
-            ],
-        }
-    ]
-}
 
 
 def bench(socket: Path, run_dir: Path, cache: Path, *faults: str) -> subprocess.CompletedProcess[str]:
@@ -213,8 +199,8 @@ def test_every_panel_query_returns_data_from_the_workload_the_sidecar_and_promet
     nvml = FakeNvmlState(short_tmp / "nvml.state", gpus=[FakeGpu(), FakeGpu()])
     nvml.xid(1, 79)
     nvml.write()
-    rules = short_tmp / "rules.yml"
-    rules.write_text(yaml.safe_dump(RULES))
+    rules = short_tmp / "rules.yml"  # tpuscope's own rules: the crash fires TpuscopeWorkloadFailed
+    rules.write_text(alerts.rules_file(AlertingConfig()))
     with (
         FakeTpuServer(FakeTpuRuntime([Chip(d) for d in range(4)], default_megascale())) as runtime,
         SidecarProcess(
