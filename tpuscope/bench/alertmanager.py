@@ -6,68 +6,26 @@ The end-to-end alerting test routes a real page through them; fleet simulations 
 from __future__ import annotations
 
 import json
-import shutil
-import subprocess
 import threading
-import time
-import urllib.error
-import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from tpuscope.bench.prometheus import PrometheusError, free_port
+from tpuscope.bench.prometheus import ServerProcess
 
 
-class AlertmanagerServer:
+class AlertmanagerServer(ServerProcess):
     """``with AlertmanagerServer(workdir, config_text) as am: am.address``"""
 
     def __init__(self, workdir: Path, config: str, binary: str = "prometheus-alertmanager") -> None:
-        path = shutil.which(binary)
-        if path is None:
-            raise PrometheusError(f"{binary} not found: install Debian's prometheus-alertmanager (`make test` does)")
         workdir.mkdir(parents=True, exist_ok=True)
         (workdir / "alertmanager.yml").write_text(config)
-        self.port = free_port()
-        self.address = f"127.0.0.1:{self.port}"
-        self.log_path = workdir / "alertmanager.log"
-        with open(self.log_path, "w") as log:
-            self.proc = subprocess.Popen(
-                [
-                    path,
-                    f"--config.file={workdir / 'alertmanager.yml'}",
-                    f"--storage.path={workdir / 'data'}",
-                    f"--web.listen-address={self.address}",
-                    "--cluster.listen-address=",  # one instance: no gossip port
-                    "--log.level=warn",
-                ],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise PrometheusError(f"alertmanager exited: {self.log_path.read_text()}")
-            try:
-                with urllib.request.urlopen(f"http://{self.address}/-/ready", timeout=1):
-                    return
-            except (urllib.error.URLError, ConnectionError):
-                time.sleep(0.1)
-        raise PrometheusError("alertmanager not ready after 30 s")
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(15)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-
-    def __enter__(self) -> AlertmanagerServer:
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self.stop()
+        flags = [
+            f"--config.file={workdir / 'alertmanager.yml'}",
+            f"--storage.path={workdir / 'data'}",
+            "--cluster.listen-address=",  # one instance: no gossip port
+        ]
+        super().__init__(binary, "prometheus-alertmanager", flags, workdir)
 
 
 class Webhook:

@@ -16,7 +16,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import yaml
 
@@ -36,7 +36,57 @@ def target_of(metrics_url: str) -> str:
     return urllib.parse.urlsplit(metrics_url).netloc
 
 
-class PrometheusServer:
+class ServerProcess:
+    """A Prometheus-project server binary on loopback: started with its flags, ready when ``/-/ready``
+    answers, stopped on ``__exit__``. Its output goes to ``log_path``, for the tests' failure messages."""
+
+    def __init__(self, binary: str, package: str, flags: list[str], workdir: Path) -> None:
+        path = shutil.which(binary)
+        if path is None:
+            raise PrometheusError(f"{binary} not found: install Debian's {package} package (`make test` does)")
+        self.name = binary
+        self.port = free_port()
+        self.address = f"127.0.0.1:{self.port}"
+        self.url = f"http://{self.address}"
+        self.log_path = workdir / f"{binary}.log"
+        with open(self.log_path, "w") as log:
+            self.proc = subprocess.Popen(
+                [path, f"--web.listen-address={self.address}", "--log.level=warn", *flags],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        self._wait_ready(timeout=30.0)
+
+    def _wait_ready(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise PrometheusError(f"{self.name} exited with {self.proc.returncode}: {self.log_path.read_text()}")
+            try:
+                with urllib.request.urlopen(self.url + "/-/ready", timeout=1) as r:
+                    if r.status == 200:
+                        return
+            except (urllib.error.URLError, ConnectionError):
+                pass
+            time.sleep(0.1)
+        raise PrometheusError(f"{self.name} not ready after {timeout}s")
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(15)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.stop()
+
+
+class PrometheusServer(ServerProcess):
     """``with PrometheusServer(workdir, ["127.0.0.1:9478"]) as prom: prom.query("up")``"""
 
     def __init__(
@@ -51,9 +101,6 @@ class PrometheusServer:
         alertmanager: str = "",
     ):
         """``labels`` are added to every target (as a fleet's relabelling adds slice and worker)."""
-        path = shutil.which(binary)
-        if path is None:
-            raise PrometheusError(f"{binary} not found: install Debian's prometheus package (`make test` does)")
         workdir.mkdir(parents=True, exist_ok=True)
         static: dict[str, Any] = {"targets": targets}
         if labels:
@@ -66,36 +113,8 @@ class PrometheusServer:
         if alertmanager:  # host:port of an Alertmanager to send alerts to
             config["alerting"] = {"alertmanagers": [{"static_configs": [{"targets": [alertmanager]}]}]}
         (workdir / "prometheus.yml").write_text(yaml.safe_dump(config))
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log_path = workdir / "prometheus.log"
-        with open(self.log_path, "w") as log:
-            self.proc = subprocess.Popen(
-                [
-                    path,
-                    f"--config.file={workdir / 'prometheus.yml'}",
-                    f"--storage.tsdb.path={workdir / 'data'}",
-                    f"--web.listen-address=127.0.0.1:{self.port}",
-                    "--log.level=warn",
-                ],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
-        self._wait_ready(timeout=30.0)
-
-    def _wait_ready(self, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise PrometheusError(f"prometheus exited with {self.proc.returncode}: {self.log_path.read_text()}")
-            try:
-                with urllib.request.urlopen(self.url + "/-/ready", timeout=1) as r:
-                    if r.status == 200:
-                        return
-            except (urllib.error.URLError, ConnectionError):
-                pass
-            time.sleep(0.1)
-        raise PrometheusError(f"prometheus not ready after {timeout}s")
+        flags = [f"--config.file={workdir / 'prometheus.yml'}", f"--storage.tsdb.path={workdir / 'data'}"]
+        super().__init__(binary, "prometheus", flags, workdir)
 
     def query(self, expr: str) -> list[dict[str, Any]]:
         """An instant query; returns the result vector (each item has ``metric`` and ``value``)."""
@@ -126,17 +145,3 @@ class PrometheusServer:
         if len(result) > 1:
             raise PrometheusError(f"query {expr!r} returned {len(result)} series, expected one")
         return float(result[0]["value"][1]) if result else None
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(15)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-
-    def __enter__(self) -> PrometheusServer:
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self.stop()
