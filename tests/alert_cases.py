@@ -43,7 +43,7 @@ def phases(io: int, sync: int) -> dict[str, str]:
     }
 
 
-def workers(slow: int) -> dict[str, str]:
+def workers(slow: float) -> dict[str, str]:
     """Three workers of one workload; the third computes ``slow`` seconds a step, the others 1."""
     result = {}
     for index, seconds in enumerate((1, 1, slow)):
@@ -55,6 +55,7 @@ def workers(slow: int) -> dict[str, str]:
 
 def goodput(productive: int, io_wait: int, minutes: int) -> dict[str, str]:
     return {
+        s(c.STEPS, **W): f"0+1x{minutes}",
         s(c.GOODPUT, category="productive", **W): f"0+{productive}x{minutes}",
         s(c.GOODPUT, category="io_wait", **W): f"0+{io_wait}x{minutes}",
     }
@@ -71,15 +72,17 @@ STALL = {s(c.LAST_STEP, **W): "0x20", s(c.WORKLOAD_PROCESSES, **W): "1x20"}
 REGRESSION_STEPS = s(c.STEP_DURATION, "count", **W)
 REGRESSION_SUM = s(c.STEP_DURATION, "sum", **W)
 DEVICE = {"device": "0", "accelerator": "v5e", "source": "libtpu"}
+RUNNING = {s(c.WORKLOAD_PROCESSES, **W): "1x100"}
 
 CASES = [
     Case(
         "WorkloadStalled",
         "critical",
-        "10m",
+        "15m",
         STALL,
         W,
-        "Workload w has completed no step for 10m 0s while its processes are still connected.",
+        "Workload w has completed no step for 15m 0s (or not one since it started) while its processes are still "
+        "connected.",
     ),
     Case("WorkloadStalled", None, "10m", {s(c.LAST_STEP, **W): "0+60x20", s(c.WORKLOAD_PROCESSES, **W): "1x20"}),
     Case("WorkloadStalled", None, "10m", {s(c.LAST_STEP, **W): "0x20"}),  # finished: no process left
@@ -118,7 +121,7 @@ CASES = [
         {**W, **HOST, "instance": "h2:9478", "slice": "0", "worker": "2"},
         "Worker 2 (h2:9478, slice 0) of workload w computes a step in 2s, over 1.2x its workload's median.",
     ),
-    Case("Straggler", None, "25m", workers(slow=1)),
+    Case("Straggler", None, "25m", workers(slow=1.1)),  # within the factor
     Case(
         "LowDutyCycle",
         "warning",
@@ -128,8 +131,17 @@ CASES = [
         "The chips of h:9478 were busy 10% of the time.",
     ),
     Case("LowDutyCycle", None, "40m", {s(c.DUTY_CYCLE, **DEVICE): "0.9x40", s(c.WORKLOAD_PROCESSES, **W): "1x40"}),
-    Case("LowMFU", "warning", "40m", {s(c.MFU, **W): "0.1x40"}, W, "Workload w reaches 10% model FLOPs utilization."),
-    Case("LowMFU", None, "40m", {s(c.MFU, **W): "0.5x40"}),
+    Case("LowDutyCycle", None, "40m", {s(c.DUTY_CYCLE, **DEVICE): "0.1x40"}),  # no workload on the host
+    Case(
+        "LowMFU",
+        "warning",
+        "40m",
+        {s(c.MFU, **W): "0.1x40", **RUNNING},
+        W,
+        "Workload w reaches 10% model FLOPs utilization.",
+    ),
+    Case("LowMFU", None, "40m", {s(c.MFU, **W): "0.5x40", **RUNNING}),
+    Case("LowMFU", None, "40m", {s(c.MFU, **W): "0.1x40"}),  # finished: the gauge lingers in the sidecar
     Case(
         "CompileTimeHigh",
         "warning",
@@ -164,6 +176,14 @@ CASES = [
         W,
         "Workload w hit the compilation cache for 10% of its look-ups in the last hour.",
     ),
+    Case(  # every look-up a miss: no hit series exists at all
+        "CompileCacheHitRatioLow",
+        "warning",
+        "70m",
+        {s(c.COMPILE_CACHE_REQUESTS, result="miss", **W): "0+9x70"},
+        W,
+        "Workload w hit the compilation cache for 0% of its look-ups in the last hour.",
+    ),
     Case(
         "CompileCacheHitRatioLow",
         None,
@@ -177,11 +197,11 @@ CASES = [
         "MemorySpill",
         "warning",
         "20m",
-        {s(c.MEMORY_SPILL, program="train_step", **W): "1048576x20"},
+        {s(c.MEMORY_SPILL, program="train_step", **W): "1048576x20", **RUNNING},
         {**W, "program": "train_step"},
         "Program train_step of workload w places 1MiB in host memory.",
     ),
-    Case("MemorySpill", None, "20m", {s(c.MEMORY_SPILL, program="train_step", **W): "0x20"}),
+    Case("MemorySpill", None, "20m", {s(c.MEMORY_SPILL, program="train_step", **W): "0x20", **RUNNING}),
     Case(
         "DeviceMemoryNearLimit",
         "warning",
@@ -219,6 +239,21 @@ CASES = [
         "Workload w last saved a checkpoint 1h 10m 0s ago: that much work is lost if it fails now.",
     ),
     Case("CheckpointStale", None, "70m", {s(c.CHECKPOINT_LAST_SUCCESS, **W): "0x70"}),  # finished
+    Case("CheckpointStale", None, "70m", {s(c.CHECKPOINT_LAST_SUCCESS, **W): "0+600x7", **RUNNING}),  # saved 10m ago
+    Case(
+        "CheckpointMissing",
+        "warning",
+        "70m",
+        {s(c.STEPS, **W): "0+10x70", **RUNNING},
+        W,
+        "Workload w has been stepping for 1 h without a good checkpoint: a failure loses all of it.",
+    ),
+    Case(
+        "CheckpointMissing",
+        None,
+        "70m",
+        {s(c.STEPS, **W): "0+10x70", s(c.CHECKPOINT_LAST_SUCCESS, **W): "0x70", **RUNNING},
+    ),
     Case(
         "CheckpointTimeHigh",
         "warning",
@@ -236,48 +271,50 @@ CASES = [
     Case(
         "GoodputBudgetBurn",
         "critical",
-        "30m",
-        goodput(productive=0, io_wait=60, minutes=30),
+        "90m",
+        goodput(productive=0, io_wait=60, minutes=90),
         W,
-        "Workload w is burning its goodput error budget at a fast (14.4x over 1h, 6x over 6h) rate: 100% of it is "
-        "bad over the long window.",
-        # A fast burn is a slow one too; Alertmanager's inhibition keeps the ticket quiet while the page fires.
-        also=(
-            (
-                "warning",
-                "Workload w is burning its goodput error budget at a steady (3x over 1d, 1x over 3d) rate: "
-                "100% of it is bad over the long window.",
-            ),
-        ),
+        "Workload w is burning its goodput error budget fast: 100% was bad over the last 1h or 6h, against a "
+        "budget of 10.00%.",
     ),
+    # Young: its start-up (all badput until the first checkpoint) is not judged over an hour it did not live.
+    Case("GoodputBudgetBurn", None, "40m", goodput(productive=0, io_wait=60, minutes=40)),
     Case(
         "GoodputBudgetBurn",
         "warning",
-        "180m",
-        goodput(productive=36, io_wait=24, minutes=180),
+        "1470m",
+        goodput(productive=36, io_wait=24, minutes=1470),
         W,
-        "Workload w is burning its goodput error budget at a steady (3x over 1d, 1x over 3d) rate: 40% of it is "
-        "bad over the long window.",
+        "Workload w is burning its goodput error budget steadily: 40% was bad over the last 1d or 3d, against a "
+        "budget of 10.00%.",
     ),
-    Case("GoodputBudgetBurn", None, "180m", goodput(productive=57, io_wait=3, minutes=180)),
+    Case("GoodputBudgetBurn", None, "1470m", goodput(productive=57, io_wait=3, minutes=1470)),
     Case(
         "WorkloadFailed",
         "warning",
         "10m",
         {s(c.WORKLOAD_FAILURES, reason="crash", **W): "_x5 1x5"},
         W,
-        "Workload w failed 1 times in the last hour.",
+        "Workload w failed in the last hour (failures: 1).",
     ),
-    Case("WorkloadFailed", None, "10m", {s(c.WORKLOAD_RESTARTS, reason="resumed", **W): "_x5 1x5"}),
+    Case("WorkloadFailed", None, "90m", {s(c.WORKLOAD_FAILURES, reason="crash", **W): "1x90"}),  # 90 min ago
     Case(
         "WorkloadCrashLooping",
         "critical",
         "10m",
         {s(c.WORKLOAD_RESTARTS, reason="crash", **W): "_x5 1 2 3x5"},
         W,
-        "Workload w restarted 3 times in the last hour.",
+        "Workload w restarted 3 times in the last hour, preemptions not counted.",
     ),
-    Case("WorkloadCrashLooping", None, "10m", {s(c.WORKLOAD_RESTARTS, reason="crash", **W): "_x5 1x5"}),
+    Case("WorkloadCrashLooping", None, "10m", {s(c.WORKLOAD_RESTARTS, reason="crash", **W): "_x5 1 2x5"}),
+    Case("WorkloadCrashLooping", None, "10m", {s(c.WORKLOAD_RESTARTS, reason="preemption", **W): "_x5 1 2 3x5"}),
+    # One restart of a three-host job, seen by each host's sidecar: one restart, not three.
+    Case(
+        "WorkloadCrashLooping",
+        None,
+        "10m",
+        {s(c.WORKLOAD_RESTARTS, reason="crash", instance=f"h{i}:9478", **W): "_x5 1x5" for i in range(3)},
+    ),
     Case(
         "CollectorDown",
         "warning",
@@ -334,14 +371,14 @@ CASES = [
         "30m",
         latency(slow_percent=50, minutes=30),
         W,
-        "Workload w is burning its latency error budget at a fast (14.4x over 1h, 6x over 6h) rate: 50% of it is "
-        "bad over the long window.",
+        "Workload w is burning its latency error budget fast: 50% was bad over the last 1h or 6h, against a "
+        "budget of 1.00%.",
         # A fast burn is a slow one too; Alertmanager's inhibition keeps the ticket quiet while the page fires.
         also=(
             (
                 "warning",
-                "Workload w is burning its latency error budget at a steady (3x over 1d, 1x over 3d) rate: "
-                "50% of it is bad over the long window.",
+                "Workload w is burning its latency error budget steadily: 50% was bad over the last 1d or 3d, "
+                "against a budget of 1.00%.",
             ),
         ),
     ),
@@ -351,8 +388,8 @@ CASES = [
         "180m",
         latency(slow_percent=5, minutes=180),
         W,
-        "Workload w is burning its latency error budget at a steady (3x over 1d, 1x over 3d) rate: 5% of it is "
-        "bad over the long window.",
+        "Workload w is burning its latency error budget steadily: 5% was bad over the last 1d or 3d, against a "
+        "budget of 1.00%.",
     ),
     Case("InferenceLatencyBudgetBurn", None, "180m", latency(slow_percent=0, minutes=180)),
 ]

@@ -125,7 +125,8 @@ STEPS = _metric("steps_total", Kind.COUNTER, "Training steps completed.", W, gro
 LAST_STEP = _metric(
     "last_step_timestamp_seconds",
     Kind.GAUGE,
-    "Unix time at which the sidecar received the workload's latest step (for stall detection).",
+    "Unix time at which the sidecar received the workload's latest step, or its start if it has not "
+    "stepped since (for stall detection).",
     W,
     unit="seconds",
     group=STEPS_GROUP,

@@ -25,8 +25,8 @@ class Thresholds:
     """Share of requests that must be good."""
 
     # --- a workload's health ---
-    stall_seconds: float = 300.0
-    """No step for this long: the workload is stalled."""
+    stall_seconds: float = 600.0
+    """No step for this long (counted from the start, so longer than restoring and compiling take)."""
     checkpoint_age_seconds: float = 3600.0
     """No successful checkpoint for this long: the work since then is at risk."""
     checkpoint_share: float = 0.05
@@ -61,6 +61,11 @@ class Thresholds:
     """Restarts in an hour that make a crash loop (a page); a single failure makes a ticket."""
     ingest_loss_ratio: float = 0.01
     """Share of a sidecar's events dropped or invalid above which its step metrics undercount."""
+
+    def __post_init__(self) -> None:
+        for name in ("goodput_objective", "inference_latency_objective"):
+            if not 0 < getattr(self, name) < 1:
+                raise ValueError(f"{name} must be between 0 and 1 (an objective of 1 leaves no error budget)")
 
     @classmethod
     def override(cls, values: Mapping[str, Any]) -> Thresholds:

@@ -24,6 +24,13 @@ from tpuscope import catalog as c
 from tpuscope.alerts.config import AlertingConfig
 
 PREFIX = "Tpuscope"
+UNITS = {"m": 60, "h": 3600, "d": 86400}
+
+
+def seconds(window: str) -> int:
+    return int(window[:-1]) * UNITS[window[-1]]
+
+
 WINDOWS = ("5m", "30m", "1h", "2h", "6h", "1d", "3d")
 # (long window, short window, burn rate, severity)
 BURN_RATES = (
@@ -40,6 +47,11 @@ BACKEND = 'stage="backend"'
 HIT = 'result="hit"'
 SAVE = 'operation="save"'
 ERROR = 'result="error"'
+PLANNED = 'reason!="preemption"'
+# Recording rules the alerts read.
+COMPUTE_PER_WORKER = "worker:tpuscope_step_phase_duration_seconds:compute_mean5m"
+COMPUTE_MEDIAN = "workload:tpuscope_step_phase_duration_seconds:compute_median5m"
+MEMORY_USED = "device:tpuscope_device_memory_used_bytes:ratio_limit"
 
 
 def series(metric: c.Metric, *matchers: str, suffix: str = "") -> str:
@@ -47,11 +59,20 @@ def series(metric: c.Metric, *matchers: str, suffix: str = "") -> str:
     return f"{name}{{{', '.join(matchers)}}}" if matchers else name
 
 
-def new_or_increase(counter: c.Metric, window: str, *matchers: str, suffix: str = "", by: str = "workload") -> str:
-    """How much a counter of rare events grew in ``window``, a series born in it counted in full
-    (``increase()`` never counts a series' first sample, so a first failure would read 0)."""
+def new_or_increase(counter: c.Metric, window: str, *matchers: str, suffix: str = "") -> str:
+    """How much a workload's counter of rare events grew in ``window``, a series born in it counted in
+    full (``increase()`` never counts a series' first sample, so a first failure would read 0).
+
+    The most any one process saw, not the sum: every worker of a multi-host job reports the same
+    restart, the same recompile.
+    """
     s = series(counter, *matchers, suffix=suffix)
-    return f"sum by ({by}) (({s} - {s} offset {window}) >= 0 or {s})"
+    return f"max by (workload) (sum by (workload, job, instance) (({s} - {s} offset {window}) >= 0 or {s}))"
+
+
+def running(what: str = "workload") -> str:
+    """``and`` the workloads with a process connected: a finished job's gauges linger in its sidecar."""
+    return f"and on ({what}) max by ({what}) ({series(c.WORKLOAD_PROCESSES)}) > 0"
 
 
 @dataclass(frozen=True)
@@ -108,16 +129,16 @@ def recording_rules(config: AlertingConfig) -> list[dict[str, str]]:
             f" sum by (workload) (rate({series(c.STEP_DURATION, suffix='sum')}[5m]))",
         },
         {
-            "record": "worker:tpuscope_step_compute_seconds:mean5m",
+            "record": COMPUTE_PER_WORKER,
             "expr": f"sum by (workload, {WORKER}) (rate({series(c.STEP_PHASE_DURATION, COMPUTE, suffix='sum')}[5m]))"
             f" / sum by (workload, {WORKER}) (rate({series(c.STEP_PHASE_DURATION, COMPUTE, suffix='count')}[5m]))",
         },
         {
-            "record": "workload:tpuscope_step_compute_seconds:median5m",
-            "expr": "quantile by (workload) (0.5, worker:tpuscope_step_compute_seconds:mean5m)",
+            "record": COMPUTE_MEDIAN,
+            "expr": f"quantile by (workload) (0.5, {COMPUTE_PER_WORKER})",
         },
         {
-            "record": "instance:tpuscope_device_memory_used:ratio",
+            "record": MEMORY_USED,
             "expr": f"{series(c.DEVICE_MEMORY_USED)} / {series(c.DEVICE_MEMORY_LIMIT)}",
         },
     ]
@@ -142,25 +163,44 @@ def recording_rules(config: AlertingConfig) -> list[dict[str, str]]:
 
 
 def burn_rate_alerts(
-    name: str, ratio_rule: str, budget: float, summary: str, what: str, dashboard: str, runbook: str
+    name: str,
+    ratio_rule: str,
+    budget: float,
+    summary: str,
+    what: str,
+    dashboard: str,
+    runbook: str,
+    shortest: str = "5m",
+    existed: str = "",
 ) -> list[Alert]:
-    """Page on a fast burn, ticket on a slow one: one alert name, two severities."""
+    """Page on a fast burn, ticket on a slow one: one alert name, two severities.
+
+    ``shortest``: no window shorter than this (goodput is booked at checkpoints, so shorter windows read
+    all badput between two). ``existed``: a series the workload must have had a long window ago, so a
+    young workload's start-up is not judged over a window it was not alive for.
+    """
     result = []
     for severity in ("critical", "warning"):
-        conditions = [
-            f"({ratio_rule}{long} > {bound:g} and {ratio_rule}{short} > {bound:g})"
-            for long, short, rate, level in BURN_RATES
-            if level == severity and (bound := min(0.99, rate * budget))
-        ]
-        speed = "fast (14.4x over 1h, 6x over 6h)" if severity == "critical" else "steady (3x over 1d, 1x over 3d)"
+        conditions = []
+        for long, short, rate, level in BURN_RATES:
+            if level != severity:
+                continue
+            bound = min(0.99, rate * budget)
+            short = max(short, shortest, key=seconds)
+            condition = f"{ratio_rule}{long} > {bound:g} and {ratio_rule}{short} > {bound:g}"
+            if existed:
+                condition += f" and on (workload) max by (workload) ({existed} offset {long}) >= 0"
+            conditions.append(f"({condition})")
+        windows = "1h or 6h" if severity == "critical" else "1d or 3d"
         result.append(
             Alert(
                 name,
                 severity,
                 " or ".join(conditions),
                 summary,
-                f"Workload {{{{ $labels.workload }}}} is burning its {what} error budget at a {speed} rate: "
-                "{{ $value | humanizePercentage }} of it is bad over the long window.",
+                f"Workload {{{{ $labels.workload }}}} is burning its {what} error budget "
+                f"{'fast' if severity == 'critical' else 'steadily'}: {{{{ $value | humanizePercentage }}}} "
+                f"was bad over the last {windows}, against a budget of {budget:.2%}.",
                 dashboard,
                 "2m" if severity == "critical" else "15m",
                 runbook,
@@ -176,15 +216,15 @@ def alerts(config: AlertingConfig) -> list[Alert]:
     share = "workload_phase:tpuscope_step_phase_duration_seconds:share5m"
     mean_step = "workload:tpuscope_step_duration_seconds:mean5m"
     lost = series(c.INGEST_EVENTS, 'result=~"dropped|invalid"')
+    lookups = new_or_increase(c.COMPILE_CACHE_REQUESTS, "1h")
     return [
         Alert(
             f"{PREFIX}WorkloadStalled",
             "critical",
-            f"time() - max by (workload) ({last_step}) > {t.stall_seconds:g}"
-            f" and on (workload) max by (workload) ({connected}) > 0",
+            f"time() - max by (workload) ({last_step}) > {t.stall_seconds:g} {running()}",
             "A workload has stopped completing steps.",
-            "Workload {{ $labels.workload }} has completed no step for {{ $value | humanizeDuration }} while its "
-            "processes are still connected.",
+            "Workload {{ $labels.workload }} has completed no step for {{ $value | humanizeDuration }} (or not "
+            "one since it started) while its processes are still connected.",
             "tpuscope-job",
             runbook="A hung collective (one host down or stuck), a dead input pipeline, or a deadlock. Check the job's "
             "logs on every worker, the On-call dashboard's sidecars and collectors, and the last kept trace.",
@@ -192,7 +232,8 @@ def alerts(config: AlertingConfig) -> list[Alert]:
         Alert(
             f"{PREFIX}StepTimeRegression",
             "warning",
-            f"{mean_step} > {t.step_regression_factor:g} * avg_over_time({mean_step}[6h] offset 30m)",
+            f"{mean_step} > {t.step_regression_factor:g} * avg_over_time({mean_step}[6h] offset 30m)"
+            f" and count_over_time({mean_step}[6h] offset 30m) > 180",  # a baseline of 3 hours at least
             "A workload's steps are slower than its own baseline.",
             "Workload {{ $labels.workload }} takes {{ $value | humanizeDuration }} a step, more than "
             f"{t.step_regression_factor:g}x its mean of the 6 hours before.",
@@ -226,8 +267,7 @@ def alerts(config: AlertingConfig) -> list[Alert]:
         Alert(
             f"{PREFIX}Straggler",
             "warning",
-            "worker:tpuscope_step_compute_seconds:mean5m > on (workload) group_left () "
-            f"({t.straggler_factor:g} * workload:tpuscope_step_compute_seconds:median5m)",
+            f"{COMPUTE_PER_WORKER} > on (workload) group_left () ({t.straggler_factor:g} * {COMPUTE_MEDIAN})",
             "One worker is much slower than the rest of its workload.",
             "Worker {{ $labels.worker }} ({{ $labels.instance }}, slice {{ $labels.slice }}) of workload "
             "{{ $labels.workload }} computes a step in {{ $value | humanizeDuration }}, over "
@@ -251,7 +291,7 @@ def alerts(config: AlertingConfig) -> list[Alert]:
         Alert(
             f"{PREFIX}LowMFU",
             "warning",
-            f"avg by (workload) ({series(c.MFU)}) < {t.mfu_low:g}",
+            f"avg by (workload) ({series(c.MFU)}) < {t.mfu_low:g} {running()}",
             "A workload uses a small share of its chips' peak FLOP/s.",
             "Workload {{ $labels.workload }} reaches {{ $value | humanizePercentage }} model FLOPs utilization.",
             "tpuscope-job",
@@ -261,8 +301,7 @@ def alerts(config: AlertingConfig) -> list[Alert]:
         Alert(
             f"{PREFIX}CompileTimeHigh",
             "warning",
-            f"sum by (workload) (increase({series(c.COMPILE_DURATION, BACKEND, suffix='sum')}[1h]))"
-            f" > {t.compile_seconds_per_hour:g}",
+            f"{new_or_increase(c.COMPILE_DURATION, '1h', BACKEND, suffix='sum')} > {t.compile_seconds_per_hour:g}",
             "A workload spends a lot of time compiling.",
             "Workload {{ $labels.workload }} compiled for {{ $value | humanizeDuration }} in the last hour.",
             "tpuscope-job",
@@ -282,9 +321,8 @@ def alerts(config: AlertingConfig) -> list[Alert]:
         Alert(
             f"{PREFIX}CompileCacheHitRatioLow",
             "warning",
-            f"{new_or_increase(c.COMPILE_CACHE_REQUESTS, '1h', HIT)}"
-            f" / {new_or_increase(c.COMPILE_CACHE_REQUESTS, '1h')} < {t.compile_cache_hit_ratio:g}"
-            f" and {new_or_increase(c.COMPILE_CACHE_REQUESTS, '1h')} >= 10",
+            f"({new_or_increase(c.COMPILE_CACHE_REQUESTS, '1h', HIT)} or on (workload) {lookups} * 0)"
+            f" / {lookups} < {t.compile_cache_hit_ratio:g} and {lookups} >= 10",
             "The persistent compilation cache misses.",
             "Workload {{ $labels.workload }} hit the compilation cache for {{ $value | humanizePercentage }} of its "
             "look-ups in the last hour.",
@@ -295,7 +333,7 @@ def alerts(config: AlertingConfig) -> list[Alert]:
         Alert(
             f"{PREFIX}MemorySpill",
             "warning",
-            f"max by (workload, program) ({series(c.MEMORY_SPILL)}) > 0",
+            f"max by (workload, program) ({series(c.MEMORY_SPILL)}) > 0 {running()}",
             "A compiled program spills to host memory.",
             "Program {{ $labels.program }} of workload {{ $labels.workload }} places {{ $value | humanize1024 }}B "
             "in host memory.",
@@ -306,7 +344,7 @@ def alerts(config: AlertingConfig) -> list[Alert]:
         Alert(
             f"{PREFIX}DeviceMemoryNearLimit",
             "warning",
-            f"instance:tpuscope_device_memory_used:ratio > {t.hbm_used_ratio:g}",
+            f"{MEMORY_USED} > {t.hbm_used_ratio:g}",
             "A device's memory is nearly full.",
             "Device {{ $labels.device }} ({{ $labels.accelerator }}, {{ $labels.source }}) of {{ $labels.instance }} "
             "uses {{ $value | humanizePercentage }} of its memory.",
@@ -328,12 +366,24 @@ def alerts(config: AlertingConfig) -> list[Alert]:
             f"{PREFIX}CheckpointStale",
             "critical",
             f"time() - max by (workload) ({series(c.CHECKPOINT_LAST_SUCCESS)}) > {t.checkpoint_age_seconds:g}"
-            f" and on (workload) max by (workload) ({connected}) > 0",
+            f" {running()}",
             "A running workload has no recent good checkpoint.",
             "Workload {{ $labels.workload }} last saved a checkpoint {{ $value | humanizeDuration }} ago: that much "
             "work is lost if it fails now.",
             "tpuscope-oncall",
             runbook="Are saves failing (TpuscopeCheckpointFailing), or was the checkpoint interval set too long?",
+        ),
+        Alert(
+            f"{PREFIX}CheckpointMissing",
+            "warning",
+            f"max by (workload) ({series(c.STEPS)}) > 0 unless on (workload) {series(c.CHECKPOINT_LAST_SUCCESS)}"
+            f" {running()}",
+            "A training workload has never saved a checkpoint.",
+            "Workload {{ $labels.workload }} has been stepping for "
+            f"{t.checkpoint_age_seconds / 3600:g} h without a good checkpoint: a failure loses all of it.",
+            "tpuscope-oncall",
+            f"{int(t.checkpoint_age_seconds)}s",
+            "Turn checkpointing on, or find out why every save fails (TpuscopeCheckpointFailing).",
         ),
         Alert(
             f"{PREFIX}CheckpointTimeHigh",
@@ -354,22 +404,24 @@ def alerts(config: AlertingConfig) -> list[Alert]:
             "goodput",
             "tpuscope-fleet",
             "Find the largest badput category (Fleet overview) and fix it: restarts and lost work first.",
+            shortest="1h",  # productive time is booked when a checkpoint covers it
+            existed=series(c.STEPS),
         ),
         Alert(
             f"{PREFIX}WorkloadFailed",
             "warning",
             f"{new_or_increase(c.WORKLOAD_FAILURES, '1h')} > 0",
             "A workload failed.",
-            "Workload {{ $labels.workload }} failed {{ $value }} times in the last hour.",
+            "Workload {{ $labels.workload }} failed in the last hour (failures: {{ $value }}).",
             "tpuscope-oncall",
             runbook="Read the job's logs for the failure; the work since its last checkpoint was lost.",
         ),
         Alert(
             f"{PREFIX}WorkloadCrashLooping",
             "critical",
-            f"{new_or_increase(c.WORKLOAD_RESTARTS, '1h')} >= {t.crash_loop_restarts:g}",
+            f"{new_or_increase(c.WORKLOAD_RESTARTS, '1h', PLANNED)} >= {t.crash_loop_restarts:g}",
             "A workload restarts over and over.",
-            "Workload {{ $labels.workload }} restarted {{ $value }} times in the last hour.",
+            "Workload {{ $labels.workload }} restarted {{ $value }} times in the last hour, preemptions not counted.",
             "tpuscope-oncall",
             runbook="A crash loop burns chips without progress: stop it, read the first failure's logs.",
         ),

@@ -153,6 +153,8 @@ class Aggregator:
         if e.state == "start":
             # Create the counters at zero, so Prometheus' rate() and increase() see their first change too.
             self.metrics[catalog.STEPS].labels(e.workload)
+            # A (re)start is progress too: stall detection counts from here, not from before a restart.
+            self.metrics[catalog.LAST_STEP].labels(e.workload).set(time.time())
             for category in GOODPUT_CATEGORIES:
                 self.metrics[catalog.GOODPUT].labels(e.workload, category)
         elif e.state == "restart":
