@@ -14,6 +14,8 @@ without counting it twice.
 
 from __future__ import annotations
 
+from collections import OrderedDict
+
 from tpuscope import events
 
 CATEGORIES = ("productive", "compile", "io_wait", "checkpoint", "init", "lost")
@@ -27,7 +29,9 @@ class GoodputLedger:
     MAX_PENDING_STEPS = 100_000
 
     def __init__(self) -> None:
-        self.pending: dict[int, float] = {}  # step -> productive seconds not yet durable, in step order
+        # step -> productive seconds not yet durable, in step order. An OrderedDict: taking the oldest is
+        # O(1) there, while a dict popped from the front makes each next(iter()) skip its dead slots.
+        self.pending: OrderedDict[int, float] = OrderedDict()
         self.last_step = -1
         self.compile_since_step = 0.0
         self.started_at: float | None = None  # set from "start" until the first step
@@ -63,8 +67,7 @@ class GoodputLedger:
         self.last_step = e.step
         self.pending[e.step] = compute_time - compile_in_step
         if len(self.pending) > self.MAX_PENDING_STEPS:
-            oldest = next(iter(self.pending))
-            out.append(("productive", self.pending.pop(oldest)))
+            out.append(("productive", self.pending.popitem(last=False)[1]))
         return out
 
     def _checkpoint(self, e: events.Checkpoint) -> Increments:
@@ -76,8 +79,9 @@ class GoodputLedger:
         if self.started_at is not None:
             self.accounted_since_start += seconds
         if e.ok and e.operation == "save":
-            durable = [step for step in self.pending if step <= e.step]
-            saved = sum(self.pending.pop(step) for step in durable)
+            saved = 0.0
+            while self.pending and (step := next(iter(self.pending))) <= e.step:
+                saved += self.pending.pop(step)
             if saved:
                 out.append(("productive", saved))
         elif e.ok and e.operation == "restore":
@@ -99,7 +103,12 @@ class GoodputLedger:
         return []
 
     def _lose(self, after: int) -> Increments:
-        """Pending work of steps after ``after`` is gone."""
-        gone = [step for step in self.pending if step > after]
-        lost = sum(self.pending.pop(step) for step in gone)
+        """Pending work of steps after ``after`` is gone.
+
+        ``pending`` is in step order, so the steps to drop are at its end: popping from there costs what
+        is lost, not what is pending (a job that repeats one step number would otherwise pay for all).
+        """
+        lost = 0.0
+        while self.pending and (step := next(reversed(self.pending))) > after:
+            lost += self.pending.pop(step)
         return [("lost", lost)] if lost else []
