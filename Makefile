@@ -25,13 +25,15 @@ $(VENV)/.installed: pyproject.toml
 	$(BIN)/python -m pip install --quiet -e '.[dev,jax,tpu,gpu,dashboards]'
 	touch $@
 
-# Real Prometheus, promtool, Alertmanager and amtool for the tests (Debian's packages; they start no service).
+# Real Prometheus, promtool, Alertmanager and amtool for the tests, and node_exporter as the benchmark's
+# peer (Debian's packages; they start no service here).
 system-deps:
 	@command -v prometheus >/dev/null && command -v promtool >/dev/null && \
-	  command -v prometheus-alertmanager >/dev/null && command -v amtool >/dev/null || { \
+	  command -v prometheus-alertmanager >/dev/null && command -v amtool >/dev/null && \
+	  command -v prometheus-node-exporter >/dev/null || { \
 	  $(SUDO) apt-get update -qq && \
 	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends \
-	    prometheus prometheus-alertmanager; }
+	    prometheus prometheus-alertmanager prometheus-node-exporter; }
 
 lint: setup
 	$(BIN)/ruff check tpuscope tests

@@ -35,6 +35,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         "on the socket, one is started for the run and its /metrics address printed.",
     )
     bench.add_argument(
+        "mode",
+        nargs="?",
+        choices=["perf"],
+        help="perf: benchmark tpuscope's own cost against its targets and its peers (table and JSON)",
+    )
+    bench.add_argument("--perf-json", type=Path, default=Path("run/perf.json"), help="perf: where the JSON goes")
+    bench.add_argument("--tiny", action="store_true", help="perf: a seconds-long run (tests), figures not meaningful")
+    bench.add_argument(
         "--synthetic",
         action="store_true",
         help="a JAX-free loop with realistic phase timings (tests, fleet simulation)",

@@ -39,6 +39,10 @@ CRASHED = 3  # the exit code of a run stopped by the injected crash
 
 
 def run_bench(args: argparse.Namespace) -> int:
+    if args.mode == "perf":
+        from tpuscope.bench import perf
+
+        return perf.run(tiny=args.tiny, json_path=args.perf_json)
     if args.scrape_latency:
         from tpuscope.bench import scrape_latency
 
