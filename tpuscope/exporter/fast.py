@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import time
 from bisect import bisect_left
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from prometheus_client import Counter as _Counter
@@ -92,6 +92,7 @@ class Histogram(Collector):
     def __init__(self, metric: catalog.Metric) -> None:
         self.metric = metric
         self._series: dict[tuple[str, ...], _Series] = {}
+        self._prefixes: dict[tuple[str, ...], list[str]] = {}  # each series' rendered line starts
         self._bounds = tuple(float(b) for b in metric.buckets)
         self._les = [floatToGoString(b) for b in self._bounds] + ["+Inf"]  # type: ignore[no-untyped-call]
 
@@ -106,6 +107,7 @@ class Histogram(Collector):
 
     def remove(self, *values: str) -> None:
         self._series.pop(values, None)
+        self._prefixes.pop(values, None)
 
     def collect(self) -> Iterator[HistogramMetricFamily]:
         family = HistogramMetricFamily(
@@ -124,6 +126,39 @@ class Histogram(Collector):
                 buckets.append((le, cumulative, exemplar) if exemplar else (le, cumulative))
             family.add_metric(list(values), buckets, total)
         yield family
+
+    def render(self, openmetrics: bool, lines: list[str], escape: Callable[[str], str]) -> None:
+        """Append the family in the exposition format: what :meth:`collect` says, without building
+        sample objects (a scrape of 10,000 series spends most of its time there otherwise)."""
+        name, metric = self.metric.base_name, self.metric
+        lines.append(f"# HELP {name} {metric.help}\n# TYPE {name} histogram\n")
+        if openmetrics and metric.unit:
+            lines.append(f"# UNIT {name} {metric.unit}\n")
+        for values, series in list(self._series.items()):
+            prefixes = self._prefixes.get(values) or self._prefix(values, escape)
+            counts, total, exemplars = list(series.counts), series.sum, dict(series.exemplars) if openmetrics else {}
+            cumulative = 0
+            for index, count in enumerate(counts):
+                cumulative += count
+                line = f"{prefixes[index]}{cumulative}.0"
+                if (exemplar := exemplars.get(index)) is not None:
+                    labels = ",".join(f'{k}="{escape(v)}"' for k, v in exemplar.labels.items())
+                    line += f" # {{{labels}}} {exemplar.value!r} {exemplar.timestamp}"
+                lines.append(line + "\n")
+            lines.append(f"{prefixes[-2]}{total!r}\n{prefixes[-1]}{cumulative}.0\n")
+
+    def _prefix(self, values: tuple[str, ...], escape: Callable[[str], str]) -> list[str]:
+        name = self.metric.base_name
+        pairs = [f'{label}="{escape(value)}"' for label, value in zip(self.metric.labels, values, strict=True)]
+        inner = ",".join(pairs)
+        joined = inner + "," if inner else ""
+        prefixes = [f'{name}_bucket{{{joined}le="{le}"}} ' for le in self._les]
+        prefixes += [
+            f"{name}_sum{{{inner}}} " if inner else f"{name}_sum ",
+            f"{name}_count{{{inner}}} " if inner else f"{name}_count ",
+        ]
+        self._prefixes[values] = prefixes
+        return prefixes
 
     def describe(self) -> Iterator[HistogramMetricFamily]:
         yield HistogramMetricFamily(self.metric.base_name, self.metric.help, labels=[], unit=self.metric.unit)

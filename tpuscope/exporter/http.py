@@ -3,14 +3,17 @@ header; gzip when asked), ``/healthz``, and a landing page, as exporters have.""
 
 from __future__ import annotations
 
+import gzip
 import socket
 import threading
 from collections.abc import Callable, Iterable
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-from prometheus_client import CollectorRegistry, make_wsgi_app
+from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import ThreadingWSGIServer
+
+from tpuscope.exporter.exposition import OPENMETRICS, TEXT, Writer
 
 WSGIApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
 
@@ -21,12 +24,24 @@ LANDING_PAGE = b"""<!doctype html><html><head><title>tpuscope</title></head><bod
 
 
 def make_app(registry: CollectorRegistry) -> WSGIApp:
-    metrics = make_wsgi_app(registry)
+    writer = Writer(registry)
+    lock = threading.Lock()  # one scrape renders at a time: the writer's cache is not shared-safe
+
+    def metrics(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        openmetrics = "application/openmetrics-text" in environ.get("HTTP_ACCEPT", "")
+        with lock:
+            body = writer.render(openmetrics)
+        headers = [("Content-Type", OPENMETRICS if openmetrics else TEXT)]
+        if "gzip" in environ.get("HTTP_ACCEPT_ENCODING", ""):
+            body = gzip.compress(body, compresslevel=1)  # a scrape's text compresses 10x even at level 1
+            headers.append(("Content-Encoding", "gzip"))
+        start_response("200 OK", headers)
+        return [body]
 
     def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
         path = environ.get("PATH_INFO", "/")
         if path == "/metrics":
-            return metrics(environ, start_response)  # type: ignore[no-any-return]
+            return metrics(environ, start_response)
         if path == "/healthz":
             start_response("200 OK", [("Content-Type", "text/plain")])
             return [b"ok\n"]
