@@ -8,7 +8,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: demo test setup system-deps lint generate clean
+.PHONY: demo test perf setup system-deps lint generate clean
 
 demo: setup
 	rm -rf run/demo  # a fresh run each time: the workload resumes from checkpoints it finds
@@ -16,6 +16,10 @@ demo: setup
 
 test: setup system-deps lint
 	$(BIN)/python -m pytest
+
+# tpuscope's own cost against its targets, beside its peers (README, Performance): a table and run/perf.json.
+perf: setup system-deps
+	$(BIN)/tpuscope bench perf --perf-json run/perf.json
 
 setup: $(VENV)/.installed
 

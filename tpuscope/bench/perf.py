@@ -147,6 +147,7 @@ def per_step(report: Report, size: Size, sidecar: SidecarProcess, workdir: Path)
     from tpuscope.bench.workload import Workload, WorkloadOptions, ensure_cpu_devices
 
     ensure_cpu_devices(8)
+    os.environ.setdefault("OTEL_BSP_MAX_QUEUE_SIZE", str(4 * 4 * size.emits))  # every kept step's spans: none dropped
     for label, every in (("spans unsampled", 10**9), ("spans sampled", 1)):
         spans = workdir / f"spans-{every}.jsonl"
         with Monitor("perf-step", socket=sidecar.socket, spans_file=spans, sample_every=every) as monitor:
@@ -193,7 +194,8 @@ def ingest_counts(url: str) -> tuple[float, float, float]:
 
 
 def sidecar_side(report: Report, size: Size, workdir: Path) -> None:
-    with SidecarProcess(workdir / "ingest.sock", "127.0.0.1:0", "--collectors=none") as sidecar:
+    # The host collector on (it runs on every host), every 5 s as by default.
+    with SidecarProcess(workdir / "ingest.sock", "127.0.0.1:0", "--collectors=host") as sidecar:
         os.sched_setaffinity(sidecar.proc.pid, {0})  # one core: the figure the target is about
         process = psutil.Process(sidecar.proc.pid)
         idle_cpu, idle_rss = usage(process, size.settle_seconds)
