@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from tpuscope import events
-from tpuscope.goodput import GoodputLedger
+from tpuscope.goodput import GoodputLedger, PendingSteps
 
 W = "job"
 
@@ -98,3 +100,40 @@ def test_compiles_during_a_checkpoint_are_not_counted_twice() -> None:
     )
     assert totals["compile"] == pytest.approx(0.4)
     assert totals["checkpoint"] == pytest.approx(0.6)
+
+
+@given(st.lists(st.tuples(st.sampled_from(["step", "save", "back", "overflow"]), st.integers(0, 50)), max_size=300))
+def test_pending_steps_agree_with_a_plain_dict(operations: list[tuple[str, int]]) -> None:
+    """The compact pending store gives the seconds a dict in step order would, through every operation."""
+    pending, reference, step = PendingSteps(), {}, 0
+    for operation, n in operations:
+        if operation == "step":
+            step += 1
+            pending.append(step, step / 10)
+            reference[step] = step / 10
+        elif operation == "save":  # everything up to a recent step became durable
+            upto = step - n % 5
+            expected = sum(v for s, v in reference.items() if s <= upto)
+            reference = {s: v for s, v in reference.items() if s > upto}
+            assert pending.pop_oldest(up_to_step=upto) == pytest.approx(expected)
+        elif operation == "back":  # the job went back n steps
+            step = max(0, step - n)
+            expected = sum(v for s, v in reference.items() if s > step)
+            reference = {s: v for s, v in reference.items() if s <= step}
+            assert pending.pop_after(step) == pytest.approx(expected)
+        elif reference:  # the oldest, when too many are pending
+            oldest = min(reference)
+            assert pending.pop_oldest(count=1) == pytest.approx(reference.pop(oldest))
+        assert len(pending) == len(reference)
+    assert pending.pop_all() == pytest.approx(sum(reference.values()))
+
+
+def test_pending_steps_drop_their_dead_front_and_keep_their_order() -> None:
+    pending = PendingSteps()
+    for step in range(10_000):
+        pending.append(step, 1.0)
+    assert pending.pop_oldest(up_to_step=7_999) == 8_000  # past 4096 and half: the front is dropped
+    assert len(pending) == 2_000
+    assert pending.pop_after(8_999) == 1_000
+    pending.append(9_000, 0.5)
+    assert pending.pop_all() == 1_000.5 and len(pending) == 0

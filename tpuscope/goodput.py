@@ -14,7 +14,7 @@ without counting it twice.
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from array import array
 
 from tpuscope import events
 
@@ -23,15 +23,59 @@ CATEGORIES = ("productive", "compile", "io_wait", "checkpoint", "init", "lost")
 Increments = list[tuple[str, float]]
 
 
+class PendingSteps:
+    """Steps not yet durable and their productive seconds, in step order, 16 bytes a step.
+
+    Two flat arrays and the index of the oldest: a job that checkpoints every 100,000 steps keeps
+    1.6 MB here, where a dict of floats would take 15 MB. Steps only grow (going back drops the
+    steps after first), so the oldest are taken from the front and lost work from the back.
+    """
+
+    def __init__(self) -> None:
+        self._steps = array("q")
+        self._seconds = array("d")
+        self._head = 0
+
+    def __len__(self) -> int:
+        return len(self._steps) - self._head
+
+    def append(self, step: int, seconds: float) -> None:
+        self._steps.append(step)
+        self._seconds.append(seconds)
+
+    def pop_oldest(self, up_to_step: float = float("inf"), count: int | None = None) -> float:
+        """Remove the oldest steps up to ``up_to_step`` (or ``count`` of them); their seconds."""
+        end = self._head
+        limit = len(self._steps) if count is None else min(len(self._steps), self._head + count)
+        while end < limit and self._steps[end] <= up_to_step:
+            end += 1
+        total = sum(self._seconds[self._head : end])
+        self._head = end
+        if self._head > 4096 and self._head * 2 > len(self._steps):  # drop the dead front now and then
+            del self._steps[: self._head]
+            del self._seconds[: self._head]
+            self._head = 0
+        return total
+
+    def pop_after(self, step: int) -> float:
+        """Remove the steps after ``step`` (they are being redone); their seconds."""
+        total = 0.0
+        while len(self) and self._steps[-1] > step:
+            self._steps.pop()
+            total += self._seconds.pop()
+        return total
+
+    def pop_all(self) -> float:
+        return self.pop_oldest()
+
+
 class GoodputLedger:
     # A job that never checkpoints would keep every step pending: past this many
     # steps, the oldest are taken as productive (they are at risk, not lost).
     MAX_PENDING_STEPS = 100_000
 
     def __init__(self) -> None:
-        # step -> productive seconds not yet durable, in step order. An OrderedDict: taking the oldest is
-        # O(1) there, while a dict popped from the front makes each next(iter()) skip its dead slots.
-        self.pending: OrderedDict[int, float] = OrderedDict()
+        self.pending = PendingSteps()
         self.last_step = -1
         self.compile_since_step = 0.0
         self.started_at: float | None = None  # set from "start" until the first step
@@ -65,9 +109,9 @@ class GoodputLedger:
         if e.step <= self.last_step:  # the job went back: whatever it had not saved is being redone
             out += self._lose(after=e.step - 1)
         self.last_step = e.step
-        self.pending[e.step] = compute_time - compile_in_step
+        self.pending.append(e.step, compute_time - compile_in_step)
         if len(self.pending) > self.MAX_PENDING_STEPS:
-            out.append(("productive", self.pending.popitem(last=False)[1]))
+            out.append(("productive", self.pending.pop_oldest(count=1)))
         return out
 
     def _checkpoint(self, e: events.Checkpoint) -> Increments:
@@ -79,9 +123,7 @@ class GoodputLedger:
         if self.started_at is not None:
             self.accounted_since_start += seconds
         if e.ok and e.operation == "save":
-            saved = 0.0
-            while self.pending and (step := next(iter(self.pending))) <= e.step:
-                saved += self.pending.pop(step)
+            saved = self.pending.pop_oldest(up_to_step=e.step)
             if saved:
                 out.append(("productive", saved))
         elif e.ok and e.operation == "restore":
@@ -95,8 +137,7 @@ class GoodputLedger:
             self.accounted_since_start = 0.0
             self.compile_since_step = 0.0
         elif e.state == "stop":  # a clean end: its last steps are its result
-            saved = sum(self.pending.values())
-            self.pending.clear()
+            saved = self.pending.pop_all()
             return [("productive", saved)] if saved else []
         elif e.state == "failure":
             return self._lose(after=-1)
@@ -108,7 +149,5 @@ class GoodputLedger:
         ``pending`` is in step order, so the steps to drop are at its end: popping from there costs what
         is lost, not what is pending (a job that repeats one step number would otherwise pay for all).
         """
-        lost = 0.0
-        while self.pending and (step := next(reversed(self.pending))) > after:
-            lost += self.pending.pop(step)
+        lost = self.pending.pop_after(after)
         return [("lost", lost)] if lost else []
