@@ -25,6 +25,7 @@ EXPECTED = (
     "sidecar RSS, idle",
     "sidecar CPU, idle",
     "sidecar RSS, 1,000 steps/s",
+    "sidecar RSS after the floods",
     "sidecar CPU, 1,000 steps/s",
     "scrape p99 at",
     "peer: node_exporter scrape p99",
