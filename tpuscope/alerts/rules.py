@@ -22,6 +22,7 @@ from typing import Any
 
 from tpuscope import catalog as c
 from tpuscope.alerts.config import AlertingConfig
+from tpuscope.promql import grown, series
 
 PREFIX = "Tpuscope"
 UNITS = {"m": 60, "h": 3600, "d": 86400}
@@ -54,11 +55,6 @@ COMPUTE_MEDIAN = "workload:tpuscope_step_phase_duration_seconds:compute_median5m
 MEMORY_USED = "device:tpuscope_device_memory_used_bytes:ratio_limit"
 
 
-def series(metric: c.Metric, *matchers: str, suffix: str = "") -> str:
-    name = metric.series(suffix) if suffix else metric.name
-    return f"{name}{{{', '.join(matchers)}}}" if matchers else name
-
-
 def new_or_increase(counter: c.Metric, window: str, *matchers: str, suffix: str = "") -> str:
     """How much a workload's counter of rare events grew in ``window``, a series born in it counted in
     full (``increase()`` never counts a series' first sample, so a first failure would read 0).
@@ -66,8 +62,8 @@ def new_or_increase(counter: c.Metric, window: str, *matchers: str, suffix: str 
     The most any one process saw, not the sum: every worker of a multi-host job reports the same
     restart, the same recompile.
     """
-    s = series(counter, *matchers, suffix=suffix)
-    return f"max by (workload) (sum by (workload, job, instance) (({s} - {s} offset {window}) >= 0 or {s}))"
+    grew = grown(series(counter, *matchers, suffix=suffix), window)
+    return f"max by (workload) (sum by (workload, job, instance) {grew})"
 
 
 def running(what: str = "workload") -> str:

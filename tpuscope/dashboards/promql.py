@@ -11,6 +11,7 @@ dashboards work before a fleet labels its targets by slice and worker.
 from __future__ import annotations
 
 from tpuscope.catalog import CHECKPOINT_LAST_SUCCESS, DEVICE_MEMORY_LIMIT, DEVICE_MEMORY_USED, LAST_STEP, Label, Metric
+from tpuscope.promql import grown, series
 
 # Grafana's interval variables, substituted when a panel runs.
 RATE = "$__rate_interval"  # at least four scrape intervals: a rate always has two samples
@@ -36,15 +37,13 @@ DEVICE_LEGEND = "{{instance}} {{accelerator}} {{device}} ({{source}})"
 
 def selector(metric: Metric, *matchers: str, suffix: str = "") -> str:
     """``name{...}`` with the template variables' matchers and any extra ones (``'phase="io"'``)."""
-    name = metric.series(suffix) if suffix else metric.name
     labels = []
     if Label.WORKLOAD in metric.labels:
         labels.append(f'workload=~"${WORKLOAD}"')
     if Label.DEVICE in metric.labels:  # the accelerator variable picks devices, not workloads
         labels.append(f'accelerator=~"${ACCELERATOR}"')
     labels += [f'{label}=~"${label}"' for label in TARGET_LABELS]
-    labels += matchers
-    return f"{name}{{{', '.join(labels)}}}"
+    return series(metric, *labels, *matchers, suffix=suffix)
 
 
 def eq(label: str, value: str) -> str:
@@ -66,15 +65,8 @@ def increase(metric: Metric, *matchers: str, suffix: str = "", window: str = RAT
 
 def events(counter: Metric, *matchers: str, suffix: str = "", window: str = INTERVAL) -> str:
     """How much a counter of rare events (failures, XID errors, checkpoints) grew in ``window``, the
-    first event included.
-
-    A labelled counter comes into being at its first event, already at 1, and ``increase()`` never
-    counts a series' first sample: the first failure of a kind would read 0. A series that did not
-    exist ``window`` ago counts in full (it started from 0); one that went down (the sidecar restarted)
-    counts what it has since.
-    """
-    series = selector(counter, *matchers, suffix=suffix)
-    return f"(({series} - {series} offset {window}) >= 0 or {series})"
+    first event included (see :func:`tpuscope.promql.grown`)."""
+    return grown(selector(counter, *matchers, suffix=suffix), window)
 
 
 def quantile(q: float, histogram: Metric, *matchers: str, by: str = "", window: str = RATE, rare: bool = False) -> str:
