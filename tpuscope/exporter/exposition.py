@@ -18,8 +18,6 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.metrics_core import Metric as Family
 from prometheus_client.samples import Sample
 
-from tpuscope.exporter import fast
-
 OPENMETRICS = "application/openmetrics-text; version=1.0.0; charset=utf-8"
 TEXT = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -27,17 +25,17 @@ TEXT = "text/plain; version=0.0.4; charset=utf-8"
 _TEXT_TYPES = {"counter": "counter", "gauge": "gauge", "histogram": "histogram", "summary": "summary"}
 
 
-def _escape_value(value: str) -> str:
+def escape_value(value: str) -> str:
     if "\\" in value or '"' in value or "\n" in value:
         return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
     return value
 
 
-def _escape_help(text: str) -> str:
+def escape_help(text: str) -> str:
     return text.replace("\\", "\\\\").replace("\n", "\\n")
 
 
-def _number(value: float) -> str:
+def number(value: float) -> str:
     if type(value) is int:  # bucket counts
         return f"{value}.0" if abs(value) < 10**15 else repr(float(value))
     if value == math.inf:
@@ -70,7 +68,7 @@ class Writer:
         try:
             return self._series[key]
         except KeyError:
-            inner = ",".join(f'{k}="{_escape_value(v)}"' for k, v in labels)
+            inner = ",".join(f'{k}="{escape_value(v)}"' for k, v in labels)
             rendered = self._series[key] = f"{sample.name}{{{inner}}}" if inner else sample.name
             return rendered
 
@@ -78,8 +76,8 @@ class Writer:
         lines: list[str] = []
         used = 0
         for collector in self._collectors():
-            if isinstance(collector, fast.Histogram):  # renders itself, without sample objects
-                collector.render(openmetrics, lines, _escape_value)
+            if write := getattr(collector, "write_exposition", None):  # fast.Histogram: writes its own lines
+                write(openmetrics, lines)
                 continue
             for family in collector.collect():
                 used += len(family.samples)
@@ -95,15 +93,15 @@ class Writer:
 
     def _openmetrics_family(self, family: Family, lines: list[str]) -> None:
         name = family.name
-        lines.append(f"# HELP {name} {_escape_help(family.documentation)}\n# TYPE {name} {family.type}\n")
+        lines.append(f"# HELP {name} {escape_help(family.documentation)}\n# TYPE {name} {family.type}\n")
         if family.unit:
             lines.append(f"# UNIT {name} {family.unit}\n")
         for sample in family.samples:
-            line = f"{self._key(sample)} {_number(sample.value)}"
+            line = f"{self._key(sample)} {number(sample.value)}"
             if sample.timestamp is not None:
                 line += f" {sample.timestamp}"
             if sample.exemplar is not None:
-                line += _exemplar(sample.exemplar)
+                line += exemplar_text(sample.exemplar)
             lines.append(line + "\n")
 
     def _text_family(self, family: Family, lines: list[str]) -> None:
@@ -114,9 +112,9 @@ class Writer:
         elif family.type == "info":
             name += "_info"
             kind = "gauge"
-        lines.append(f"# HELP {name} {_escape_help(family.documentation)}\n# TYPE {name} {kind}\n")
+        lines.append(f"# HELP {name} {escape_help(family.documentation)}\n# TYPE {name} {kind}\n")
         for sample in _without_created(family.samples):
-            lines.append(f"{self._key(sample)} {_number(sample.value)}\n")
+            lines.append(f"{self._key(sample)} {number(sample.value)}\n")
 
 
 def _without_created(samples: Iterable[Sample]) -> Iterable[Sample]:
@@ -124,9 +122,10 @@ def _without_created(samples: Iterable[Sample]) -> Iterable[Sample]:
     return (s for s in samples if not s.name.endswith("_created"))
 
 
-def _exemplar(exemplar: Any) -> str:
-    labels = ",".join(f'{k}="{_escape_value(v)}"' for k, v in exemplar.labels.items())
-    text = f" # {{{labels}}} {_number(exemplar.value)}"
+def exemplar_text(exemplar: Any) -> str:
+    """` # {labels} value timestamp`, appended to a sample's line (OpenMetrics only)."""
+    labels = ",".join(f'{k}="{escape_value(v)}"' for k, v in exemplar.labels.items())
+    text = f" # {{{labels}}} {number(exemplar.value)}"
     if exemplar.timestamp is not None:
         text += f" {exemplar.timestamp}"
     return text

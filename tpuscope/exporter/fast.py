@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import time
 from bisect import bisect_left
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 from prometheus_client import Counter as _Counter
@@ -29,6 +29,7 @@ from prometheus_client.samples import Exemplar
 from prometheus_client.utils import floatToGoString
 
 from tpuscope import catalog
+from tpuscope.exporter.exposition import escape_help, escape_value, exemplar_text, number
 
 
 class _CachedLabels:
@@ -127,36 +128,34 @@ class Histogram(Collector):
             family.add_metric(list(values), buckets, total)
         yield family
 
-    def render(self, openmetrics: bool, lines: list[str], escape: Callable[[str], str]) -> None:
+    def write_exposition(self, openmetrics: bool, lines: list[str]) -> None:
         """Append the family in the exposition format: what :meth:`collect` says, without building
         sample objects (a scrape of 10,000 series spends most of its time there otherwise)."""
         name, metric = self.metric.base_name, self.metric
-        lines.append(f"# HELP {name} {metric.help}\n# TYPE {name} histogram\n")
+        lines.append(f"# HELP {name} {escape_help(metric.help)}\n# TYPE {name} histogram\n")
         if openmetrics and metric.unit:
             lines.append(f"# UNIT {name} {metric.unit}\n")
         for values, series in list(self._series.items()):
-            prefixes = self._prefixes.get(values) or self._prefix(values, escape)
+            prefixes = self._prefixes.get(values) or self._prefix(values)
             counts, total, exemplars = list(series.counts), series.sum, dict(series.exemplars) if openmetrics else {}
             cumulative = 0
             for index, count in enumerate(counts):
                 cumulative += count
                 line = f"{prefixes[index]}{cumulative}.0"
                 if (exemplar := exemplars.get(index)) is not None:
-                    labels = ",".join(f'{k}="{escape(v)}"' for k, v in exemplar.labels.items())
-                    line += f" # {{{labels}}} {exemplar.value!r} {exemplar.timestamp}"
+                    line += exemplar_text(exemplar)
                 lines.append(line + "\n")
-            lines.append(f"{prefixes[-2]}{total!r}\n{prefixes[-1]}{cumulative}.0\n")
+            lines.append(f"{prefixes[-2]}{number(total)}\n{prefixes[-1]}{cumulative}.0\n")
 
-    def _prefix(self, values: tuple[str, ...], escape: Callable[[str], str]) -> list[str]:
+    def _prefix(self, values: tuple[str, ...]) -> list[str]:
+        """Each line's start up to its value (the bucket lines, then _sum and _count), rendered once."""
         name = self.metric.base_name
-        pairs = [f'{label}="{escape(value)}"' for label, value in zip(self.metric.labels, values, strict=True)]
+        pairs = [f'{label}="{escape_value(value)}"' for label, value in zip(self.metric.labels, values, strict=True)]
         inner = ",".join(pairs)
         joined = inner + "," if inner else ""
+        braces = f"{{{inner}}}" if inner else ""
         prefixes = [f'{name}_bucket{{{joined}le="{le}"}} ' for le in self._les]
-        prefixes += [
-            f"{name}_sum{{{inner}}} " if inner else f"{name}_sum ",
-            f"{name}_count{{{inner}}} " if inner else f"{name}_count ",
-        ]
+        prefixes += [f"{name}_sum{braces} ", f"{name}_count{braces} "]
         self._prefixes[values] = prefixes
         return prefixes
 
