@@ -187,6 +187,24 @@ def blast(path: str, seconds: float, rate: float, results: Any) -> None:
     results.put((sent, dropped))
 
 
+def start_jobs(path: str, seconds: float, rate: float, count: int) -> Callable[[], list[tuple[int, int]]]:
+    """Start ``count`` job processes running :func:`blast`; the function returned waits for them and
+    gives each one's (events sent, events it dropped)."""
+    spawn = multiprocessing.get_context("spawn")
+    results: Any = spawn.Queue()
+    jobs = [spawn.Process(target=blast, args=(path, seconds, rate, results)) for _ in range(count)]
+    for job in jobs:
+        job.start()
+
+    def finish() -> list[tuple[int, int]]:
+        sent_dropped = [results.get(timeout=120) for _ in jobs]
+        for job in jobs:
+            job.join()
+        return sent_dropped
+
+    return finish
+
+
 def ingest_counts(url: str) -> tuple[float, float, float]:
     scrape = Scrape.fetch(url)
     name = catalog.INGEST_EVENTS.name
@@ -209,18 +227,7 @@ def sidecar_side(report: Report, size: Size, workdir: Path) -> None:
         )
         for label, rate, senders in (("flat out", 0, 2), (f"paced at {size.paced_rate:,}/s", size.paced_rate, 1)):
             before = ingest_counts(sidecar.url)
-            results: Any = multiprocessing.get_context("spawn").Queue()
-            jobs = [
-                multiprocessing.get_context("spawn").Process(
-                    target=blast, args=(str(sidecar.socket), size.ingest_seconds, rate, results)
-                )
-                for _ in range(senders)
-            ]
-            for job in jobs:
-                job.start()
-            sent_dropped = [results.get(timeout=120) for _ in jobs]
-            for job in jobs:
-                job.join()
+            sent_dropped = start_jobs(str(sidecar.socket), size.ingest_seconds, rate, senders)()
             time.sleep(1)
             after = ingest_counts(sidecar.url)
             accepted, invalid, _ = (b - a for a, b in zip(before, after, strict=True))
@@ -260,19 +267,14 @@ def sidecar_side(report: Report, size: Size, workdir: Path) -> None:
 
 def usage(process: psutil.Process, seconds: float, path: str = "", rate: int = 0) -> tuple[float, float]:
     """The process' CPU (% of one core) over ``seconds`` (with a job sending at ``rate`` when given), and RSS."""
-    results: Any = None
-    job = None
-    if path:
-        results = multiprocessing.get_context("spawn").Queue()
-        job = multiprocessing.get_context("spawn").Process(target=blast, args=(path, seconds, rate, results))
-        job.start()
+    finish = start_jobs(path, seconds, rate, 1) if path else None
+    if finish:
         time.sleep(min(1.0, seconds))  # the job's start-up is not the sidecar's cost
     before, start = process.cpu_times(), time.perf_counter()
     time.sleep(seconds)
     after, elapsed = process.cpu_times(), time.perf_counter() - start
-    if job is not None:
-        results.get(timeout=120)
-        job.join()
+    if finish:
+        finish()
     cpu = max(0.0, after.user + after.system - before.user - before.system) / elapsed * 100
     return cpu, process.memory_info().rss / 2**20
 
