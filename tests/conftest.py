@@ -69,6 +69,14 @@ def fake_nvml_lib() -> Iterator[Path]:
     shutil.rmtree(path, ignore_errors=True)
 
 
+def wait_until(condition: Callable[[], bool], timeout: float = 20.0) -> bool:
+    """Poll ``condition`` until it holds or ``timeout`` passes; whether it held."""
+    deadline = time.monotonic() + timeout
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return condition()
+
+
 def wait_for(url: str, condition: Callable[[Scrape], bool], timeout: float = 20.0) -> Scrape:
     """Scrape ``url`` until ``condition`` holds or ``timeout`` passes; the last scrape, for the asserts."""
     deadline = time.monotonic() + timeout

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import yaml
 from alert_cases import CASES, Case
-from conftest import require
+from conftest import require, wait_until
 
 from tpuscope import alerts, catalog
 from tpuscope.alerts.config import AlertingConfig
@@ -170,12 +170,10 @@ def notifications(webhook: Webhook, path: str, status: str) -> list[dict[str, An
     return [body for where, body in webhook.received if where == path and body["status"] == status]
 
 
-def wait_until(condition: Callable[[], bool], timeout: float, what: str, log: Callable[[], str]) -> float:
+def waited(condition: Callable[[], bool], timeout: float, what: str, log: Callable[[], str]) -> float:
     """Seconds until ``condition`` held; fails naming ``what`` (and the logs) after ``timeout``."""
     began = time.monotonic()
-    while not condition():
-        assert time.monotonic() - began < timeout, f"{what} within {timeout:g} s\n{log()}"
-        time.sleep(0.2)
+    assert wait_until(condition, timeout), f"{what} within {timeout:g} s\n{log()}"
     return time.monotonic() - began
 
 
@@ -222,12 +220,12 @@ def test_a_stalled_workload_pages_through_alertmanager_and_resolves_when_it_reco
             text=True,
         )
         try:
-            stepping = wait_until(
+            stepping = waited(
                 lambda: bool(prom.query(f'{catalog.STEPS.name}{{workload="e2e"}} > 5')), 120, "no steps", logs
             )
-            paged = wait_until(lambda: bool(notifications(webhook, "/page", "firing")), 40, "no page", logs)
+            paged = waited(lambda: bool(notifications(webhook, "/page", "firing")), 40, "no page", logs)
             page = notifications(webhook, "/page", "firing")[0]
-            resolved = wait_until(lambda: bool(notifications(webhook, "/page", "resolved")), 60, "no resolve", logs)
+            resolved = waited(lambda: bool(notifications(webhook, "/page", "resolved")), 60, "no resolve", logs)
             # Resolved because steps resumed, not because the job went away (150 steps remain after the stall).
             assert job.poll() is None, "the job ended before the resolution: nothing shows it recovered"
         finally:

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import socket
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import wait_for
+from conftest import wait_for, wait_until
 from opentelemetry.sdk.resources import Resource
 from otlp import HttpReceiver, Receiver, as_prometheus
 from prometheus_client import CollectorRegistry
@@ -58,13 +58,6 @@ def run_job(sidecar: SidecarProcess) -> None:
             ckpt.bytes = 4096
         for stage in ("tracing", "lowering", "backend"):
             mon.compile(stage, 0.02, function="train_step")
-
-
-def wait_until(condition: Callable[[], bool], timeout: float = 20.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while not condition() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return condition()
 
 
 def tpuscope_samples(scrape: Scrape) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
