@@ -25,3 +25,8 @@ def grown(selector: str, window: str) -> str:
     counts what it has since.
     """
     return f"(({selector} - {selector} offset {window}) >= 0 or {selector})"
+
+
+def le(bound: float) -> str:
+    """A bucket bound as the ``le`` label reads (0.5 -> "0.5", 1 -> "1.0"), for matching one bucket."""
+    return repr(float(bound))

@@ -22,7 +22,7 @@ from typing import Any
 
 from tpuscope import catalog as c
 from tpuscope.alerts.config import AlertingConfig
-from tpuscope.promql import grown, series
+from tpuscope.promql import grown, le, series
 
 PREFIX = "Tpuscope"
 UNITS = {"m": 60, "h": 3600, "d": 86400}
@@ -138,7 +138,7 @@ def recording_rules(config: AlertingConfig) -> list[dict[str, str]]:
             "expr": f"{series(c.DEVICE_MEMORY_USED)} / {series(c.DEVICE_MEMORY_LIMIT)}",
         },
     ]
-    slow = f'le="{t.inference_latency_seconds!r}"'
+    slow = f'le="{le(t.inference_latency_seconds)}"'
     for window in WINDOWS:
         productive = f"sum by (workload) (rate({series(c.GOODPUT, PRODUCTIVE)}[{window}]))"
         rules.append(

@@ -113,8 +113,3 @@ def memory_used_ratio() -> str:
     """Device memory used over its limit, per device and per source (the job and a collector may both
     report a chip, each with its own numbering)."""
     return f"{selector(DEVICE_MEMORY_USED)} / {selector(DEVICE_MEMORY_LIMIT)}"
-
-
-def le(bound: float) -> str:
-    """A bucket bound as prometheus_client writes the ``le`` label (0.5 -> "0.5", 1 -> "1.0")."""
-    return repr(float(bound))

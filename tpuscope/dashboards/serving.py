@@ -7,13 +7,14 @@ from typing import Any
 from tpuscope import catalog as c
 from tpuscope.dashboards import panels as p
 from tpuscope.dashboards import promql as q
+from tpuscope.promql import le
 from tpuscope.thresholds import DEFAULT as T
 
 UID = "tpuscope-serving"
 TITLE = "tpuscope / Serving"
 DESCRIPTION = "Batched inference: request latency against its objective, request rate, queue depth, batch size."
 
-FAST_ENOUGH = q.eq("le", q.le(T.inference_latency_seconds))
+FAST_ENOUGH = q.eq("le", le(T.inference_latency_seconds))
 
 
 def good_ratio(window: str) -> str:
