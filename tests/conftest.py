@@ -6,7 +6,10 @@ import os
 if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8").strip()
 
+import json
 import shutil
+import subprocess
+import sys
 import tempfile
 
 # Spans from the tests' Monitors go to a scratch file, not into the working tree (tests that
@@ -15,6 +18,7 @@ os.environ.setdefault("TPUSCOPE_SPANS_FILE", os.path.join(tempfile.mkdtemp(prefi
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -67,6 +71,23 @@ def fake_nvml_lib() -> Iterator[Path]:
     path = Path(tempfile.mkdtemp(prefix="ts-nvml-"))
     yield fake_nvml.build(path)
     shutil.rmtree(path, ignore_errors=True)
+
+
+def run_bench_json(mode: str, *flags: str, directory: Path, timeout: float) -> dict[str, Any]:
+    """Run ``tpuscope bench MODE FLAGS`` as a process; its JSON report (it must exit 0).
+
+    The printed table goes to the test's output, for whoever reads it."""
+    out_json = directory / f"{mode}.json"
+    run = subprocess.run(
+        [sys.executable, "-m", "tpuscope", "bench", mode, *flags, f"--perf-json={out_json}"],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    print(run.stdout)
+    assert run.returncode == 0, run.stdout + run.stderr
+    report: dict[str, Any] = json.loads(out_json.read_text())
+    return report
 
 
 def wait_until(condition: Callable[[], bool], timeout: float = 20.0) -> bool:

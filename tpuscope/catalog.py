@@ -47,6 +47,7 @@ class Label(enum.StrEnum):
     BUFFER_SIZE = "buffer_size"
     CLOCK = "clock"
     XID = "xid"
+    LABEL = "label"
 
 
 @dataclass(frozen=True)
@@ -526,6 +527,29 @@ COLLECTOR_ERRORS = _metric(
     "process_gone, error.",
     Label.COLLECTOR,
     Label.REASON,
+    group=HEALTH_GROUP,
+)
+LABEL_VALUES = _metric(
+    "ingest_label_values",
+    Kind.GAUGE,
+    "Distinct values the sidecar holds for each label jobs set (workload, device, accelerator, program, "
+    "reason); at most --max-label-values each.",
+    Label.LABEL,
+    group=HEALTH_GROUP,
+)
+LABEL_OVERFLOW = _metric(
+    "ingest_label_overflow_total",
+    Kind.COUNTER,
+    "Events whose label value was new while the label already held --max-label-values values: they are "
+    "kept under the value _overflow instead, so the series count stays bounded.",
+    Label.LABEL,
+    group=HEALTH_GROUP,
+)
+WORKLOADS_EXPIRED = _metric(
+    "workloads_expired_total",
+    Kind.COUNTER,
+    "Workloads whose series were removed because no process of theirs was connected and none had sent an "
+    "event for --workload-expiry.",
     group=HEALTH_GROUP,
 )
 OTLP_PUSHES = _metric(

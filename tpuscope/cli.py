@@ -37,10 +37,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     bench.add_argument(
         "mode",
         nargs="?",
-        choices=["perf"],
-        help="perf: benchmark tpuscope's own cost against its targets and its peers (table and JSON)",
+        choices=["perf", "flood", "soak"],
+        help="perf: benchmark tpuscope's own cost against its targets and its peers (table and JSON); "
+        "flood: jobs sending at ten times the supported event rate against one sidecar, and what it held; "
+        "soak: the workload, a sidecar and a real Prometheus for --minutes, then what was lost (nothing)",
     )
-    bench.add_argument("--perf-json", type=Path, default=Path("run/perf.json"), help="perf: where the JSON goes")
+    bench.add_argument(
+        "--perf-json",
+        type=Path,
+        help="perf, flood, soak: where the JSON goes (default run/perf.json, run/flood.json, run/soak.json)",
+    )
+    bench.add_argument("--seconds", type=float, default=30.0, help="flood: how long to flood (default %(default)s)")
+    bench.add_argument("--minutes", type=float, default=10.0, help="soak: how long to run (default %(default)s)")
     bench.add_argument("--tiny", action="store_true", help="perf: a seconds-long run (tests), figures not meaningful")
     bench.add_argument(
         "--synthetic",

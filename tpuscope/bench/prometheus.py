@@ -99,8 +99,10 @@ class PrometheusServer(ServerProcess):
         labels: dict[str, str] | None = None,
         rule_files: list[Path] = (),  # type: ignore[assignment]
         alertmanager: str = "",
+        scrape: dict[str, Any] | None = None,
     ):
-        """``labels`` are added to every target (as a fleet's relabelling adds slice and worker)."""
+        """``labels`` are added to every target (as a fleet's relabelling adds slice and worker);
+        ``scrape`` is merged into the scrape config (``scheme``, ``tls_config``, ``basic_auth``, ...)."""
         workdir.mkdir(parents=True, exist_ok=True)
         static: dict[str, Any] = {"targets": targets}
         if labels:
@@ -108,7 +110,7 @@ class PrometheusServer(ServerProcess):
         config = {
             "global": {"scrape_interval": scrape_interval, "evaluation_interval": scrape_interval},
             "rule_files": [str(rule_file) for rule_file in rule_files],
-            "scrape_configs": [{"job_name": "tpuscope", "static_configs": [static]}],
+            "scrape_configs": [{"job_name": "tpuscope", "static_configs": [static], **(scrape or {})}],
         }
         if alertmanager:  # host:port of an Alertmanager to send alerts to
             config["alerting"] = {"alertmanagers": [{"static_configs": [{"targets": [alertmanager]}]}]}

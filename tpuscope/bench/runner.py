@@ -42,7 +42,15 @@ def run_bench(args: argparse.Namespace) -> int:
     if args.mode == "perf":
         from tpuscope.bench import perf
 
-        return perf.run(tiny=args.tiny, json_path=args.perf_json)
+        return perf.run(tiny=args.tiny, json_path=args.perf_json or Path("run/perf.json"))
+    if args.mode == "flood":
+        from tpuscope.bench import flood
+
+        return flood.run(args)
+    if args.mode == "soak":
+        from tpuscope.bench import soak
+
+        return soak.run(args)
     if args.scrape_latency:
         from tpuscope.bench import scrape_latency
 

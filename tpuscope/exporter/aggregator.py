@@ -3,17 +3,25 @@
 One handler per event type, looked up by the event's class. Handlers only
 touch prometheus_client objects, which are thread-safe, so the ingest thread
 and the HTTP threads need no lock of ours.
+
+Before its handler, an event's label values pass the :class:`LabelLimiter`
+(a value past ``max_label_values`` becomes ``_overflow``), and a workload that
+has had no process connected and no event for ``workload_expiry`` seconds is
+forgotten (:meth:`Aggregator.expire`): its series, its goodput ledger and its
+label values go, so a sidecar that outlives many jobs does not serve them all.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from tpuscope import __version__, catalog, events
+from tpuscope.exporter.labels import LIMITED, OTHER_LABELS, LabelLimiter
 from tpuscope.exporter.samples import SampleStore
 from tpuscope.goodput import CATEGORIES as GOODPUT_CATEGORIES
 from tpuscope.goodput import GoodputLedger
@@ -23,6 +31,8 @@ log = logging.getLogger("tpuscope.exporter")
 INGEST_RESULTS = ("accepted", "invalid", "dropped")
 # Weight of the newest step in the MFU average: about the last 20 steps count.
 MFU_SMOOTHING = 0.1
+# The SampleStore owner of the device memory that workloads report: one for all jobs.
+DEVICE_MEMORY_OWNER = "workload"
 
 
 @dataclass
@@ -32,12 +42,22 @@ class WorkloadState:
     goodput: GoodputLedger = field(default_factory=GoodputLedger)
     peak_flops_per_second: float = 0.0
     mfu: float | None = None
+    # Monotonic time of its latest event, or of its last process leaving: the expiry clock.
+    last_seen: float = field(default_factory=time.monotonic)
 
 
 class Aggregator:
-    def __init__(self, metrics: dict[catalog.Metric, Any], store: SampleStore) -> None:
+    def __init__(
+        self,
+        metrics: dict[catalog.Metric, Any],
+        store: SampleStore,
+        *,
+        max_label_values: int = 100,
+        workload_expiry: float = 3600.0,
+    ) -> None:
         self.metrics = metrics
         self._store = store
+        self._expiry = workload_expiry
         self._handlers: dict[type, Callable[[Any], None]] = {
             events.Step: self._step,
             events.Compile: self._compile,
@@ -56,6 +76,17 @@ class Aggregator:
         invalid = self.metrics[catalog.INGEST_INVALID_EVENTS]
         self._invalid = {reason: invalid.labels(reason) for reason in events.REJECT_REASONS}
         self.metrics[catalog.BUILD_INFO].labels(__version__).set(1)
+        values, overflow = self.metrics[catalog.LABEL_VALUES], self.metrics[catalog.LABEL_OVERFLOW]
+        self._limiter = LabelLimiter(
+            max_label_values,
+            on_overflow=lambda label: overflow.labels(label).inc(),
+            on_held=lambda label, count: values.labels(label).set(count),
+        )
+        for label in LIMITED:  # from startup, at zero: a label that never overflows still says so
+            values.labels(label).set(0)
+            overflow.labels(label)
+        self._expired = self.metrics[catalog.WORKLOADS_EXPIRED]
+        self._per_workload = [m for metric, m in metrics.items() if catalog.Label.WORKLOAD in metric.labels]
 
     # --- the ingest loop's entry points --------------------------------------------
     def process_joined(self, workload: str) -> None:
@@ -71,24 +102,68 @@ class Aggregator:
         else:
             del self._processes[workload]
             self.metrics[catalog.WORKLOAD_PROCESSES].remove(workload)
+            # The expiry clock starts when the last process leaves, even if its last event is older.
+            self._workload(workload).last_seen = time.monotonic()
 
-    def accept(self, event: events.AnyEvent) -> None:
-        """A valid event from a job."""
-        self.apply(event)
+    def accept(self, event: events.AnyEvent) -> str:
+        """A valid event from a job; the workload it was filed under (``_overflow`` past the cap)."""
+        workload = self.apply(event)
         self._ingest["accepted"].inc()
+        return workload
 
-    def apply(self, event: events.AnyEvent) -> None:
+    def apply(self, event: events.AnyEvent) -> str:
         """Fold an event into the metrics without counting it as received (the sidecar's own inferences)."""
+        # The common case, a step of a known workload, costs two look-ups here: a workload with a state
+        # is one the limiter holds (or _overflow). Only an event with a new workload or with other
+        # labels goes through the limiter, and is copied only if a value overflows.
+        state = self._workloads.get(event.workload)
+        if state is None or OTHER_LABELS[type(event)]:
+            event = self._limiter.limit(event)
+            # Before the handler: a handler's failure must not leave a held workload without a state to expire.
+            state = self._workload(event.workload)
+        state.last_seen = time.monotonic()
         self._handlers[type(event)](event)
-        state = self._workload(event.workload)
         goodput = self.metrics[catalog.GOODPUT]
         for category, seconds in state.goodput.observe(event, time.time()):
             goodput.labels(event.workload, category).inc(seconds)
+        return event.workload
 
     def _workload(self, workload: str) -> WorkloadState:
         if (state := self._workloads.get(workload)) is None:
             state = self._workloads[workload] = WorkloadState()
         return state
+
+    def expire(self, now: float | None = None) -> list[str]:
+        """Forget the workloads with no process connected and no event for ``workload_expiry`` seconds.
+
+        Called by the ingest thread (never concurrently with an event's handling); 0 turns it off.
+        """
+        if not self._expiry:
+            return []
+        now = time.monotonic() if now is None else now
+        gone = [
+            workload
+            for workload, state in self._workloads.items()
+            if workload not in self._processes and now - state.last_seen >= self._expiry
+        ]
+        for workload in gone:
+            self._forget(workload, now - self._workloads[workload].last_seen)
+        return gone
+
+    def _forget(self, workload: str, idle: float) -> None:
+        """Remove every series of the workload, its state and its label values; it may come back afresh."""
+        del self._workloads[workload]
+        for metric in self._per_workload:
+            metric.remove_matching(catalog.Label.WORKLOAD, workload)
+        for label, value in self._limiter.release(workload):
+            # Reported device memory carries no workload label: its series go with the device or
+            # accelerator value once no remaining workload uses it (the limiter freed the value).
+            if label in (catalog.Label.DEVICE, catalog.Label.ACCELERATOR):
+                self._store.remove_matching(DEVICE_MEMORY_OWNER, catalog.Label(label), value)
+        self._expired.inc()
+        log.info(
+            "workload %s expired after %.0f s without a process or an event; its series are removed", workload, idle
+        )
 
     def reject(self, reason: str) -> None:
         self._ingest["invalid"].inc()
@@ -113,6 +188,8 @@ class Aggregator:
             state = self._workload(e.workload)
             if state.peak_flops_per_second and e.duration_s:
                 achieved = e.flops / e.duration_s / state.peak_flops_per_second
+                if not math.isfinite(achieved):  # an absurd peak would make the average NaN for good
+                    return
                 state.mfu = achieved if state.mfu is None else state.mfu + MFU_SMOOTHING * (achieved - state.mfu)
                 m[catalog.MFU].labels(e.workload).set(state.mfu)
 
@@ -138,7 +215,7 @@ class Aggregator:
     def _device_memory(self, e: events.DeviceMemory) -> None:
         # The same families as the libtpu and nvml collectors fill; `source` tells them apart.
         labels = (e.device, e.accelerator, e.source)
-        owner = "workload"  # one owner for all jobs: a device's latest report wins, as with one gauge
+        owner = DEVICE_MEMORY_OWNER  # one owner for all jobs: a device's latest report wins, as with one gauge
         self._store.set(owner, catalog.DEVICE_MEMORY_USED, labels, e.used_bytes)
         if e.limit_bytes:
             self._store.set(owner, catalog.DEVICE_MEMORY_LIMIT, labels, e.limit_bytes)

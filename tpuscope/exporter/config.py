@@ -95,6 +95,26 @@ OPTIONS = (
         "instead of Prometheus scraping. Where to and how often: the standard OTEL_EXPORTER_OTLP_* and "
         "OTEL_METRIC_EXPORT_INTERVAL variables.",
     ),
+    Option(
+        "web_config_file",
+        lambda: "",
+        "Web configuration file in the Prometheus exporter-toolkit format: TLS (tls_server_config) and basic "
+        "auth (basic_auth_users, bcrypt hashes) for every HTTP endpoint, as node_exporter's --web.config.file.",
+    ),
+    Option(
+        "max_label_values",
+        lambda: "100",
+        "Distinct values the sidecar keeps for each label a job sets (workload, device, accelerator, program, "
+        "reason). Events with a further value are kept under the value _overflow and counted, so a job that "
+        "invents label values cannot grow /metrics without bound.",
+    ),
+    Option(
+        "workload_expiry",
+        lambda: "1h",
+        "Remove a workload's series once none of its processes is connected and none has sent an event for "
+        "this long (seconds, or a duration such as 90s, 15m, 1h); 0 keeps them until the sidecar stops. "
+        "Longer than the alerts' windows over rare events (failures, restarts), so a crash is still seen.",
+    ),
     Option("pid", lambda: "", "Comma-separated pids of the job's processes, for the host collector."),
     Option(
         "pid_file",
@@ -119,6 +139,9 @@ class ServeConfig:
     pids: tuple[int, ...] = ()
     pid_file: Path | None = None
     otlp_metrics_interval: float | None = None  # seconds between OTLP pushes; None: no pushing
+    web_config_file: Path | None = None  # exporter-toolkit web config: TLS and basic auth
+    max_label_values: int = 100  # per job-set label; past it, values fold into _overflow
+    workload_expiry: float = 3600.0  # seconds; 0: never
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -164,6 +187,9 @@ def resolve(flags: argparse.Namespace, environ: Mapping[str, str] = os.environ) 
         pids=_parse(raw["pid"], _parse_pids),
         pid_file=Path(raw["pid_file"][0]) if raw["pid_file"][0] else None,
         otlp_metrics_interval=_otlp_interval(_parse(raw["otlp_metrics"], _parse_switch), environ),
+        web_config_file=Path(raw["web_config_file"][0]) if raw["web_config_file"][0] else None,
+        max_label_values=_parse(raw["max_label_values"], _parse_positive_int),
+        workload_expiry=_parse(raw["workload_expiry"], parse_duration),
     )
 
 
@@ -195,6 +221,29 @@ def _parse_seconds(value: str) -> float:
     if not 0 < seconds < 86400:
         raise ValueError(f"expected a number of seconds, got {value!r}")
     return seconds
+
+
+_DURATION_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def parse_duration(value: str) -> float:
+    """Seconds from ``90``, ``90s``, ``15m``, ``1h`` or ``1d``; ``0`` is allowed (off)."""
+    text = value.strip().lower()
+    scale = _DURATION_UNITS.get(text[-1:]) if text else None
+    number = text[:-1] if scale else text
+    try:
+        seconds = float(number) * (scale or 1.0)
+    except ValueError:
+        raise ValueError(f"expected seconds or a duration such as 90s, 15m, 1h, got {value!r}") from None
+    if not 0 <= seconds <= 365 * 86400:
+        raise ValueError(f"expected a duration between 0 and a year, got {value!r}")
+    return seconds
+
+
+def _parse_positive_int(value: str) -> int:
+    if not value.strip().isdigit() or int(value) < 1:
+        raise ValueError(f"expected a whole number of at least 1, got {value!r}")
+    return int(value)
 
 
 def _parse_intervals(value: str) -> dict[str, float]:

@@ -27,6 +27,7 @@ from tpuscope.exporter.ingest import IngestLoop, SocketError
 from tpuscope.exporter.metrics import register
 from tpuscope.exporter.otlp_push import OtlpPusher, metric_exporter
 from tpuscope.exporter.samples import SampleStore
+from tpuscope.exporter.webconfig import WebConfigError
 from tpuscope.tracing.otel import resource
 
 log = logging.getLogger("tpuscope.exporter")
@@ -49,7 +50,9 @@ def serve(config: ServeConfig) -> int:
     metrics = register(registry)
     store = SampleStore()
     registry.register(store)
-    aggregator = Aggregator(metrics, store)
+    aggregator = Aggregator(
+        metrics, store, max_label_values=config.max_label_values, workload_expiry=config.workload_expiry
+    )
     otlp_exporter = None
     if config.otlp_metrics_interval:
         try:  # before anything is bound, so that a bad OTEL_* setting leaves nothing behind
@@ -63,7 +66,11 @@ def serve(config: ServeConfig) -> int:
         print(f"tpuscope serve: {e}", file=sys.stderr)
         return 1
     try:
-        http = MetricsServer(config.listen_host, config.listen_port, registry)
+        http = MetricsServer(config.listen_host, config.listen_port, registry, web_config=config.web_config_file)
+    except WebConfigError as e:
+        ingest.stop()
+        print(f"tpuscope serve: {e}", file=sys.stderr)
+        return 1
     except OSError as e:
         ingest.stop()
         print(

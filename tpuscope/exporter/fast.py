@@ -12,6 +12,9 @@ second at most. Here:
 - :class:`Counter` and :class:`Gauge` are prometheus_client's, with their
   labelled children kept in a dict by label values: ``labels()`` becomes one
   dict look-up after the first call.
+
+All three can drop every series with a given label value at once
+(``remove_matching``), which is how an expired workload's series go.
 """
 
 from __future__ import annotations
@@ -54,6 +57,13 @@ class _CachedLabels:
     def clear(self) -> None:
         self._cache.clear()
         super().clear()  # type: ignore[misc]
+
+    def remove_matching(self, label: str, value: str) -> None:
+        """Remove every child whose ``label`` is ``value`` (the cache first: a later ``labels()`` makes a new one)."""
+        index = list(self._labelnames).index(label)  # type: ignore[attr-defined]
+        for key in [key for key in self._cache if str(key[index]) == value]:
+            del self._cache[key]
+        super().remove_by_labels({label: value})  # type: ignore[misc]
 
 
 class Counter(_CachedLabels, _Counter):
@@ -110,6 +120,12 @@ class Histogram(Collector):
         self._series.pop(values, None)
         self._prefixes.pop(values, None)
 
+    def remove_matching(self, label: str, value: str) -> None:
+        """Remove every series whose ``label`` is ``value``."""
+        index = self.metric.labels.index(catalog.Label(label))
+        for values in [values for values in self._series if values[index] == value]:
+            self.remove(*values)
+
     def collect(self) -> Iterator[HistogramMetricFamily]:
         family = HistogramMetricFamily(
             self.metric.base_name,
@@ -156,7 +172,8 @@ class Histogram(Collector):
         braces = f"{{{inner}}}" if inner else ""
         prefixes = [f'{name}_bucket{{{joined}le="{le}"}} ' for le in self._les]
         prefixes += [f"{name}_sum{braces} ", f"{name}_count{braces} "]
-        self._prefixes[values] = prefixes
+        if values in self._series:  # not for a series an expiry removed during this scrape: it would linger
+            self._prefixes[values] = prefixes
         return prefixes
 
     def describe(self) -> Iterator[HistogramMetricFamily]:

@@ -4,9 +4,13 @@ header; gzip when asked), ``/healthz``, and a landing page, as exporters have.""
 from __future__ import annotations
 
 import gzip
+import logging
 import socket
+import ssl
+import sys
 import threading
 from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
@@ -14,6 +18,10 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import ThreadingWSGIServer
 
 from tpuscope.exporter.exposition import OPENMETRICS, TEXT, Writer
+from tpuscope.exporter.webconfig import REALM, LiveWebConfig
+
+log = logging.getLogger("tpuscope.exporter")
+Socket = socket.socket  # for annotations inside a class whose attribute is named socket
 
 WSGIApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
 
@@ -54,25 +62,83 @@ def make_app(registry: CollectorRegistry) -> WSGIApp:
     return app
 
 
+def secure(app: WSGIApp, web: LiveWebConfig) -> WSGIApp:
+    """``app`` behind the web config's basic auth, answering with its extra headers. Every path is
+    protected, /healthz too, as the toolkit does."""
+
+    def secured(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        config = web.current()
+
+        def with_headers(status: str, headers: list[tuple[str, str]], *exc_info: Any) -> Any:
+            return start_response(status, headers + config.headers, *exc_info)
+
+        if config.users and not config.users.allows(environ.get("HTTP_AUTHORIZATION", "")):
+            with_headers(
+                "401 Unauthorized",
+                [("Content-Type", "text/plain"), ("WWW-Authenticate", f'Basic realm="{REALM}"')],
+            )
+            return [b"Unauthorized\n"]
+        return app(environ, with_headers)
+
+    return secured
+
+
 class _QuietHandler(WSGIRequestHandler):
     def log_message(self, format: str, *args: Any) -> None:  # scrapes every few seconds would flood the log
         pass
 
 
+class _SecureHandler(_QuietHandler):
+    # A client that connects and then says nothing gives up its thread after this long.
+    timeout = 10.0
+
+    def setup(self) -> None:
+        super().setup()  # applies the timeout
+        if isinstance(self.connection, ssl.SSLSocket):
+            self.connection.do_handshake()  # here, on the connection's own thread, never in the accept loop
+
+
+class _SecureServerMixin:
+    """Wraps each accepted connection in the web config's TLS context of the moment, so that a
+    rotated certificate is served from the next connection on."""
+
+    web: LiveWebConfig
+    socket: Socket
+
+    def get_request(self) -> tuple[Socket, Any]:
+        connection, address = self.socket.accept()
+        context = self.web.current().tls
+        if context is not None:
+            connection = context.wrap_socket(connection, server_side=True, do_handshake_on_connect=False)
+        return connection, address
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        error = sys.exc_info()[1]
+        if isinstance(error, OSError):  # a failed handshake, a timeout, a client gone: theirs, not ours
+            log.debug("connection from %s: %s", client_address[0], error)
+            return
+        super().handle_error(request, client_address)  # type: ignore[misc]
+
+
 class MetricsServer:
     """Serves the app on a thread; ``port`` is the bound port (useful with port 0)."""
 
-    def __init__(self, host: str, port: int, registry: CollectorRegistry) -> None:
+    def __init__(self, host: str, port: int, registry: CollectorRegistry, web_config: Path | None = None) -> None:
+        """Raises ``WebConfigError`` for a ``web_config`` file it cannot use, before binding anything."""
+        app = make_app(registry)
+        bases: tuple[type, ...] = (ThreadingWSGIServer,)
+        handler: type[WSGIRequestHandler] = _QuietHandler
+        web = None
+        if web_config is not None:  # without one, the server is exactly the plain one: scrapes stay as fast
+            web = LiveWebConfig(web_config)
+            app, bases, handler = secure(app, web), (_SecureServerMixin, ThreadingWSGIServer), _SecureHandler
         server_class = type(
-            "Server",
-            (ThreadingWSGIServer,),
-            {"address_family": socket.AF_INET6 if ":" in host else socket.AF_INET},
+            "Server", bases, {"address_family": socket.AF_INET6 if ":" in host else socket.AF_INET, "web": web}
         )
-        self._server: WSGIServer = make_server(
-            host, port, make_app(registry), server_class, handler_class=_QuietHandler
-        )
+        self._server: WSGIServer = make_server(host, port, app, server_class, handler_class=handler)
         self.host = host
         self.port: int = self._server.server_port
+        self.tls = web is not None and web.config.tls is not None
         self._thread = threading.Thread(target=self._server.serve_forever, name="tpuscope-http", daemon=True)
 
     def start(self) -> None:
@@ -85,4 +151,4 @@ class MetricsServer:
     @property
     def url(self) -> str:
         host = "localhost" if self.host in ("0.0.0.0", "::", "") else self.host
-        return f"http://{'[' + host + ']' if ':' in host else host}:{self.port}/metrics"
+        return f"{'https' if self.tls else 'http'}://{'[' + host + ']' if ':' in host else host}:{self.port}/metrics"

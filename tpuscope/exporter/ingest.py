@@ -11,6 +11,8 @@ One thread does everything. An event's handling takes microseconds, so a
 queue between receiving and aggregating would only add a place to lose
 events. What the thread cannot keep up with waits in the connection's buffer;
 when that is full the job's send fails at once and the job counts the drop.
+The same thread expires idle workloads (:meth:`Aggregator.expire`) between
+events, so expiry never races with an event's handling.
 """
 
 from __future__ import annotations
@@ -19,11 +21,13 @@ import contextlib
 import errno
 import logging
 import os
+import select
 import selectors
 import socket
 import stat
 import struct
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -38,6 +42,8 @@ MAX_CONNECTIONS = 256
 # Events handled from one connection before looking at the others, so one busy
 # job cannot starve the rest.
 BATCH = 256
+# Seconds between expiry checks; also the longest the thread waits in select() when idle.
+EXPIRY_CHECK_INTERVAL = 1.0
 
 
 class SocketError(RuntimeError):
@@ -124,12 +130,19 @@ class IngestLoop:
         self._thread.start()
 
     def _run(self) -> None:
+        next_expiry = time.monotonic() + EXPIRY_CHECK_INTERVAL
         while not self._stopping.is_set():
-            for key, _ in self._selector.select():
+            for key, _ in self._selector.select(EXPIRY_CHECK_INTERVAL):
                 if key.data is None:
                     self._accept()
                 elif isinstance(key.data, Connection):
                     self._drain(key.data)
+            if (now := time.monotonic()) >= next_expiry:
+                next_expiry = now + EXPIRY_CHECK_INTERVAL
+                try:
+                    self._aggregator.expire(now)
+                except Exception:  # a bug of ours must not stop the ingest of every job
+                    log.exception("failed to expire idle workloads")
 
     def _accept(self) -> None:
         with contextlib.suppress(BlockingIOError):
@@ -160,10 +173,22 @@ class IngestLoop:
             except OSError as e:
                 log.warning("job pid %d: receive failed: %s", conn.pid, e)
                 size = 0
-            if size == 0:  # the job closed its end
-                self._close(conn)
-                return
+            if size == 0:
+                if self._hung_up(conn):
+                    self._close(conn)
+                    return
+                # An empty message (SEQPACKET keeps them) reads like a hang-up: tell them apart
+                # by the socket's state, and count it as the bad event it is.
+                self._aggregator.reject("malformed")
+                continue
             self._handle(conn, view[:size])
+
+    @staticmethod
+    def _hung_up(conn: Connection) -> bool:
+        """Whether the job closed its end (or the connection failed), rather than sent an empty message."""
+        poller = select.poll()
+        poller.register(conn.sock, select.POLLIN | select.POLLRDHUP)
+        return any(mask & (select.POLLRDHUP | select.POLLHUP | select.POLLERR) for _, mask in poller.poll(0))
 
     def _handle(self, conn: Connection, message: memoryview) -> None:
         try:
@@ -173,16 +198,17 @@ class IngestLoop:
             log.debug("job pid %d: rejected event: %s", conn.pid, e)
             return
         try:
-            self._aggregator.accept(event)
+            # The workload as filed: _overflow past --max-label-values, so the per-process series stay bounded too.
+            workload = self._aggregator.accept(event)
         except Exception:  # a bug of ours: count it against the event, keep serving
             log.exception("failed to aggregate %r", event)
             self._aggregator.reject("invalid_field")
             return
-        if conn.workload != event.workload:
+        if conn.workload != workload:
             if conn.workload:
                 self._aggregator.process_left(conn.workload)
-            self._aggregator.process_joined(event.workload)
-            conn.workload = event.workload
+            self._aggregator.process_joined(workload)
+            conn.workload = workload
         if isinstance(event, events.Lifecycle):
             conn.said_goodbye = event.state in ("stop", "failure")
 
@@ -209,7 +235,8 @@ class IngestLoop:
         """Stop the thread, close every connection, and remove the socket if it is still ours."""
         self._stopping.set()
         self._wake_w.send(b"x")
-        self._thread.join(timeout=5)
+        if self._thread.ident is not None:  # stopped before it started: serve failed to bind HTTP
+            self._thread.join(timeout=5)
         for key in list(self._selector.get_map().values()):
             key.fileobj.close()  # type: ignore[union-attr]
         self._selector.close()

@@ -78,6 +78,17 @@ class SampleStore(Collector):
         with self._lock:
             self._snapshots.setdefault(owner, {})[(metric, labels)] = value
 
+    def remove_matching(self, owner: str, label: catalog.Label, value: str) -> None:
+        """Remove ``owner``'s series whose ``label`` is ``value`` (a device no workload reports any more)."""
+        with self._lock:
+            snapshot = self._snapshots.get(owner, {})
+            for metric, labels in [
+                (metric, labels)
+                for metric, labels in snapshot
+                if label in metric.labels and labels[metric.labels.index(label)] == value
+            ]:
+                del snapshot[(metric, labels)]
+
     def clear(self, owner: str) -> None:
         with self._lock:
             self._snapshots.pop(owner, None)

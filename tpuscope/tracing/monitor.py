@@ -26,6 +26,7 @@ import atexit
 import logging
 import os
 import re
+import sys
 import time
 import warnings
 from collections.abc import Sequence
@@ -42,6 +43,34 @@ if TYPE_CHECKING:
 log = logging.getLogger("tpuscope")
 
 _MEASURED_PHASES = ("compute", "sync", "io")
+
+
+class _UncaughtException:
+    """Whether an uncaught exception is ending the process, seen by chaining ``sys.excepthook``.
+
+    The interpreter calls the hook for the exception that ends the job, before the exit handlers
+    that close an unclosed Monitor. ``sys.last_type`` would say so too, but REPLs, IPython and
+    pytest also set it for exceptions they only print, which would record a clean run as failed.
+    """
+
+    def __init__(self) -> None:
+        self.kind: type[BaseException] | None = None
+        self._installed = False
+
+    def install(self) -> None:
+        if self._installed:
+            return
+        self._installed = True
+        previous = sys.excepthook
+
+        def hook(kind: type[BaseException], value: BaseException, tb: TracebackType | None) -> None:
+            self.kind = kind
+            previous(kind, value, tb)
+
+        sys.excepthook = hook
+
+
+_uncaught = _UncaughtException()
 
 
 def sanitize_label(value: str) -> str:
@@ -85,7 +114,8 @@ class Monitor:
         if traces:
             self.spans = _span_recorder(self.workload, spans_file, sample_every, slow_factor)
         self.lifecycle("start")
-        atexit.register(self.close)
+        _uncaught.install()
+        atexit.register(self._close_at_exit)
 
     # --- the step loop ---------------------------------------------------------
     def step(self, number: int) -> StepTimer:
@@ -208,7 +238,7 @@ class Monitor:
             self._jax_watcher.uninstall()
         self.lifecycle("failure" if failed else "stop", reason="exception" if failed else "none")
         self._closed = True
-        atexit.unregister(self.close)
+        atexit.unregister(self._close_at_exit)
         if self._sidecar.dropped:
             log.warning(
                 "tpuscope: %d of %d events were not delivered to the sidecar (last: %s)",
@@ -223,6 +253,12 @@ class Monitor:
                 log.debug("tpuscope sink %r failed to close", sink, exc_info=True)
         if self.spans is not None:
             self.spans.close()
+
+    def _close_at_exit(self) -> None:
+        """Close a Monitor the job never closed, as a failure if an uncaught exception is ending the job
+        (without this a crashed job would be reported as a clean stop)."""
+        kind = _uncaught.kind
+        self.close(failed=kind is not None and not issubclass(kind, KeyboardInterrupt))
 
     def __enter__(self) -> Monitor:
         return self

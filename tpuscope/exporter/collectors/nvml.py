@@ -1,8 +1,9 @@
 """``nvml``: NVIDIA GPUs through NVML (nvidia-ml-py), under the same names as TPUs where the meaning is the same.
 
 GPU utilization is the duty cycle (the share of time a kernel was running),
-memory used and total are the device memory series, memory utilization is the
-memory bandwidth series. Power, temperature, clocks and XID errors are
+memory used and total are the device memory series (used as nvidia-smi counts
+it, without the driver's own reserve), memory utilization is the memory
+bandwidth series. Power, temperature, clocks and XID errors are
 GPU-only. XID errors arrive as NVML events: each collection drains the
 events that came since the previous one and counts them by device and code.
 
@@ -81,6 +82,7 @@ class NvmlCollector(Collector):
         self._devices: list[tuple[Any, str, str]] = []  # (handle, index, accelerator)
         self._events: Any = None
         self._initialized = False  # NVML counts inits: shut down exactly once per successful init
+        self._memory_v2 = True  # until the driver says it has no nvmlDeviceGetMemoryInfo_v2
         self._start()
 
     def _start(self) -> None:
@@ -168,7 +170,7 @@ class NvmlCollector(Collector):
             ]
 
         def memory() -> list[Sample]:
-            info = nvml.nvmlDeviceGetMemoryInfo(handle)
+            info = self._memory_info(handle)
             return [
                 Sample(catalog.DEVICE_MEMORY_USED, labels, float(info.used)),
                 Sample(catalog.DEVICE_MEMORY_LIMIT, labels, float(info.total)),
@@ -198,6 +200,29 @@ class NvmlCollector(Collector):
                     self._unsupported.add((labels[0], query.__name__))
                     log.info("GPU %s does not support the %s query; its series are left out", labels[0], query.__name__)
         return samples
+
+    def _memory_info(self, handle: Any) -> Any:
+        """Memory as nvidia-smi and DCGM count it: ``used`` leaves out what the driver reserves for itself.
+
+        The v1 query's ``used`` adds that reserve (480 MiB on an H100 80GB HBM3 with driver 580), so
+        an idle GPU would show memory in use that nvidia-smi's memory.used does not. Drivers before
+        R510 have no v2 query: there v1 is all there is.
+        """
+        nvml = self._nvml
+        if self._memory_v2:
+            try:
+                return nvml.nvmlDeviceGetMemoryInfo(handle, version=nvml.nvmlMemory_v2)
+            except nvml.NVMLError as e:
+                no_v2 = (
+                    nvml.NVML_ERROR_FUNCTION_NOT_FOUND,  # no such symbol in the library
+                    nvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH,  # a struct version this driver does not know
+                    nvml.NVML_ERROR_NOT_SUPPORTED,
+                )
+                if getattr(e, "value", None) not in no_v2:
+                    raise
+                self._memory_v2 = False
+                log.info("NVML has no v2 memory query (%s): memory used includes the driver's reserve", e)
+        return nvml.nvmlDeviceGetMemoryInfo(handle)
 
     def _drain_xid_events(self) -> None:
         nvml = self._nvml
