@@ -51,6 +51,29 @@ def test_bad_values_name_their_source(argv: list[str], env: dict[str, str], mess
         config.resolve(parse(*argv), environ=env)
 
 
+@pytest.mark.parametrize(
+    ("argv", "env", "where"),
+    [
+        ([], {}, ("0", "0")),
+        ([], {"MEGASCALE_SLICE_ID": "2", "TPU_WORKER_ID": "5", "JOB_COMPLETION_INDEX": "9"}, ("2", "5")),
+        ([], {"JOB_COMPLETION_INDEX": "9", "TPU_WORKER_ID": " "}, ("0", "9")),
+        (["--slice", "a", "--worker", "w1"], {"MEGASCALE_SLICE_ID": "2", "TPU_WORKER_ID": "5"}, ("a", "w1")),
+        ([], {"TPUSCOPE_WORKER": "4", "TPU_WORKER_ID": "5"}, ("0", "4")),
+    ],
+)
+def test_slice_and_worker_come_from_flags_or_the_tpu_environment(
+    argv: list[str], env: dict[str, str], where: tuple[str, str]
+) -> None:
+    resolved = config.resolve(parse(*argv), environ=env)
+    assert (resolved.slice, resolved.worker) == where
+    assert resolved.host_labels == {"slice": where[0], "worker": where[1]}
+
+
+def test_a_bad_worker_names_the_variable_it_came_from() -> None:
+    with pytest.raises(config.ConfigError, match="TPU_WORKER_ID: expected a short name"):
+        config.resolve(parse(), environ={"TPU_WORKER_ID": "x" * 100})
+
+
 def test_unknown_file_keys_are_errors(tmp_path: Path) -> None:
     file = tmp_path / "c.yaml"
     file.write_text("listen: ':1'\nlisten_port: 2\n")

@@ -88,6 +88,8 @@ def test_grpc_push_carries_exactly_what_is_scraped_including_sampled_histograms(
             "--collectors=libtpu",
             "--collector-interval=0.2",
             f"--libtpu-address={tpu.address}",
+            "--slice=2",
+            "--worker=5",
             OTEL_EXPORTER_OTLP_METRICS_ENDPOINT=receiver.endpoint,
         ) as sidecar,
     ):
@@ -108,7 +110,8 @@ def test_grpc_push_carries_exactly_what_is_scraped_including_sampled_histograms(
     assert resource["service.instance.id"].endswith(":" + sidecar.url.split(":")[-1].split("/")[0])
     assert resource["deployment.environment.name"] == "test"  # OTEL_RESOURCE_ATTRIBUTES is honoured
     expected = tpuscope_samples(scrape)
-    assert expected[(catalog.STEPS.name, frozenset({("workload", "pushed")}))] == 20
+    # Every point carries the host's slice and worker, as every scraped series does.
+    assert expected[(catalog.STEPS.name, frozenset({("workload", "pushed"), ("slice", "2"), ("worker", "5")}))] == 20
     assert any(name == catalog.HLO_EXECUTION_DURATION.series("bucket") for name, _ in expected)  # sampled, too
     missing = {k: v for k, v in expected.items() if k not in pushed}
     assert not missing, f"scraped but not pushed: {sorted(missing)[:5]}"
@@ -142,7 +145,8 @@ def test_http_push_uses_the_standard_path_and_counts_its_results(short_tmp: Path
     assert set(receiver.paths) == {"/v1/metrics"}  # the signal's path, appended to the base endpoint
     # The push made at shutdown holds the whole job, whatever the interval had reached.
     _, last = as_prometheus(receiver.metrics_requests[-1])
-    assert last[(catalog.STEPS.name, frozenset({("workload", "pushed")}))] == 20
+    # A sidecar told nothing of its place is slice 0, worker 0.
+    assert last[(catalog.STEPS.name, frozenset({("workload", "pushed"), ("slice", "0"), ("worker", "0")}))] == 20
 
 
 def free_port() -> int:

@@ -69,7 +69,15 @@ def test_metrics_pass_promtool_check_metrics_with_every_collector_on(short_tmp: 
             f"--libtpu-address={runtime.address}",
             "--collector-interval=0.2",
             "--otlp-metrics=on",
-            env={**environment(fake_nvml_lib, nvml), **otlp},
+            # Where this host is in a multi-host job, as a TPU VM says it: TPU_WORKER_ID before an Indexed
+            # Job's completion index.
+            env={
+                **environment(fake_nvml_lib, nvml),
+                **otlp,
+                "MEGASCALE_SLICE_ID": "1",
+                "TPU_WORKER_ID": "3",
+                "JOB_COMPLETION_INDEX": "9",
+            },
         ) as sidecar,
         Monitor("lint", socket=sidecar.socket) as mon,
     ):
@@ -85,6 +93,10 @@ def test_metrics_pass_promtool_check_metrics_with_every_collector_on(short_tmp: 
         with urllib.request.urlopen(sidecar.url) as r:
             exposition = r.read()
     receiver.stop()
+    # Every series carries the host's slice and worker, the sidecar's own process_* and python_* too.
+    assert scrape.samples and all(
+        (sample.labels.get("slice"), sample.labels.get("worker")) == ("1", "3") for sample in scrape.samples
+    )
     for metric in catalog.CATALOG:
         assert f"\n{metric.name}".encode() in exposition, metric.name
     result = subprocess.run([promtool, "check", "metrics"], input=exposition, capture_output=True, timeout=30)

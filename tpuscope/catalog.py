@@ -48,6 +48,14 @@ class Label(enum.StrEnum):
     CLOCK = "clock"
     XID = "xid"
     LABEL = "label"
+    SLICE = "slice"
+    WORKER = "worker"
+
+
+# Where in a multi-host job the sidecar runs: every series it serves carries these two
+# labels (``tpuscope serve --slice/--worker``, by default from the TPU environment), so
+# recording rules can aggregate a workload across its workers and name a straggler.
+HOST_LABELS = (Label.SLICE, Label.WORKER)
 
 
 @dataclass(frozen=True)

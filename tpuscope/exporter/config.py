@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 
 import yaml
 
-from tpuscope import events
+from tpuscope import catalog, events
 from tpuscope.exporter.collectors import COLLECTORS
 from tpuscope.exporter.collectors.libtpu import addresses_from_environment
 from tpuscope.exporter.otlp_push import interval_seconds
@@ -115,6 +115,18 @@ OPTIONS = (
         "this long (seconds, or a duration such as 90s, 15m, 1h); 0 keeps them until the sidecar stops. "
         "Longer than the alerts' windows over rare events (failures, restarts), so a crash is still seen.",
     ),
+    Option(
+        "slice",
+        lambda: "",
+        "Which slice of a multi-slice job this host is in: the label slice on every series. Default: "
+        "$MEGASCALE_SLICE_ID, else 0.",
+    ),
+    Option(
+        "worker",
+        lambda: "",
+        "This host's index among its slice's hosts: the label worker on every series, which names a straggler. "
+        "Default: $TPU_WORKER_ID, else $JOB_COMPLETION_INDEX (an Indexed Job's pod), else 0.",
+    ),
     Option("pid", lambda: "", "Comma-separated pids of the job's processes, for the host collector."),
     Option(
         "pid_file",
@@ -142,6 +154,13 @@ class ServeConfig:
     web_config_file: Path | None = None  # exporter-toolkit web config: TLS and basic auth
     max_label_values: int = 100  # per job-set label; past it, values fold into _overflow
     workload_expiry: float = 3600.0  # seconds; 0: never
+    slice: str = "0"
+    worker: str = "0"
+
+    @property
+    def host_labels(self) -> dict[str, str]:
+        """The labels every series carries: where in a multi-host job this sidecar runs."""
+        return {str(catalog.Label.SLICE): self.slice, str(catalog.Label.WORKER): self.worker}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -190,7 +209,28 @@ def resolve(flags: argparse.Namespace, environ: Mapping[str, str] = os.environ) 
         web_config_file=Path(raw["web_config_file"][0]) if raw["web_config_file"][0] else None,
         max_label_values=_parse(raw["max_label_values"], _parse_positive_int),
         workload_expiry=_parse(raw["workload_expiry"], parse_duration),
+        slice=_parse(raw["slice"], _parse_host_label) or _first(environ, "MEGASCALE_SLICE_ID") or "0",
+        worker=_parse(raw["worker"], _parse_host_label)
+        or _first(environ, "TPU_WORKER_ID", "JOB_COMPLETION_INDEX")
+        or "0",
     )
+
+
+# TPU VMs, GKE's TPU webhook and Kubernetes' Indexed Jobs say where a host is in these variables.
+def _first(environ: Mapping[str, str], *names: str) -> str:
+    """The first of ``names`` set to a usable label value, checked as a flag would be."""
+    for name in names:
+        if value := environ.get(name, "").strip():
+            return _parse((value, name), _parse_host_label)
+    return ""
+
+
+def _parse_host_label(value: str) -> str:
+    """A slice or worker: a short printable name (an index, usually), the same on every series."""
+    value = value.strip()
+    if len(value) > 63 or not value.isprintable():
+        raise ValueError(f"expected a short name such as 0 or 3, got {value!r}")
+    return value
 
 
 def parse_listen(value: str) -> tuple[str, int]:

@@ -66,7 +66,13 @@ def serve(config: ServeConfig) -> int:
         print(f"tpuscope serve: {e}", file=sys.stderr)
         return 1
     try:
-        http = MetricsServer(config.listen_host, config.listen_port, registry, web_config=config.web_config_file)
+        http = MetricsServer(
+            config.listen_host,
+            config.listen_port,
+            registry,
+            web_config=config.web_config_file,
+            host_labels=config.host_labels,
+        )
     except WebConfigError as e:
         ingest.stop()
         print(f"tpuscope serve: {e}", file=sys.stderr)
@@ -91,7 +97,12 @@ def serve(config: ServeConfig) -> int:
     if otlp_exporter and config.otlp_metrics_interval:
         instance = f"{socket.gethostname()}:{http.port}"  # as Prometheus' instance label would say
         pusher = OtlpPusher(
-            registry, resource("tpuscope", instance), otlp_exporter, config.otlp_metrics_interval, metrics
+            registry,
+            resource("tpuscope", instance),
+            otlp_exporter,
+            config.otlp_metrics_interval,
+            metrics,
+            config.host_labels,
         )
         log.info("pushing metrics over OTLP every %g s", config.otlp_metrics_interval)
     ingest.start()
@@ -102,6 +113,7 @@ def serve(config: ServeConfig) -> int:
         pusher.start()
     # One line on stdout that people and tests can read: where to look, where to send.
     print(f"tpuscope serve: metrics at {http.url}, events at {config.socket}", flush=True)
+    log.info("serving as slice %s, worker %s", config.slice, config.worker)
     while not stop.wait(1.0):
         pass
     for runner in runners:

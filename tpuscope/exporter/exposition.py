@@ -11,7 +11,7 @@ sample costs a dict look-up and a number's formatting.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from prometheus_client import CollectorRegistry
@@ -49,12 +49,22 @@ def number(value: float) -> str:
     return repr(float(value))
 
 
-class Writer:
-    """Renders a registry; keeps each series' rendered name and labels between scrapes."""
+def render_labels(labels: Mapping[str, str]) -> str:
+    """``a="x",b="y"``: the inside of a series' braces."""
+    return ",".join(f'{k}="{escape_value(v)}"' for k, v in labels.items())
 
-    def __init__(self, registry: CollectorRegistry) -> None:
+
+class Writer:
+    """Renders a registry; keeps each series' rendered name and labels between scrapes.
+
+    ``host_labels`` (slice and worker) are added to every series, the sidecar's own
+    process_* and python_* included: in a multi-host job each sidecar is one worker.
+    """
+
+    def __init__(self, registry: CollectorRegistry, host_labels: Mapping[str, str] | None = None) -> None:
         self._registry = registry
         self._series: dict[tuple[str, tuple[tuple[str, str], ...]], str] = {}
+        self._host = render_labels(host_labels or {})
 
     def _collectors(self) -> list[Any]:
         # What CollectorRegistry.collect() iterates, taken the way it takes it (prometheus_client has no
@@ -68,7 +78,7 @@ class Writer:
         try:
             return self._series[key]
         except KeyError:
-            inner = ",".join(f'{k}="{escape_value(v)}"' for k, v in labels)
+            inner = ",".join(filter(None, (render_labels(sample.labels), self._host)))
             rendered = self._series[key] = f"{sample.name}{{{inner}}}" if inner else sample.name
             return rendered
 
@@ -77,7 +87,7 @@ class Writer:
         used = 0
         for collector in self._collectors():
             if write := getattr(collector, "write_exposition", None):  # fast.Histogram: writes its own lines
-                write(openmetrics, lines)
+                write(openmetrics, lines, self._host)
                 continue
             for family in collector.collect():
                 used += len(family.samples)
@@ -124,7 +134,7 @@ def _without_created(samples: Iterable[Sample]) -> Iterable[Sample]:
 
 def exemplar_text(exemplar: Any) -> str:
     """` # {labels} value timestamp`, appended to a sample's line (OpenMetrics only)."""
-    labels = ",".join(f'{k}="{escape_value(v)}"' for k, v in exemplar.labels.items())
+    labels = render_labels(exemplar.labels)
     text = f" # {{{labels}}} {number(exemplar.value)}"
     if exemplar.timestamp is not None:
         text += f" {exemplar.timestamp}"

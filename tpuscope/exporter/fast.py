@@ -32,7 +32,7 @@ from prometheus_client.samples import Exemplar
 from prometheus_client.utils import floatToGoString
 
 from tpuscope import catalog
-from tpuscope.exporter.exposition import escape_help, escape_value, exemplar_text, number
+from tpuscope.exporter.exposition import escape_help, exemplar_text, number, render_labels
 
 
 class _CachedLabels:
@@ -104,6 +104,7 @@ class Histogram(Collector):
         self.metric = metric
         self._series: dict[tuple[str, ...], _Series] = {}
         self._prefixes: dict[tuple[str, ...], list[str]] = {}  # each series' rendered line starts
+        self._host_labels = ""
         self._bounds = tuple(float(b) for b in metric.buckets)
         self._les = [floatToGoString(b) for b in self._bounds] + ["+Inf"]  # type: ignore[no-untyped-call]
 
@@ -144,9 +145,15 @@ class Histogram(Collector):
             family.add_metric(list(values), buckets, total)
         yield family
 
-    def write_exposition(self, openmetrics: bool, lines: list[str]) -> None:
+    def write_exposition(self, openmetrics: bool, lines: list[str], host_labels: str = "") -> None:
         """Append the family in the exposition format: what :meth:`collect` says, without building
-        sample objects (a scrape of 10,000 series spends most of its time there otherwise)."""
+        sample objects (a scrape of 10,000 series spends most of its time there otherwise).
+
+        ``host_labels``: rendered labels every series also carries (see ``exposition.Writer``).
+        """
+        if host_labels != self._host_labels:  # the same for a sidecar's life; the cached prefixes hold them
+            self._host_labels = host_labels
+            self._prefixes.clear()
         name, metric = self.metric.base_name, self.metric
         lines.append(f"# HELP {name} {escape_help(metric.help)}\n# TYPE {name} histogram\n")
         if openmetrics and metric.unit:
@@ -166,8 +173,8 @@ class Histogram(Collector):
     def _prefix(self, values: tuple[str, ...]) -> list[str]:
         """Each line's start up to its value (the bucket lines, then _sum and _count), rendered once."""
         name = self.metric.base_name
-        pairs = [f'{label}="{escape_value(value)}"' for label, value in zip(self.metric.labels, values, strict=True)]
-        inner = ",".join(pairs)
+        own = render_labels(dict(zip(self.metric.labels, values, strict=True)))
+        inner = ",".join(filter(None, (own, self._host_labels)))
         joined = inner + "," if inner else ""
         braces = f"{{{inner}}}" if inner else ""
         prefixes = [f'{name}_bucket{{{joined}le="{le}"}} ' for le in self._les]

@@ -9,7 +9,7 @@ import socket
 import ssl
 import sys
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
@@ -31,8 +31,8 @@ LANDING_PAGE = b"""<!doctype html><html><head><title>tpuscope</title></head><bod
 """
 
 
-def make_app(registry: CollectorRegistry) -> WSGIApp:
-    writer = Writer(registry)
+def make_app(registry: CollectorRegistry, host_labels: Mapping[str, str] | None = None) -> WSGIApp:
+    writer = Writer(registry, host_labels)
     lock = threading.Lock()  # one scrape renders at a time: the writer's cache is not shared-safe
 
     def metrics(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
@@ -123,9 +123,17 @@ class _SecureServerMixin:
 class MetricsServer:
     """Serves the app on a thread; ``port`` is the bound port (useful with port 0)."""
 
-    def __init__(self, host: str, port: int, registry: CollectorRegistry, web_config: Path | None = None) -> None:
-        """Raises ``WebConfigError`` for a ``web_config`` file it cannot use, before binding anything."""
-        app = make_app(registry)
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        registry: CollectorRegistry,
+        web_config: Path | None = None,
+        host_labels: Mapping[str, str] | None = None,
+    ) -> None:
+        """Raises ``WebConfigError`` for a ``web_config`` file it cannot use, before binding anything.
+        ``host_labels``: added to every series served (slice and worker)."""
+        app = make_app(registry, host_labels)
         bases: tuple[type, ...] = (ThreadingWSGIServer,)
         handler: type[WSGIRequestHandler] = _QuietHandler
         web = None

@@ -18,6 +18,7 @@ is down costs a log line per change of state and a count in
 
 from __future__ import annotations
 
+import copy
 import logging
 import os
 import threading
@@ -113,6 +114,15 @@ def metrics_data(families: Iterable[Family], resource: Resource, starts: StartTi
     return MetricsData([ResourceMetrics(resource, [ScopeMetrics(scope, metrics, "")], "")])
 
 
+def with_labels(families: Iterable[Family], labels: Mapping[str, str]) -> Iterable[Family]:
+    """The families with ``labels`` added to every sample: the slice and worker that /metrics adds too."""
+    for family in families:
+        if labels:  # on a copy: a collector may hand out the same family object at every collect()
+            family = copy.copy(family)
+            family.samples = [s._replace(labels={**s.labels, **labels}) for s in family.samples]
+        yield family
+
+
 def convert(family: Family, starts: StartTimes, now_ns: int) -> Metric | None:
     """A prometheus_client family as one OTLP metric (None when empty, or of a kind this registry never holds)."""
     if not family.samples:  # a labelled metric nothing has set yet: OTLP has no empty form of it
@@ -177,8 +187,10 @@ class OtlpPusher:
         exporter: MetricExporter,
         interval: float,
         metrics: dict[catalog.Metric, Any],
+        host_labels: Mapping[str, str] | None = None,
     ) -> None:
         self._registry, self._resource, self._exporter, self._interval = registry, resource, exporter, interval
+        self._host_labels = dict(host_labels or {})
         self._pushes = metrics[catalog.OTLP_PUSHES]
         for result in ("ok", "error"):
             self._pushes.labels(result)  # both series from the start, so increase() sees the first error
@@ -207,7 +219,8 @@ class OtlpPusher:
 
     def push(self) -> bool:
         try:
-            data = metrics_data(self._registry.collect(), self._resource, self._starts, time.time_ns())
+            families = with_labels(self._registry.collect(), self._host_labels)
+            data = metrics_data(families, self._resource, self._starts, time.time_ns())
             ok = self._exporter.export(data) is MetricExportResult.SUCCESS
         except Exception:  # a bug here must not end the thread: the next push tries again
             log.exception("OTLP metrics push raised")
