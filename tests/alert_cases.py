@@ -119,7 +119,8 @@ CASES = [
         "25m",
         workers(slow=2),
         {**W, **HOST, "instance": "h2:9478", "slice": "0", "worker": "2"},
-        "Worker 2 (h2:9478, slice 0) of workload w computes a step in 2s, over 1.2x its workload's median.",
+        "Worker 2 (h2:9478, slice 0) of workload w takes 2.00x its workload's median compute time per step "
+        "(a straggler from 1.2x).",
     ),
     Case("Straggler", None, "25m", workers(slow=1.1)),  # within the factor
     Case(

@@ -111,7 +111,6 @@ def test_the_committed_files_and_configmaps_are_what_the_command_writes(short_tm
 # --- every query against real data ---------------------------------------------------------
 WORKLOAD = "dash"
 SERVING = "dash-serving"
-TARGET_LABELS = {promql.SLICE: "slice-0", promql.WORKER: "0"}
 
 
 def bench(socket: Path, run_dir: Path, cache: Path, *faults: str) -> subprocess.CompletedProcess[str]:
@@ -209,11 +208,10 @@ def test_every_panel_query_returns_data_from_the_workload_the_sidecar_and_promet
             "--collectors=libtpu,nvml,host",
             f"--libtpu-address={runtime.address}",
             "--collector-interval=0.5",
+            "--slice=slice-0",  # the sidecar labels every series with its slice, and worker 0 by default
             env={**environment(fake_nvml_lib, nvml), "TPU_ACCELERATOR_TYPE": "v5litepod-4"},
         ) as sidecar,
-        PrometheusServer(
-            short_tmp / "prom", [target_of(sidecar.url)], labels=TARGET_LABELS, rule_files=[rules]
-        ) as prom,
+        PrometheusServer(short_tmp / "prom", [target_of(sidecar.url)], rule_files=[rules]) as prom,
     ):
         started = time.time()
         stop = threading.Event()

@@ -52,6 +52,7 @@ PLANNED = 'reason!="preemption"'
 # Recording rules the alerts read.
 COMPUTE_PER_WORKER = "worker:tpuscope_step_phase_duration_seconds:compute_mean5m"
 COMPUTE_MEDIAN = "workload:tpuscope_step_phase_duration_seconds:compute_median5m"
+COMPUTE_OVER_MEDIAN = "worker:tpuscope_step_phase_duration_seconds:compute_over_median5m"
 MEMORY_USED = "device:tpuscope_device_memory_used_bytes:ratio_limit"
 
 
@@ -132,6 +133,10 @@ def recording_rules(config: AlertingConfig) -> list[dict[str, str]]:
         {
             "record": COMPUTE_MEDIAN,
             "expr": f"quantile by (workload) (0.5, {COMPUTE_PER_WORKER})",
+        },
+        {  # the straggler's measure, for the alert and for a fleet's own panels
+            "record": COMPUTE_OVER_MEDIAN,
+            "expr": f"{COMPUTE_PER_WORKER} / on (workload) group_left () {COMPUTE_MEDIAN}",
         },
         {
             "record": MEMORY_USED,
@@ -263,11 +268,11 @@ def alerts(config: AlertingConfig) -> list[Alert]:
         Alert(
             f"{PREFIX}Straggler",
             "warning",
-            f"{COMPUTE_PER_WORKER} > on (workload) group_left () ({t.straggler_factor:g} * {COMPUTE_MEDIAN})",
+            f"{COMPUTE_OVER_MEDIAN} > {t.straggler_factor:g}",
             "One worker is much slower than the rest of its workload.",
             "Worker {{ $labels.worker }} ({{ $labels.instance }}, slice {{ $labels.slice }}) of workload "
-            "{{ $labels.workload }} computes a step in {{ $value | humanizeDuration }}, over "
-            f"{t.straggler_factor:g}x its workload's median.",
+            '{{ $labels.workload }} takes {{ printf "%.2f" $value }}x its workload\'s median compute time per '
+            f"step (a straggler from {t.straggler_factor:g}x).",
             "tpuscope-job",
             "10m",
             "Every worker waits for it at each collective. Check the host: thermal throttling, a failing chip, a "

@@ -101,7 +101,7 @@ class PrometheusServer(ServerProcess):
         alertmanager: str = "",
         scrape: dict[str, Any] | None = None,
     ):
-        """``labels`` are added to every target (as a fleet's relabelling adds slice and worker);
+        """``labels`` are added to every target (as a fleet's relabelling adds pod and namespace);
         ``scrape`` is merged into the scrape config (``scheme``, ``tls_config``, ``basic_auth``, ...)."""
         workdir.mkdir(parents=True, exist_ok=True)
         static: dict[str, Any] = {"targets": targets}

@@ -122,7 +122,7 @@ def stragglers() -> p.Section:
                 f"Each worker's compute time divided by its workload's median worker. Above "
                 f"{T.straggler_factor:g} the worker is a straggler: cordon or replace its host.",
                 "none",
-                p.query(f"({compute}) / on (workload) group_left () quantile by (workload) (0.5, {compute})", WORKER),
+                p.query(q.compute_over_median(), WORKER),
                 limits=p.high_is_bad(T.straggler_factor, 1 + (T.straggler_factor - 1) / 2),
                 span=8,
             ),

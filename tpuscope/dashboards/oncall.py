@@ -19,7 +19,9 @@ UID = "tpuscope-oncall"
 TITLE = "tpuscope / On-call"
 DESCRIPTION = "Exporter and collector health, stalled workloads, failures, checkpoint staleness, headroom, alerts."
 
-UP = f'up{{job=~"${q.JOB}", slice=~"${q.SLICE}", worker=~"${q.WORKER}"}}'
+# Every sidecar target, whatever slice and worker are selected: those labels come with the sidecar's own
+# series, which Prometheus' up does not carry and a sidecar that is down does not send.
+UP = f'up{{job=~"${q.JOB}"}}'
 ALERTS = 'ALERTS{alertstate="firing", alertname=~"Tpuscope.*"}'
 LOST = 'result=~"dropped|invalid"'
 UP_DOWN = [("1", "up", p.GOOD), ("0", "down", p.BAD)]
@@ -131,6 +133,21 @@ def workloads() -> p.Section:
                     "restart {{workload}} {{reason}}",
                 ),
                 span=8,
+            ),
+            p.bar_gauge_panel(
+                "Slowest worker of each workload, against the workload's median",
+                "For each workload, the worker with the longest compute phase per step, as a multiple of its "
+                f"workload's median worker. Over {T.straggler_factor:g} it is a straggler (TpuscopeStraggler): "
+                "every other worker waits for it at each collective. The bar names its slice, worker and host: "
+                "cordon that host and restart the job elsewhere. Needs three workers or more to be sharp.",
+                "none",
+                p.query(
+                    f"topk by (workload) (1, {q.compute_over_median()})",
+                    "{{workload}}: slice {{slice}} worker {{worker}} ({{instance}})",
+                    instant=True,
+                ),
+                limits=p.high_is_bad(T.straggler_factor, 1 + (T.straggler_factor - 1) / 2),
+                span=24,
             ),
         ],
     )

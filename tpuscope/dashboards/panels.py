@@ -316,12 +316,14 @@ def variables(
         _label_values(
             promql.SLICE,
             build,
-            "The slice label your scrape configuration gives each target (All also covers targets without one).",
+            "The slice of a multi-slice job each sidecar labels its series with (tpuscope serve --slice, by "
+            "default from MEGASCALE_SLICE_ID).",
         ),
         _label_values(
             promql.WORKER,
             f'{build}{{slice=~"${promql.SLICE}"}}',
-            "The worker (host index within its slice) label of each target.",
+            "The worker (host index within its slice) each sidecar labels its series with (tpuscope serve "
+            "--worker, by default from TPU_WORKER_ID or an Indexed Job's completion index).",
         ),
         _label_values(
             promql.ACCELERATOR,

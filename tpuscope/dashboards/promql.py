@@ -3,14 +3,23 @@
 Every selector filters by the dashboard's template variables, and only by those
 the metric can carry: ``workload`` where the catalogue gives it a workload label,
 ``accelerator`` on per-device series, and always ``slice`` and ``worker``, which
-Prometheus adds from the scrape target. All variables match with ``=~`` and
-their *All* value is ``.*``, which also matches a series without the label: the
-dashboards work before a fleet labels its targets by slice and worker.
+every sidecar adds to every series (``catalog.HOST_LABELS``). All variables match
+with ``=~`` and their *All* value is ``.*``, which also matches a series without
+the label: series from elsewhere (node_exporter's) still show.
 """
 
 from __future__ import annotations
 
-from tpuscope.catalog import CHECKPOINT_LAST_SUCCESS, DEVICE_MEMORY_LIMIT, DEVICE_MEMORY_USED, LAST_STEP, Label, Metric
+from tpuscope.catalog import (
+    CHECKPOINT_LAST_SUCCESS,
+    DEVICE_MEMORY_LIMIT,
+    DEVICE_MEMORY_USED,
+    HOST_LABELS,
+    LAST_STEP,
+    STEP_PHASE_DURATION,
+    Label,
+    Metric,
+)
 from tpuscope.promql import grown, series
 
 # Grafana's interval variables, substituted when a panel runs.
@@ -21,13 +30,12 @@ HOUR = "1h"  # goodput becomes productive only when a checkpoint covers it: shor
 
 # Template variable names.
 WORKLOAD = "workload"
-SLICE = "slice"
-WORKER = "worker"
+SLICE = str(Label.SLICE)
+WORKER = str(Label.WORKER)
 ACCELERATOR = "accelerator"
 JOB = "job"  # the Prometheus job(s) scraping tpuscope sidecars
 PRICE = "chip_hour_price"
 
-TARGET_LABELS = (SLICE, WORKER)
 # The labels that tell one worker (one sidecar, one host) from another.
 BY_WORKER = "job, instance, slice, worker"
 WORKER_LEGEND = "{{slice}} {{worker}} {{instance}}"
@@ -42,7 +50,7 @@ def selector(metric: Metric, *matchers: str, suffix: str = "") -> str:
         labels.append(f'workload=~"${WORKLOAD}"')
     if Label.DEVICE in metric.labels:  # the accelerator variable picks devices, not workloads
         labels.append(f'accelerator=~"${ACCELERATOR}"')
-    labels += [f'{label}=~"${label}"' for label in TARGET_LABELS]
+    labels += [f'{label}=~"${label}"' for label in HOST_LABELS]
     return series(metric, *labels, *matchers, suffix=suffix)
 
 
@@ -86,6 +94,13 @@ def mean(histogram: Metric, *matchers: str, by: str = "", window: str = RATE) ->
         f"sum{per} ({rate(histogram, *matchers, suffix='sum', window=window)})"
         f" / sum{per} ({rate(histogram, *matchers, suffix='count', window=window)})"
     )
+
+
+def compute_over_median(window: str = RATE) -> str:
+    """Each worker's mean compute phase over its workload's median worker's. In lockstep every worker
+    waits for the slowest at the next collective: one far above 1 is the straggler slowing them all."""
+    compute = mean(STEP_PHASE_DURATION, eq("phase", "compute"), by=f"workload, {BY_WORKER}", window=window)
+    return f"({compute}) / on (workload) group_left () quantile by (workload) (0.5, {compute})"
 
 
 def age(timestamp: Metric, by: str = "workload") -> str:
