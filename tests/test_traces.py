@@ -50,6 +50,9 @@ def test_kept_steps_nest_their_phases_and_carry_the_resource(
 ) -> None:
     monkeypatch.setenv("K8S_POD_NAME", "trainer-0")
     monkeypatch.setenv("POD_NAMESPACE", "ml")
+    monkeypatch.setenv("MEGASCALE_SLICE_ID", "1")
+    monkeypatch.setenv("JOB_COMPLETION_INDEX", "6")  # an Indexed Job's pod off a TPU VM: no TPU_WORKER_ID
+    monkeypatch.delenv("TPU_WORKER_ID", raising=False)
     with Monitor("traced", socket=short_tmp / "absent.sock", sample_every=10) as mon:
         run_steps(mon, 150, slow={133})
         with mon.checkpoint("save", step=149) as ckpt:
@@ -67,7 +70,8 @@ def test_kept_steps_nest_their_phases_and_carry_the_resource(
     # Others only when the machine's jitter made them slow too (sleeps of 2 ms are not exact).
     assert len(steps) < 16 + 15, sorted(steps)
     step = steps[133]
-    assert attributes(step)["tpuscope.workload"] == "traced" and "tpuscope.worker" in attributes(step)
+    assert attributes(step)["tpuscope.workload"] == "traced"
+    assert (attributes(step)["tpuscope.slice"], attributes(step)["tpuscope.worker"]) == ("1", "6")
     children = [s for _, s in spans if s.parent_span_id == step.span_id]
     assert sorted(c.name for c in children) == ["compute", "io", "sync"]
     for child in children:

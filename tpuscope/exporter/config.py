@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 
 import yaml
 
-from tpuscope import catalog, events
+from tpuscope import catalog, events, placement
 from tpuscope.exporter.collectors import COLLECTORS
 from tpuscope.exporter.collectors.libtpu import addresses_from_environment
 from tpuscope.exporter.otlp_push import interval_seconds
@@ -125,7 +125,8 @@ OPTIONS = (
         "worker",
         lambda: "",
         "This host's index among its slice's hosts: the label worker on every series, which names a straggler. "
-        "Default: $TPU_WORKER_ID, else $JOB_COMPLETION_INDEX (an Indexed Job's pod), else 0.",
+        "Default: $TPU_WORKER_ID, else $JOB_COMPLETION_INDEX (an Indexed Job's pod), else $JAX_PROCESS_ID, "
+        "else 0.",
     ),
     Option("pid", lambda: "", "Comma-separated pids of the job's processes, for the host collector."),
     Option(
@@ -209,20 +210,17 @@ def resolve(flags: argparse.Namespace, environ: Mapping[str, str] = os.environ) 
         web_config_file=Path(raw["web_config_file"][0]) if raw["web_config_file"][0] else None,
         max_label_values=_parse(raw["max_label_values"], _parse_positive_int),
         workload_expiry=_parse(raw["workload_expiry"], parse_duration),
-        slice=_parse(raw["slice"], _parse_host_label) or _first(environ, "MEGASCALE_SLICE_ID") or "0",
-        worker=_parse(raw["worker"], _parse_host_label)
-        or _first(environ, "TPU_WORKER_ID", "JOB_COMPLETION_INDEX")
-        or "0",
+        slice=_parse(raw["slice"], _parse_host_label) or _from_environment(environ, placement.SLICE_VARIABLES),
+        worker=_parse(raw["worker"], _parse_host_label) or _from_environment(environ, placement.WORKER_VARIABLES),
     )
 
 
-# TPU VMs, GKE's TPU webhook and Kubernetes' Indexed Jobs say where a host is in these variables.
-def _first(environ: Mapping[str, str], *names: str) -> str:
-    """The first of ``names`` set to a usable label value, checked as a flag would be."""
-    for name in names:
-        if value := environ.get(name, "").strip():
-            return _parse((value, name), _parse_host_label)
-    return ""
+def _from_environment(environ: Mapping[str, str], names: tuple[str, ...]) -> str:
+    """The first of the TPU environment's ``names`` that is set, checked as a flag would be; else 0."""
+    if found := placement.first_set(environ, names):
+        variable, value = found
+        return _parse((value, variable), _parse_host_label)
+    return "0"
 
 
 def _parse_host_label(value: str) -> str:

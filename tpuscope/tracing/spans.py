@@ -22,7 +22,7 @@ from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.trace import Status, StatusCode
 
-from tpuscope import events
+from tpuscope import events, placement
 
 log = logging.getLogger("tpuscope")
 
@@ -76,7 +76,7 @@ class SpanRecorder:
         self.sampler = sampler
         self._tracer = provider.get_tracer("tpuscope")
         self._workload = workload
-        self._worker = os.environ.get("TPU_WORKER_ID") or os.environ.get("JAX_PROCESS_ID") or "0"
+        self._slice, self._worker = placement.slice_of(os.environ), placement.worker_of(os.environ)
         # perf_counter times (what the Monitor measures with) to Unix nanoseconds.
         self._epoch_offset = time.time() - time.perf_counter()
         self._compile: dict[str, dict[str, float]] = {}  # function -> stage seconds, until its backend stage
@@ -94,6 +94,7 @@ class SpanRecorder:
         attributes: dict[str, str | int] = {
             "tpuscope.step": number,
             "tpuscope.workload": self._workload,
+            "tpuscope.slice": self._slice,
             "tpuscope.worker": self._worker,
         }
         span = self._tracer.start_span("step", attributes=attributes, start_time=self._ns(start))
