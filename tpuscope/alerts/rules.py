@@ -13,6 +13,11 @@ short window must both burn the error budget faster than 14.4x (1 h / 5 m) or 6x
 larger than 1/14.4 of the time (goodput's 10 %) cannot burn at 14.4x: the
 threshold is then "nearly all of it" (0.99), so the fast page still means
 something: no goodput at all for an hour.
+
+The ratios over windows longer than an hour are built from recorded per-workload
+5-minute rates, as Sloth and Pyrra do: a 3-day ``rate()`` of every host's raw
+counters would read 17,280 samples a series at each evaluation, a cost that
+grows with the fleet; the recorded rates grow with the number of workloads.
 """
 
 from __future__ import annotations
@@ -54,6 +59,10 @@ COMPUTE_PER_WORKER = "worker:tpuscope_step_phase_duration_seconds:compute_mean5m
 COMPUTE_MEDIAN = "workload:tpuscope_step_phase_duration_seconds:compute_median5m"
 COMPUTE_OVER_MEDIAN = "worker:tpuscope_step_phase_duration_seconds:compute_over_median5m"
 MEMORY_USED = "device:tpuscope_device_memory_used_bytes:ratio_limit"
+GOODPUT_RATE = f"workload_category:{c.GOODPUT.base_name}:rate5m"
+REQUESTS_FAST_RATE = f"workload:{c.INFERENCE_REQUEST_DURATION.name}_within_objective:rate5m"
+REQUESTS_RATE = f"workload:{c.INFERENCE_REQUEST_DURATION.name}_count:rate5m"
+RAW_UP_TO = "1h"  # SLO windows up to this read the raw counters; longer ones the recorded 5m rates
 
 
 def new_or_increase(counter: c.Metric, window: str, *matchers: str, suffix: str = "") -> str:
@@ -144,22 +153,43 @@ def recording_rules(config: AlertingConfig) -> list[dict[str, str]]:
         },
     ]
     slow = f'le="{le(t.inference_latency_seconds)}"'
+    # The SLO ratios' inputs per workload over 5 minutes: the windows over an hour are sums of these, so a
+    # 3-day ratio reads a few series of workload rates, not 3 days of every host's raw counters.
+    rules += [
+        {
+            "record": GOODPUT_RATE,
+            "expr": f"sum by (workload, category) (rate({series(c.GOODPUT)}[5m]))",
+        },
+        {
+            "record": REQUESTS_FAST_RATE,
+            "expr": f"sum by (workload) (rate({series(c.INFERENCE_REQUEST_DURATION, slow, suffix='bucket')}[5m]))",
+        },
+        {
+            "record": REQUESTS_RATE,
+            "expr": f"sum by (workload) (rate({series(c.INFERENCE_REQUEST_DURATION, suffix='count')}[5m]))",
+        },
+    ]
     for window in WINDOWS:
-        productive = f"sum by (workload) (rate({series(c.GOODPUT, PRODUCTIVE)}[{window}]))"
-        rules.append(
-            {
-                "record": f"workload:tpuscope_badput:ratio_rate{window}",
-                "expr": f"1 - {productive} / sum by (workload) (rate({series(c.GOODPUT)}[{window}]))",
-            }
-        )
-        within = f"sum by (workload) (rate({series(c.INFERENCE_REQUEST_DURATION, slow, suffix='bucket')}[{window}]))"
-        total = f"sum by (workload) (rate({series(c.INFERENCE_REQUEST_DURATION, suffix='count')}[{window}]))"
-        rules.append(
+        if seconds(window) <= seconds(RAW_UP_TO):
+            productive = f"sum by (workload) (rate({series(c.GOODPUT, PRODUCTIVE)}[{window}]))"
+            all_time = f"sum by (workload) (rate({series(c.GOODPUT)}[{window}]))"
+            within = (
+                f"sum by (workload) (rate({series(c.INFERENCE_REQUEST_DURATION, slow, suffix='bucket')}[{window}]))"
+            )
+            total = f"sum by (workload) (rate({series(c.INFERENCE_REQUEST_DURATION, suffix='count')}[{window}]))"
+        else:
+            # Sums, not averages, of the 5-minute rates: a category that began mid-window counts 0 before.
+            productive = f"sum by (workload) (sum_over_time({GOODPUT_RATE}{{{PRODUCTIVE}}}[{window}]))"
+            all_time = f"sum by (workload) (sum_over_time({GOODPUT_RATE}[{window}]))"
+            within = f"sum by (workload) (sum_over_time({REQUESTS_FAST_RATE}[{window}]))"
+            total = f"sum by (workload) (sum_over_time({REQUESTS_RATE}[{window}]))"
+        rules += [
+            {"record": f"workload:tpuscope_badput:ratio_rate{window}", "expr": f"1 - {productive} / {all_time}"},
             {
                 "record": f"workload:tpuscope_inference_slow_requests:ratio_rate{window}",
                 "expr": f"1 - {within} / {total}",
-            }
-        )
+            },
+        ]
     return rules
 
 
