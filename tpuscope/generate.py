@@ -11,7 +11,7 @@ from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
-from tpuscope import alerts, catalog, dashboards, events
+from tpuscope import alerts, catalog, dashboards, events, kubernetes
 from tpuscope.alerts.config import AlertingConfig
 from tpuscope.exporter.collectors import COLLECTORS
 from tpuscope.exporter.collectors import base as collector_base
@@ -54,6 +54,9 @@ def metrics_markdown() -> str:
         f"- `collector`: {', '.join(COLLECTORS)}. `reason` on `{catalog.COLLECTOR_ERRORS.name}`: "
         f"{', '.join(collector_base.REASONS)}.",
         "- `direction`: `read` or `write` (disk), `receive` or `transmit` (network). `clock`: `sm` or `memory`.",
+        f"- {', '.join(f'`{label}`' for label in catalog.HOST_LABELS)}: on every series, where in a multi-host job "
+        f"the sidecar runs (`tpuscope serve {'/'.join(f'--{label}' for label in catalog.HOST_LABELS)}`, by default "
+        "from MEGASCALE_SLICE_ID and TPU_WORKER_ID or JOB_COMPLETION_INDEX).",
         "- `device`: the index the runtime or driver gives the device. `pid` on job series: the process id as "
         "the sidecar sees it.",
         "",
@@ -66,6 +69,7 @@ ARTIFACTS: dict[str, Callable[[], str]] = {
     "docs/metrics.md": metrics_markdown,
     **{f"deploy/grafana/{name}.json": partial(dashboards.file, name) for name in dashboards.DASHBOARDS},
     "deploy/kubernetes/grafana-dashboards.yaml": dashboards.configmaps,
+    **{f"deploy/kubernetes/{name}": render for name, render in kubernetes.MANIFESTS.items()},
     "deploy/prometheus/tpuscope-rules.yaml": lambda: alerts.rules_file(AlertingConfig()),
     "deploy/alertmanager/alertmanager.yml": lambda: alerts.alertmanager_file(AlertingConfig()),
     "docs/alerts.md": alerts.runbooks_markdown,

@@ -23,12 +23,16 @@ OURS = 'alertname=~"Tpuscope.+"'
 STALL_SAYS_IT = ("StepTimeRegression", "InputBound", "SyncBound", "Straggler", "LowMFU", "CheckpointStale")
 
 
-def rules_file(config: AlertingConfig) -> str:
-    groups = [
+def rule_groups(config: AlertingConfig) -> list[dict[str, Any]]:
+    """The rule groups as data: for ``rules_file`` and for the PrometheusRule (tpuscope/kubernetes.py)."""
+    return [
         {"name": "tpuscope.recording", "rules": recording_rules(config)},
         {"name": "tpuscope.alerts", "rules": [alert.rule(config) for alert in alerts(config)]},
     ]
-    return HEADER + _dump({"groups": groups})
+
+
+def rules_file(config: AlertingConfig) -> str:
+    return HEADER + _dump({"groups": rule_groups(config)})
 
 
 def alertmanager_file(config: AlertingConfig) -> str:

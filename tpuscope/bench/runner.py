@@ -151,11 +151,13 @@ def _print_snapshot(url: str, sent: int) -> None:
             break
         time.sleep(0.05)
         scrape = Scrape.fetch(url)
-    print(f"\nWhat the sidecar serves on {url} (non-zero series; histogram buckets left out):")
+    first = scrape.samples[0].labels if scrape.samples else {}
+    host = ",".join(f'{label}="{first.get(label, "")}"' for label in catalog.HOST_LABELS)
+    print(f"\nWhat the sidecar serves on {url} (non-zero series; histogram buckets left out; each also {host}):")
     names = {metric.name for metric in SNAPSHOT} | {
         metric.series(part) for metric in SNAPSHOT if metric.kind is catalog.Kind.HISTOGRAM for part in ("sum", "count")
     }
     for sample in scrape.samples:
         if sample.name in names and sample.value:
-            labels = ",".join(f'{k}="{v}"' for k, v in sorted(sample.labels.items()))
+            labels = ",".join(f'{k}="{v}"' for k, v in sorted(sample.labels.items()) if k not in catalog.HOST_LABELS)
             print(f"  {sample.name}{{{labels}}} {sample.value:g}" if labels else f"  {sample.name} {sample.value:g}")

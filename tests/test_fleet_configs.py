@@ -1,0 +1,212 @@
+"""The fleet configurations: Prometheus without the operator (deploy/prometheus/prometheus.yml) and the
+OpenTelemetry collector for the jobs' spans (deploy/otel-collector/config.yaml)."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import urllib.parse
+import urllib.request
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import pytest
+import yaml
+from conftest import require, wait_until
+
+from tpuscope import alerts, catalog, kubernetes
+from tpuscope.alerts.config import AlertingConfig
+from tpuscope.bench.prometheus import ServerProcess, target_of
+from tpuscope.exporter.child import SidecarProcess
+
+ROOT = Path(__file__).resolve().parents[1]
+PROMETHEUS = ROOT / "deploy/prometheus/prometheus.yml"
+RULES = ROOT / "deploy/prometheus/tpuscope-rules.yaml"
+COLLECTOR = ROOT / "deploy/otel-collector/config.yaml"
+CONFIG = yaml.safe_load(PROMETHEUS.read_text())
+(SCRAPE,) = CONFIG["scrape_configs"]
+
+
+def pod_label(name: str) -> str:
+    """The meta label Kubernetes SD gives a pod label: its name with every other character made ``_``."""
+    return "__meta_kubernetes_pod_label_" + re.sub(r"[^a-zA-Z0-9_]", "_", name)
+
+
+def without_kubernetes_sd(directory: Path, targets: list[dict[str, Any]], interval: str = "") -> Path:
+    """prometheus.yml with its Kubernetes SD swapped for a file of ``targets``, written into ``directory``
+    beside a copy of the rule file, so that its relative rule_files resolves as it does in deployment.
+
+    Debian's prometheus and promtool are built without Kubernetes SD (its client library is not packaged),
+    so this is how the rest of the file is checked here; the SD block itself is checked below."""
+    config = yaml.safe_load(PROMETHEUS.read_text())
+    for scrape in config["scrape_configs"]:
+        del scrape["kubernetes_sd_configs"]
+        scrape["file_sd_configs"] = [{"files": ["targets.json"], "refresh_interval": "1s"}]
+    if interval:  # a test's Prometheus: quick, and sending nothing off this machine
+        config["global"].update(scrape_interval=interval, scrape_timeout=interval, evaluation_interval=interval)
+        del config["remote_write"], config["alerting"]
+    (directory / "targets.json").write_text(json.dumps(targets))
+    shutil.copy(RULES, directory / RULES.name)
+    (directory / "prometheus.yml").write_text(yaml.safe_dump(config))
+    return directory / "prometheus.yml"
+
+
+def promtool_check(path: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([require("promtool"), "check", "config", str(path)], capture_output=True, text=True)
+
+
+def test_promtool_checks_the_config_and_its_rule_file(tmp_path: Path) -> None:
+    direct = promtool_check(PROMETHEUS)
+    if direct.returncode != 0:  # only Debian's missing Kubernetes SD may stop it
+        unknown = re.findall(r"field (\w+) not found", direct.stderr)
+        assert unknown == ["kubernetes_sd_configs"], direct.stdout + direct.stderr
+    out = promtool_check(without_kubernetes_sd(tmp_path, []))
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "SUCCESS: 1 rule files found" in out.stdout
+    rules = sum(len(g["rules"]) for g in yaml.safe_load(RULES.read_text())["groups"])
+    assert f"SUCCESS: {rules} rules found" in out.stdout, "the rules beside it were read and checked"
+    assert CONFIG["rule_files"] == [RULES.name], "relative: the rule file sits beside the config"
+
+
+def test_the_scrape_discovers_pods_as_the_podmonitor_does() -> None:
+    assert SCRAPE["job_name"] == kubernetes.JOB
+    assert [sd["role"] for sd in SCRAPE["kubernetes_sd_configs"]] == ["pod"]
+    relabel = SCRAPE["relabel_configs"]
+    filters, labels = relabel[: -len(kubernetes.relabel_configs())], relabel[-len(kubernetes.relabel_configs()) :]
+    assert labels == kubernetes.relabel_configs(), "the PodMonitor's relabelings (tpuscope/kubernetes.py)"
+    ((label, value),) = kubernetes.SCRAPE_LABEL.items()
+    keeps = {tuple(r["source_labels"]): r["regex"] for r in filters if r["action"] == "keep"}
+    assert keeps == {(pod_label(label),): value, ("__meta_kubernetes_pod_container_port_name",): kubernetes.PORT_NAME}
+    assert re.fullmatch(AlertingConfig().exporter_job, SCRAPE["relabel_configs"][-4]["replacement"])
+    assert CONFIG["global"]["scrape_interval"] == "15s" and SCRAPE["metrics_path"] == "/metrics"
+
+
+def test_a_real_prometheus_scrapes_only_the_sidecar_and_labels_it(tmp_path: Path, short_tmp: Path) -> None:
+    """Debian's Prometheus, given the targets Kubernetes SD would find in a pod of jobset.yaml."""
+    ((label, value),) = kubernetes.SCRAPE_LABEL.items()
+    pod = {
+        pod_label(label): value,
+        "__meta_kubernetes_pod_name": "llm-pretrain-slice-1-2-x7k2p",
+        "__meta_kubernetes_namespace": "ml-research",
+        "__meta_kubernetes_pod_node_name": "gke-tpu-v5e-pool-1-node-3",
+        "__meta_kubernetes_pod_phase": "Running",
+    }
+    with SidecarProcess(short_tmp / "events.sock") as sidecar:
+        targets = [
+            {
+                "targets": [target_of(sidecar.url)],
+                "labels": {**pod, "__meta_kubernetes_pod_container_port_name": "metrics"},
+            },
+            # the training container's port of the same pod, an unlabelled pod's port, a finished pod's sidecar
+            {"targets": ["127.0.0.1:1"], "labels": {**pod, "__meta_kubernetes_pod_container_port_name": "coordinator"}},
+            {"targets": ["127.0.0.1:2"], "labels": {"__meta_kubernetes_pod_container_port_name": "metrics"}},
+            {
+                "targets": ["127.0.0.1:3"],
+                "labels": {
+                    **pod,
+                    "__meta_kubernetes_pod_container_port_name": "metrics",
+                    "__meta_kubernetes_pod_phase": "Succeeded",
+                },
+            },
+        ]
+        config = without_kubernetes_sd(tmp_path, targets, interval="1s")
+        flags = [f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'data'}"]
+        with ServerProcess("prometheus", "prometheus", flags, tmp_path) as prometheus:
+            assert wait_until(lambda: bool(api(prometheus, "targets")["activeTargets"]), timeout=20)
+            found = api(prometheus, "targets")
+            (active,) = found["activeTargets"]
+            assert active["labels"] == {
+                "instance": target_of(sidecar.url),
+                "job": "tpuscope",
+                "pod": pod["__meta_kubernetes_pod_name"],
+                "namespace": pod["__meta_kubernetes_namespace"],
+                "node": pod["__meta_kubernetes_pod_node_name"],
+            }
+            assert len(found["droppedTargets"]) == 3
+            build_info = f'{catalog.BUILD_INFO.name}{{job="tpuscope", pod="{pod["__meta_kubernetes_pod_name"]}"}}'
+            assert wait_until(lambda: bool(api(prometheus, "query", query=build_info)["result"]), timeout=20)
+            (up,) = api(prometheus, "query", query=f'up{{job=~"{AlertingConfig().exporter_job}"}}')["result"]
+            assert up["value"][1] == "1"
+            assert {g["name"] for g in api(prometheus, "rules")["groups"]} == {
+                g["name"] for g in alerts.rule_groups(AlertingConfig())
+            }
+
+
+def test_remote_write_sends_tpuscope_series_and_the_recording_rules_only() -> None:
+    (remote,) = CONFIG["remote_write"]
+    assert urlsplit(remote["url"]).path in ("/api/v1/push", "/api/v1/receive")
+    for path in ("/api/v1/push", "/api/v1/receive"):
+        assert path in PROMETHEUS.read_text(), "the comment says which backend takes which path"
+    assert CONFIG["global"]["external_labels"]["cluster"], "clusters kept apart in the central store"
+    (keep,) = remote["write_relabel_configs"]
+    assert keep["action"] == "keep" and keep["source_labels"] == ["__name__", "job"]
+
+    def kept(name: str, job: str = "") -> bool:  # Prometheus anchors the regex at both ends, as fullmatch
+        return re.fullmatch(keep["regex"], f"{name}{keep['separator']}{job}") is not None
+
+    series = [m.name for m in catalog.CATALOG] + [
+        m.series(s) for m in catalog.CATALOG if m.kind is catalog.Kind.HISTOGRAM for s in ("bucket", "sum", "count")
+    ]
+    assert all(kept(name, "tpuscope") for name in series)
+    recorded = [r["record"] for g in alerts.rule_groups(AlertingConfig()) for r in g["rules"] if "record" in r]
+    assert recorded and all(kept(name) for name in recorded), "recording rules' results carry no job"
+    assert kept("up", "tpuscope") and not kept("up", "node-exporter")
+    assert not kept("node_cpu_seconds_total", "node-exporter") and not kept("ALERTS")
+    queue = remote["queue_config"]
+    assert queue["max_shards"] >= 10 and queue["capacity"] >= queue["max_samples_per_send"]
+
+
+# --- the OpenTelemetry collector ---------------------------------------------------------------
+# No collector binary can be installed here (otelcol-contrib is neither a Debian nor a PyPI package), so
+# the file is checked as the collector reads it: every component a pipeline names must be defined.
+
+SECTIONS = ("receivers", "processors", "exporters", "extensions", "connectors")
+
+
+def test_every_component_a_pipeline_names_is_defined() -> None:
+    collector = yaml.safe_load(COLLECTOR.read_text())
+    assert set(collector) <= {*SECTIONS, "service"}
+    service = collector["service"]
+    assert set(service["extensions"]) <= set(collector["extensions"])
+    assert service["pipelines"], "at least one pipeline"
+    for name, pipeline in service["pipelines"].items():
+        assert name.split("/")[0] in ("traces", "metrics", "logs"), name
+        assert pipeline["receivers"] and pipeline["exporters"], name
+        for section in ("receivers", "processors", "exporters"):
+            for component in pipeline.get(section, []):
+                assert component in collector.get(section, {}) or component in collector.get("connectors", {}), (
+                    f"{name}: {section[:-1]} {component} is not defined"
+                )
+    for section in SECTIONS:  # a defined component's type is its id up to the slash; ids are unique
+        for component in collector.get(section, {}):
+            assert re.fullmatch(r"[a-z0-9_]+(/[\w.-]+)?", component), component
+
+
+def test_the_collector_receives_what_the_jobs_send() -> None:
+    collector = yaml.safe_load(COLLECTOR.read_text())
+    traces = collector["service"]["pipelines"]["traces"]
+    assert "otlp" in traces["receivers"]
+    protocols = collector["receivers"]["otlp"]["protocols"]
+    assert protocols["grpc"]["endpoint"].endswith(":4317") and protocols["http"]["endpoint"].endswith(":4318")
+    # memory_limiter first (refuse before running out of memory), batch last (k8sattributes needs the
+    # connection's address, which batching loses).
+    assert traces["processors"][0] == "memory_limiter" and traces["processors"][-1] == "batch"
+    assert all(e.split("/")[0] in ("otlp", "otlphttp") for e in traces["exporters"]), "OTLP to the backend"
+    # The job sends OTLP/HTTP (the SDK's default protocol) to the port of the http receiver.
+    (train,) = [c for c in kubernetes.pod_template()["spec"]["containers"] if c["name"] == "train"]
+    endpoint = next(e["value"] for e in train["env"] if e["name"] == "OTEL_EXPORTER_OTLP_ENDPOINT")
+    assert "OTEL_EXPORTER_OTLP_PROTOCOL" not in {e["name"] for e in train["env"]}
+    assert str(urlsplit(endpoint).port) == protocols["http"]["endpoint"].rsplit(":", 1)[1]
+    assert endpoint in COLLECTOR.read_text(), "the comment names the endpoint the jobs use"
+
+
+def api(server: ServerProcess, endpoint: str, **parameters: str) -> Any:
+    url = f"{server.url}/api/v1/{endpoint}?" + urllib.parse.urlencode(parameters)
+    with urllib.request.urlopen(url, timeout=10) as response:
+        body = json.load(response)
+    if body.get("status") != "success":
+        pytest.fail(f"{endpoint}: {body}")
+    return body["data"]
