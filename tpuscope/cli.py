@@ -127,6 +127,59 @@ def main(argv: Sequence[str] | None = None) -> int:
     synth.add_argument("--step-time", type=float, default=0.05, help="mean step time, seconds (default %(default)s)")
     bench.set_defaults(run=_bench)
 
+    fleet = commands.add_parser(
+        "fleet-sim",
+        help="simulate a fleet: a sidecar per host, a real Prometheus with the rules, injected faults",
+        description="Start a real sidecar per simulated host (a fake TPU runtime of --chips chips each), jobs "
+        "stepping in lockstep workloads through a Monitor per host, and a real Prometheus scraping them all with "
+        "the generated rules, every duration in them divided by --time-scale. One host straggles, one workload "
+        "stalls. Prints and writes (--json) what Prometheus and the sidecars cost and what the alerts named; exits 1 "
+        "when TpuscopeStraggler does not name exactly the injected worker (docs/bench.md).",
+    )
+    fleet.add_argument("--hosts", type=int, default=16, help="simulated hosts, one sidecar each (default %(default)s)")
+    fleet.add_argument("--chips", type=int, default=4, help="TPU chips per host (default %(default)s)")
+    fleet.add_argument(
+        "--hosts-per-workload", type=int, default=8, help="hosts of one lockstep job (default %(default)s)"
+    )
+    fleet.add_argument(
+        "--hosts-per-slice", type=int, default=4, help="hosts per slice of a workload (default %(default)s)"
+    )
+    fleet.add_argument(
+        "--time-scale",
+        type=float,
+        default=10.0,
+        help="divide every range, offset and for: of the rules, and the thresholds that are times, by this "
+        "(default %(default)s: 5m windows of 30 s)",
+    )
+    fleet.add_argument(
+        "--scrape-interval",
+        type=float,
+        default=2.0,
+        help="Prometheus' scrape and evaluation interval, seconds (default %(default)s)",
+    )
+    fleet.add_argument(
+        "--collector-interval", type=float, default=5.0, help="the sidecars' libtpu interval (default %(default)s)"
+    )
+    fleet.add_argument("--step-time", type=float, default=0.5, help="mean step time, seconds (default %(default)s)")
+    fleet.add_argument(
+        "--straggler-factor",
+        type=float,
+        default=1.5,
+        help="the straggler's compute time over its peers' (default %(default)s)",
+    )
+    fleet.add_argument(
+        "--seconds", type=float, default=600.0, help="the longest the run may take (default %(default)s)"
+    )
+    fleet.add_argument("--seed", type=int, default=0, help="picks the straggler and the jitter (default %(default)s)")
+    fleet.add_argument(
+        "--run-dir",
+        type=Path,
+        default=Path("run/fleet"),
+        help="Prometheus' configuration, rules and data, the jobs' plan and log (default %(default)s)",
+    )
+    fleet.add_argument("--json", type=Path, help="where the JSON report goes (default run/fleet.json)")
+    fleet.set_defaults(run=_fleet_sim)
+
     boards = commands.add_parser(
         "dashboards",
         help="write the Grafana dashboards as JSON files",
@@ -174,6 +227,12 @@ def _bench(args: argparse.Namespace) -> int:
     from tpuscope.bench import run_bench
 
     return run_bench(args)
+
+
+def _fleet_sim(args: argparse.Namespace) -> int:
+    from tpuscope.bench import fleet
+
+    return fleet.run(args)
 
 
 def _dashboards(args: argparse.Namespace) -> int:

@@ -109,7 +109,8 @@ class PrometheusServer(ServerProcess):
             static["labels"] = labels
         config = {
             "global": {"scrape_interval": scrape_interval, "evaluation_interval": scrape_interval},
-            "rule_files": [str(rule_file) for rule_file in rule_files],
+            # Prometheus reads rule_files relative to its config file, which lives in workdir: absolute paths.
+            "rule_files": [str(Path(rule_file).resolve()) for rule_file in rule_files],
             "scrape_configs": [{"job_name": "tpuscope", "static_configs": [static], **(scrape or {})}],
         }
         if alertmanager:  # host:port of an Alertmanager to send alerts to

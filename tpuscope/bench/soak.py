@@ -396,7 +396,7 @@ def soak(seconds: float, workdir: Path) -> dict[str, Any]:
     with SidecarProcess(workdir / "soak.sock", "127.0.0.1:0", "--collectors=host") as sidecar:
         prom_dir = workdir / "prometheus"
         with PrometheusServer(prom_dir, [target_of(sidecar.url)], scrape_interval=SCRAPE_INTERVAL) as prom:
-            _wait_for(lambda: scraped_at(prom) > 0, 30.0, "Prometheus' first scrape of the sidecar")
+            wait_for(lambda: scraped_at(prom) > 0, 30.0, "Prometheus' first scrape of the sidecar")
             runners = [LaneRunner(lane, workdir, sidecar.socket) for lane in LANES]
             start = time.time()
             print(f"  sidecar {sidecar.url}, Prometheus {prom.url}, work in {workdir}", flush=True)
@@ -445,7 +445,7 @@ def _job(runner: LaneRunner, recorded: list[events.AnyEvent]) -> dict[str, Any]:
     }
 
 
-def _wait_for(condition: Callable[[], bool], timeout: float, what: str) -> None:
+def wait_for(condition: Callable[[], bool], timeout: float, what: str) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
         if time.monotonic() > deadline:

@@ -65,7 +65,7 @@ def run(
                 sleep_share(profile.io_share)
             with step.phase("compute"):
                 if n == 0:
-                    _compile(monitor, profile.compile_seconds)
+                    compile_programs(monitor, profile.compile_seconds)
                 sleep_share(profile.compute_share)
             with step.phase("sync"):
                 sleep_share(profile.sync_share)
@@ -90,7 +90,7 @@ def run(
             progress(n)
 
 
-def _compile(monitor: Monitor, seconds: float) -> None:
+def compile_programs(monitor: Monitor, seconds: float) -> None:
     """The first step compiles, as a jitted train step would: a cache miss, then three stages."""
     monitor.compile_cache(hit=False)
     for stage, share in (("tracing", 0.2), ("lowering", 0.1), ("backend", 0.7)):

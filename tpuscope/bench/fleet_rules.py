@@ -1,0 +1,112 @@
+"""The alerting rules ``tpuscope fleet-sim`` loads: the generated ones, with time compressed K times.
+
+The committed rules read 5-minute rate windows and wait ``for: 10m`` before a
+straggler is named; a simulation that a test runs cannot wait that long. So the
+expressions are exactly those ``tpuscope.alerts.rules_file`` generates and only
+their durations change: every range selector (``[5m]``, a subquery's
+``[1h:5m]``), every ``offset`` and every ``for:`` is divided by K.
+Recording-rule names stay as they are (``workload:tpuscope_steps:rate5m``
+records a 30 s rate at K=10), so every query written against the real rules
+reads the compressed ones.
+
+Thresholds that are lengths of time (:data:`TIMED_THRESHOLDS`) are divided
+likewise, through :class:`~tpuscope.alerts.config.AlertingConfig`. Those that
+are counts are not: 3 recompiles in a 30-minute window stay 3 in its compressed
+window, and StepTimeRegression's baseline of 180 evaluations stays 180.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import replace
+from typing import Any
+
+import yaml
+
+from tpuscope.alerts import HEADER, rules_file
+from tpuscope.alerts.config import AlertingConfig
+
+# Prometheus' duration syntax: one or more number-unit pairs, largest unit first ("1h30m").
+_UNITS_MS = {"y": 365 * 86_400_000, "w": 7 * 86_400_000, "d": 86_400_000, "h": 3_600_000, "m": 60_000, "s": 1000}
+_DURATION = r"(?:\d+(?:ms|[ywdhms]))+"
+_PART = re.compile(r"(\d+)(ms|[ywdhms])")
+# A range selector or a subquery: [5m], [1h:5m], [1h:].
+_RANGE = re.compile(rf"\[\s*({_DURATION})\s*(?::\s*({_DURATION})?\s*)?\]")
+_OFFSET = re.compile(rf"\boffset(\s+)(-?)({_DURATION})\b")
+# Thresholds that are lengths of time: a stall of 600 s becomes one of 60 s at K=10. compile_seconds_per_hour
+# is seconds of compiling in a window of an hour: the window shrinks, so does what fits in it.
+TIMED_THRESHOLDS = ("stall_seconds", "checkpoint_age_seconds", "compile_seconds_per_hour")
+
+
+def duration_ms(text: str) -> int:
+    """``"1h30m"`` -> 5400000."""
+    if not re.fullmatch(_DURATION, text):
+        raise ValueError(f"not a Prometheus duration: {text!r}")
+    return sum(int(number) * (1 if unit == "ms" else _UNITS_MS[unit]) for number, unit in _PART.findall(text))
+
+
+def format_ms(ms: int) -> str:
+    """The largest unit that says ``ms`` exactly: 30000 -> ``30s``, 12960000 -> ``216m``, 1500 -> ``1500ms``."""
+    for unit in ("d", "h", "m", "s"):
+        if ms % _UNITS_MS[unit] == 0:
+            return f"{ms // _UNITS_MS[unit]}{unit}"
+    return f"{ms}ms"
+
+
+def scale_duration(text: str, k: float) -> str:
+    """``text`` divided by ``k``, to the millisecond (Prometheus' resolution)."""
+    ms = round(duration_ms(text) / k)
+    if ms < 1:
+        raise ValueError(f"{text} divided by {k:g} is under a millisecond")
+    return format_ms(ms)
+
+
+def scale_expr(expr: str, k: float) -> str:
+    """Every range, subquery resolution and offset of a PromQL expression divided by ``k``; nothing else."""
+
+    def scaled_range(match: re.Match[str]) -> str:
+        window, resolution = match[1], match[2]
+        if ":" not in match[0]:
+            return f"[{scale_duration(window, k)}]"
+        return f"[{scale_duration(window, k)}:{scale_duration(resolution, k) if resolution else ''}]"
+
+    expr = _RANGE.sub(scaled_range, expr)
+    return _OFFSET.sub(lambda m: f"offset{m[1]}{m[2]}{scale_duration(m[3], k)}", expr)
+
+
+def scaled_config(config: AlertingConfig, k: float) -> AlertingConfig:
+    """``config`` with its :data:`TIMED_THRESHOLDS` divided by ``k``."""
+    t = config.thresholds
+    return replace(config, thresholds=replace(t, **{name: getattr(t, name) / k for name in TIMED_THRESHOLDS}))
+
+
+def scaled_groups(config: AlertingConfig, k: float) -> list[dict[str, Any]]:
+    """The rule groups of ``rules_file(config)``, time compressed ``k`` times.
+
+    Expressions come from the rules generated with the scaled thresholds, durations divided. A ``for:``
+    comes from the rules generated with ``config``'s own, then divided: CheckpointMissing waits as long
+    as ``checkpoint_age_seconds``, which would otherwise be divided twice.
+    """
+    plain = _groups(config)
+    timed = _groups(scaled_config(config, k))
+    for plain_group, group in zip(plain, timed, strict=True):
+        for plain_rule, rule in zip(plain_group["rules"], group["rules"], strict=True):
+            rule["expr"] = scale_expr(rule["expr"], k)
+            if "for" in plain_rule:
+                rule["for"] = scale_duration(plain_rule["for"], k)
+    return timed
+
+
+def scaled_rules_file(config: AlertingConfig, k: float) -> str:
+    note = f"# Time compressed {k:g} times for tpuscope fleet-sim: every range, offset and for: divided by {k:g}.\n"
+    return HEADER + note + yaml.safe_dump({"groups": scaled_groups(config, k)}, sort_keys=False, width=120)
+
+
+def ranges_ms(groups: list[dict[str, Any]]) -> list[int]:
+    """The length of every range selector in ``groups``' expressions (to hold against the scrape interval)."""
+    return [duration_ms(m[1]) for group in groups for rule in group["rules"] for m in _RANGE.finditer(rule["expr"])]
+
+
+def _groups(config: AlertingConfig) -> list[dict[str, Any]]:
+    groups: list[dict[str, Any]] = yaml.safe_load(rules_file(config))["groups"]
+    return groups
