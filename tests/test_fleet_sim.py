@@ -25,6 +25,7 @@ import pytest
 import yaml
 from conftest import require
 
+from tpuscope import catalog
 from tpuscope.alerts import rules_file
 from tpuscope.alerts.config import AlertingConfig
 from tpuscope.alerts.rules import COMPUTE_PER_WORKER
@@ -260,7 +261,7 @@ def test_prometheus_data_of_the_fleet_holds_what_the_report_says(fleet_run: Flee
         assert ever('count({__name__=~"tpuscope_.+"})')
         assert ever('{__name__=~"tpuscope_.+", slice=""}') == []
         assert ever('{__name__=~"tpuscope_.+", worker=""}') == []
-        places = now("count by (workload, slice, worker) (tpuscope_steps_total)", "workload", "slice", "worker")
+        places = now(f"count by (workload, slice, worker) ({catalog.STEPS.name})", "workload", "slice", "worker")
         assert set(places) == {(f"fleet-0{w}", str(s), str(k)) for w in range(2) for s in range(2) for k in range(2)}
 
         # Per-workload recording rules aggregate across the workers; per-worker ones keep them apart.
@@ -268,7 +269,7 @@ def test_prometheus_data_of_the_fleet_holds_what_the_report_says(fleet_run: Flee
         assert len(now(f"{COMPUTE_PER_WORKER}", "instance")) == 8
 
         # Lockstep: the straggler computes longest and waits least; its peers wait for it in sync.
-        phases = "tpuscope_step_phase_duration_seconds"
+        phases = catalog.STEP_PHASE_DURATION.name
         compute = mean(phases, "slice, worker", 'phase="compute"')
         sync = mean(phases, "slice, worker", 'phase="sync"')
         straggler = f"{f['straggler']['injected']['slice']}/{f['straggler']['injected']['worker']}"
@@ -276,5 +277,5 @@ def test_prometheus_data_of_the_fleet_holds_what_the_report_says(fleet_run: Flee
         assert max(compute, key=compute.__getitem__) == straggler, compute
         assert min(sync, key=sync.__getitem__) == straggler, sync
         assert compute[straggler] / max(v for k, v in compute.items() if k != straggler) > 1.3, compute
-        step = mean("tpuscope_step_duration_seconds", "slice, worker")
+        step = mean(catalog.STEP_DURATION.name, "slice, worker")
         assert max(step.values()) / min(step.values()) < 1.1, step  # one step time for every host
