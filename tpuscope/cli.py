@@ -180,6 +180,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     fleet.add_argument("--json", type=Path, help="where the JSON report goes (default run/fleet.json)")
     fleet.set_defaults(run=_fleet_sim)
 
+    top = commands.add_parser(
+        "top",
+        help="a live terminal view of a sidecar: devices, workloads' step time and phases, alerts",
+        description="Draw a sidecar's /metrics in the terminal, refreshed: each device's duty cycle and HBM, "
+        "each workload's steps/s, step time and phase breakdown, compile time, checkpoint age and goodput, and "
+        "with --prometheus the firing tpuscope alerts. Over ssh: run it on the host, or tunnel the port.",
+    )
+    top.add_argument(
+        "url",
+        nargs="?",
+        default="localhost:9478",
+        help="the sidecar's /metrics URL, or HOST:PORT (default %(default)s)",
+    )
+    top.add_argument("--refresh", type=float, default=2.0, help="seconds between refreshes (default %(default)s)")
+    top.add_argument("--prometheus", default="", help="a Prometheus URL, to show the firing tpuscope alerts")
+    top.add_argument("--once", action="store_true", help="print one frame and exit (1 if the sidecar is unreachable)")
+    top.set_defaults(run=_top)
+
     boards = commands.add_parser(
         "dashboards",
         help="write the Grafana dashboards as JSON files",
@@ -233,6 +251,15 @@ def _fleet_sim(args: argparse.Namespace) -> int:
     from tpuscope.bench import fleet
 
     return fleet.run(args)
+
+
+def _top(args: argparse.Namespace) -> int:
+    from tpuscope import top
+
+    if args.refresh <= 0:
+        print("tpuscope top: --refresh must be a positive number of seconds", file=sys.stderr)
+        return 2
+    return top.run(args.url, args.prometheus, args.refresh, args.once)
 
 
 def _dashboards(args: argparse.Namespace) -> int:

@@ -1,0 +1,125 @@
+"""``tpuscope top`` against a real sidecar (and a real Prometheus for the alerts), read off the screen."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from conftest import require, wait_until
+from rich.console import Console
+
+from tpuscope import top
+from tpuscope.bench import synthetic
+from tpuscope.bench.fake_tpu import Chip, FakeTpuRuntime, FakeTpuServer, default_megascale
+from tpuscope.bench.prometheus import PrometheusServer, free_port
+from tpuscope.exporter.child import SidecarProcess
+from tpuscope.exporter.scrape import Scrape
+from tpuscope.tracing import Monitor
+
+PROFILE = synthetic.Profile(step_seconds=0.01, checkpoint_every=10, checkpoint_seconds=0)
+
+
+@pytest.fixture
+def sidecar(short_tmp: Path) -> Iterator[SidecarProcess]:
+    """A sidecar reading a TPU runtime of two chips at 30 % duty cycle, as worker 3 of slice 1."""
+    chips = [Chip(d, duty_cycle_percent=30.0) for d in range(2)]
+    with (
+        FakeTpuServer(FakeTpuRuntime(chips, default_megascale())) as tpu,
+        SidecarProcess(
+            short_tmp / "top.sock",
+            "127.0.0.1:0",
+            "--collectors=libtpu",
+            f"--libtpu-address={tpu.address}",
+            "--collector-interval=0.2",
+            "--slice=1",
+            "--worker=3",
+        ) as process,
+    ):
+        assert wait_until(lambda: Scrape.fetch(process.url).has(top.c.DUTY_CYCLE.name))
+        yield process
+
+
+def screen(*renderables: object) -> str:
+    """What a 160-column terminal shows."""
+    console = Console(record=True, width=160, force_terminal=True, color_system="truecolor")
+    for renderable in renderables:
+        console.print(renderable)
+    return console.export_text()
+
+
+def test_once_prints_devices_workloads_and_where_the_host_is(sidecar: SidecarProcess) -> None:
+    with Monitor("llm", socket=sidecar.socket, traces=False) as mon:
+        synthetic.run(mon, 30, PROFILE)
+    assert wait_until(lambda: Scrape.fetch(sidecar.url).value(top.c.STEPS.name, workload="llm") == 30)
+    out = subprocess.run(
+        [sys.executable, "-m", "tpuscope", "top", "--once", sidecar.url],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"COLUMNS": "160", "PATH": "/usr/bin:/bin"},
+    )
+    assert out.returncode == 0, out.stderr
+    text = out.stdout
+    assert "slice 1  worker 3" in text
+    libtpu_rows = [line for line in text.splitlines() if "libtpu" in line]
+    assert len(libtpu_rows) == 2 and all("30%" in row for row in libtpu_rows), text  # the chips' duty cycle
+    llm = next(line for line in text.splitlines() if line.startswith("│ llm"))
+    assert " ms " in llm and "ago" in llm, llm  # step time, last checkpoint
+    assert "compute" in text and "sync" in text and "io" in text
+    assert "Alerts: not shown" in text
+
+
+def test_the_live_view_rates_steps_and_says_when_the_sidecar_goes_away(sidecar: SidecarProcess) -> None:
+    source, alerts = top.Source(sidecar.url), top.Alerts()
+    frames = top.frames(source, alerts, refresh=0.5)
+    with Monitor("live", socket=sidecar.socket, traces=False) as mon:
+        first = screen(next(frames))
+        synthetic.run(mon, 40, PROFILE)
+        time.sleep(0.5)
+        second = screen(next(frames))
+    assert "│ live" not in first  # no step yet
+    row = next(line for line in second.splitlines() if line.startswith("│ live"))
+    steps_per_second = float(row.split("│")[2])
+    assert steps_per_second > 5, row  # 40 steps of 10 ms between two scrapes about a second apart
+    sidecar.stop()
+    third = screen(next(frames))
+    assert "SIDECAR UNREACHABLE" in third
+    assert "old" in third and "│ live" in third, "the last figures stay on screen, marked with their age"
+
+
+def test_a_sidecar_that_never_answered_exits_1_with_a_clear_line(short_tmp: Path) -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "tpuscope", "top", "--once", f"127.0.0.1:{free_port()}"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 1
+    assert "SIDECAR UNREACHABLE" in out.stdout and "No data yet" in out.stdout
+
+
+def test_firing_tpuscope_alerts_come_from_prometheus(sidecar: SidecarProcess, short_tmp: Path) -> None:
+    require("prometheus")
+    rules = short_tmp / "rules.yml"
+    rules.write_text(
+        "groups:\n- name: t\n  rules:\n"
+        "  - alert: TpuscopeStraggler\n    expr: vector(1)\n    labels: {severity: warning, worker: '3'}\n"
+        "  - alert: SomeoneElses\n    expr: vector(1)\n"
+    )
+    with PrometheusServer(short_tmp / "prom", [], rule_files=[rules]) as prom:
+        alerts = top.Alerts(prom.url)
+
+        def firing() -> bool:
+            alerts.read(2.0)
+            return bool(alerts.firing)
+
+        assert wait_until(firing, timeout=30)
+        text = screen(top.alerts_view(alerts))
+    assert "Alerts firing: 1" in text and "TpuscopeStraggler" in text and "worker=3" in text
+    assert "SomeoneElses" not in text
+    alerts.read(1.0)  # Prometheus is gone now
+    assert "Prometheus unreachable" in screen(top.alerts_view(alerts))

@@ -1,0 +1,234 @@
+"""``tpuscope top``: a live terminal view of one sidecar, for a host without Grafana at hand.
+
+It reads the sidecar's ``/metrics`` (a URL, local or through an ssh tunnel) every
+``--refresh`` seconds and draws the whole picture: each device's duty cycle and
+HBM use, each workload's step time and where it went (io, compute, sync, other),
+compile time, checkpoint age and goodput, and, given a Prometheus, the firing
+tpuscope alerts. Rates come from the difference between two scrapes, as
+Prometheus' would. When a source cannot be read the view says so, and keeps the
+last figures it had, marked with their age, rather than going blank.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from rich.console import Console, Group, RenderableType
+from rich.live import Live
+from rich.table import Table
+from rich.text import Text
+
+from tpuscope import catalog as c
+from tpuscope import events
+from tpuscope.exporter.scrape import Scrape
+
+PHASE_STYLES = {"io": "yellow", "compute": "green", "sync": "magenta", "other": "bright_black"}
+BAR_WIDTH = 20
+
+
+@dataclass
+class Source:
+    """A URL read each frame: its latest good scrape, when that was, and why the last read failed."""
+
+    url: str
+    latest: Scrape | None = None
+    previous: Scrape | None = None
+    read_at: float = 0.0
+    previous_at: float = 0.0
+    error: str = ""
+
+    def read(self, timeout: float) -> None:
+        try:
+            scrape = Scrape.fetch(self.url, timeout)
+        except Exception as e:  # down, refused, timed out, not /metrics: shown, never raised
+            self.error = f"{type(e).__name__}: {getattr(e, 'reason', e)}"
+            return
+        self.previous, self.previous_at = self.latest, self.read_at
+        self.latest, self.read_at, self.error = scrape, time.time(), ""
+
+
+@dataclass
+class Alerts:
+    """Firing tpuscope alerts from a Prometheus, when one is given."""
+
+    prometheus: str = ""
+    firing: list[dict[str, str]] = field(default_factory=list)
+    error: str = ""
+
+    def read(self, timeout: float) -> None:
+        if not self.prometheus:
+            return
+        url = self.prometheus.rstrip("/") + "/api/v1/alerts"
+        try:
+            with urllib.request.urlopen(url, timeout=timeout) as response:
+                alerts = json.load(response)["data"]["alerts"]
+        except Exception as e:
+            self.error = f"{type(e).__name__}: {getattr(e, 'reason', e)}"
+            return
+        self.error = ""
+        self.firing = [
+            a["labels"] for a in alerts if a["state"] == "firing" and a["labels"]["alertname"].startswith("Tpuscope")
+        ]
+
+
+def bar(share: float, style: str, width: int = BAR_WIDTH) -> Text:
+    """``share`` (0..1) of ``width`` cells filled, then the percentage."""
+    share = min(max(share, 0.0), 1.0)
+    filled = round(share * width)
+    return Text("█" * filled, style=style) + Text("░" * (width - filled), style="bright_black") + f" {share:4.0%}"
+
+
+def phase_bar(seconds: dict[str, float], width: int = BAR_WIDTH * 2) -> Text:
+    """One bar split by phase in proportion, a letter per phase under its colour's legend."""
+    total = sum(seconds.values()) or 1.0
+    text = Text()
+    for phase in events.PHASES:
+        cells = round(seconds.get(phase, 0.0) / total * width)
+        text.append("█" * cells, style=PHASE_STYLES.get(phase, "white"))
+    return text
+
+
+def size(value: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(value) < 1024 or unit == "TiB":
+            return f"{value:.1f} {unit}" if unit != "B" else f"{value:.0f} B"
+        value /= 1024
+    return f"{value:.1f} TiB"
+
+
+def duration(seconds: float) -> str:
+    if seconds != seconds or seconds == float("inf"):
+        return "never"
+    if seconds < 1:
+        return f"{seconds * 1000:.0f} ms"
+    if seconds < 120:
+        return f"{seconds:.1f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def _delta(source: Source, name: str, **labels: str) -> float:
+    """How much a counter grew between the last two scrapes (the whole value on the first)."""
+    assert source.latest is not None
+    now = source.latest.value(name, **labels)
+    before = source.previous.value(name, **labels) if source.previous else 0.0
+    return now - before if now >= before else now  # a restarted sidecar counts from 0
+
+
+def devices_table(source: Source) -> Table:
+    table = Table(title="Devices", title_justify="left", expand=False)
+    for column in ("device", "accelerator", "source", "duty cycle", "HBM used", ""):
+        table.add_column(column)
+    assert source.latest is not None
+    rows: dict[tuple[str, ...], dict[str, float]] = {}
+    for metric in (c.DUTY_CYCLE, c.DEVICE_MEMORY_USED, c.DEVICE_MEMORY_LIMIT):
+        for sample in source.latest.find(metric.name):
+            key = tuple(sample.labels.get(label, "") for label in ("device", "accelerator", "source"))
+            rows.setdefault(key, {})[metric.name] = sample.value
+    for (device, accelerator, origin), values in sorted(rows.items()):
+        duty = values.get(c.DUTY_CYCLE.name)
+        used, limit = values.get(c.DEVICE_MEMORY_USED.name), values.get(c.DEVICE_MEMORY_LIMIT.name)
+        memory = bar(used / limit, "cyan") if used is not None and limit else Text("-")
+        amounts = f"{size(used)} / {size(limit)}" if used is not None and limit else ""
+        table.add_row(device, accelerator, origin, bar(duty, "green") if duty is not None else "-", memory, amounts)
+    if not rows:
+        table.add_row("no device series yet", "", "", "", "", "")
+    return table
+
+
+def workloads_table(source: Source) -> Table:
+    table = Table(title="Workloads", title_justify="left")
+    columns = ("workload", "steps/s", "step time", " · ".join(events.PHASES), "compile", "last checkpoint")
+    for column in (*columns, "goodput"):
+        table.add_column(column)
+    assert source.latest is not None
+    interval = source.read_at - source.previous_at if source.previous else 0.0
+    names = sorted({s.labels["workload"] for s in source.latest.find(c.STEPS.name)})
+    for workload in names:
+        w = {"workload": workload}
+        steps = _delta(source, c.STEPS.name, **w)
+        seconds = _delta(source, c.STEP_DURATION.series("sum"), **w)
+        phases = {p: _delta(source, c.STEP_PHASE_DURATION.series("sum"), phase=p, **w) for p in events.PHASES}
+        compiled = source.latest.value(c.COMPILE_DURATION.series("sum"), stage="backend", **w)
+        saved = source.latest.value(c.CHECKPOINT_LAST_SUCCESS.name, **w)
+        productive = source.latest.value(c.GOODPUT.name, category="productive", **w)
+        wall = source.latest.value(c.GOODPUT.name, **w)
+        shares = " ".join(f"{p} {phases[p] / (sum(phases.values()) or 1):.0%}" for p in events.PHASES)
+        table.add_row(
+            workload,
+            f"{steps / interval:.1f}" if interval else "-",
+            duration(seconds / steps) if steps else "no steps",
+            Group(phase_bar(phases), Text(shares, style="bright_black")),
+            duration(compiled),
+            duration(time.time() - saved) + " ago" if saved else "never",
+            bar(productive / wall, "green") if wall else Text("-"),
+        )
+    if not names:
+        table.add_row("no workload has reported yet", "", "", "", "", "", "")
+    return table
+
+
+def alerts_view(alerts: Alerts) -> RenderableType:
+    if not alerts.prometheus:
+        return Text("Alerts: not shown (give --prometheus URL)", style="bright_black")
+    if alerts.error:
+        return Text(f"Alerts: Prometheus unreachable ({alerts.error})", style="bold red")
+    if not alerts.firing:
+        return Text("Alerts: none firing", style="green")
+    lines = [Text(f"Alerts firing: {len(alerts.firing)}", style="bold red")]
+    for labels in alerts.firing:
+        where = ", ".join(f"{k}={v}" for k, v in sorted(labels.items()) if k not in ("alertname", "severity"))
+        lines.append(Text(f"  {labels.get('severity', ''):8} {labels['alertname']}  {where}"))
+    return Group(*lines)
+
+
+def frame(source: Source, alerts: Alerts) -> RenderableType:
+    """Everything on screen for one refresh."""
+    header = Text(f"tpuscope top — {source.url}", style="bold")
+    if source.latest is not None:
+        first = source.latest.samples[0].labels if source.latest.samples else {}
+        header.append("   " + "  ".join(f"{label} {first.get(label, '?')}" for label in c.HOST_LABELS))
+    parts: list[RenderableType] = [header]
+    if source.error:
+        since = f"; figures below are {duration(time.time() - source.read_at)} old" if source.latest else ""
+        parts.append(Text(f"SIDECAR UNREACHABLE: {source.error}{since}", style="bold red"))
+    if source.latest is None:
+        parts.append(Text("No data yet: is `tpuscope serve` running at this URL?", style="yellow"))
+    else:
+        parts += [devices_table(source), workloads_table(source)]
+    parts.append(alerts_view(alerts))
+    return Group(*parts)
+
+
+def frames(source: Source, alerts: Alerts, refresh: float) -> Iterator[RenderableType]:
+    timeout = max(0.5, min(refresh, 5.0))
+    while True:
+        source.read(timeout)
+        alerts.read(timeout)
+        yield frame(source, alerts)
+        time.sleep(refresh)
+
+
+def run(url: str, prometheus: str, refresh: float, once: bool, console: Console | None = None) -> int:
+    console = console or Console()
+    if not urllib.parse.urlparse(url).scheme:
+        url = f"http://{url}/metrics"  # host:port, as `tpuscope serve` listens
+    source, alerts = Source(url), Alerts(prometheus)
+    if once:
+        source.read(5.0)
+        alerts.read(5.0)
+        console.print(frame(source, alerts))
+        return 0 if source.latest is not None else 1
+    try:
+        with Live(console=console, auto_refresh=False, screen=console.is_terminal) as live:
+            for view in frames(source, alerts, refresh):
+                live.update(view, refresh=True)
+    except KeyboardInterrupt:
+        pass
+    return 0
