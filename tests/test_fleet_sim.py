@@ -28,7 +28,7 @@ from conftest import require
 from tpuscope import catalog
 from tpuscope.alerts import rules_file
 from tpuscope.alerts.config import AlertingConfig
-from tpuscope.alerts.rules import COMPUTE_PER_WORKER
+from tpuscope.alerts.rules import COMPUTE_PER_WORKER, STEPS_RATE
 from tpuscope.bench import fleet, fleet_rules
 from tpuscope.bench.prometheus import PrometheusServer
 
@@ -265,7 +265,7 @@ def test_prometheus_data_of_the_fleet_holds_what_the_report_says(fleet_run: Flee
         assert set(places) == {(f"fleet-0{w}", str(s), str(k)) for w in range(2) for s in range(2) for k in range(2)}
 
         # Per-workload recording rules aggregate across the workers; per-worker ones keep them apart.
-        assert set(now("workload:tpuscope_steps:rate5m", "workload")) == {("fleet-00",), ("fleet-01",)}
+        assert set(now(STEPS_RATE, "workload")) == {("fleet-00",), ("fleet-01",)}
         assert len(now(f"{COMPUTE_PER_WORKER}", "instance")) == 8
 
         # Lockstep: the straggler computes longest and waits least; its peers wait for it in sync.

@@ -94,11 +94,13 @@ def phase_bar(seconds: dict[str, float], width: int = BAR_WIDTH * 2) -> Text:
 
 
 def size(value: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(value) < 1024 or unit == "TiB":
-            return f"{value:.1f} {unit}" if unit != "B" else f"{value:.0f} B"
+    if abs(value) < 1024:
+        return f"{value:.0f} B"
+    for unit in ("KiB", "MiB", "GiB"):
         value /= 1024
-    return f"{value:.1f} TiB"
+        if abs(value) < 1024:
+            return f"{value:.1f} {unit}"
+    return f"{value / 1024:.1f} TiB"
 
 
 def duration(seconds: float) -> str:
@@ -206,12 +208,16 @@ def frame(source: Source, alerts: Alerts) -> RenderableType:
     return Group(*parts)
 
 
+def read_and_draw(source: Source, alerts: Alerts, timeout: float) -> RenderableType:
+    source.read(timeout)
+    alerts.read(timeout)
+    return frame(source, alerts)
+
+
 def frames(source: Source, alerts: Alerts, refresh: float) -> Iterator[RenderableType]:
     timeout = max(0.5, min(refresh, 5.0))
     while True:
-        source.read(timeout)
-        alerts.read(timeout)
-        yield frame(source, alerts)
+        yield read_and_draw(source, alerts, timeout)
         time.sleep(refresh)
 
 
@@ -221,9 +227,7 @@ def run(url: str, prometheus: str, refresh: float, once: bool, console: Console 
         url = f"http://{url}/metrics"  # host:port, as `tpuscope serve` listens
     source, alerts = Source(url), Alerts(prometheus)
     if once:
-        source.read(5.0)
-        alerts.read(5.0)
-        console.print(frame(source, alerts))
+        console.print(read_and_draw(source, alerts, 5.0))
         return 0 if source.latest is not None else 1
     try:
         with Live(console=console, auto_refresh=False, screen=console.is_terminal) as live:

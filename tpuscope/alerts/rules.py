@@ -55,6 +55,7 @@ SAVE = 'operation="save"'
 ERROR = 'result="error"'
 PLANNED = 'reason!="preemption"'
 # Recording rules the alerts read.
+STEPS_RATE = "workload:tpuscope_steps:rate5m"
 COMPUTE_PER_WORKER = "worker:tpuscope_step_phase_duration_seconds:compute_mean5m"
 COMPUTE_MEDIAN = "workload:tpuscope_step_phase_duration_seconds:compute_median5m"
 COMPUTE_OVER_MEDIAN = "worker:tpuscope_step_phase_duration_seconds:compute_over_median5m"
@@ -74,6 +75,11 @@ def new_or_increase(counter: c.Metric, window: str, *matchers: str, suffix: str 
     """
     grew = grown(series(counter, *matchers, suffix=suffix), window)
     return f"max by (workload) (sum by (workload, job, instance) {grew})"
+
+
+def per_workload(function: str, selector: str, window: str, by: str = "workload") -> str:
+    """``sum by (workload) (function(selector[window]))``: a range function's result per workload."""
+    return f"sum by ({by}) ({function}({selector}[{window}]))"
 
 
 def running(what: str = "workload") -> str:
@@ -116,7 +122,7 @@ def recording_rules(config: AlertingConfig) -> list[dict[str, str]]:
     phase_sum = series(c.STEP_PHASE_DURATION, suffix="sum")
     rules = [
         {
-            "record": "workload:tpuscope_steps:rate5m",
+            "record": STEPS_RATE,
             "expr": f"max by (workload) (rate({series(c.STEPS)}[5m]))",
         },
         {
@@ -155,39 +161,31 @@ def recording_rules(config: AlertingConfig) -> list[dict[str, str]]:
     slow = f'le="{le(t.inference_latency_seconds)}"'
     # The SLO ratios' inputs per workload over 5 minutes: the windows over an hour are sums of these, so a
     # 3-day ratio reads a few series of workload rates, not 3 days of every host's raw counters.
+    # Each SLO ratio's inputs: the raw series, and the recorded 5-minute rate that stands for it in the
+    # windows over RAW_UP_TO.
+    inputs = {
+        "productive": (series(c.GOODPUT, PRODUCTIVE), f"{GOODPUT_RATE}{{{PRODUCTIVE}}}"),
+        "wall": (series(c.GOODPUT), GOODPUT_RATE),
+        "within": (series(c.INFERENCE_REQUEST_DURATION, slow, suffix="bucket"), REQUESTS_FAST_RATE),
+        "total": (series(c.INFERENCE_REQUEST_DURATION, suffix="count"), REQUESTS_RATE),
+    }
     rules += [
-        {
-            "record": GOODPUT_RATE,
-            "expr": f"sum by (workload, category) (rate({series(c.GOODPUT)}[5m]))",
-        },
-        {
-            "record": REQUESTS_FAST_RATE,
-            "expr": f"sum by (workload) (rate({series(c.INFERENCE_REQUEST_DURATION, slow, suffix='bucket')}[5m]))",
-        },
-        {
-            "record": REQUESTS_RATE,
-            "expr": f"sum by (workload) (rate({series(c.INFERENCE_REQUEST_DURATION, suffix='count')}[5m]))",
-        },
+        {"record": GOODPUT_RATE, "expr": per_workload("rate", inputs["wall"][0], "5m", by="workload, category")},
+        {"record": REQUESTS_FAST_RATE, "expr": per_workload("rate", inputs["within"][0], "5m")},
+        {"record": REQUESTS_RATE, "expr": per_workload("rate", inputs["total"][0], "5m")},
     ]
     for window in WINDOWS:
-        if seconds(window) <= seconds(RAW_UP_TO):
-            productive = f"sum by (workload) (rate({series(c.GOODPUT, PRODUCTIVE)}[{window}]))"
-            all_time = f"sum by (workload) (rate({series(c.GOODPUT)}[{window}]))"
-            within = (
-                f"sum by (workload) (rate({series(c.INFERENCE_REQUEST_DURATION, slow, suffix='bucket')}[{window}]))"
-            )
-            total = f"sum by (workload) (rate({series(c.INFERENCE_REQUEST_DURATION, suffix='count')}[{window}]))"
-        else:
-            # Sums, not averages, of the 5-minute rates: a category that began mid-window counts 0 before.
-            productive = f"sum by (workload) (sum_over_time({GOODPUT_RATE}{{{PRODUCTIVE}}}[{window}]))"
-            all_time = f"sum by (workload) (sum_over_time({GOODPUT_RATE}[{window}]))"
-            within = f"sum by (workload) (sum_over_time({REQUESTS_FAST_RATE}[{window}]))"
-            total = f"sum by (workload) (sum_over_time({REQUESTS_RATE}[{window}]))"
+        # Sums, not averages, of the 5-minute rates: a category that began mid-window counts 0 before.
+        raw = seconds(window) <= seconds(RAW_UP_TO)
+        x = {
+            name: per_workload("rate", selector, window) if raw else per_workload("sum_over_time", recorded, window)
+            for name, (selector, recorded) in inputs.items()
+        }
         rules += [
-            {"record": f"workload:tpuscope_badput:ratio_rate{window}", "expr": f"1 - {productive} / {all_time}"},
+            {"record": f"workload:tpuscope_badput:ratio_rate{window}", "expr": f"1 - {x['productive']} / {x['wall']}"},
             {
                 "record": f"workload:tpuscope_inference_slow_requests:ratio_rate{window}",
-                "expr": f"1 - {within} / {total}",
+                "expr": f"1 - {x['within']} / {x['total']}",
             },
         ]
     return rules

@@ -423,10 +423,11 @@ def simulate(s: Settings, config: AlertingConfig, run_dir: Path, sockets: Path) 
             group["max_seconds"] = max(watch.rule_group_max_s.get(name, 0.0), group["last_seconds"])
         figures["rule_eval_seconds_total_max"] = sum(group["max_seconds"] for group in figures["rule_groups"].values())
         sidecar_pids = [sidecar.proc.pid for sidecar in sidecars]
+        sidecar_rss = rss_mb(sidecar_pids)
         figures["resources"] = {
             "cores_busy": cpu.cores(),
-            "sidecar_rss_mb_total": sum(rss_mb(sidecar_pids)),
-            "sidecar_rss_mb_max": max(rss_mb(sidecar_pids), default=0.0),
+            "sidecar_rss_mb_total": sum(sidecar_rss),
+            "sidecar_rss_mb_max": max(sidecar_rss, default=0.0),
             "sidecar_peak_rss_mb_max": max(rss_mb(sidecar_pids, "VmHWM"), default=0.0),
             "prometheus_rss_mb": sum(rss_mb([prom.proc.pid])),
         }
@@ -537,7 +538,7 @@ def _who(labels: dict[str, str]) -> str:
 
 def checks(f: dict[str, Any]) -> list[Check]:
     straggler, stall, labels = f["straggler"], f["stall"], f["labels"]
-    steps = f["recording_rules"].get("workload:tpuscope_steps:rate5m", {"series": 0, "workloads": []})
+    steps = f["recording_rules"].get(rules.STEPS_RATE, {"series": 0, "workloads": []})
     missed = sum(group["iterations_missed"] for group in f["rule_groups"].values())
     return [
         Check(
@@ -565,7 +566,7 @@ def checks(f: dict[str, Any]) -> list[Check]:
         Check(
             "per-workload rules aggregate",
             steps["series"] == f["workloads"] == len(steps["workloads"]),
-            f"workload:tpuscope_steps:rate5m: {steps['series']:.0f} series for {f['workloads']} workloads",
+            f"{rules.STEPS_RATE}: {steps['series']:.0f} series for {f['workloads']} workloads",
         ),
         Check(
             "rules loaded and keep up",
@@ -641,8 +642,7 @@ def run(args: argparse.Namespace) -> int:
     if problem := validate(s, config):
         print(f"tpuscope fleet-sim: {problem}", file=sys.stderr)
         return 2
-    # Absolute: Prometheus reads rule_files relative to its configuration file's directory.
-    run_dir: Path = args.run_dir.resolve()
+    run_dir: Path = args.run_dir.resolve()  # absolute, for the paths the run prints and reports
     shutil.rmtree(run_dir / "prometheus", ignore_errors=True)  # a previous run's data would answer the queries
     run_dir.mkdir(parents=True, exist_ok=True)
     print(

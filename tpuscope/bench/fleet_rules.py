@@ -23,7 +23,7 @@ from typing import Any
 
 import yaml
 
-from tpuscope.alerts import HEADER, rules_file
+from tpuscope.alerts import HEADER, rule_groups
 from tpuscope.alerts.config import AlertingConfig
 
 # Prometheus' duration syntax: one or more number-unit pairs, largest unit first ("1h30m").
@@ -81,14 +81,14 @@ def scaled_config(config: AlertingConfig, k: float) -> AlertingConfig:
 
 
 def scaled_groups(config: AlertingConfig, k: float) -> list[dict[str, Any]]:
-    """The rule groups of ``rules_file(config)``, time compressed ``k`` times.
+    """The rule groups of ``rules_file(config)`` (``rule_groups``), time compressed ``k`` times.
 
     Expressions come from the rules generated with the scaled thresholds, durations divided. A ``for:``
     comes from the rules generated with ``config``'s own, then divided: CheckpointMissing waits as long
     as ``checkpoint_age_seconds``, which would otherwise be divided twice.
     """
-    plain = _groups(config)
-    timed = _groups(scaled_config(config, k))
+    plain = rule_groups(config)
+    timed = rule_groups(scaled_config(config, k))
     for plain_group, group in zip(plain, timed, strict=True):
         for plain_rule, rule in zip(plain_group["rules"], group["rules"], strict=True):
             rule["expr"] = scale_expr(rule["expr"], k)
@@ -105,8 +105,3 @@ def scaled_rules_file(config: AlertingConfig, k: float) -> str:
 def ranges_ms(groups: list[dict[str, Any]]) -> list[int]:
     """The length of every range selector in ``groups``' expressions (to hold against the scrape interval)."""
     return [duration_ms(m[1]) for group in groups for rule in group["rules"] for m in _RANGE.finditer(rule["expr"])]
-
-
-def _groups(config: AlertingConfig) -> list[dict[str, Any]]:
-    groups: list[dict[str, Any]] = yaml.safe_load(rules_file(config))["groups"]
-    return groups
