@@ -25,7 +25,7 @@ import pytest
 import yaml
 from conftest import require
 
-from tpuscope import catalog
+from tpuscope import catalog, promql
 from tpuscope.alerts import rules_file
 from tpuscope.alerts.config import AlertingConfig
 from tpuscope.alerts.rules import COMPUTE_PER_WORKER, STEPS_RATE
@@ -51,14 +51,14 @@ K = 10
 )
 def test_a_duration_is_divided_to_the_millisecond(duration: str, k: float, scaled: str) -> None:
     assert fleet_rules.scale_duration(duration, k) == scaled
-    assert fleet_rules.duration_ms(scaled) * k == pytest.approx(fleet_rules.duration_ms(duration), abs=k)
+    assert promql.duration_ms(scaled) * k == pytest.approx(promql.duration_ms(duration), abs=k)
 
 
 def test_a_duration_under_a_millisecond_or_not_a_duration_is_refused() -> None:
     with pytest.raises(ValueError, match="under a millisecond"):
         fleet_rules.scale_duration("1ms", 10)
     with pytest.raises(ValueError, match="not a Prometheus duration"):
-        fleet_rules.duration_ms("5 minutes")
+        promql.duration_ms("5 minutes")
 
 
 def test_ranges_subqueries_and_offsets_are_divided_and_nothing_else() -> None:
@@ -91,20 +91,17 @@ def test_the_compressed_rules_are_the_generated_ones_with_every_duration_divided
     assert scaled.keys() == original.keys()  # same recording-rule names (rate5m stays rate5m), same alerts
     for name, rule in scaled.items():
         before = original[name]
-        ranges = [fleet_rules.duration_ms(w) for w in _durations(rule["expr"])]
-        assert ranges == [fleet_rules.duration_ms(w) / K for w in _durations(before["expr"])], name
+        ranges = [promql.duration_ms(w) for w in _durations(rule["expr"])]
+        assert ranges == [promql.duration_ms(w) / K for w in _durations(before["expr"])], name
         assert ("for" in rule) == ("for" in before), name
         if "for" in rule:
-            assert fleet_rules.duration_ms(rule["for"]) * K == fleet_rules.duration_ms(before["for"]), name
+            assert promql.duration_ms(rule["for"]) * K == promql.duration_ms(before["for"]), name
     assert scaled["TpuscopeStraggler/warning"]["for"] == "1m"
     assert "[30s]" in scaled[COMPUTE_PER_WORKER]["expr"]
     # Times among the thresholds divided once, in the expression; counts not at all.
     assert f"> {t.stall_seconds / K:g} " in scaled["TpuscopeWorkloadStalled/critical"]["expr"]
     assert f"> {t.checkpoint_age_seconds / K:g} " in scaled["TpuscopeCheckpointStale/critical"]["expr"]
-    assert (
-        fleet_rules.duration_ms(scaled["TpuscopeCheckpointMissing/warning"]["for"])
-        == t.checkpoint_age_seconds / K * 1000
-    )
+    assert promql.duration_ms(scaled["TpuscopeCheckpointMissing/warning"]["for"]) == t.checkpoint_age_seconds / K * 1000
     assert f"> {t.steady_state_compiles:g}" in scaled["TpuscopeRecompiling/warning"]["expr"]
     assert f"> {t.straggler_factor:g}" in scaled["TpuscopeStraggler/warning"]["expr"]
 

@@ -11,7 +11,6 @@ last figures it had, marked with their age, rather than going blank.
 
 from __future__ import annotations
 
-import json
 import time
 import urllib.parse
 import urllib.request
@@ -26,6 +25,7 @@ from rich.text import Text
 from tpuscope import catalog as c
 from tpuscope import events
 from tpuscope.exporter.scrape import Scrape
+from tpuscope.prometheus_api import PrometheusAPI, PrometheusError
 
 PHASE_STYLES = {"io": "yellow", "compute": "green", "sync": "magenta", "other": "bright_black"}
 BAR_WIDTH = 20
@@ -63,12 +63,10 @@ class Alerts:
     def read(self, timeout: float) -> None:
         if not self.prometheus:
             return
-        url = self.prometheus.rstrip("/") + "/api/v1/alerts"
         try:
-            with urllib.request.urlopen(url, timeout=timeout) as response:
-                alerts = json.load(response)["data"]["alerts"]
-        except Exception as e:
-            self.error = f"{type(e).__name__}: {getattr(e, 'reason', e)}"
+            alerts = PrometheusAPI(self.prometheus, timeout).get("alerts")["alerts"]
+        except Exception as e:  # PrometheusError says why; anything else is an answer that is not Prometheus'
+            self.error = str(e) if isinstance(e, PrometheusError) else f"{type(e).__name__}: {e}"
             return
         self.error = ""
         self.firing = [

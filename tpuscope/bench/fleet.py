@@ -47,10 +47,11 @@ from tpuscope.bench.fleet_jobs import Host, Plan
 from tpuscope.bench.flood import status_mb
 from tpuscope.bench.prometheus import PrometheusServer, target_of
 from tpuscope.bench.soak import SIDECAR_RSS, wait_for
-from tpuscope.bench.summary import percentile
 from tpuscope.bench.verdict import Check, check_lines, write_report
 from tpuscope.exporter.child import SidecarProcess
 from tpuscope.exporter.scrape import Scrape
+from tpuscope.promql import duration_ms
+from tpuscope.stats import percentile
 
 DEFAULT_JSON = Path("run/fleet.json")
 JOB = "tpuscope"  # the scrape job PrometheusServer configures
@@ -85,7 +86,7 @@ class Settings:
 
     def scaled(self, duration: str) -> float:
         """A duration of the real rules, in seconds of this run."""
-        return fleet_rules.duration_ms(duration) / 1000 / self.time_scale
+        return duration_ms(duration) / 1000 / self.time_scale
 
 
 @dataclass

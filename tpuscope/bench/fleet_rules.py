@@ -25,32 +25,14 @@ import yaml
 
 from tpuscope.alerts import HEADER, rule_groups
 from tpuscope.alerts.config import AlertingConfig
+from tpuscope.promql import DURATION, duration_ms, format_ms
 
-# Prometheus' duration syntax: one or more number-unit pairs, largest unit first ("1h30m").
-_UNITS_MS = {"y": 365 * 86_400_000, "w": 7 * 86_400_000, "d": 86_400_000, "h": 3_600_000, "m": 60_000, "s": 1000}
-_DURATION = r"(?:\d+(?:ms|[ywdhms]))+"
-_PART = re.compile(r"(\d+)(ms|[ywdhms])")
 # A range selector or a subquery: [5m], [1h:5m], [1h:].
-_RANGE = re.compile(rf"\[\s*({_DURATION})\s*(?::\s*({_DURATION})?\s*)?\]")
-_OFFSET = re.compile(rf"\boffset(\s+)(-?)({_DURATION})\b")
+_RANGE = re.compile(rf"\[\s*({DURATION})\s*(?::\s*({DURATION})?\s*)?\]")
+_OFFSET = re.compile(rf"\boffset(\s+)(-?)({DURATION})\b")
 # Thresholds that are lengths of time: a stall of 600 s becomes one of 60 s at K=10. compile_seconds_per_hour
 # is seconds of compiling in a window of an hour: the window shrinks, so does what fits in it.
 TIMED_THRESHOLDS = ("stall_seconds", "checkpoint_age_seconds", "compile_seconds_per_hour")
-
-
-def duration_ms(text: str) -> int:
-    """``"1h30m"`` -> 5400000."""
-    if not re.fullmatch(_DURATION, text):
-        raise ValueError(f"not a Prometheus duration: {text!r}")
-    return sum(int(number) * (1 if unit == "ms" else _UNITS_MS[unit]) for number, unit in _PART.findall(text))
-
-
-def format_ms(ms: int) -> str:
-    """The largest unit that says ``ms`` exactly: 30000 -> ``30s``, 12960000 -> ``216m``, 1500 -> ``1500ms``."""
-    for unit in ("d", "h", "m", "s"):
-        if ms % _UNITS_MS[unit] == 0:
-            return f"{ms // _UNITS_MS[unit]}{unit}"
-    return f"{ms}ms"
 
 
 def scale_duration(text: str, k: float) -> str:

@@ -34,11 +34,11 @@ from pathlib import Path
 from typing import Any
 
 from tpuscope import catalog, events
-from tpuscope.bench.perf import percentile
 from tpuscope.bench.scrape_latency import scrape_once
 from tpuscope.bench.verdict import Check, check_lines, write_report
 from tpuscope.exporter.child import SidecarProcess
 from tpuscope.exporter.scrape import Scrape
+from tpuscope.stats import percentile
 from tpuscope.tracing import Monitor
 
 # The event rate one sidecar must sustain: a realistic busy host, e.g. 8 accelerators' jobs

@@ -20,7 +20,7 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -34,6 +34,7 @@ from tpuscope.bench.prometheus import free_port
 from tpuscope.bench.scrape_latency import scrape_once
 from tpuscope.exporter.child import SidecarProcess
 from tpuscope.exporter.scrape import Scrape
+from tpuscope.stats import percentile
 from tpuscope.tracing import Monitor
 
 
@@ -87,11 +88,6 @@ def line(f: Figure) -> str:
     verdict = "" if f.met is None else ("met" if f.met else "MISSED")
     target = f"target {f.target} {verdict}" if f.target else ""
     return f"  {f.name:<50} {value:>10} {f.unit:<9} {target:<22} {f.note}".rstrip()
-
-
-def percentile(values: Sequence[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 # --- the job side --------------------------------------------------------------------------------------

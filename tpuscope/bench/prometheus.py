@@ -7,7 +7,6 @@ HTTP query API.
 
 from __future__ import annotations
 
-import json
 import shutil
 import socket
 import subprocess
@@ -20,9 +19,7 @@ from typing import Any, Self
 
 import yaml
 
-
-class PrometheusError(RuntimeError):
-    pass
+from tpuscope.prometheus_api import PrometheusAPI, PrometheusError
 
 
 def free_port() -> int:
@@ -118,29 +115,19 @@ class PrometheusServer(ServerProcess):
         (workdir / "prometheus.yml").write_text(yaml.safe_dump(config))
         flags = [f"--config.file={workdir / 'prometheus.yml'}", f"--storage.tsdb.path={workdir / 'data'}"]
         super().__init__(binary, "prometheus", flags, workdir)
+        self.api = PrometheusAPI(self.url, timeout=10)
 
     def query(self, expr: str) -> list[dict[str, Any]]:
         """An instant query; returns the result vector (each item has ``metric`` and ``value``)."""
-        return list(self._get("query", {"query": expr})["result"])
+        return self.api.query(expr)
 
     def query_range(self, expr: str, start: float, end: float, step: float) -> list[dict[str, Any]]:
         """A range query, as Grafana runs a time series panel; each item has ``metric`` and ``values``."""
-        return list(self._get("query_range", {"query": expr, "start": start, "end": end, "step": step})["result"])
+        return self.api.query_range(expr, start, end, step)
 
     def label_values(self, label: str, match: str) -> list[str]:
         """What Grafana's ``label_values(match, label)`` variable query lists."""
-        return list(self._get(f"label/{label}/values", {"match[]": match}))
-
-    def _get(self, endpoint: str, parameters: dict[str, Any]) -> Any:
-        url = f"{self.url}/api/v1/{endpoint}?" + urllib.parse.urlencode(parameters)
-        try:
-            with urllib.request.urlopen(url, timeout=10) as r:
-                body = json.load(r)
-        except urllib.error.HTTPError as e:
-            raise PrometheusError(f"{endpoint} {parameters} failed: {e.read().decode()}") from None
-        if body.get("status") != "success":
-            raise PrometheusError(f"{endpoint} {parameters} failed: {body}")
-        return body["data"]
+        return self.api.label_values(label, match)
 
     def scalar(self, expr: str) -> float | None:
         """The value of a query that yields at most one series, or None when it yields none."""

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from tpuscope import events
 from tpuscope.goodput import CATEGORIES, GoodputLedger
+from tpuscope.stats import percentile
 
 
 @dataclass
@@ -82,9 +83,3 @@ class RunSummary:
             f"goodput       {self.goodput['productive'] / wall:.1%} of {wall:.1f} s wall"
             + (f"; badput: {badput}" if badput else ""),
         ]
-
-
-def percentile(values: list[float], q: float) -> float:
-    """Nearest-rank percentile; 0 for no values."""
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else 0.0
