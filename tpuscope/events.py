@@ -216,9 +216,10 @@ def from_record(record: dict[str, Any]) -> tuple[float, AnyEvent]:
         # Records are positional on the wire; fields missing from the end take their defaults.
         present = itertools.takewhile(lambda name: name in record, cls.__struct_fields__)
         event = msgspec.convert([record["type"], *(record[name] for name in present)], AnyEvent)
-    except (KeyError, msgspec.ValidationError) as e:
+        received = float(record["time"])
+    except (KeyError, TypeError, ValueError, msgspec.ValidationError) as e:  # not an object, no time, a bad field
         raise InvalidEvent("invalid_field", f"{record!r}: {e}") from None
-    return float(record["time"]), event
+    return received, event
 
 
 def default_socket_path() -> Path:

@@ -77,6 +77,10 @@ def run_bench(args: argparse.Namespace) -> int:
 
         try:
             sinks: list[Sink] = [summary, RecordSink(args.record)] if args.record else [summary]
+        except OSError as e:
+            print(f"tpuscope bench: cannot write --record {args.record}: {e.strerror or e}", file=sys.stderr)
+            return 2
+        try:
             with Monitor(args.workload, socket=socket, sinks=sinks, spans_file=args.run_dir / "spans.jsonl") as monitor:
                 if args.overhead:
                     _measure_overhead(args, faults, monitor)

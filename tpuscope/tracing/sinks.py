@@ -10,6 +10,7 @@ import contextlib
 import os
 import socket
 import time
+from pathlib import Path
 from typing import Protocol
 
 import msgspec
@@ -110,6 +111,7 @@ class RecordSink:
     """Appends every event as a JSON line (``tpuscope bench --record``): replayable without any sidecar."""
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
         self._file = open(path, "a", buffering=1)  # noqa: SIM115 - kept open for the Monitor's lifetime
         self._encoder = msgspec.json.Encoder()
 
@@ -120,7 +122,24 @@ class RecordSink:
         self._file.close()
 
 
-def read_records(path: str | os.PathLike[str]) -> list[tuple[float, events.AnyEvent]]:
-    """The (time, event) pairs of a recording, in order."""
+def read_records(
+    path: str | os.PathLike[str], unreadable: list[str] | None = None
+) -> list[tuple[float, events.AnyEvent]]:
+    """The (time, event) pairs of a recording, in order.
+
+    A line that is not a valid event raises :class:`events.InvalidEvent` naming the line; given a list as
+    ``unreadable``, the line is skipped and why is appended to the list instead (a job killed mid-write
+    leaves a cut last line, and the rest of its recording is still worth reading).
+    """
+    records = []
     with open(path) as lines:
-        return [events.from_record(msgspec.json.decode(line)) for line in lines if line.strip()]
+        for number, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            try:
+                records.append(events.from_record(msgspec.json.decode(line)))
+            except (msgspec.DecodeError, events.InvalidEvent) as e:
+                if unreadable is None:
+                    raise events.InvalidEvent("malformed", f"{path}, line {number}: {e}") from None
+                unreadable.append(f"line {number}: {e}")
+    return records
