@@ -1,6 +1,7 @@
 # The two commands of the README:
-#   make demo   set up, then run the JAX benchmark workload with the sidecar and show what it exports
-#   make test   set up (Python environment, Debian's prometheus and prometheus-alertmanager), then test
+#   make demo   set up, then run the JAX benchmark workload with the sidecar, show what it exports, and write
+#               the run's report (run/demo/report/index.html) from the events it recorded
+#   make test   set up (Python environment, Debian's prometheus, prometheus-alertmanager and chromium), then test
 # Everything else here is a step of those two.
 
 PYTHON ?= python3
@@ -12,7 +13,8 @@ SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 demo: setup
 	rm -rf run/demo  # a fresh run each time: the workload resumes from checkpoints it finds
-	$(BIN)/tpuscope bench --steps 300 --run-dir run/demo
+	$(BIN)/tpuscope bench --steps 300 --run-dir run/demo --record run/demo/events.jsonl
+	$(BIN)/tpuscope report --recording run/demo/events.jsonl --out run/demo/report
 
 test: setup system-deps lint
 	$(BIN)/python -m pytest
@@ -26,18 +28,18 @@ setup: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev,jax,tpu,gpu,dashboards]'
+	$(BIN)/python -m pip install --quiet -e '.[dev,jax,tpu,gpu,dashboards,report]'
 	touch $@
 
-# Real Prometheus, promtool, Alertmanager and amtool for the tests, and node_exporter as the benchmark's
-# peer (Debian's packages; they start no service here).
+# Real Prometheus, promtool, Alertmanager and amtool for the tests, node_exporter as the benchmark's peer,
+# and headless Chromium to open the run reports as a person would (Debian's packages; they start no service).
 system-deps:
 	@command -v prometheus >/dev/null && command -v promtool >/dev/null && \
 	  command -v prometheus-alertmanager >/dev/null && command -v amtool >/dev/null && \
-	  command -v prometheus-node-exporter >/dev/null || { \
+	  command -v prometheus-node-exporter >/dev/null && command -v chromium >/dev/null || { \
 	  $(SUDO) apt-get update -qq && \
 	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends \
-	    prometheus prometheus-alertmanager prometheus-node-exporter; }
+	    prometheus prometheus-alertmanager prometheus-node-exporter chromium fonts-dejavu-core; }
 
 lint: setup
 	$(BIN)/ruff check tpuscope tests

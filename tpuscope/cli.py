@@ -198,6 +198,30 @@ def main(argv: Sequence[str] | None = None) -> int:
     top.add_argument("--once", action="store_true", help="print one frame and exit (1 if the sidecar is unreachable)")
     top.set_defaults(run=_top)
 
+    report = commands.add_parser(
+        "report",
+        help="a run report for a post-mortem or a ticket: an HTML page and PNGs, from Prometheus or a recording",
+        description="Write a self-contained HTML page (and each chart as a PNG, and the data as JSON) of one "
+        "workload over a window: step time, where it went by phase, wall time by goodput category, the compile "
+        "and checkpoint timelines, and the alerts that fired. From Prometheus, or with no Prometheus at all from "
+        "a recording of the job's events (tpuscope bench --record, or a Monitor with a RecordSink).",
+    )
+    source = report.add_mutually_exclusive_group(required=True)
+    source.add_argument("--prometheus", metavar="URL", help="read the workload's series and alerts from Prometheus")
+    source.add_argument("--recording", type=Path, metavar="FILE", help="read a recording of the job's events")
+    report.add_argument("--workload", help="the workload (needed with --prometheus; a recording of one may omit it)")
+    report.add_argument(
+        "--since",
+        help="how far back the window reaches, e.g. 30m, 6h, 2d (default: from Prometheus 6h; the whole recording)",
+    )
+    report.add_argument(
+        "--until",
+        help="when the window ends: RFC 3339 (2026-11-23T03:10:00Z) or Unix seconds (default: now, or the "
+        "recording's end)",
+    )
+    report.add_argument("--out", type=Path, help="directory to write into (default ./tpuscope-report-WORKLOAD)")
+    report.set_defaults(run=_report)
+
     boards = commands.add_parser(
         "dashboards",
         help="write the Grafana dashboards as JSON files",
@@ -260,6 +284,17 @@ def _top(args: argparse.Namespace) -> int:
         print("tpuscope top: --refresh must be a positive number of seconds", file=sys.stderr)
         return 2
     return top.run(args.url, args.prometheus, args.refresh, args.once)
+
+
+def _report(args: argparse.Namespace) -> int:
+    from tpuscope import report
+
+    try:
+        window = report.Window.parse(args.since, args.until)
+    except ValueError as e:
+        print(f"tpuscope report: {e}", file=sys.stderr)
+        return 2
+    return report.run(args.prometheus, args.recording, args.workload, window, args.out)
 
 
 def _dashboards(args: argparse.Namespace) -> int:

@@ -1,0 +1,191 @@
+"""``tpuscope report`` of a real run, from a real Prometheus and from the job's recording, opened in Chromium.
+
+The run: the JAX workload crashes halfway, runs again and resumes from its
+checkpoint, now with every save failing; a sidecar serves it, a Prometheus with
+tpuscope's rules scrapes it (the crash fires TpuscopeWorkloadFailed, the saves
+TpuscopeCheckpointFailing), and the job records its events. Both reports must
+tell the same story, and open in headless Chromium with nothing in red.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from chromium import Chromium
+from conftest import require, wait_until
+
+from tpuscope import alerts, events
+from tpuscope.alerts.config import AlertingConfig
+from tpuscope.alerts.rules import PREFIX
+from tpuscope.bench.prometheus import PrometheusServer, target_of
+from tpuscope.exporter.child import SidecarProcess
+from tpuscope.report.window import Window, parse_time
+from tpuscope.tracing import read_records
+
+WORKLOAD = "report"
+EXPECTED_ALERTS = {f"{PREFIX}WorkloadFailed", f"{PREFIX}CheckpointFailing"}
+
+
+@dataclass
+class Run:
+    prometheus: str
+    recording: Path
+    started: float
+    records: list[tuple[float, events.AnyEvent]]
+    directory: Path
+
+
+def bench(sidecar: SidecarProcess, directory: Path, *faults: str) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-m", "tpuscope", "bench", f"--workload={WORKLOAD}", "--steps=60"]
+    command += ["--checkpoint-every=20", f"--socket={sidecar.socket}", f"--run-dir={directory / 'run'}"]
+    command += [f"--record={directory / 'events.jsonl'}", *faults]
+    return subprocess.run(command, capture_output=True, text=True, timeout=300, env=os.environ.copy())
+
+
+@pytest.fixture(scope="module")
+def run(module_tmp: Path) -> Iterator[Run]:
+    require("prometheus")
+    rules = module_tmp / "rules.yml"
+    rules.write_text(alerts.rules_file(AlertingConfig()))
+    with (
+        SidecarProcess(module_tmp / "s.sock", "127.0.0.1:0", "--collectors=host") as sidecar,
+        PrometheusServer(module_tmp / "prom", [target_of(sidecar.url)], rule_files=[rules]) as prom,
+    ):
+        started = time.time()
+        crashed = bench(sidecar, module_tmp, "--inject=crash=30")
+        assert crashed.returncode == 3, crashed.stdout[-2000:] + crashed.stderr[-3000:]
+        resumed = bench(sidecar, module_tmp, "--inject=ckpt-fail")
+        assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-3000:]
+
+        def fired() -> bool:
+            firing = prom.query(f'ALERTS{{alertstate="firing", workload="{WORKLOAD}"}}')
+            return {a["metric"]["alertname"] for a in firing} >= EXPECTED_ALERTS
+
+        assert wait_until(fired, timeout=60), prom.query("ALERTS")
+        time.sleep(2)  # one more scrape: the last events are in Prometheus
+        recording = module_tmp / "events.jsonl"
+        yield Run(prom.url, recording, started, read_records(recording), module_tmp)
+
+
+def report(*flags: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "tpuscope", "report", *flags], capture_output=True, text=True, timeout=120
+    )
+
+
+def made(run: Run, source: str, *flags: str) -> tuple[Path, dict[str, Any]]:
+    """The report's directory and its data, made by the command."""
+    out = run.directory / f"report-{source}"
+    since = f"--since={time.time() - run.started + 5:.0f}s"
+    result = report(*flags, f"--workload={WORKLOAD}", since, f"--out={out}")
+    assert result.returncode == 0, result.stderr
+    assert f"wrote {out / 'index.html'}" in result.stdout
+    data: dict[str, Any] = json.loads((out / "report.json").read_text())
+    return out, data
+
+
+def in_chromium(out: Path, screenshot: Path) -> str:
+    """Open the page as a person would; it must show no error, need nothing from outside and show every chart.
+    The page's text, for what it must say."""
+    pngs = sorted(out.glob("*.png"))
+    with Chromium() as browser:
+        visit = browser.open(out / "index.html")
+        assert not visit.errors(), visit.errors()
+        outside = [url for url in visit.requests if not url.startswith(("file:", "data:"))]
+        assert not outside, f"the page is not self-contained: {outside}"
+        images = browser.evaluate("Array.from(document.images).map(i => [i.complete, i.naturalWidth, i.alt])")
+        assert len(images) == len(pngs) >= 5, images
+        assert all(complete and width > 1000 for complete, width, _ in images), images
+        text: str = browser.evaluate("document.body.innerText")
+        browser.screenshot(screenshot)
+    width, height = struct.unpack(">II", screenshot.read_bytes()[16:24])  # the PNG's IHDR
+    assert width == 1280 and height > 2000, (width, height)
+    print(f"screenshot: {screenshot}")
+    return text
+
+
+def test_a_report_from_prometheus_shows_the_run_and_its_alerts(run: Run, tmp_path: Path) -> None:
+    out, data = made(run, "prometheus", f"--prometheus={run.prometheus}")
+    steps = sum(isinstance(e, events.Step) for _, e in run.records)
+    assert data["totals"]["step_count"] == steps
+    assert {i["name"] for i in data["incidents"]} >= EXPECTED_ALERTS
+    assert all(i["labels"].get("workload") in (WORKLOAD, None) for i in data["incidents"])
+    assert any(not mark["ok"] for mark in data["checkpoints"]), "the failed saves are on the timeline"
+    lost = next(s for s in data["goodput"] if s["name"] == "lost")
+    assert max(lost["values"]) > 0, "the crash lost the steps after the last checkpoint"
+    assert {s["name"] for s in data["phases"] if s["values"]} >= {"compute", "io"}
+    text = in_chromium(out, tmp_path / "prometheus.png")
+    assert f"tpuscope report: workload {WORKLOAD}" in text and f"{PREFIX}WorkloadFailed" in text
+    assert "estimated from the step histogram" in text
+
+
+def test_a_report_from_the_recording_tells_the_same_story_without_prometheus(run: Run, tmp_path: Path) -> None:
+    out, data = made(run, "recording", f"--recording={run.recording}")
+    _, prometheus = made(run, "prometheus", f"--prometheus={run.prometheus}")
+    assert data["totals"]["step_count"] == prometheus["totals"]["step_count"] > 0
+    assert data["totals"]["failures"] == prometheus["totals"]["failures"] == {"exception": 1}
+    assert data["totals"]["restarts"] == prometheus["totals"]["restarts"] == {"resumed": 1}
+
+    def failed_saves(report: dict[str, Any]) -> int:
+        return sum(m["count"] for m in report["checkpoints"] if m["kind"] == "save" and not m["ok"])
+
+    def backend_compiles(report: dict[str, Any]) -> int:
+        return sum(m["count"] for m in report["compiles"] if m["kind"] == "backend")
+
+    assert failed_saves(data) == failed_saves(prometheus) > 0
+    assert backend_compiles(data) == backend_compiles(prometheus) > 0
+    each_step = next(s for s in data["step_time"] if s["name"] == "each step")
+    assert len(each_step["values"]) == data["totals"]["step_count"]
+    names = {i["name"] for i in data["incidents"]}
+    assert {"workload failure", "workload restart", "checkpoint saves failing"} <= names
+    booked = {s["name"]: s["values"][-1] for s in data["goodput"]}
+    assert booked["lost"] > 0 and booked["productive"] > 0
+    text = in_chromium(out, tmp_path / "recording.png")
+    assert "of every step" in text and "checkpoint saves failing" in text
+
+
+def test_bad_input_gets_a_clear_error(run: Run, short_tmp: Path) -> None:
+    down = report("--prometheus=http://127.0.0.1:9", f"--workload={WORKLOAD}", f"--out={short_tmp / 'a'}")
+    assert down.returncode == 1 and "cannot read Prometheus at http://127.0.0.1:9" in down.stderr, down.stderr
+    unknown = report(f"--prometheus={run.prometheus}", "--workload=nobody", "--since=1h", f"--out={short_tmp}")
+    assert unknown.returncode == 1 and f"workloads it has then: {WORKLOAD}" in unknown.stderr, unknown.stderr
+    missing = report(f"--recording={short_tmp / 'none.jsonl'}")
+    assert missing.returncode == 1 and "cannot read the recording" in missing.stderr
+    assert report(f"--recording={run.recording}", "--since=soon").returncode == 2
+    assert not list(short_tmp.glob("**/index.html")), "no report is written when the input is wrong"
+
+
+def test_a_cut_line_in_a_recording_is_left_out_and_said(run: Run, short_tmp: Path) -> None:
+    cut = short_tmp / "cut.jsonl"
+    cut.write_text(run.recording.read_text() + '{"time": 1, "type": "step", "work')  # killed mid-write
+    out = short_tmp / "out"
+    made_it = report(f"--recording={cut}", f"--out={out}")
+    assert made_it.returncode == 0, made_it.stderr
+    data = json.loads((out / "report.json").read_text())
+    assert data["totals"]["step_count"] == sum(isinstance(e, events.Step) for _, e in run.records)
+    assert "1 line(s) of the recording could not be read" in data["incidents_note"]
+    assert f"line {len(run.records) + 1}:" in data["incidents_note"]
+
+
+def test_the_window_reads_rfc_3339_and_unix_times_and_fills_what_is_left_open() -> None:
+    assert parse_time("2026-11-23T03:10:00Z") == parse_time("2026-11-23T03:10:00") == 1795403400.0
+    assert parse_time("2026-11-23T04:10:00+01:00") == 1795403400.0
+    assert parse_time("1795403400") == 1795403400.0
+    with pytest.raises(ValueError, match="RFC 3339"):
+        parse_time("yesterday")
+    recording = Window()  # a recording's whole span
+    assert recording.resolve(first=100.0, last=700.0) == (100.0, 700.0, 2.0)
+    last_hour = Window.parse("1h", "1795403400")
+    assert last_hour.resolve(first=0.0, last=1.0) == (1795403400.0 - 3600, 1795403400.0, 12.0)
+    with pytest.raises(ValueError):
+        Window.parse("0", None)

@@ -1,0 +1,221 @@
+"""A report from Prometheus: one workload's series over a window, summed over all its workers.
+
+The charts are range queries at one point per ``resolution`` seconds (never
+finer than the scrape interval), rates over Grafana's ``$__rate_interval`` (four
+scrapes, or a point and a scrape); counters of rare events (compiles,
+checkpoints, failures) are read with :func:`tpuscope.promql.grown`, so the first
+one of a kind counts. The alerts are Prometheus' own ``ALERTS`` series: those of
+the workload, and those of the hosts it ran on.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import defaultdict
+from typing import Any
+
+from tpuscope import catalog as c
+from tpuscope import events
+from tpuscope.alerts import OURS
+from tpuscope.goodput import CATEGORIES
+from tpuscope.prometheus_api import PrometheusAPI, PrometheusError
+from tpuscope.promql import duration_ms, grown, series
+from tpuscope.report.model import QUANTILES, Incident, Mark, Report, ReportError, Series, Totals
+from tpuscope.report.window import Window
+
+DEFAULT_SCRAPE_INTERVAL = 15.0  # Prometheus' and Grafana's own default, when the targets do not say
+
+
+def build(url: str, workload: str, window: Window) -> Report:
+    try:
+        return _Reader(PrometheusAPI(url), workload, window).report()
+    except PrometheusError as e:
+        raise ReportError(str(e)) from None
+
+
+class _Reader:
+    def __init__(self, api: PrometheusAPI, workload: str, window: Window) -> None:
+        self.api, self.workload = api, workload
+        start, end, resolution = window.resolve()
+        # Whole seconds, so the points' times Prometheus returns are the grid's exactly.
+        self.start, self.end = float(math.floor(start)), float(math.ceil(end))
+        self.w = f"workload={json.dumps(workload)}"
+        known = api.label_values(str(c.Label.WORKLOAD), series(c.STEPS), self.start, self.end)
+        if workload not in known:
+            seen = ", ".join(sorted(known)) or "none"
+            raise ReportError(
+                f"Prometheus at {api.url} has no steps of workload {workload!r} between "
+                f"{window.describe(self.start, self.end)}; workloads it has then: {seen}"
+            )
+        scrape = self._scrape_interval()
+        self.step = float(math.ceil(max(resolution, scrape)))
+        self.rate = f"{math.ceil(max(self.step + scrape, 4 * scrape))}s"
+        self.interval = f"{self.step:.0f}s"
+        self.whole = f"{math.ceil(self.end - self.start)}s"
+
+    def report(self) -> Report:
+        return Report(
+            workload=self.workload,
+            source=f"Prometheus at {self.api.url}",
+            start=self.start,
+            end=self.end,
+            resolution=self.step,
+            step_time=self.step_time(),
+            phases=self.phases(),
+            goodput=self.goodput(),
+            compiles=self.marks(c.COMPILE_DURATION, "stage"),
+            checkpoints=self.marks(c.CHECKPOINT_DURATION, "operation"),
+            incidents=self.alerts(),
+            incidents_note="The tpuscope alerts that fired in the window, for this workload and for the hosts it "
+            "ran on, as Prometheus evaluated them (its ALERTS series).",
+            totals=self.totals(),
+        )
+
+    # --- the charts ---------------------------------------------------------------------------------
+    def step_time(self) -> list[Series]:
+        buckets = series(c.STEP_DURATION, self.w, suffix="bucket")
+        return [
+            self.line(f"p{q * 100:g}", f"histogram_quantile({q}, sum by (le) (rate({buckets}[{self.rate}])))")
+            for q in QUANTILES
+        ]
+
+    def phases(self) -> list[Series]:
+        """Mean seconds per step in each phase: every worker's phase seconds over every worker's steps."""
+        phase_seconds = f"sum by (phase) (rate({series(c.STEP_PHASE_DURATION, self.w, suffix='sum')}[{self.rate}]))"
+        steps = f"sum (rate({series(c.STEP_DURATION, self.w, suffix='count')}[{self.rate}]))"
+        by_phase = self.lines(f"{phase_seconds} / ignoring (phase) group_left {steps}", "phase")
+        return [by_phase.get(phase, Series(phase)) for phase in events.PHASES]
+
+    def goodput(self) -> list[Series]:
+        """Wall seconds booked to each category since the window's start, summed over the workers.
+
+        From each counter's own samples, so a sidecar's restart (its counters start again from 0) loses
+        nothing, and a counter born in the window counts from 0."""
+        booked: dict[str, dict[float, float]] = defaultdict(lambda: defaultdict(float))
+        for result in self.range(series(c.GOODPUT, self.w)):
+            points = [(float(t), float(v)) for t, v in result["values"]]
+            born_in_window = points[0][0] > self.start
+            grown_so_far, previous = 0.0, 0.0 if born_in_window else points[0][1]
+            for t, value in points:
+                grown_so_far += value - previous if value >= previous else value
+                previous = value
+                booked[result["metric"][c.Label.CATEGORY]][t] += grown_so_far
+        goodput = []
+        for category in CATEGORIES:
+            line, last = Series(category), 0.0
+            for t in self.grid():  # a worker's counter missing at a point keeps its last total
+                last = booked[category].get(t, last)
+                line.add(t, last)
+            goodput.append(line)
+        return goodput
+
+    def marks(self, histogram: c.Metric, kind: str) -> list[Mark]:
+        """Each interval in which some of ``histogram``'s events ended: how many, and their mean seconds."""
+        by = f"{kind}, result" if c.Label.RESULT in histogram.labels else kind
+        count = self.range(f"sum by ({by}) {grown(series(histogram, self.w, suffix='count'), self.interval)} > 0")
+        total = self.range(f"sum by ({by}) {grown(series(histogram, self.w, suffix='sum'), self.interval)}")
+        seconds = {(_key(r["metric"]), float(t)): float(v) for r in total for t, v in r["values"]}
+        marks = []
+        for result in count:
+            labels = result["metric"]
+            for t, n in result["values"]:
+                total_seconds = seconds.get((_key(labels), float(t)), 0.0)
+                ok = labels.get(c.Label.RESULT, "ok") == "ok"
+                count_here = round(float(n))
+                marks.append(Mark(float(t), labels[kind], total_seconds / max(count_here, 1), ok, count_here))
+        return sorted(marks, key=lambda mark: mark.time)
+
+    def alerts(self) -> list[Incident]:
+        """Tpuscope alerts firing in the window: the workload's, and its hosts' (those with no workload label
+        on an instance the workload ran on, or on none)."""
+        instances = set(self.api.label_values("instance", series(c.STEPS, self.w), self.start, self.end))
+        incidents = []
+        for result in self.range(f'ALERTS{{alertstate="firing", {OURS}}}'):
+            labels = {k: v for k, v in result["metric"].items() if k not in ("__name__", "alertstate")}
+            if c.Label.WORKLOAD in labels:
+                if labels[c.Label.WORKLOAD] != self.workload:
+                    continue
+            elif labels.get("instance", next(iter(instances), "")) not in instances:  # another host's
+                continue
+            name, severity = labels.pop("alertname"), labels.pop("severity", "")
+            times = [float(t) for t, _ in result["values"]]
+            begun = times[0]
+            for before, after in zip(times, [*times[1:], math.inf], strict=True):  # a gap ends one firing
+                if after - before > self.step * 1.5:
+                    incidents.append(Incident(name, severity, begun, before, labels))
+                    begun = after
+        return sorted(incidents, key=lambda incident: incident.start)
+
+    # --- the summary ----------------------------------------------------------------------------------
+    def totals(self) -> Totals:
+        grew = self.grew_in_window
+        steps = self.instant(f"max (sum by (job, instance) {grew(c.STEPS)})")
+        quantiles = {}
+        for q in QUANTILES:
+            buckets = f"sum by (le) {grew(c.STEP_DURATION, suffix='bucket')}"
+            quantiles[q] = self.instant(f"histogram_quantile({q}, {buckets})")
+        phases = self.by(f"sum by (phase) {grew(c.STEP_PHASE_DURATION, suffix='sum')}", "phase")
+        cache = self.by(f"sum by (result) {grew(c.COMPILE_CACHE_REQUESTS)}", "result")
+        once = "max by ({label}) (sum by ({label}, job, instance) {grew})"  # every worker reports a restart
+        return Totals(
+            step_count=steps or 0.0,
+            step_quantiles={q: v for q, v in quantiles.items() if v is not None and not math.isnan(v)},
+            phase_seconds={phase: phases.get(phase, 0.0) for phase in events.PHASES},
+            cache={hit: cache[result] for hit, result in ((True, "hit"), (False, "miss")) if result in cache},
+            failures=self.by(once.format(label="reason", grew=grew(c.WORKLOAD_FAILURES)), "reason"),
+            restarts=self.by(once.format(label="reason", grew=grew(c.WORKLOAD_RESTARTS)), "reason"),
+            mfu=self.instant(f"avg (avg_over_time({series(c.MFU, self.w)}[{self.whole}]))"),
+        )
+
+    # --- queries ----------------------------------------------------------------------------------------
+    def grew_in_window(self, counter: c.Metric, suffix: str = "") -> str:
+        """How much each of the workload's ``counter`` series grew in the window, a first event counted."""
+        return grown(series(counter, self.w, suffix=suffix), self.whole)
+
+    def grid(self) -> list[float]:
+        """The times of a range query's points."""
+        count = int((self.end - self.start) // self.step)
+        return [self.start + i * self.step for i in range(count + 1)]
+
+    def range(self, expr: str) -> list[dict[str, Any]]:
+        return self.api.query_range(expr, self.start, self.end, self.step)
+
+    def line(self, name: str, expr: str) -> Series:
+        line = Series(name)
+        for result in self.range(expr)[:1]:
+            for t, v in result["values"]:
+                if not math.isnan(float(v)):
+                    line.add(float(t), float(v))
+        return line
+
+    def lines(self, expr: str, label: str) -> dict[str, Series]:
+        lines = {}
+        for result in self.range(expr):
+            line = lines[result["metric"][label]] = Series(result["metric"][label])
+            for t, v in result["values"]:
+                if not math.isnan(float(v)):
+                    line.add(float(t), float(v))
+        return lines
+
+    def instant(self, expr: str) -> float | None:
+        result = self.api.query(expr, at=self.end)
+        return float(result[0]["value"][1]) if result else None
+
+    def by(self, expr: str, label: str) -> dict[str, float]:
+        return {r["metric"].get(label, ""): float(r["value"][1]) for r in self.api.query(expr, at=self.end)}
+
+    def _scrape_interval(self) -> float:
+        """The longest scrape interval of the Prometheus jobs that scrape this workload's sidecars."""
+        jobs = set(self.api.label_values("job", series(c.STEPS, self.w), self.start, self.end))
+        targets = self.api.get("targets", {"state": "active"})["activeTargets"]
+        intervals = [
+            duration_ms(t["scrapeInterval"]) / 1000
+            for t in targets
+            if t.get("labels", {}).get("job") in jobs and t.get("scrapeInterval")
+        ]
+        return max(intervals, default=DEFAULT_SCRAPE_INTERVAL)
+
+
+def _key(labels: dict[str, str]) -> tuple[tuple[str, str], ...]:
+    return tuple(sorted(labels.items()))

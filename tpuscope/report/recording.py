@@ -1,0 +1,180 @@
+"""A report from a recording of the job's own events (``tpuscope bench --record``, or a Monitor with a
+:class:`~tpuscope.tracing.RecordSink`): no Prometheus, no sidecar.
+
+A recording holds every step, so the step-time chart shows each one and the
+quantiles are exact. Goodput is booked by the sidecar's own ledger
+(:class:`~tpuscope.goodput.GoodputLedger`), fed the whole recording so that work
+pending before the window is still booked right inside it. Alert state lives in
+Prometheus, not in a recording: the incidents listed are what the events
+themselves say went wrong.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from tpuscope import events
+from tpuscope.goodput import CATEGORIES, GoodputLedger
+from tpuscope.report.model import QUANTILES, Incident, Mark, Report, ReportError, Series, Totals
+from tpuscope.report.window import Window
+from tpuscope.stats import percentile
+from tpuscope.thresholds import DEFAULT as T
+from tpuscope.top import duration
+from tpuscope.tracing.sinks import read_records
+
+
+@dataclass
+class _Bin:
+    """The steps that ended in one interval of the charts."""
+
+    durations: list[float] = field(default_factory=list)
+    phases: dict[str, float] = field(default_factory=lambda: dict.fromkeys(events.PHASES, 0.0))
+
+
+def build(path: str | os.PathLike[str], workload: str | None, window: Window) -> Report:
+    unreadable: list[str] = []
+    try:
+        records = read_records(path, unreadable)
+    except OSError as e:
+        raise ReportError(f"cannot read the recording {path}: {e.strerror or e}") from None
+    workload = _one_workload(records, workload, path)
+    mine = sorted(((t, e) for t, e in records if e.workload == workload), key=lambda record: record[0])
+    start, end, resolution = window.resolve(first=mine[0][0], last=mine[-1][0])
+    if not any(start <= t <= end for t, _ in mine):
+        raise ReportError(
+            f"the recording has no event of {workload} between {window.describe(start, end)}; "
+            f"it covers {window.describe(mine[0][0], mine[-1][0])}"
+        )
+
+    ledger = GoodputLedger()
+    booked = dict.fromkeys(CATEGORIES, 0.0)
+    goodput = [Series(category) for category in CATEGORIES]
+    bins: dict[int, _Bin] = defaultdict(_Bin)
+    each_step = Series("each step")
+    totals = Totals(exact_quantiles=True, phase_seconds=dict.fromkeys(events.PHASES, 0.0))
+    compiles: list[Mark] = []
+    checkpoints: list[Mark] = []
+    incidents: list[Incident] = []
+    flops = step_seconds = peak = 0.0
+    last_step_at: float | None = None
+
+    def bin_end(index: int) -> float:
+        return min(end, start + (index + 1) * resolution)
+
+    booked_bin = -1
+    for t, event in mine:
+        if t > end:
+            break
+        increments = ledger.observe(event, t)  # before the window too: the ledger's state carries over
+        if isinstance(event, events.Step):
+            if t >= start and last_step_at is not None and t - last_step_at > T.stall_seconds:
+                incidents.append(Incident(f"no step for {duration(t - last_step_at)}", "critical", last_step_at, t))
+            last_step_at = t
+        elif isinstance(event, events.Lifecycle):
+            # A stall counts from the start, as TpuscopeWorkloadStalled does; a job that ended is not stalled.
+            last_step_at = t if event.state in ("start", "restart") else None
+        if t < start:
+            continue
+        index = int((t - start) // resolution)
+        if index != booked_bin:  # the cumulative goodput as it stood at the end of the previous interval
+            if booked_bin >= 0:
+                for series in goodput:
+                    series.add(bin_end(booked_bin), booked[series.name])
+            booked_bin = index
+        for category, seconds in increments:
+            booked[category] += seconds
+
+        if isinstance(event, events.Step):
+            each_step.add(t, event.duration_s)
+            interval = bins[index]
+            interval.durations.append(event.duration_s)
+            for phase, seconds in event.phase_seconds():
+                interval.phases[phase] += seconds
+                totals.phase_seconds[phase] += seconds
+            flops += event.flops
+            step_seconds += event.duration_s
+        elif isinstance(event, events.Compile):
+            compiles.append(Mark(t, event.stage, event.duration_s, detail=event.function))
+        elif isinstance(event, events.CompileCache):
+            totals.cache[event.hit] = totals.cache.get(event.hit, 0) + 1
+        elif isinstance(event, events.Checkpoint):
+            checkpoints.append(Mark(t, event.operation, event.duration_s, event.ok, detail=f"step {event.step}"))
+        elif isinstance(event, events.Hardware):
+            peak = event.peak_flops_per_second
+        elif isinstance(event, events.Lifecycle) and event.state in ("failure", "restart"):
+            counts = totals.failures if event.state == "failure" else totals.restarts
+            counts[event.reason] = counts.get(event.reason, 0) + 1
+            severity = "warning" if event.state == "failure" else "info"
+            incidents.append(Incident(f"workload {event.state}", severity, t, t, {"reason": event.reason}))
+    if booked_bin >= 0:
+        for series in goodput:
+            series.add(bin_end(booked_bin), booked[series.name])
+    incidents += _failing_saves(checkpoints)
+
+    quantiles = [Series(f"p{q * 100:g}") for q in QUANTILES]
+    phases = [Series(phase) for phase in events.PHASES]
+    for index in sorted(bins):
+        interval, t = bins[index], bin_end(index)
+        for q, series in zip(QUANTILES, quantiles, strict=True):
+            series.add(t, percentile(interval.durations, q))
+        for series in phases:
+            series.add(t, interval.phases[series.name] / len(interval.durations))
+    steps = each_step.values
+    totals.step_count = len(steps)
+    totals.step_quantiles = {q: percentile(steps, q) for q in QUANTILES} if steps else {}
+    totals.mfu = flops / step_seconds / peak if flops and step_seconds and peak else None
+
+    note = (
+        f"What the recording itself shows went wrong: failures, restarts, failing checkpoint saves, and no step "
+        f"for more than {duration(T.stall_seconds)}. Alerts live in Prometheus: make the report with --prometheus "
+        "for the alerts that fired."
+    )
+    if unreadable:
+        note += f" {len(unreadable)} line(s) of the recording could not be read and were left out ({unreadable[0]})."
+    return Report(
+        workload=workload,
+        source=f"the recording {os.fspath(path)}",
+        start=start,
+        end=end,
+        resolution=resolution,
+        step_time=[each_step, *quantiles],
+        phases=phases,
+        goodput=goodput,
+        compiles=compiles,
+        checkpoints=checkpoints,
+        incidents=sorted(incidents, key=lambda incident: incident.start),
+        incidents_note=note,
+        totals=totals,
+    )
+
+
+def _one_workload(records: list[tuple[float, events.AnyEvent]], workload: str | None, path: object) -> str:
+    names = sorted({event.workload for _, event in records})
+    if not names:
+        raise ReportError(f"the recording {path} holds no event")
+    if workload is None:
+        if len(names) > 1:
+            raise ReportError(f"the recording {path} holds several workloads; pick one with --workload: {names}")
+        return names[0]
+    if workload not in names:
+        raise ReportError(f"the recording {path} has no event of workload {workload!r}; it has: {', '.join(names)}")
+    return workload
+
+
+def _failing_saves(checkpoints: list[Mark]) -> list[Incident]:
+    """Each run of failed saves with no good save between them, as one incident."""
+    incidents: list[Incident] = []
+    run: list[Mark] = []
+    for mark in [*checkpoints, None]:
+        if mark is not None and mark.kind == "restore":
+            continue
+        if mark is not None and not mark.ok:
+            run.append(mark)
+            continue
+        if run:
+            labels = {"failed saves": str(len(run))}
+            incidents.append(Incident("checkpoint saves failing", "warning", run[0].time, run[-1].time, labels))
+            run = []
+    return incidents

@@ -1,0 +1,407 @@
+"""Draw a :class:`~tpuscope.report.model.Report`: a PNG per chart, and one HTML page that holds them all.
+
+The page is self-contained (styles inline, the charts as ``data:`` images, no
+script), so it can be attached to a ticket, mailed, or opened on a host with no
+network; the PNGs beside it are the same images, for pasting one into a chat or
+a post-mortem document.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import json
+import math
+from collections.abc import Callable, Iterable
+from dataclasses import asdict
+from datetime import UTC, datetime
+from pathlib import Path
+
+import matplotlib.dates as mdates
+from matplotlib.axes import Axes
+from matplotlib.figure import Figure  # without pyplot: no global state, no display, nothing to close
+
+from tpuscope import __version__, events
+from tpuscope.goodput import CATEGORIES
+from tpuscope.report.model import Incident, Mark, Report, Series
+from tpuscope.report.window import utc
+from tpuscope.stats import percentile
+from tpuscope.thresholds import DEFAULT as T
+from tpuscope.top import duration
+
+PHASE_COLOURS = {"compute": "#2ca02c", "sync": "#b04fc0", "io": "#e5ae00", "other": "#9a9a9a"}
+CATEGORY_COLOURS = {
+    "productive": "#2ca02c",
+    "compile": "#8c6bd1",
+    "io_wait": "#e5ae00",
+    "checkpoint": "#3b7dd8",
+    "init": "#9a9a9a",
+    "lost": "#d62728",
+}
+SEVERITY_COLOURS = {"critical": "#d62728", "warning": "#ff9f1c", "info": "#3b7dd8"}
+QUANTILE_COLOURS = {"p50": "#1f77b4", "p95": "#ff7f0e", "p99": "#d62728"}
+WIDTH, HEIGHT, DPI = 11.0, 3.4, 110
+TABLE_ROWS = 12  # the longest compiles, the failed checkpoints: a page, not a log
+
+
+def write(report: Report, out: Path) -> list[Path]:
+    """``out/index.html``, a PNG per chart and ``out/report.json`` (the data, for scripts); their paths."""
+    out.mkdir(parents=True, exist_ok=True)
+    sections = []
+    written = []
+    for name, title, what, draw, table in _sections(report):
+        png = _png(draw, report) if draw else b""
+        if png:
+            (out / f"{name}.png").write_bytes(png)
+            written.append(out / f"{name}.png")
+        sections.append(_section(name, title, what, png, table))
+    page = out / "index.html"
+    page.write_text(_page(report, sections))
+    data = out / "report.json"
+    data.write_text(json.dumps(asdict(report), indent=1, default=str) + "\n")
+    return [page, *written, data]
+
+
+# --- what the page shows, in order --------------------------------------------------------------------------
+Draw = Callable[[Axes, Report], None]
+
+
+def _sections(report: Report) -> Iterable[tuple[str, str, str, Draw | None, str]]:
+    """(file name, title, what to look for, how to draw it, a table under it) for each chart."""
+    yield (
+        "step-time",
+        "Step time",
+        "Wall time of a training step: p50, p95 and p99 of the steps in each interval"
+        + (" (the dots are every step)." if _each_step(report) else ", estimated from the step histogram.")
+        + " A p99 that rises while the p50 stays flat is a few slow steps (a stall, a straggler, an input "
+        "hiccup); both rising is a regression: see where the time went, below.",
+        _step_time,
+        "",
+    )
+    yield (
+        "phases",
+        "Where a step's time goes",
+        "Mean seconds per step in each phase, stacked to the mean step time. A growing io band is an input-bound "
+        "job; a growing sync band, slow collectives or a straggler; other is what no phase claims.",
+        _phases,
+        "",
+    )
+    yield (
+        "goodput",
+        "Wall time by category",
+        "Seconds booked to each category since the window's start, stacked (summed over the workload's workers). "
+        "Step time becomes productive when a checkpoint covers it; a failure or a restore from an older "
+        "checkpoint turns the work since the last save into lost.",
+        _goodput,
+        "",
+    )
+    yield (
+        "compiles",
+        "Compiles",
+        "Each XLA compilation by stage and how long it took. Compiles belong at the start; later ones are "
+        "recompiles (a new shape, a new function), and each one stalls the step that waits for it.",
+        _compiles,
+        _marks_table(sorted(report.compiles, key=lambda m: -m.seconds), "stage", "the longest"),
+    )
+    yield (
+        "checkpoints",
+        "Checkpoints",
+        "Each checkpoint save and restore and how long it took; failed ones in red. Saves that fail leave the "
+        "work since the last good one at risk.",
+        _checkpoints,
+        _marks_table([m for m in report.checkpoints if not m.ok], "operation", "the failed"),
+    )
+    yield (
+        "alerts",
+        "Alerts and incidents",
+        report.incidents_note,
+        _incidents if report.incidents else None,
+        _incidents_table(report.incidents),
+    )
+
+
+# --- the charts ---------------------------------------------------------------------------------------------
+def _each_step(report: Report) -> Series | None:
+    return next((s for s in report.step_time if s.name == "each step"), None)
+
+
+def _step_time(ax: Axes, report: Report) -> None:
+    values = [v for s in report.step_time for v in s.values]
+    each = _each_step(report)
+    if each:
+        ax.scatter(_dates(each.times), each.values, s=6, color="#555555", alpha=0.6, label="each step", lw=0)
+    for line in report.step_time:
+        if line is not each and line.times:
+            times, values = _with_gaps(line.times, line.values, report.resolution, math.nan)
+            colour = QUANTILE_COLOURS.get(line.name)
+            ax.plot(_dates(times), values, label=line.name, color=colour, lw=1.4, marker="o", ms=2.5)  # dots: alone
+    if values and min(values) > 0 and max(values) / min(values) > 50:
+        ax.set_yscale("log")  # a stall of minutes beside steps of milliseconds
+    _seconds_axis(ax)
+    _legend(ax)
+
+
+def _phases(ax: Axes, report: Report) -> None:
+    times = sorted({t for s in report.phases for t in s.times})
+    if times:
+        stacks = [dict(zip(s.times, s.values, strict=True)) for s in report.phases]
+        times, _ = _with_gaps(times, times, report.resolution, 0.0)  # no steps: nothing stacked
+        ax.stackplot(
+            _dates(times),
+            [[stack.get(t, 0.0) for t in times] for stack in stacks],
+            labels=[s.name for s in report.phases],
+            colors=[PHASE_COLOURS[s.name] for s in report.phases],
+            alpha=0.85,
+        )
+    _seconds_axis(ax)
+    _legend(ax)
+
+
+def _goodput(ax: Axes, report: Report) -> None:
+    shown = [s for s in report.goodput if s.values and max(s.values) > 0]
+    if shown:
+        ax.stackplot(
+            _dates(shown[0].times),
+            [s.values for s in shown],
+            labels=[s.name for s in shown],
+            colors=[CATEGORY_COLOURS[s.name] for s in shown],
+            alpha=0.85,
+        )
+    _seconds_axis(ax)
+    _legend(ax)
+
+
+def _compiles(ax: Axes, report: Report) -> None:
+    stages = sorted({m.kind for m in report.compiles})
+    for stage, colour in zip(stages, ("#8c6bd1", "#17becf", "#e377c2"), strict=False):
+        marks = [m for m in report.compiles if m.kind == stage]
+        ax.vlines(_dates([m.time for m in marks]), 0, [m.seconds for m in marks], color=colour, alpha=0.4, lw=1)
+        ax.scatter(_dates([m.time for m in marks]), [m.seconds for m in marks], s=16, color=colour, label=stage)
+    _seconds_axis(ax)
+    _legend(ax)
+
+
+def _checkpoints(ax: Axes, report: Report) -> None:
+    for operation, marker in (("save", "o"), ("restore", "D")):
+        for ok, colour, outcome in ((True, "#2ca02c", "ok"), (False, "#d62728", "failed")):
+            marks = [m for m in report.checkpoints if m.kind == operation and m.ok == ok]
+            if marks:
+                times, seconds = _dates([m.time for m in marks]), [m.seconds for m in marks]
+                ax.vlines(times, 0, seconds, color=colour, alpha=0.4, lw=1)
+                ax.scatter(times, seconds, marker=marker, s=22, color=colour, label=f"{operation} {outcome}")
+    _seconds_axis(ax)
+    _legend(ax)
+
+
+def _incidents(ax: Axes, report: Report) -> None:
+    rows = sorted({i.name for i in report.incidents}, reverse=True)
+    minimum = (report.end - report.start) / 300  # an instant still shows as a sliver
+    for incident in report.incidents:
+        start, end = _dates([incident.start, max(incident.end, incident.start + minimum)])
+        ax.barh(
+            rows.index(incident.name),
+            end - start,
+            left=start,
+            height=0.6,
+            color=SEVERITY_COLOURS.get(incident.severity, "#7f7f7f"),
+        )
+    ax.set_yticks(range(len(rows)), rows)
+    ax.set_ylim(-0.8, max(len(rows), 1) - 0.2)
+    if not rows:
+        ax.set_yticks([])
+
+
+# --- drawing helpers ----------------------------------------------------------------------------------------
+def _png(draw: Draw, report: Report) -> bytes:
+    rows = len({i.name for i in report.incidents}) if draw is _incidents else 0
+    figure = Figure(figsize=(WIDTH, max(HEIGHT, 1.2 + 0.4 * rows)), dpi=DPI, layout="tight")
+    ax = figure.add_subplot()
+    draw(ax, report)
+    if not ax.has_data():
+        ax.text(0.5, 0.5, "nothing in this window", transform=ax.transAxes, ha="center", va="center")
+    _time_axis(ax, report)
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png")
+    return buffer.getvalue()
+
+
+def _with_gaps(times: list[float], values: list[float], resolution: float, fill: float) -> tuple[list[float], ...]:
+    """Where no point came for longer than two intervals (no step then), ``fill`` just after the last point
+    and just before the next, so a line breaks (NaN) or a stack drops (0) instead of bridging the gap."""
+    out_times, out_values = times[:1], values[:1]
+    for before, t, v in zip(times, times[1:], values[1:], strict=False):
+        if t - before > 2 * resolution:
+            out_times += [before + resolution / 2, t - resolution / 2]
+            out_values += [fill, fill]
+        out_times.append(t)
+        out_values.append(v)
+    return out_times, out_values
+
+
+def _dates(times: list[float]) -> list[float]:
+    return [float(mdates.date2num(datetime.fromtimestamp(t, UTC))) for t in times]  # type: ignore[no-untyped-call]
+
+
+def _time_axis(ax: Axes, report: Report) -> None:
+    start, end = _dates([report.start, report.end])
+    ax.set_xlim(start, end)
+    locator = mdates.AutoDateLocator(tz=UTC)  # type: ignore[no-untyped-call]
+    ax.xaxis.set_major_locator(locator)
+    ax.xaxis.set_major_formatter(mdates.ConciseDateFormatter(locator, tz=UTC))  # type: ignore[no-untyped-call]
+    ax.set_xlabel("UTC")
+    ax.grid(True, alpha=0.3)
+
+
+def _seconds_axis(ax: Axes) -> None:
+    ax.set_ylabel("seconds")
+    if ax.get_yscale() == "linear":
+        ax.set_ylim(bottom=0)
+
+
+def _legend(ax: Axes) -> None:
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(loc="lower left", bbox_to_anchor=(0, 1), fontsize=8, ncols=6, frameon=False)  # above: hides nothing
+
+
+# --- the page -----------------------------------------------------------------------------------------------
+STYLE = """
+body { font: 14px/1.45 system-ui, sans-serif; margin: 24px auto; max-width: 1240px; color: #1d1d1f; padding: 0 16px; }
+h1 { font-size: 22px; margin-bottom: 4px; } h2 { font-size: 17px; margin: 28px 0 4px; }
+.meta { color: #555; } .what { color: #444; margin: 2px 0 8px; max-width: 980px; }
+img { width: 100%; max-width: 1210px; border: 1px solid #ddd; }
+table { border-collapse: collapse; margin: 8px 0; }
+td, th { padding: 3px 12px 3px 0; text-align: left; vertical-align: top; }
+th { color: #555; font-weight: 600; } tr + tr td { border-top: 1px solid #eee; }
+.bad { color: #c62828; font-weight: 600; } .good { color: #2e7d32; }
+"""
+
+
+def _page(report: Report, sections: list[str]) -> str:
+    e = html.escape
+    title = f"tpuscope report: {report.workload}, {utc(report.start)} to {utc(report.end)}"
+    made = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
+    return f"""<!DOCTYPE html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>{e(title)}</title>
+<style>{STYLE}</style>
+</head>
+<body>
+<h1>tpuscope report: workload {e(report.workload)}</h1>
+<p class="meta">{e(utc(report.start))} to {e(utc(report.end))} ({e(duration(report.end - report.start))}),
+from {e(report.source)}; a point of the charts is {e(duration(report.resolution))}.
+Made by tpuscope {e(__version__)} on {e(made)}.</p>
+<h2>Summary</h2>
+{_summary(report)}
+{"".join(sections)}
+</body>
+</html>
+"""
+
+
+def _section(name: str, title: str, what: str, png: bytes, table: str) -> str:
+    image = f'<img alt="{html.escape(title)}" src="data:image/png;base64,{base64.b64encode(png).decode()}">'
+    return (
+        f'<section id="{name}"><h2>{html.escape(title)}</h2><p class="what">{html.escape(what)}</p>'
+        f"{image if png else ''}{table}</section>\n"
+    )
+
+
+Row = tuple[str, ...]
+
+
+def _table(header: Row, rows: Iterable[Row], bad: Callable[[Row], bool] = lambda row: False) -> str:
+    """A table; the rows ``bad`` picks in red."""
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
+    body = "".join(
+        ('<tr class="bad">' if bad(row) else "<tr>") + "".join(f"<td>{html.escape(v)}</td>" for v in row) + "</tr>"
+        for row in rows
+    )
+    return f"<table><tr>{head}</tr>{body}</table>"
+
+
+def _summary(report: Report) -> str:
+    """The window in figures; the rows that say something went wrong in red."""
+    t = report.totals
+    per_second = t.step_count / (report.end - report.start)
+    rows: list[Row] = [("Steps", f"{t.step_count:,.0f} ({per_second:.2f} steps/s over the window)")]
+    wrong: set[str] = set()
+    if t.step_quantiles:
+        how = "of every step" if t.exact_quantiles else "estimated from the step histogram's buckets"
+        quantiles = ", ".join(f"p{q * 100:g} {duration(v)}" for q, v in t.step_quantiles.items())
+        rows.append(("Step time", f"{quantiles} ({how})"))
+    if phase_total := sum(t.phase_seconds.values()):
+        shares = ", ".join(f"{p} {t.phase_seconds.get(p, 0.0) / phase_total:.1%}" for p in events.PHASES)
+        rows.append(("Where the time went", shares))
+    booked = {s.name: s.values[-1] if s.values else 0.0 for s in report.goodput}
+    if total := sum(booked.values()):
+        badput = ", ".join(f"{c} {booked[c] / total:.1%}" for c in CATEGORIES if c != "productive" and booked[c])
+        productive = f"{booked['productive'] / total:.1%} productive (objective {T.goodput_objective:.0%})"
+        rows.append(("Goodput", productive + (f"; badput: {badput}" if badput else "")))
+        if booked["productive"] / total < T.goodput_objective:
+            wrong.add("Goodput")
+    backend = sum(m.count for m in report.compiles if m.kind == "backend")
+    compiles = f"{backend} backend compiles, {sum(m.seconds * m.count for m in report.compiles):.1f} s in all stages"
+    if t.cache:
+        hits, misses = t.cache.get(True, 0.0), t.cache.get(False, 0.0)
+        compiles += f"; compilation cache {hits:.0f} hits, {misses:.0f} misses ({hits / (hits + misses):.0%} hit)"
+    rows.append(("Compiles", compiles))
+    rows.append(("Checkpoints", _checkpoint_summary(report.checkpoints)))
+    if any(not m.ok for m in report.checkpoints):
+        wrong.add("Checkpoints")
+    lifecycle = [
+        f"{n:.0f} {kind} ({reason})"
+        for kind, counts in (("failures", t.failures), ("restarts", t.restarts))
+        for reason, n in counts.items()
+        if n
+    ]
+    rows.append(("Failures and restarts", ", ".join(lifecycle) or "none"))
+    if any(t.failures.values()):
+        wrong.add("Failures and restarts")
+    rows.append(("Model FLOPs utilization", f"{t.mfu:.1%}" if t.mfu is not None else "not reported"))
+    rows.append(("Alerts and incidents", f"{len(report.incidents)} (below)" if report.incidents else "none"))
+    if report.incidents:
+        wrong.add("Alerts and incidents")
+    return _table(("", ""), rows, lambda row: row[0] in wrong)
+
+
+def _checkpoint_summary(marks: list[Mark]) -> str:
+    parts = []
+    for operation in ("save", "restore"):
+        ok = [m for m in marks if m.kind == operation and m.ok]
+        failed = sum(m.count for m in marks if m.kind == operation and not m.ok)
+        if ok or failed:
+            seconds = [m.seconds for m in ok for _ in range(m.count)]
+            took = ", ".join(["", *(f"p{q * 100:g} {duration(percentile(seconds, q))}" for q in (0.5, 0.95))])
+            took = took if seconds else ""
+            parts.append(f"{operation}: {sum(m.count for m in ok)} ok, {failed} failed{took}")
+    return "; ".join(parts) or "none in the window"
+
+
+def _marks_table(marks: list[Mark], kind: str, which: str) -> str:
+    if not marks:
+        return ""
+    rows = [(utc(m.time), m.kind, duration(m.seconds), str(m.count), m.detail) for m in marks[:TABLE_ROWS]]
+    table = _table(("time", kind, "seconds each", "count", ""), rows)
+    if len(marks) > TABLE_ROWS:
+        table += f"<p class='meta'>{len(marks) - TABLE_ROWS} more not shown (report.json has them all).</p>"
+    return f"<p class='meta'>{html.escape(which.capitalize())}:</p>{table}"
+
+
+def _incidents_table(incidents: list[Incident]) -> str:
+    if not incidents:
+        return "<p class='good'>None in the window.</p>"
+    rows = [
+        (
+            i.name,
+            i.severity,
+            utc(i.start),
+            duration(i.end - i.start) if i.end > i.start else "once",
+            ", ".join(f"{k}={v}" for k, v in sorted(i.labels.items())),
+        )
+        for i in incidents
+    ]
+    return _table(("alert", "severity", "from", "for", "labels"), rows, lambda row: row[1] == "critical")
