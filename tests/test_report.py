@@ -24,13 +24,14 @@ import pytest
 from chromium import Chromium
 from conftest import require, wait_until
 
-from tpuscope import alerts, events
+from tpuscope import alerts, catalog, events
 from tpuscope.alerts.config import AlertingConfig
 from tpuscope.alerts.rules import PREFIX
+from tpuscope.bench import synthetic
 from tpuscope.bench.prometheus import PrometheusServer, target_of
 from tpuscope.exporter.child import SidecarProcess
 from tpuscope.report.window import Window, parse_time
-from tpuscope.tracing import read_records
+from tpuscope.tracing import Monitor, read_records
 
 WORKLOAD = "report"
 EXPECTED_ALERTS = {f"{PREFIX}WorkloadFailed", f"{PREFIX}CheckpointFailing"}
@@ -189,3 +190,33 @@ def test_the_window_reads_rfc_3339_and_unix_times_and_fills_what_is_left_open() 
     assert last_hour.resolve(first=0.0, last=1.0) == (1795403400.0 - 3600, 1795403400.0, 12.0)
     with pytest.raises(ValueError):
         Window.parse("0", None)
+
+
+def test_a_workload_on_two_hosts_is_summed_and_a_restart_counted_once(short_tmp: Path) -> None:
+    """Two sidecars (workers 0 and 1) of one workload: each step once, not twice; each restart once; the
+    wall time of both workers booked."""
+    require("prometheus")
+    profile = synthetic.Profile(step_seconds=0.01, checkpoint_every=10, checkpoint_seconds=0)
+    with (
+        SidecarProcess(short_tmp / "w0.sock", "127.0.0.1:0", "--collectors=none", "--worker=0") as first,
+        SidecarProcess(short_tmp / "w1.sock", "127.0.0.1:0", "--collectors=none", "--worker=1") as second,
+        PrometheusServer(short_tmp / "prom", [target_of(first.url), target_of(second.url)]) as prom,
+    ):
+        started = time.time()
+        for sidecar in (first, second):
+            with Monitor("pair", socket=sidecar.socket, traces=False) as mon:
+                mon.lifecycle("restart", reason="preemption")
+                synthetic.run(mon, 40, profile)
+        assert wait_until(lambda: len(prom.query(f'{catalog.STEPS.name}{{workload="pair"}} == 40')) == 2, 30)
+        time.sleep(2)
+        out = short_tmp / "out"
+        result = report(
+            f"--prometheus={prom.url}", "--workload=pair", f"--since={time.time() - started + 5:.0f}s", f"--out={out}"
+        )
+    assert result.returncode == 0, result.stderr
+    data = json.loads((out / "report.json").read_text())
+    assert data["totals"]["step_count"] == 40
+    assert data["totals"]["restarts"] == {"preemption": 1}
+    booked = sum(s["values"][-1] for s in data["goodput"])
+    each_worker = 40 * 0.01
+    assert booked > 2 * each_worker * 0.9, f"both workers' wall time is booked ({booked:.2f} s)"

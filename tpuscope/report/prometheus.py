@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import math
-from collections import defaultdict
 from typing import Any
 
 from tpuscope import catalog as c
@@ -91,24 +90,24 @@ class _Reader:
         """Wall seconds booked to each category since the window's start, summed over the workers.
 
         From each counter's own samples, so a sidecar's restart (its counters start again from 0) loses
-        nothing, and a counter born in the window counts from 0."""
-        booked: dict[str, dict[float, float]] = defaultdict(lambda: defaultdict(float))
+        nothing, and a counter born in the window counts from 0. A counter with no sample at a point
+        (not born yet, or its sidecar gone) adds what it had booked by then."""
+        grid = self.grid()
+        booked = {category: [0.0] * len(grid) for category in CATEGORIES}
         for result in self.range(series(c.GOODPUT, self.w)):
             points = [(float(t), float(v)) for t, v in result["values"]]
             born_in_window = points[0][0] > self.start
             grown_so_far, previous = 0.0, 0.0 if born_in_window else points[0][1]
+            by_time = {}
             for t, value in points:
                 grown_so_far += value - previous if value >= previous else value
                 previous = value
-                booked[result["metric"][c.Label.CATEGORY]][t] += grown_so_far
-        goodput = []
-        for category in CATEGORIES:
-            line, last = Series(category), 0.0
-            for t in self.grid():  # a worker's counter missing at a point keeps its last total
-                last = booked[category].get(t, last)
-                line.add(t, last)
-            goodput.append(line)
-        return goodput
+                by_time[t] = grown_so_far
+            line, last = booked[result["metric"][c.Label.CATEGORY]], 0.0
+            for i, t in enumerate(grid):
+                last = by_time.get(t, last)
+                line[i] += last
+        return [Series(category, grid, booked[category]) for category in CATEGORIES]
 
     def marks(self, histogram: c.Metric, kind: str) -> list[Mark]:
         """Each interval in which some of ``histogram``'s events ended: how many, and their mean seconds."""
@@ -127,17 +126,16 @@ class _Reader:
         return sorted(marks, key=lambda mark: mark.time)
 
     def alerts(self) -> list[Incident]:
-        """Tpuscope alerts firing in the window: the workload's, and its hosts' (those with no workload label
-        on an instance the workload ran on, or on none)."""
+        """Tpuscope alerts firing in the window: the workload's, and those with no workload label of the hosts
+        it ran on (a collector down, the sidecar down) or of no host at all (no sidecar scraped)."""
         instances = set(self.api.label_values("instance", series(c.STEPS, self.w), self.start, self.end))
         incidents = []
         for result in self.range(f'ALERTS{{alertstate="firing", {OURS}}}'):
             labels = {k: v for k, v in result["metric"].items() if k not in ("__name__", "alertstate")}
-            if c.Label.WORKLOAD in labels:
-                if labels[c.Label.WORKLOAD] != self.workload:
-                    continue
-            elif labels.get("instance", next(iter(instances), "")) not in instances:  # another host's
-                continue
+            if labels.get(c.Label.WORKLOAD, self.workload) != self.workload:
+                continue  # another workload's
+            if c.Label.WORKLOAD not in labels and labels.get("instance", "") not in instances | {""}:
+                continue  # another host's
             name, severity = labels.pop("alertname"), labels.pop("severity", "")
             times = [float(t) for t, _ in result["values"]]
             begun = times[0]
