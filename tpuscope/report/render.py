@@ -51,10 +51,12 @@ def write(report: Report, out: Path) -> list[Path]:
     sections = []
     written = []
     for name, title, what, draw, table in _sections(report):
-        png = _png(draw, report) if draw else b""
+        png, path = _png(draw, report) if draw else b"", out / f"{name}.png"
         if png:
-            (out / f"{name}.png").write_bytes(png)
-            written.append(out / f"{name}.png")
+            path.write_bytes(png)
+            written.append(path)
+        else:
+            path.unlink(missing_ok=True)  # an earlier report's, in the same directory
         sections.append(_section(name, title, what, png, table))
     page = out / "index.html"
     page.write_text(_page(report, sections))
