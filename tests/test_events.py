@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import msgspec
 import pytest
@@ -10,6 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tpuscope import events
+from tpuscope.tracing import read_records
 
 VALID = [
     events.Step(workload="llm", step=7, duration_s=0.5, compute_s=0.3, sync_s=0.1, io_s=0.05, other_s=0.05),
@@ -89,3 +91,19 @@ def test_socket_path_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch)
     monkeypatch.delenv(events.SOCKET_ENV)
     monkeypatch.setenv("XDG_RUNTIME_DIR", "/run/user/1000")
     assert str(events.default_socket_path()) == "/run/user/1000/tpuscope.sock"
+
+
+@pytest.mark.parametrize(
+    "line",
+    ["[1, 2]", '{"type": "step", "workload": "llm", "step": 1, "duration_s": 0.1}', '{"time": "x", "type": "ckpt"}'],
+    ids=["not an object", "no time", "a bad time"],
+)
+def test_a_bad_recorded_line_is_an_invalid_event_that_names_its_line(line: str, tmp_path: Path) -> None:
+    good = events.to_record(VALID[0], 1.0)
+    recording = tmp_path / "events.jsonl"
+    recording.write_text(msgspec.json.encode(good).decode() + "\n" + line + "\n")
+    with pytest.raises(events.InvalidEvent, match=r"events.jsonl, line 2:"):
+        read_records(recording)
+    unreadable: list[str] = []
+    assert read_records(recording, unreadable) == [(1.0, VALID[0])]
+    assert len(unreadable) == 1 and unreadable[0].startswith("line 2:")
