@@ -149,10 +149,8 @@ class _Reader:
     def totals(self) -> Totals:
         grew = self.grew_in_window
         steps = self.instant(f"max (sum by (job, instance) {grew(c.STEPS)})")
-        quantiles = {}
-        for q in QUANTILES:
-            buckets = f"sum by (le) {grew(c.STEP_DURATION, suffix='bucket')}"
-            quantiles[q] = self.instant(f"histogram_quantile({q}, {buckets})")
+        buckets = f"sum by (le) {grew(c.STEP_DURATION, suffix='bucket')}"
+        quantiles = {q: self.instant(f"histogram_quantile({q}, {buckets})") for q in QUANTILES}
         phases = self.by(f"sum by (phase) {grew(c.STEP_PHASE_DURATION, suffix='sum')}", "phase")
         cache = self.by(f"sum by (result) {grew(c.COMPILE_CACHE_REQUESTS)}", "result")
         once = "max by ({label}) (sum by ({label}, job, instance) {grew})"  # every worker reports a restart
@@ -180,21 +178,13 @@ class _Reader:
         return self.api.query_range(expr, self.start, self.end, self.step)
 
     def line(self, name: str, expr: str) -> Series:
-        line = Series(name)
-        for result in self.range(expr)[:1]:
-            for t, v in result["values"]:
-                if not math.isnan(float(v)):
-                    line.add(float(t), float(v))
-        return line
+        """The one series ``expr`` yields (empty when it yields none)."""
+        results = self.range(expr)
+        return _series(name, results[0]["values"] if results else [])
 
     def lines(self, expr: str, label: str) -> dict[str, Series]:
-        lines = {}
-        for result in self.range(expr):
-            line = lines[result["metric"][label]] = Series(result["metric"][label])
-            for t, v in result["values"]:
-                if not math.isnan(float(v)):
-                    line.add(float(t), float(v))
-        return lines
+        """Each series ``expr`` yields, named by its ``label``."""
+        return {r["metric"][label]: _series(r["metric"][label], r["values"]) for r in self.range(expr)}
 
     def instant(self, expr: str) -> float | None:
         result = self.api.query(expr, at=self.end)
@@ -217,3 +207,12 @@ class _Reader:
 
 def _key(labels: dict[str, str]) -> tuple[tuple[str, str], ...]:
     return tuple(sorted(labels.items()))
+
+
+def _series(name: str, values: list[list[Any]]) -> Series:
+    """A range query's ``[time, "value"]`` pairs as a chart's line, the undefined points (NaN) left out."""
+    line = Series(name)
+    for t, v in values:
+        if not math.isnan(float(v)):
+            line.add(float(t), float(v))
+    return line

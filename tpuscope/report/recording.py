@@ -63,6 +63,11 @@ def build(path: str | os.PathLike[str], workload: str | None, window: Window) ->
     def bin_end(index: int) -> float:
         return min(end, start + (index + 1) * resolution)
 
+    def book_goodput(index: int) -> None:
+        """The cumulative goodput as it stood at the end of interval ``index``."""
+        for series in goodput:
+            series.add(bin_end(index), booked[series.name])
+
     booked_bin = -1
     for t, event in mine:
         if t > end:
@@ -78,10 +83,9 @@ def build(path: str | os.PathLike[str], workload: str | None, window: Window) ->
         if t < start:
             continue
         index = int((t - start) // resolution)
-        if index != booked_bin:  # the cumulative goodput as it stood at the end of the previous interval
+        if index != booked_bin:
             if booked_bin >= 0:
-                for series in goodput:
-                    series.add(bin_end(booked_bin), booked[series.name])
+                book_goodput(booked_bin)
             booked_bin = index
         for category, seconds in increments:
             booked[category] += seconds
@@ -109,8 +113,7 @@ def build(path: str | os.PathLike[str], workload: str | None, window: Window) ->
             severity = "warning" if event.state == "failure" else "info"
             incidents.append(Incident(f"workload {event.state}", severity, t, t, {"reason": event.reason}))
     if booked_bin >= 0:
-        for series in goodput:
-            series.add(bin_end(booked_bin), booked[series.name])
+        book_goodput(booked_bin)
     incidents += _failing_saves(checkpoints)
 
     quantiles = [Series(f"p{q * 100:g}") for q in QUANTILES]
