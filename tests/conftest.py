@@ -22,8 +22,8 @@ from typing import Any
 
 import pytest
 
-from tpuscope.exporter.child import SidecarProcess
-from tpuscope.exporter.scrape import Scrape
+from tpuscope.scrape import Scrape
+from tpuscope.workload.sidecar import SidecarProcess
 
 
 @pytest.fixture
@@ -65,8 +65,8 @@ def require(binary: str) -> str:
 
 @pytest.fixture(scope="session")
 def fake_nvml_lib() -> Iterator[Path]:
-    """The fake libnvidia-ml.so.1 (tpuscope/bench/fake_nvml.c), built once with gcc for the session."""
-    from tpuscope.bench import fake_nvml
+    """The fake libnvidia-ml.so.1 (tpuscope/testing/fake_nvml.c), built once with gcc for the session."""
+    from tpuscope.testing import fake_nvml
 
     path = Path(tempfile.mkdtemp(prefix="ts-nvml-"))
     yield fake_nvml.build(path)

@@ -12,15 +12,15 @@ from typing import Any
 import pytest
 import yaml
 from alert_cases import CASES, Case
+from alertmanager import AlertmanagerServer, Webhook
 from conftest import require, wait_until
 
 from tpuscope import alerts, catalog
 from tpuscope.alerts.config import AlertingConfig
 from tpuscope.alerts.rules import PREFIX
-from tpuscope.bench.alertmanager import AlertmanagerServer, Webhook
-from tpuscope.bench.prometheus import PrometheusServer, target_of
-from tpuscope.exporter.child import SidecarProcess
+from tpuscope.testing.prometheus import PrometheusServer, target_of
 from tpuscope.thresholds import Thresholds
+from tpuscope.workload.sidecar import SidecarProcess
 
 ROOT = Path(__file__).resolve().parents[1]
 RULES = ROOT / "deploy/prometheus/tpuscope-rules.yaml"

@@ -20,15 +20,15 @@ from prometheus_client.openmetrics.parser import text_string_to_metric_families
 from tpuscope import __version__, catalog, events, goodput
 from tpuscope.exporter import collectors
 from tpuscope.exporter.aggregator import INGEST_RESULTS, Aggregator
-from tpuscope.exporter.child import SidecarProcess
 from tpuscope.exporter.collectors import base as collector_base
 from tpuscope.exporter.collectors import libtpu, nvml
 from tpuscope.exporter.exposition import Writer
 from tpuscope.exporter.labels import LIMITED, OTHER_LABELS, OVERFLOW, LabelLimiter
 from tpuscope.exporter.metrics import register
 from tpuscope.exporter.samples import SampleStore
-from tpuscope.exporter.scrape import Scrape
+from tpuscope.scrape import Scrape
 from tpuscope.tracing import Monitor
+from tpuscope.workload.sidecar import SidecarProcess
 
 Label = catalog.Label
 

@@ -19,13 +19,13 @@ from conftest import require
 
 from tpuscope import alerts, catalog, dashboards
 from tpuscope.alerts.config import AlertingConfig
-from tpuscope.bench.fake_nvml import FakeGpu, FakeNvmlState, environment
-from tpuscope.bench.fake_tpu import Chip, FakeTpuRuntime, FakeTpuServer, default_megascale
-from tpuscope.bench.prometheus import PrometheusServer, target_of
 from tpuscope.dashboards import promql
 from tpuscope.dashboards.panels import panels_of
-from tpuscope.exporter.child import SidecarProcess
+from tpuscope.testing.fake_nvml import FakeGpu, FakeNvmlState, environment
+from tpuscope.testing.fake_tpu import Chip, FakeTpuRuntime, FakeTpuServer, default_megascale
+from tpuscope.testing.prometheus import PrometheusServer, target_of
 from tpuscope.tracing import Monitor
+from tpuscope.workload.sidecar import SidecarProcess
 
 ROOT = Path(__file__).resolve().parents[1]
 ALL = ".*"

@@ -19,8 +19,8 @@ from conftest import require, wait_until
 
 from tpuscope import alerts, catalog, kubernetes
 from tpuscope.alerts.config import AlertingConfig
-from tpuscope.bench.prometheus import ServerProcess, target_of
-from tpuscope.exporter.child import SidecarProcess
+from tpuscope.testing.prometheus import ServerProcess, target_of
+from tpuscope.workload.sidecar import SidecarProcess
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMETHEUS = ROOT / "deploy/prometheus/prometheus.yml"

@@ -29,8 +29,9 @@ from tpuscope import catalog, promql
 from tpuscope.alerts import rules_file
 from tpuscope.alerts.config import AlertingConfig
 from tpuscope.alerts.rules import COMPUTE_PER_WORKER, STEPS_RATE
-from tpuscope.bench import fleet, fleet_rules
-from tpuscope.bench.prometheus import PrometheusServer
+from tpuscope.fleetsim import rules as fleet_rules
+from tpuscope.fleetsim import simulator as fleet
+from tpuscope.testing.prometheus import PrometheusServer
 
 K = 10
 

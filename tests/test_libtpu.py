@@ -1,6 +1,6 @@
 """The libtpu collector against a real gRPC server speaking the TPU runtime's metrics protocol.
 
-The server (tpuscope.bench.fake_tpu) is built on tpu-info's generated stubs;
+The server (tpuscope.testing.fake_tpu) is built on tpu-info's generated stubs;
 tpu-info's own client reads it first, so the collector is tested against what
 the real runtime's reference client accepts, not against our own idea of it.
 """
@@ -20,7 +20,11 @@ from tpu_info import metrics as tpu_metrics
 from tpu_info.proto import tpu_metric_service_pb2 as pb
 
 from tpuscope import catalog
-from tpuscope.bench.fake_tpu import (
+from tpuscope.exporter.collectors import libtpu
+from tpuscope.exporter.collectors.base import CollectorError, Settings
+from tpuscope.exporter.samples import Sample, SampleStore
+from tpuscope.scrape import Scrape
+from tpuscope.testing.fake_tpu import (
     DUTY_CYCLE,
     HBM_USED,
     MEGASCALE,
@@ -30,11 +34,7 @@ from tpuscope.bench.fake_tpu import (
     FakeTpuServer,
     default_megascale,
 )
-from tpuscope.exporter.child import SidecarProcess
-from tpuscope.exporter.collectors import libtpu
-from tpuscope.exporter.collectors.base import CollectorError, Settings
-from tpuscope.exporter.samples import Sample, SampleStore
-from tpuscope.exporter.scrape import Scrape
+from tpuscope.workload.sidecar import SidecarProcess
 
 UP = catalog.COLLECTOR_UP.name
 ERRORS = catalog.COLLECTOR_ERRORS.name

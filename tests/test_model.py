@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from jax.sharding import NamedSharding
 
-from tpuscope.bench.model import DataParallelTrainer, ModelConfig, TrainState, program_flops
+from tpuscope.workload.model import DataParallelTrainer, ModelConfig, TrainState, program_flops
 
 N_DEVICES = 8
 

@@ -1,6 +1,6 @@
 """The nvml collector through pynvml and a fake libnvidia-ml.so.1: the real C-library boundary, no GPU needed.
 
-The fake (tpuscope/bench/fake_nvml.c) exports the NVML symbols pynvml calls and
+The fake (tpuscope/testing/fake_nvml.c) exports the NVML symbols pynvml calls and
 answers from a state file the test rewrites mid-run. What needs a real GPU
 (the numbers a real driver gives) is checked on a lent GPU machine when there
 is one; see the issue notes.
@@ -15,9 +15,9 @@ import pytest
 from conftest import wait_for
 
 from tpuscope import catalog
-from tpuscope.bench.fake_nvml import FakeGpu, FakeNvmlState, environment
-from tpuscope.exporter.child import SidecarProcess
-from tpuscope.exporter.scrape import Scrape
+from tpuscope.scrape import Scrape
+from tpuscope.testing.fake_nvml import FakeGpu, FakeNvmlState, environment
+from tpuscope.workload.sidecar import SidecarProcess
 
 UP = catalog.COLLECTOR_UP.name
 ERRORS = catalog.COLLECTOR_ERRORS.name

@@ -16,11 +16,11 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily
 
 from tpuscope import catalog
-from tpuscope.bench.fake_tpu import Chip, Distribution, FakeTpuRuntime, FakeTpuServer, default_megascale
-from tpuscope.exporter.child import SidecarProcess
 from tpuscope.exporter.otlp_push import StartTimes, metrics_data
-from tpuscope.exporter.scrape import Scrape
+from tpuscope.scrape import Scrape
+from tpuscope.testing.fake_tpu import Chip, Distribution, FakeTpuRuntime, FakeTpuServer, default_megascale
 from tpuscope.tracing import Monitor
+from tpuscope.workload.sidecar import SidecarProcess
 
 PUSHES = catalog.OTLP_PUSHES.name
 # Series that change between a scrape and the next push even when nothing happens.

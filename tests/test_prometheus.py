@@ -12,12 +12,12 @@ from conftest import require, wait_for
 from otlp import Receiver
 
 from tpuscope import catalog
-from tpuscope.bench import synthetic
-from tpuscope.bench.fake_nvml import FakeGpu, FakeNvmlState, environment
-from tpuscope.bench.fake_tpu import Chip, FakeTpuRuntime, FakeTpuServer, default_megascale
-from tpuscope.bench.prometheus import PrometheusServer, target_of
-from tpuscope.exporter.child import SidecarProcess
+from tpuscope.testing.fake_nvml import FakeGpu, FakeNvmlState, environment
+from tpuscope.testing.fake_tpu import Chip, FakeTpuRuntime, FakeTpuServer, default_megascale
+from tpuscope.testing.prometheus import PrometheusServer, target_of
 from tpuscope.tracing import Monitor
+from tpuscope.workload import synthetic
+from tpuscope.workload.sidecar import SidecarProcess
 
 PROFILE = synthetic.Profile(step_seconds=0.04, checkpoint_every=20, checkpoint_seconds=0.02)
 

@@ -34,13 +34,13 @@ from prometheus_client.openmetrics.parser import text_string_to_metric_families 
 
 from tpuscope import catalog, events
 from tpuscope.exporter.aggregator import Aggregator
-from tpuscope.exporter.child import SidecarProcess
 from tpuscope.exporter.daemon import build_registry
 from tpuscope.exporter.exposition import Writer
 from tpuscope.exporter.ingest import IngestLoop
 from tpuscope.exporter.metrics import register
 from tpuscope.exporter.samples import SampleStore
-from tpuscope.exporter.scrape import Scrape
+from tpuscope.scrape import Scrape
+from tpuscope.workload.sidecar import SidecarProcess
 
 INGEST = catalog.INGEST_EVENTS.name
 INVALID = catalog.INGEST_INVALID_EVENTS.name

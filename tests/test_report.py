@@ -27,11 +27,11 @@ from conftest import require, wait_until
 from tpuscope import alerts, catalog, events
 from tpuscope.alerts.config import AlertingConfig
 from tpuscope.alerts.rules import PREFIX
-from tpuscope.bench import synthetic
-from tpuscope.bench.prometheus import PrometheusServer, target_of
-from tpuscope.exporter.child import SidecarProcess
 from tpuscope.report.window import Window, parse_time
+from tpuscope.testing.prometheus import PrometheusServer, target_of
 from tpuscope.tracing import Monitor, read_records
+from tpuscope.workload import synthetic
+from tpuscope.workload.sidecar import SidecarProcess
 
 WORKLOAD = "report"
 EXPECTED_ALERTS = {f"{PREFIX}WorkloadFailed", f"{PREFIX}CheckpointFailing"}

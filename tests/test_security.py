@@ -34,8 +34,8 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from tpuscope import catalog
-from tpuscope.bench.prometheus import PrometheusServer, target_of
-from tpuscope.exporter.child import SidecarProcess
+from tpuscope.testing.prometheus import PrometheusServer, target_of
+from tpuscope.workload.sidecar import SidecarProcess
 
 USER = "prometheus"
 PASSWORD = secrets.token_urlsafe(16)  # distinctive, so that finding it anywhere means it leaked

@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 from tpuscope import catalog, events
-from tpuscope.exporter.child import SidecarProcess
-from tpuscope.exporter.scrape import Scrape
+from tpuscope.scrape import Scrape
 from tpuscope.tracing import Monitor
+from tpuscope.workload.sidecar import SidecarProcess
 
 INGEST = catalog.INGEST_EVENTS.name
 INVALID = catalog.INGEST_INVALID_EVENTS.name

@@ -13,12 +13,12 @@ from conftest import require, wait_until
 from rich.console import Console
 
 from tpuscope import top
-from tpuscope.bench import synthetic
-from tpuscope.bench.fake_tpu import Chip, FakeTpuRuntime, FakeTpuServer, default_megascale
-from tpuscope.bench.prometheus import PrometheusServer, free_port
-from tpuscope.exporter.child import SidecarProcess
-from tpuscope.exporter.scrape import Scrape
+from tpuscope.scrape import Scrape
+from tpuscope.testing.fake_tpu import Chip, FakeTpuRuntime, FakeTpuServer, default_megascale
+from tpuscope.testing.prometheus import PrometheusServer, free_port
 from tpuscope.tracing import Monitor
+from tpuscope.workload import synthetic
+from tpuscope.workload.sidecar import SidecarProcess
 
 PROFILE = synthetic.Profile(step_seconds=0.01, checkpoint_every=10, checkpoint_seconds=0)
 

@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 from tpuscope import catalog, events
-from tpuscope.exporter.child import SidecarProcess
-from tpuscope.exporter.scrape import Scrape
+from tpuscope.scrape import Scrape
 from tpuscope.tracing import read_records
+from tpuscope.workload.sidecar import SidecarProcess
 
 Records = list[tuple[float, events.AnyEvent]]
 

@@ -266,15 +266,36 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from tpuscope.bench import run_bench
+    """The workload, or one of tpuscope's own benchmarks (tpuscope/bench/) when a mode or flag names one."""
+    if args.mode == "perf":
+        from tpuscope.bench import perf
 
-    return run_bench(args)
+        return perf.run(tiny=args.tiny, json_path=args.perf_json or Path("run/perf.json"))
+    if args.mode in ("flood", "soak"):
+        from tpuscope.bench import flood, soak
+
+        return {"flood": flood.run, "soak": soak.run}[args.mode](args)
+    if args.scrape_latency:
+        from tpuscope.bench import scrape_latency
+
+        return scrape_latency.run(args.scrape_latency)
+    if args.trace_cost:
+        from tpuscope.bench import trace_cost
+
+        return trace_cost.run(args.trace_cost)
+    if args.overhead:
+        from tpuscope.bench import overhead
+
+        return overhead.run(args)
+    from tpuscope.workload import runner
+
+    return runner.run(args)
 
 
 def _fleet_sim(args: argparse.Namespace) -> int:
-    from tpuscope.bench import fleet
+    from tpuscope.fleetsim import simulator
 
-    return fleet.run(args)
+    return simulator.run(args)
 
 
 def _top(args: argparse.Namespace) -> int:

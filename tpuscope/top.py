@@ -24,8 +24,8 @@ from rich.text import Text
 
 from tpuscope import catalog as c
 from tpuscope import events
-from tpuscope.exporter.scrape import Scrape
 from tpuscope.prometheus_api import PrometheusAPI, PrometheusError
+from tpuscope.scrape import Scrape
 
 PHASE_STYLES = {"io": "yellow", "compute": "green", "sync": "magenta", "other": "bright_black"}
 BAR_WIDTH = 20

@@ -36,10 +36,10 @@ from typing import Any
 from tpuscope import catalog, events
 from tpuscope.bench.scrape_latency import scrape_once
 from tpuscope.bench.verdict import Check, check_lines, write_report
-from tpuscope.exporter.child import SidecarProcess
-from tpuscope.exporter.scrape import Scrape
+from tpuscope.scrape import Scrape
 from tpuscope.stats import percentile
 from tpuscope.tracing import Monitor
+from tpuscope.workload.sidecar import SidecarProcess
 
 # The event rate one sidecar must sustain: a realistic busy host, e.g. 8 accelerators' jobs
 # stepping every 10 ms with phases, compiles and memory reports, is a few thousand events per

@@ -13,16 +13,30 @@ Two measurements, because each alone can mislead:
 
 from __future__ import annotations
 
+import argparse
 import itertools
 import statistics
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from tpuscope.bench.workload import Workload
 from tpuscope.tracing import Monitor
+from tpuscope.workload import runner
+from tpuscope.workload.faults import Faults
+from tpuscope.workload.training import Workload
 
 TARGET_PERCENT = 0.5
+
+
+def run(args: argparse.Namespace) -> int:
+    """The workload of ``tpuscope bench`` with its usual sidecar, the measurement in place of its loop."""
+    return runner.run(args, body=_measure)
+
+
+def _measure(args: argparse.Namespace, faults: Faults, monitor: Monitor) -> None:
+    # No checkpoints: their seconds-long pauses would swamp a microsecond difference.
+    with Workload(replace(runner.options(args, faults), checkpoint_every=0), monitor) as workload:
+        print("\n".join(measure(workload, monitor, args.steps)), flush=True)
 
 
 def blocks(total: int, block: int, warmup: int) -> Iterator[bool]:

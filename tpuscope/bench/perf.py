@@ -30,12 +30,12 @@ import psutil
 
 from tpuscope import catalog, events
 from tpuscope.bench.overhead import ab_test, direct_cost
-from tpuscope.bench.prometheus import free_port
 from tpuscope.bench.scrape_latency import scrape_once
-from tpuscope.exporter.child import SidecarProcess
-from tpuscope.exporter.scrape import Scrape
+from tpuscope.scrape import Scrape
 from tpuscope.stats import percentile
+from tpuscope.testing.prometheus import free_port
 from tpuscope.tracing import Monitor
+from tpuscope.workload.sidecar import SidecarProcess
 
 
 @dataclass(frozen=True)
@@ -140,7 +140,7 @@ def job_side(report: Report, size: Size, sidecar: SidecarProcess, workdir: Path)
 
 def per_step(report: Report, size: Size, sidecar: SidecarProcess, workdir: Path) -> None:
     """The Monitor on the default JAX workload, on and off, interleaved; tracing unsampled, then sampled."""
-    from tpuscope.bench.workload import Workload, WorkloadOptions, ensure_cpu_devices
+    from tpuscope.workload.training import Workload, WorkloadOptions, ensure_cpu_devices
 
     ensure_cpu_devices(8)
     os.environ.setdefault("OTEL_BSP_MAX_QUEUE_SIZE", str(4 * 4 * size.emits))  # every kept step's spans: none dropped

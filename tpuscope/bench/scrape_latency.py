@@ -3,9 +3,9 @@
 A sidecar runs with the libtpu, nvml and host collectors collecting every
 second while a synthetic job streams events to it, so scrapes contend with
 collections and ingest as they would on a training host. The libtpu
-collector reads the fake runtime (:mod:`tpuscope.bench.fake_tpu`) with 8
+collector reads the fake runtime (:mod:`tpuscope.testing.fake_tpu`) with 8
 devices and the full metric set; nvml reads the fake NVML library
-(:mod:`tpuscope.bench.fake_nvml`, built with gcc) with 8 GPUs, so both
+(:mod:`tpuscope.testing.fake_nvml`, built with gcc) with 8 GPUs, so both
 collectors produce all their series. The scrapes ask as Prometheus does
 (OpenMetrics first, gzip) and are timed from request to last byte.
 """
@@ -20,11 +20,12 @@ import urllib.request
 from pathlib import Path
 
 from tpuscope import catalog
-from tpuscope.bench import fake_nvml, synthetic
-from tpuscope.bench.fake_tpu import Chip, FakeTpuRuntime, FakeTpuServer, default_megascale
-from tpuscope.exporter.child import SidecarProcess
-from tpuscope.exporter.scrape import Scrape
+from tpuscope.scrape import Scrape
+from tpuscope.testing import fake_nvml
+from tpuscope.testing.fake_tpu import Chip, FakeTpuRuntime, FakeTpuServer, default_megascale
 from tpuscope.tracing import Monitor
+from tpuscope.workload import synthetic
+from tpuscope.workload.sidecar import SidecarProcess
 
 TARGET_P99_SECONDS = 0.050
 # What Prometheus 2.x sends.

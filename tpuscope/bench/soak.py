@@ -40,10 +40,10 @@ from pathlib import Path
 from typing import Any
 
 from tpuscope import catalog, events
-from tpuscope.bench.prometheus import PrometheusServer, target_of
 from tpuscope.bench.verdict import Check, check_lines, write_report
-from tpuscope.exporter.child import SidecarProcess
+from tpuscope.testing.prometheus import PrometheusServer, target_of
 from tpuscope.tracing.sinks import read_records
+from tpuscope.workload.sidecar import SidecarProcess
 
 DEFAULT_JSON = Path("run/soak.json")
 SCRAPE_INTERVAL = "1s"

@@ -12,7 +12,7 @@ every call until released, ``unknown_names`` offers only metrics nobody knows;
 :meth:`FakeTpuServer.stop` and :meth:`~FakeTpuServer.start` take the server
 away and bring it back on the same port.
 
-    python -m tpuscope.bench.fake_tpu --port 8431 --devices 8
+    python -m tpuscope.testing.fake_tpu --port 8431 --devices 8
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """Run a real Prometheus server (Debian's ``prometheus``) scraping sidecars on loopback.
 
-The tests use it to prove what Prometheus really sees; soak runs and fleet
-simulation will too. It is a thin wrapper: a config file, a process, and the
-HTTP query API.
+The tests use it to prove what Prometheus really sees, and so do the soak
+benchmark and the fleet simulator. It is a thin wrapper: a config file, a
+process, and the HTTP query API.
 """
 
 from __future__ import annotations

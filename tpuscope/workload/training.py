@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tpuscope.bench.faults import Faults
 from tpuscope.tracing import Monitor
+from tpuscope.workload.faults import Faults
 
 CPU_DEVICES_FLAG = "--xla_force_host_platform_device_count"
 
@@ -74,10 +74,10 @@ class Workload:
     def __init__(self, options: WorkloadOptions, monitor: Monitor, log: Callable[[str], None] = print) -> None:
         import jax
 
-        from tpuscope.bench.checkpoints import Checkpointer
-        from tpuscope.bench.data import TokenPipeline
-        from tpuscope.bench.hardware import accelerator_of, peak_flops_per_second
-        from tpuscope.bench.model import DataParallelTrainer, ModelConfig
+        from tpuscope.workload.checkpoints import Checkpointer
+        from tpuscope.workload.data import TokenPipeline
+        from tpuscope.workload.hardware import accelerator_of, peak_flops_per_second
+        from tpuscope.workload.model import DataParallelTrainer, ModelConfig
 
         self.options = options
         self.monitor = monitor
@@ -199,7 +199,7 @@ class Workload:
 
     def _analyse(self, state: Any, batch: Any, seq_len: int) -> None:
         """FLOPs and host-memory placement of this shape's programs (already compiled: no recompile)."""
-        from tpuscope.bench.model import step_programs
+        from tpuscope.workload.model import step_programs
 
         programs = self.trainer.programs(state, batch, step_programs(self.options.fused))
         for name, compiled in programs.items():

@@ -1,6 +1,6 @@
 """Run a real Alertmanager (Debian's ``prometheus-alertmanager``) on loopback, and a webhook that records.
 
-The end-to-end alerting test routes a real page through them; fleet simulations can too.
+The end-to-end alerting test routes a real page through them.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from tpuscope.bench.prometheus import ServerProcess
+from tpuscope.testing.prometheus import ServerProcess
 
 
 class AlertmanagerServer(ServerProcess):

@@ -1,4 +1,4 @@
-"""``tpuscope bench``: run a workload against a sidecar (starting one if needed) and show the result."""
+"""``tpuscope bench``: run the workload against a sidecar (starting one if needed) and show the result."""
 
 from __future__ import annotations
 
@@ -7,18 +7,18 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import fields, replace
+from dataclasses import fields
 from pathlib import Path
 
 from tpuscope import catalog, events
-from tpuscope.bench import synthetic
-from tpuscope.bench.faults import FaultError, Faults
-from tpuscope.bench.summary import RunSummary
-from tpuscope.bench.workload import InjectedCrash, UnsupportedHere, Workload, WorkloadOptions, ensure_cpu_devices
-from tpuscope.exporter.child import SidecarProcess
 from tpuscope.exporter.ingest import SocketError, has_listener
-from tpuscope.exporter.scrape import Scrape
+from tpuscope.scrape import Scrape
 from tpuscope.tracing import Monitor, RecordSink, Sink
+from tpuscope.workload import synthetic
+from tpuscope.workload.faults import FaultError, Faults
+from tpuscope.workload.sidecar import SidecarProcess
+from tpuscope.workload.summary import RunSummary
+from tpuscope.workload.training import InjectedCrash, UnsupportedHere, Workload, WorkloadOptions, ensure_cpu_devices
 
 # What the end-of-run snapshot shows: the series a newcomer should look at first.
 SNAPSHOT = (
@@ -36,29 +36,12 @@ SNAPSHOT = (
     catalog.HOST_CPU_IOWAIT,
 )
 CRASHED = 3  # the exit code of a run stopped by the injected crash
+# A benchmark's replacement for the training loop: the flags, the faults, the monitor the run opened.
+Body = Callable[[argparse.Namespace, Faults, Monitor], None]
 
 
-def run_bench(args: argparse.Namespace) -> int:
-    if args.mode == "perf":
-        from tpuscope.bench import perf
-
-        return perf.run(tiny=args.tiny, json_path=args.perf_json or Path("run/perf.json"))
-    if args.mode == "flood":
-        from tpuscope.bench import flood
-
-        return flood.run(args)
-    if args.mode == "soak":
-        from tpuscope.bench import soak
-
-        return soak.run(args)
-    if args.scrape_latency:
-        from tpuscope.bench import scrape_latency
-
-        return scrape_latency.run(args.scrape_latency)
-    if args.trace_cost:
-        from tpuscope.bench import trace_cost
-
-        return trace_cost.run(args.trace_cost)
+def run(args: argparse.Namespace, body: Body | None = None) -> int:
+    """Run the workload the flags describe; ``body`` replaces the training loop (the overhead benchmark's)."""
     try:
         faults = Faults.parse(args.inject)
     except FaultError as e:
@@ -82,8 +65,8 @@ def run_bench(args: argparse.Namespace) -> int:
             return 2
         try:
             with Monitor(args.workload, socket=socket, sinks=sinks, spans_file=args.run_dir / "spans.jsonl") as monitor:
-                if args.overhead:
-                    _measure_overhead(args, faults, monitor)
+                if body:
+                    body(args, faults, monitor)
                 elif args.synthetic:
                     profile = synthetic.Profile(step_seconds=args.step_time, checkpoint_every=args.checkpoint_every)
                     synthetic.run(monitor, args.steps, profile, progress=progress)
@@ -111,19 +94,11 @@ def run_bench(args: argparse.Namespace) -> int:
 
 
 def _run_jax(args: argparse.Namespace, faults: Faults, monitor: Monitor, progress: Callable[[int], None]) -> None:
-    with Workload(_options(args, faults), monitor) as workload:
+    with Workload(options(args, faults), monitor) as workload:
         workload.run(progress)
 
 
-def _measure_overhead(args: argparse.Namespace, faults: Faults, monitor: Monitor) -> None:
-    from tpuscope.bench import overhead
-
-    # No checkpoints: their seconds-long pauses would swamp a microsecond difference.
-    with Workload(replace(_options(args, faults), checkpoint_every=0), monitor) as workload:
-        print("\n".join(overhead.measure(workload, monitor, args.steps)), flush=True)
-
-
-def _options(args: argparse.Namespace, faults: Faults) -> WorkloadOptions:
+def options(args: argparse.Namespace, faults: Faults) -> WorkloadOptions:
     """The workload's options from the flags of the same names (those without a flag keep their default)."""
     given = {f.name: getattr(args, f.name) for f in fields(WorkloadOptions) if hasattr(args, f.name)}
     return WorkloadOptions(**{**given, "faults": faults})

@@ -1,6 +1,6 @@
 """The training jobs of ``tpuscope fleet-sim``: every simulated host's process, as threads of one process.
 
-    python -m tpuscope.bench.fleet_jobs PLAN.json     # SIGTERM or SIGINT: every Monitor stops cleanly
+    python -m tpuscope.fleetsim.jobs PLAN.json     # SIGTERM or SIGINT: every Monitor stops cleanly
 
 Each host has its own :class:`~tpuscope.tracing.Monitor` connected to its own
 sidecar's socket, as a job's process on that host would. One process runs them
@@ -39,8 +39,8 @@ from types import FrameType
 
 import msgspec
 
-from tpuscope.bench import synthetic
 from tpuscope.tracing import Monitor
+from tpuscope.workload import synthetic
 
 ACCELERATOR = "tpu-v5e"  # the fake runtime's chips; peak FLOP/s and HBM are a v5e's (synthetic.Profile)
 MEMORY_EVERY = 10  # steps between device-memory reports
@@ -182,7 +182,7 @@ def run(plan: Plan, stop: threading.Event) -> Counter[str]:
 
 def main(argv: list[str]) -> int:
     if len(argv) != 1:
-        print("usage: python -m tpuscope.bench.fleet_jobs PLAN.json", file=sys.stderr)
+        print("usage: python -m tpuscope.fleetsim.jobs PLAN.json", file=sys.stderr)
         return 2
     plan = Plan.load(Path(argv[0]))
     stop = threading.Event()

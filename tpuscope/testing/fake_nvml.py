@@ -107,7 +107,7 @@ class FakeNvmlState:
         unknown = self.not_supported - NOT_SUPPORTED_WORDS
         if unknown:
             raise ValueError(f"unknown not_supported queries {sorted(unknown)}; known: {sorted(NOT_SUPPORTED_WORDS)}")
-        lines = ["# tpuscope fake NVML state (see tpuscope/bench/fake_nvml.c)", f"devices {len(self.gpus)}"]
+        lines = ["# tpuscope fake NVML state (see tpuscope/testing/fake_nvml.c)", f"devices {len(self.gpus)}"]
         for index, gpu in enumerate(self.gpus):
             for text in (gpu.name, gpu.uuid or ""):
                 if "\n" in text or "#" in text:

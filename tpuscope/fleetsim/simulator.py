@@ -4,12 +4,12 @@ running the project's rules with time compressed; what that costs, and whether t
 - N ``tpuscope serve`` processes, one per host, each with its own socket and port, labelled with the
   host's place in the fleet (``--slice``, ``--worker``), reading a fake TPU runtime of C chips with
   the libtpu collector and nothing else (no host collector: N sidecars share 2 cores here);
-- the N fake runtimes (tpuscope/bench/fake_tpu.py), served from this process;
-- the jobs (tpuscope/bench/fleet_jobs.py), one process of a Monitor per host, hosts grouped into
+- the N fake runtimes (tpuscope/testing/fake_tpu.py), served from this process;
+- the jobs (tpuscope/fleetsim/jobs.py), one process of a Monitor per host, hosts grouped into
   multi-slice workloads that step in lockstep; one host of the first workload becomes a straggler,
   the last workload stalls (a hung collective) for a while;
 - Prometheus scraping every sidecar and evaluating the generated rules, time compressed K times
-  (tpuscope/bench/fleet_rules.py), which it writes into the run directory beside its configuration.
+  (tpuscope/fleetsim/rules.py), which it writes into the run directory beside its configuration.
 
 The run ends once both faults' alerts have fired and one (compressed) rate window more has passed, or
 after ``--seconds``. It prints and writes (``--json``) Prometheus' cost (head series, ingest rate,
@@ -41,17 +41,18 @@ import psutil
 
 from tpuscope.alerts import rules
 from tpuscope.alerts.config import AlertingConfig
-from tpuscope.bench import fleet_rules, synthetic
-from tpuscope.bench.fake_tpu import Chip, FakeTpuRuntime, FakeTpuServer, default_megascale
-from tpuscope.bench.fleet_jobs import Host, Plan
 from tpuscope.bench.flood import status_mb
-from tpuscope.bench.prometheus import PrometheusServer, target_of
 from tpuscope.bench.soak import SIDECAR_RSS, wait_for
 from tpuscope.bench.verdict import Check, check_lines, write_report
-from tpuscope.exporter.child import SidecarProcess
-from tpuscope.exporter.scrape import Scrape
+from tpuscope.fleetsim import rules as fleet_rules
+from tpuscope.fleetsim.jobs import Host, Plan
 from tpuscope.promql import duration_ms
+from tpuscope.scrape import Scrape
 from tpuscope.stats import percentile
+from tpuscope.testing.fake_tpu import Chip, FakeTpuRuntime, FakeTpuServer, default_megascale
+from tpuscope.testing.prometheus import PrometheusServer, target_of
+from tpuscope.workload import synthetic
+from tpuscope.workload.sidecar import SidecarProcess
 
 DEFAULT_JSON = Path("run/fleet.json")
 JOB = "tpuscope"  # the scrape job PrometheusServer configures
@@ -203,7 +204,7 @@ def jobs_process(plan: Plan, run_dir: Path) -> Iterator[subprocess.Popen[bytes]]
     plan.dump(plan_path)
     with open(run_dir / "jobs.log", "wb") as log:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "tpuscope.bench.fleet_jobs", str(plan_path)], stdout=log, stderr=subprocess.STDOUT
+            [sys.executable, "-m", "tpuscope.fleetsim.jobs", str(plan_path)], stdout=log, stderr=subprocess.STDOUT
         )
     try:
         yield proc
