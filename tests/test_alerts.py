@@ -16,8 +16,8 @@ from alertmanager import AlertmanagerServer, Webhook
 from conftest import require, wait_until
 
 from tpuscope import alerts, catalog
-from tpuscope.alerts.config import AlertingConfig
 from tpuscope.alerts.rules import PREFIX
+from tpuscope.generator_config import GeneratorConfig
 from tpuscope.testing.prometheus import PrometheusServer, target_of
 from tpuscope.thresholds import Thresholds
 from tpuscope.workload.sidecar import SidecarProcess
@@ -142,7 +142,7 @@ def test_thresholds_and_webhooks_come_from_a_yaml_file(tmp_path: Path) -> None:
     rules = (tmp_path / "out/tpuscope-rules.yaml").read_text()
     assert "> 42" in rules and 'up{job=~"sidecars"}' in rules
     assert "http://pager.test/hook" in (tmp_path / "out/alertmanager.yml").read_text()
-    assert rules == alerts.rules_file(AlertingConfig.load(config))
+    assert rules == alerts.rules_file(GeneratorConfig.load(config))
 
 
 @pytest.mark.parametrize(
@@ -181,7 +181,7 @@ def test_a_stalled_workload_pages_through_alertmanager_and_resolves_when_it_reco
     require("prometheus")
     require("prometheus-alertmanager")
     webhook = Webhook()
-    config = AlertingConfig(
+    config = GeneratorConfig(
         thresholds=Thresholds.override({"stall_seconds": 3}),
         exporter_job="tpuscope",
         page_webhook_url=f"{webhook.url}/page",

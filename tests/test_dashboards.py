@@ -18,9 +18,9 @@ import yaml
 from conftest import require
 
 from tpuscope import alerts, catalog, dashboards
-from tpuscope.alerts.config import AlertingConfig
 from tpuscope.dashboards import promql
 from tpuscope.dashboards.panels import panels_of
+from tpuscope.generator_config import GeneratorConfig
 from tpuscope.testing.fake_nvml import FakeGpu, FakeNvmlState, environment
 from tpuscope.testing.fake_tpu import Chip, FakeTpuRuntime, FakeTpuServer, default_megascale
 from tpuscope.testing.prometheus import PrometheusServer, target_of
@@ -199,7 +199,7 @@ def test_every_panel_query_returns_data_from_the_workload_the_sidecar_and_promet
     nvml.xid(1, 79)
     nvml.write()
     rules = short_tmp / "rules.yml"  # tpuscope's own rules: the crash fires TpuscopeWorkloadFailed
-    rules.write_text(alerts.rules_file(AlertingConfig()))
+    rules.write_text(alerts.rules_file(GeneratorConfig()))
     with (
         FakeTpuServer(FakeTpuRuntime([Chip(d) for d in range(4)], default_megascale())) as runtime,
         SidecarProcess(

@@ -18,7 +18,7 @@ import yaml
 from conftest import require, wait_until
 
 from tpuscope import alerts, catalog, kubernetes
-from tpuscope.alerts.config import AlertingConfig
+from tpuscope.generator_config import GeneratorConfig
 from tpuscope.testing.prometheus import ServerProcess, target_of
 from tpuscope.workload.sidecar import SidecarProcess
 
@@ -80,7 +80,7 @@ def test_the_scrape_discovers_pods_as_the_podmonitor_does() -> None:
     ((label, value),) = kubernetes.SCRAPE_LABEL.items()
     keeps = {tuple(r["source_labels"]): r["regex"] for r in filters if r["action"] == "keep"}
     assert keeps == {(pod_label(label),): value, ("__meta_kubernetes_pod_container_port_name",): kubernetes.PORT_NAME}
-    assert re.fullmatch(AlertingConfig().exporter_job, SCRAPE["relabel_configs"][-4]["replacement"])
+    assert re.fullmatch(GeneratorConfig().exporter_job, SCRAPE["relabel_configs"][-4]["replacement"])
     assert CONFIG["global"]["scrape_interval"] == "15s" and SCRAPE["metrics_path"] == "/metrics"
 
 
@@ -128,10 +128,10 @@ def test_a_real_prometheus_scrapes_only_the_sidecar_and_labels_it(tmp_path: Path
             assert len(found["droppedTargets"]) == 3
             build_info = f'{catalog.BUILD_INFO.name}{{job="tpuscope", pod="{pod["__meta_kubernetes_pod_name"]}"}}'
             assert wait_until(lambda: bool(api(prometheus, "query", query=build_info)["result"]), timeout=20)
-            (up,) = api(prometheus, "query", query=f'up{{job=~"{AlertingConfig().exporter_job}"}}')["result"]
+            (up,) = api(prometheus, "query", query=f'up{{job=~"{GeneratorConfig().exporter_job}"}}')["result"]
             assert up["value"][1] == "1"
             assert {g["name"] for g in api(prometheus, "rules")["groups"]} == {
-                g["name"] for g in alerts.rule_groups(AlertingConfig())
+                g["name"] for g in alerts.rule_groups(GeneratorConfig())
             }
 
 
@@ -151,7 +151,7 @@ def test_remote_write_sends_tpuscope_series_and_the_recording_rules_only() -> No
         m.series(s) for m in catalog.CATALOG if m.kind is catalog.Kind.HISTOGRAM for s in ("bucket", "sum", "count")
     ]
     assert all(kept(name, "tpuscope") for name in series)
-    recorded = [r["record"] for g in alerts.rule_groups(AlertingConfig()) for r in g["rules"] if "record" in r]
+    recorded = [r["record"] for g in alerts.rule_groups(GeneratorConfig()) for r in g["rules"] if "record" in r]
     assert recorded and all(kept(name) for name in recorded), "recording rules' results carry no job"
     assert kept("up", "tpuscope") and not kept("up", "node-exporter")
     assert not kept("node_cpu_seconds_total", "node-exporter") and not kept("ALERTS")

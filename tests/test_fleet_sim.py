@@ -27,10 +27,10 @@ from conftest import require
 
 from tpuscope import catalog, promql
 from tpuscope.alerts import rules_file
-from tpuscope.alerts.config import AlertingConfig
 from tpuscope.alerts.rules import COMPUTE_PER_WORKER, STEPS_RATE
 from tpuscope.fleetsim import rules as fleet_rules
 from tpuscope.fleetsim import simulator as fleet
+from tpuscope.generator_config import GeneratorConfig
 from tpuscope.testing.prometheus import PrometheusServer
 
 K = 10
@@ -85,7 +85,7 @@ def _rules(groups: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
 
 
 def test_the_compressed_rules_are_the_generated_ones_with_every_duration_divided(tmp_path: Path) -> None:
-    config = AlertingConfig()
+    config = GeneratorConfig()
     t = config.thresholds
     original = _rules(yaml.safe_load(rules_file(config))["groups"])
     scaled = _rules(fleet_rules.scaled_groups(config, K))
@@ -159,9 +159,9 @@ def test_hosts_are_placed_in_workloads_of_slices_with_the_straggler_first_and_th
     ],
 )
 def test_settings_that_cannot_show_the_faults_are_refused(overrides: dict[str, Any], problem: str) -> None:
-    assert fleet.validate(_settings(), AlertingConfig()) == ""
+    assert fleet.validate(_settings(), GeneratorConfig()) == ""
     s = _settings(**overrides)
-    assert problem in fleet.validate(s, AlertingConfig())
+    assert problem in fleet.validate(s, GeneratorConfig())
 
 
 # --- a fleet, for real -------------------------------------------------------------------------------------

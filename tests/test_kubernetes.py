@@ -16,8 +16,8 @@ from conftest import require
 from kubernetes_validate.utils import all_versions
 
 from tpuscope import catalog, kubernetes
-from tpuscope.alerts.config import AlertingConfig
 from tpuscope.exporter import config as serve_config
+from tpuscope.generator_config import GeneratorConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 DEPLOY = ROOT / "deploy/kubernetes"
@@ -171,7 +171,7 @@ def test_the_podmonitor_scrapes_the_sidecar() -> None:
     assert endpoint["path"] == "/metrics" and endpoint["interval"] == "15s"
     labels = {r["targetLabel"]: r for r in endpoint["relabelings"]}
     # The rules find the sidecars by job (TpuscopeExporterDown, ...): the relabelled job must match.
-    assert re.fullmatch(AlertingConfig().exporter_job, labels["job"]["replacement"])
+    assert re.fullmatch(GeneratorConfig().exporter_job, labels["job"]["replacement"])
     assert labels["pod"]["sourceLabels"] == ["__meta_kubernetes_pod_name"]
     assert labels["namespace"]["sourceLabels"] == ["__meta_kubernetes_namespace"]
     assert labels["node"]["sourceLabels"] == ["__meta_kubernetes_pod_node_name"]

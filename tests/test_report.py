@@ -25,8 +25,8 @@ from chromium import Chromium
 from conftest import require, wait_until
 
 from tpuscope import alerts, catalog, events
-from tpuscope.alerts.config import AlertingConfig
 from tpuscope.alerts.rules import PREFIX
+from tpuscope.generator_config import GeneratorConfig
 from tpuscope.report.window import Window, parse_time
 from tpuscope.testing.prometheus import PrometheusServer, target_of
 from tpuscope.tracing import Monitor, read_records
@@ -57,7 +57,7 @@ def bench(sidecar: SidecarProcess, directory: Path, *faults: str) -> subprocess.
 def run(module_tmp: Path) -> Iterator[Run]:
     require("prometheus")
     rules = module_tmp / "rules.yml"
-    rules.write_text(alerts.rules_file(AlertingConfig()))
+    rules.write_text(alerts.rules_file(GeneratorConfig()))
     with (
         SidecarProcess(module_tmp / "s.sock", "127.0.0.1:0", "--collectors=host") as sidecar,
         PrometheusServer(module_tmp / "prom", [target_of(sidecar.url)], rule_files=[rules]) as prom,

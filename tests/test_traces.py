@@ -18,8 +18,8 @@ import pytest
 from otlp import Receiver, attributes
 
 from tpuscope import catalog
+from tpuscope.otel import resource
 from tpuscope.tracing import Monitor
-from tpuscope.tracing.otel import resource
 from tpuscope.tracing.spans import CLOSE_TIMEOUT_SECONDS, TrainingSampler
 from tpuscope.workload.sidecar import SidecarProcess
 

@@ -328,10 +328,10 @@ def _dashboards(args: argparse.Namespace) -> int:
 
 def _alerts(args: argparse.Namespace) -> int:
     from tpuscope import alerts
-    from tpuscope.alerts.config import AlertingConfig
+    from tpuscope.generator_config import GeneratorConfig
 
     try:
-        config = AlertingConfig.load(args.config)
+        config = GeneratorConfig.load(args.config)
     except ValueError as e:
         print(f"tpuscope alerts: {e}", file=sys.stderr)
         return 2

@@ -12,9 +12,9 @@ from functools import partial
 from pathlib import Path
 
 from tpuscope import alerts, catalog, dashboards, events, kubernetes
-from tpuscope.alerts.config import AlertingConfig
 from tpuscope.exporter.collectors import COLLECTORS
 from tpuscope.exporter.collectors import base as collector_base
+from tpuscope.generator_config import GeneratorConfig
 
 
 def metrics_markdown() -> str:
@@ -70,8 +70,8 @@ ARTIFACTS: dict[str, Callable[[], str]] = {
     **{f"deploy/grafana/{name}.json": partial(dashboards.file, name) for name in dashboards.DASHBOARDS},
     "deploy/kubernetes/grafana-dashboards.yaml": dashboards.configmaps,
     **{f"deploy/kubernetes/{name}": render for name, render in kubernetes.MANIFESTS.items()},
-    "deploy/prometheus/tpuscope-rules.yaml": lambda: alerts.rules_file(AlertingConfig()),
-    "deploy/alertmanager/alertmanager.yml": lambda: alerts.alertmanager_file(AlertingConfig()),
+    "deploy/prometheus/tpuscope-rules.yaml": lambda: alerts.rules_file(GeneratorConfig()),
+    "deploy/alertmanager/alertmanager.yml": lambda: alerts.alertmanager_file(GeneratorConfig()),
     "docs/alerts.md": alerts.runbooks_markdown,
 }
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tpuscope import catalog as c
-from tpuscope.alerts.config import AlertingConfig
+from tpuscope.generator_config import GeneratorConfig
 from tpuscope.promql import grown, le, series
 
 PREFIX = "Tpuscope"
@@ -99,7 +99,7 @@ class Alert:
     runbook: str = ""  # what to do, for docs/alerts.md
     labels: dict[str, str] = field(default_factory=dict)
 
-    def rule(self, config: AlertingConfig) -> dict[str, Any]:
+    def rule(self, config: GeneratorConfig) -> dict[str, Any]:
         anchor = self.name.lower()
         dashboard = f"{config.grafana_url}/d/{self.dashboard}"
         if "$labels.workload" in self.description:
@@ -117,7 +117,7 @@ class Alert:
         return rule
 
 
-def recording_rules(config: AlertingConfig) -> list[dict[str, str]]:
+def recording_rules(config: GeneratorConfig) -> list[dict[str, str]]:
     t = config.thresholds
     phase_sum = series(c.STEP_PHASE_DURATION, suffix="sum")
     rules = [
@@ -238,7 +238,7 @@ def burn_rate_alerts(
     return result
 
 
-def alerts(config: AlertingConfig) -> list[Alert]:
+def alerts(config: GeneratorConfig) -> list[Alert]:
     t = config.thresholds
     last_step = series(c.LAST_STEP)
     connected = series(c.WORKLOAD_PROCESSES)

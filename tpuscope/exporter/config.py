@@ -20,8 +20,7 @@ import yaml
 from tpuscope import catalog, events, placement
 from tpuscope.exporter.collectors import COLLECTORS
 from tpuscope.exporter.collectors.libtpu import addresses_from_environment
-from tpuscope.exporter.otlp_push import interval_seconds
-from tpuscope.tracing.otel import otlp_protocol
+from tpuscope.otel import metric_interval_seconds, otlp_protocol
 
 DEFAULT_PORT = 9478
 T = TypeVar("T")
@@ -301,7 +300,7 @@ def _otlp_interval(on: bool, environ: Mapping[str, str]) -> float | None:
         return None
     try:
         otlp_protocol("METRICS", environ)
-        return interval_seconds(environ)
+        return metric_interval_seconds(environ)
     except ValueError as e:
         raise ConfigError(str(e)) from None
 

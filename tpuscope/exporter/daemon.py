@@ -28,7 +28,7 @@ from tpuscope.exporter.metrics import register
 from tpuscope.exporter.otlp_push import OtlpPusher, metric_exporter
 from tpuscope.exporter.samples import SampleStore
 from tpuscope.exporter.webconfig import WebConfigError
-from tpuscope.tracing.otel import resource
+from tpuscope.otel import resource
 
 log = logging.getLogger("tpuscope.exporter")
 

@@ -46,11 +46,10 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.metrics_core import Metric as Family
 
 from tpuscope import __version__, catalog
-from tpuscope.tracing.otel import otlp_protocol
+from tpuscope.otel import otlp_protocol
 
 log = logging.getLogger("tpuscope.exporter.otlp")
 
-DEFAULT_INTERVAL_MS = 60000  # the specification's default for OTEL_METRIC_EXPORT_INTERVAL
 
 # Prometheus base unit -> UCUM, as OTLP expects (the collector maps them back to the same suffixes).
 UCUM = {"seconds": "s", "bytes": "By", "ratio": "1", "celsius": "Cel", "watts": "W", "hertz": "Hz"}
@@ -67,17 +66,6 @@ def metric_exporter(environ: Mapping[str, str] = os.environ) -> MetricExporter:
     from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter as HttpExporter
 
     return HttpExporter()
-
-
-def interval_seconds(environ: Mapping[str, str] = os.environ) -> float:
-    raw = environ.get("OTEL_METRIC_EXPORT_INTERVAL", "")
-    try:
-        milliseconds = float(raw) if raw else DEFAULT_INTERVAL_MS
-    except ValueError:
-        raise ValueError(f"OTEL_METRIC_EXPORT_INTERVAL: expected milliseconds, got {raw!r}") from None
-    if milliseconds <= 0:
-        raise ValueError(f"OTEL_METRIC_EXPORT_INTERVAL: expected a positive number, got {raw!r}")
-    return milliseconds / 1000
 
 
 class StartTimes:

@@ -10,7 +10,7 @@ records a 30 s rate at K=10), so every query written against the real rules
 reads the compressed ones.
 
 Thresholds that are lengths of time (:data:`TIMED_THRESHOLDS`) are divided
-likewise, through :class:`~tpuscope.alerts.config.AlertingConfig`. Those that
+likewise, through :class:`~tpuscope.generator_config.GeneratorConfig`. Those that
 are counts are not: 3 recompiles in a 30-minute window stay 3 in its compressed
 window, and StepTimeRegression's baseline of 180 evaluations stays 180.
 """
@@ -24,7 +24,7 @@ from typing import Any
 import yaml
 
 from tpuscope.alerts import HEADER, rule_groups
-from tpuscope.alerts.config import AlertingConfig
+from tpuscope.generator_config import GeneratorConfig
 from tpuscope.promql import DURATION, duration_ms, format_ms
 
 # A range selector or a subquery: [5m], [1h:5m], [1h:].
@@ -56,13 +56,13 @@ def scale_expr(expr: str, k: float) -> str:
     return _OFFSET.sub(lambda m: f"offset{m[1]}{m[2]}{scale_duration(m[3], k)}", expr)
 
 
-def scaled_config(config: AlertingConfig, k: float) -> AlertingConfig:
+def scaled_config(config: GeneratorConfig, k: float) -> GeneratorConfig:
     """``config`` with its :data:`TIMED_THRESHOLDS` divided by ``k``."""
     t = config.thresholds
     return replace(config, thresholds=replace(t, **{name: getattr(t, name) / k for name in TIMED_THRESHOLDS}))
 
 
-def scaled_groups(config: AlertingConfig, k: float) -> list[dict[str, Any]]:
+def scaled_groups(config: GeneratorConfig, k: float) -> list[dict[str, Any]]:
     """The rule groups of ``rules_file(config)`` (``rule_groups``), time compressed ``k`` times.
 
     Expressions come from the rules generated with the scaled thresholds, durations divided. A ``for:``
@@ -79,7 +79,7 @@ def scaled_groups(config: AlertingConfig, k: float) -> list[dict[str, Any]]:
     return timed
 
 
-def scaled_rules_file(config: AlertingConfig, k: float) -> str:
+def scaled_rules_file(config: GeneratorConfig, k: float) -> str:
     note = f"# Time compressed {k:g} times for tpuscope fleet-sim: every range, offset and for: divided by {k:g}.\n"
     return HEADER + note + yaml.safe_dump({"groups": scaled_groups(config, k)}, sort_keys=False, width=120)
 

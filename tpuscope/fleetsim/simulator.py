@@ -40,12 +40,12 @@ from typing import Any
 import psutil
 
 from tpuscope.alerts import rules
-from tpuscope.alerts.config import AlertingConfig
 from tpuscope.bench.flood import status_mb
 from tpuscope.bench.soak import SIDECAR_RSS, wait_for
 from tpuscope.bench.verdict import Check, check_lines, write_report
 from tpuscope.fleetsim import rules as fleet_rules
 from tpuscope.fleetsim.jobs import Host, Plan
+from tpuscope.generator_config import GeneratorConfig
 from tpuscope.promql import duration_ms
 from tpuscope.scrape import Scrape
 from tpuscope.stats import percentile
@@ -59,7 +59,7 @@ JOB = "tpuscope"  # the scrape job PrometheusServer configures
 STRAGGLER = "TpuscopeStraggler"
 STALLED = "TpuscopeWorkloadStalled"
 RATE_WINDOW = "5m"  # the window of the recording rules the straggler alert reads, before compression
-STRAGGLER_FOR = next(a.for_ for a in rules.alerts(AlertingConfig()) if a.name == STRAGGLER)
+STRAGGLER_FOR = next(a.for_ for a in rules.alerts(GeneratorConfig()) if a.name == STRAGGLER)
 # A rate over fewer scrapes than this is noise (two samples make a rate; four make a steady one).
 SCRAPES_PER_WINDOW = 4
 POLL_SECONDS = 1.0
@@ -118,7 +118,7 @@ def layout(s: Settings, sockets: Path) -> tuple[list[Host], int, str]:
     return hosts, straggler, hosts[-1].workload
 
 
-def validate(s: Settings, config: AlertingConfig) -> str:
+def validate(s: Settings, config: GeneratorConfig) -> str:
     """What is wrong with these settings, or ""."""
     if s.hosts_per_slice < 1 or s.hosts_per_workload % s.hosts_per_slice:
         return "--hosts-per-workload must be a multiple of --hosts-per-slice"
@@ -376,7 +376,7 @@ def fleet_profile(s: Settings) -> synthetic.Profile:
     )
 
 
-def simulate(s: Settings, config: AlertingConfig, run_dir: Path, sockets: Path) -> dict[str, Any]:
+def simulate(s: Settings, config: GeneratorConfig, run_dir: Path, sockets: Path) -> dict[str, Any]:
     """Run the fleet (``validate`` has passed its settings); its figures (checks not yet made)."""
     groups = fleet_rules.scaled_groups(config, s.time_scale)
     rules_path = run_dir / "tpuscope-rules.yaml"
@@ -640,7 +640,7 @@ def settings(args: argparse.Namespace) -> Settings:
 
 
 def run(args: argparse.Namespace) -> int:
-    s, config = settings(args), AlertingConfig()
+    s, config = settings(args), GeneratorConfig()
     if problem := validate(s, config):
         print(f"tpuscope fleet-sim: {problem}", file=sys.stderr)
         return 2

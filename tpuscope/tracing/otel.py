@@ -7,52 +7,24 @@
 - With no endpoint: spans are written as JSON lines (one OTLP-shaped span per line) to a file, by
   default ``tpuscope-spans.jsonl`` in the working directory (``$TPUSCOPE_SPANS_FILE`` to move it), so
   traces exist without any collector.
-- Resource: ``service.name`` is the workload (the sidecar's is ``tpuscope``), ``host.name``, and ``k8s.*``
-  from the variables a pod spec sets through the downward API; ``OTEL_SERVICE_NAME`` and
-  ``OTEL_RESOURCE_ATTRIBUTES`` win over all of these.
+- Resource: ``service.name`` is the workload, with the attributes of :func:`tpuscope.otel.resource`.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import socket
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from opentelemetry.sdk.resources import OTELResourceDetector, Resource
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SpanExporter, SpanExportResult
 from opentelemetry.sdk.trace.sampling import ALWAYS_ON
 
+from tpuscope.otel import otlp_protocol, resource
+
 DEFAULT_SPANS_FILE = "tpuscope-spans.jsonl"
-
-# Resource attribute -> the environment variables (set through the downward API) it is read from.
-K8S_VARIABLES = {
-    "k8s.pod.name": ("K8S_POD_NAME", "POD_NAME"),
-    "k8s.pod.uid": ("K8S_POD_UID", "POD_UID"),
-    "k8s.namespace.name": ("K8S_NAMESPACE_NAME", "POD_NAMESPACE"),
-    "k8s.node.name": ("K8S_NODE_NAME", "NODE_NAME"),
-    # The downward API cannot give a container's name, so only the explicit variable counts: a bare
-    # CONTAINER_NAME is set by too many unrelated tools to be trusted.
-    "k8s.container.name": ("K8S_CONTAINER_NAME",),
-}
-
-
-def resource(service: str, instance: str = "", environ: Mapping[str, str] = os.environ) -> Resource:
-    """Semantic-convention attributes; what OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES say wins over ours."""
-    attributes: dict[str, str] = {"host.name": socket.gethostname(), "service.name": service}
-    if instance:
-        attributes["service.instance.id"] = instance
-    for attribute, names in K8S_VARIABLES.items():
-        if value := next((environ[n] for n in names if environ.get(n)), None):
-            attributes[attribute] = value
-    configured = set(OTELResourceDetector().detect().attributes)
-    if environ.get("OTEL_SERVICE_NAME"):
-        configured.add("service.name")
-    # create() adds the SDK's own attributes and the configured ones, which ours would otherwise override.
-    return Resource.create({k: v for k, v in attributes.items() if k not in configured})
 
 
 def exporter(
@@ -88,18 +60,6 @@ def destination(span_exporter: SpanExporter, environ: Mapping[str, str] = os.env
         return "standard output"
     endpoint = environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
     return f"OTLP ({otlp_protocol('TRACES', environ)}) to {endpoint}"
-
-
-def otlp_protocol(signal: str, environ: Mapping[str, str] = os.environ) -> str:
-    """``grpc`` or ``http/protobuf`` (the specification's default) for TRACES or METRICS."""
-    variable = f"OTEL_EXPORTER_OTLP_{signal}_PROTOCOL"
-    if not environ.get(variable):
-        variable = "OTEL_EXPORTER_OTLP_PROTOCOL"
-    protocol = environ.get(variable) or "http/protobuf"
-    if protocol not in ("grpc", "http/protobuf"):
-        # http/json is in the specification but not in OpenTelemetry's Python exporters.
-        raise ValueError(f"{variable}={protocol!r}: use grpc or http/protobuf")
-    return protocol
 
 
 def tracer_provider(workload: str, span_exporter: SpanExporter) -> TracerProvider:

@@ -1,6 +1,7 @@
-"""What users set without touching code: thresholds, where pages and tickets go, and links.
+"""What a team sets for the generated rules, routing and dashboards: thresholds, where pages and tickets go, links.
 
-One YAML file (``tpuscope alerts --config FILE``); every key is optional::
+One YAML file, the same for ``tpuscope alerts --config FILE`` and ``tpuscope dashboards --config FILE``,
+so a panel is coloured at the threshold its alert fires at; every key is optional::
 
     thresholds:             # any field of tpuscope.thresholds.Thresholds
       stall_seconds: 600
@@ -24,7 +25,7 @@ from tpuscope.thresholds import DEFAULT, Thresholds
 
 
 @dataclass(frozen=True)
-class AlertingConfig:
+class GeneratorConfig:
     thresholds: Thresholds = field(default_factory=lambda: DEFAULT)
     exporter_job: str = "tpuscope.*"
     page_webhook_url: str = "http://alert-receiver.monitoring.svc:8080/page"
@@ -33,7 +34,7 @@ class AlertingConfig:
     grafana_url: str = "http://grafana.monitoring.svc"
 
     @classmethod
-    def load(cls, path: Path | None) -> AlertingConfig:
+    def load(cls, path: Path | None) -> GeneratorConfig:
         if path is None:
             return cls()
         try:

@@ -1,0 +1,85 @@
+"""The names that cross a boundary between tpuscope's parts, defined once.
+
+As the kubernetes-mixin's ``config.libsonnet``: the sidecar's port, which the Kubernetes
+manifests, the CLI's defaults and the docs share; the alert names, which the rules, the
+Alertmanager routing, the dashboards and the readers share; the dashboards' UIDs, which the
+dashboards and the alerts' links share; the recording rules' names, which the alerts and the fleet
+simulator read. What a team may change (thresholds, webhooks, links) is in
+:mod:`tpuscope.generator_config` instead.
+"""
+
+from __future__ import annotations
+
+import enum
+
+from tpuscope import catalog as c
+
+# The sidecar's /metrics port: tpuscope's entry in Prometheus' default port allocations wiki page.
+DEFAULT_PORT = 9478
+
+ALERT_PREFIX = "Tpuscope"
+# Every alert of tpuscope's rules, and nothing else, matches this: routing an Alertmanager shared with
+# other teams, and the dashboards' and readers' view of "our" alerts.
+OUR_ALERTS = f"{ALERT_PREFIX}.+"
+
+
+class AlertName(enum.StrEnum):
+    """Every alert of the generated rules (tpuscope/alerts/), by area."""
+
+    # training
+    WORKLOAD_STALLED = f"{ALERT_PREFIX}WorkloadStalled"
+    STEP_TIME_REGRESSION = f"{ALERT_PREFIX}StepTimeRegression"
+    INPUT_BOUND = f"{ALERT_PREFIX}InputBound"
+    SYNC_BOUND = f"{ALERT_PREFIX}SyncBound"
+    STRAGGLER = f"{ALERT_PREFIX}Straggler"
+    LOW_DUTY_CYCLE = f"{ALERT_PREFIX}LowDutyCycle"
+    LOW_MFU = f"{ALERT_PREFIX}LowMFU"
+    WORKLOAD_FAILED = f"{ALERT_PREFIX}WorkloadFailed"
+    WORKLOAD_CRASH_LOOPING = f"{ALERT_PREFIX}WorkloadCrashLooping"
+    # compile and memory
+    COMPILE_TIME_HIGH = f"{ALERT_PREFIX}CompileTimeHigh"
+    RECOMPILING = f"{ALERT_PREFIX}Recompiling"
+    COMPILE_CACHE_HIT_RATIO_LOW = f"{ALERT_PREFIX}CompileCacheHitRatioLow"
+    MEMORY_SPILL = f"{ALERT_PREFIX}MemorySpill"
+    DEVICE_MEMORY_NEAR_LIMIT = f"{ALERT_PREFIX}DeviceMemoryNearLimit"
+    # checkpoints
+    CHECKPOINT_FAILING = f"{ALERT_PREFIX}CheckpointFailing"
+    CHECKPOINT_STALE = f"{ALERT_PREFIX}CheckpointStale"
+    CHECKPOINT_MISSING = f"{ALERT_PREFIX}CheckpointMissing"
+    CHECKPOINT_TIME_HIGH = f"{ALERT_PREFIX}CheckpointTimeHigh"
+    # SLOs
+    GOODPUT_BUDGET_BURN = f"{ALERT_PREFIX}GoodputBudgetBurn"
+    INFERENCE_LATENCY_BUDGET_BURN = f"{ALERT_PREFIX}InferenceLatencyBudgetBurn"
+    # the monitoring itself, and the host
+    COLLECTOR_DOWN = f"{ALERT_PREFIX}CollectorDown"
+    EXPORTER_DOWN = f"{ALERT_PREFIX}ExporterDown"
+    EXPORTER_ABSENT = f"{ALERT_PREFIX}ExporterAbsent"
+    INGEST_LOSING_EVENTS = f"{ALERT_PREFIX}IngestLosingEvents"
+    HOST_CPU_SATURATED = f"{ALERT_PREFIX}HostCPUSaturated"
+
+
+class DashboardUID(enum.StrEnum):
+    """Each generated dashboard's UID, which is also its file's name (``deploy/grafana/UID.json``)."""
+
+    FLEET = "tpuscope-fleet"
+    ONCALL = "tpuscope-oncall"
+    JOB = "tpuscope-job"
+    SERVING = "tpuscope-serving"
+
+
+# Recording rules (``level:metric:operations``, the metric's name from the catalogue) that the alerts,
+# the dashboards or the fleet simulator read.
+STEPS_RATE = f"workload:{c.STEPS.base_name}:rate5m"
+STEP_MEAN = f"workload:{c.STEP_DURATION.name}:mean5m"
+STEP_P99 = f"workload:{c.STEP_DURATION.name}:p99_5m"
+PHASE_SHARE = f"workload_phase:{c.STEP_PHASE_DURATION.name}:share5m"
+COMPUTE_PER_WORKER = f"worker:{c.STEP_PHASE_DURATION.name}:compute_mean5m"
+COMPUTE_MEDIAN = f"workload:{c.STEP_PHASE_DURATION.name}:compute_median5m"
+COMPUTE_OVER_MEDIAN = f"worker:{c.STEP_PHASE_DURATION.name}:compute_over_median5m"
+MEMORY_USED = f"device:{c.DEVICE_MEMORY_USED.name}:ratio_limit"
+GOODPUT_RATE = f"workload_category:{c.GOODPUT.base_name}:rate5m"
+REQUESTS_FAST_RATE = f"workload:{c.INFERENCE_REQUEST_DURATION.name}_within_objective:rate5m"
+REQUESTS_RATE = f"workload:{c.INFERENCE_REQUEST_DURATION.name}_count:rate5m"
+# The SLO ratios, one rule per window: BADPUT_RATIO + "1h" is the badput ratio over the last hour.
+BADPUT_RATIO = "workload:tpuscope_badput:ratio_rate"
+SLOW_REQUESTS_RATIO = "workload:tpuscope_inference_slow_requests:ratio_rate"
