@@ -41,10 +41,12 @@ system-deps:
 	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends \
 	    prometheus prometheus-alertmanager prometheus-node-exporter chromium fonts-dejavu-core; }
 
+# Style, types, and the rooms' import contracts (pyproject.toml, [tool.importlinter]).
 lint: setup
 	$(BIN)/ruff check tpuscope tests
 	$(BIN)/ruff format --check tpuscope tests
 	$(BIN)/mypy
+	$(BIN)/lint-imports --no-cache
 
 # Rewrite the committed generated files (docs/metrics.md, ...) after changing what they come from.
 generate: setup

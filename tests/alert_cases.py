@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from tpuscope import catalog as c
+from tpuscope.conventions import AlertName
 
 HOST = {"job": "tpuscope", "instance": "h:9478"}
 
@@ -25,7 +26,7 @@ W = {"workload": "w"}
 
 @dataclass(frozen=True)
 class Case:
-    alert: str  # without the Tpuscope prefix
+    alert: AlertName
     severity: str | None  # None: must stay quiet
     eval_time: str
     series: dict[str, str]
@@ -76,7 +77,7 @@ RUNNING = {s(c.WORKLOAD_PROCESSES, **W): "1x100"}
 
 CASES = [
     Case(
-        "WorkloadStalled",
+        AlertName.WORKLOAD_STALLED,
         "critical",
         "15m",
         STALL,
@@ -84,37 +85,39 @@ CASES = [
         "Workload w has completed no step for 15m 0s (or not one since it started) while its processes are still "
         "connected.",
     ),
-    Case("WorkloadStalled", None, "10m", {s(c.LAST_STEP, **W): "0+60x20", s(c.WORKLOAD_PROCESSES, **W): "1x20"}),
-    Case("WorkloadStalled", None, "10m", {s(c.LAST_STEP, **W): "0x20"}),  # finished: no process left
     Case(
-        "StepTimeRegression",
+        AlertName.WORKLOAD_STALLED, None, "10m", {s(c.LAST_STEP, **W): "0+60x20", s(c.WORKLOAD_PROCESSES, **W): "1x20"}
+    ),
+    Case(AlertName.WORKLOAD_STALLED, None, "10m", {s(c.LAST_STEP, **W): "0x20"}),  # finished: no process left
+    Case(
+        AlertName.STEP_TIME_REGRESSION,
         "warning",
         "475m",
         {REGRESSION_STEPS: "0+60x480", REGRESSION_SUM: "0+60x420 25320+120x60"},
         W,
         "Workload w takes 2s a step, more than 1.3x its mean of the 6 hours before.",
     ),
-    Case("StepTimeRegression", None, "475m", {REGRESSION_STEPS: "0+60x480", REGRESSION_SUM: "0+60x480"}),
+    Case(AlertName.STEP_TIME_REGRESSION, None, "475m", {REGRESSION_STEPS: "0+60x480", REGRESSION_SUM: "0+60x480"}),
     Case(
-        "InputBound",
+        AlertName.INPUT_BOUND,
         "warning",
         "30m",
         phases(io=50, sync=0),
         {**W, "phase": "io"},
         "Workload w spends 50% of its step time waiting for input.",
     ),
-    Case("InputBound", None, "30m", phases(io=10, sync=0)),
+    Case(AlertName.INPUT_BOUND, None, "30m", phases(io=10, sync=0)),
     Case(
-        "SyncBound",
+        AlertName.SYNC_BOUND,
         "warning",
         "30m",
         phases(io=0, sync=50),
         {**W, "phase": "sync"},
         "Workload w spends 50% of its step time in collective sync.",
     ),
-    Case("SyncBound", None, "30m", phases(io=0, sync=20)),
+    Case(AlertName.SYNC_BOUND, None, "30m", phases(io=0, sync=20)),
     Case(
-        "Straggler",
+        AlertName.STRAGGLER,
         "warning",
         "25m",
         workers(slow=2),
@@ -122,38 +125,43 @@ CASES = [
         "Worker 2 (h2:9478, slice 0) of workload w takes 2.00x its workload's median compute time per step "
         "(a straggler from 1.2x).",
     ),
-    Case("Straggler", None, "25m", workers(slow=1.1)),  # within the factor
+    Case(AlertName.STRAGGLER, None, "25m", workers(slow=1.1)),  # within the factor
     Case(
-        "LowDutyCycle",
+        AlertName.LOW_DUTY_CYCLE,
         "warning",
         "40m",
         {s(c.DUTY_CYCLE, **DEVICE): "0.1x40", s(c.WORKLOAD_PROCESSES, **W): "1x40"},
         HOST,
         "The chips of h:9478 were busy 10% of the time.",
     ),
-    Case("LowDutyCycle", None, "40m", {s(c.DUTY_CYCLE, **DEVICE): "0.9x40", s(c.WORKLOAD_PROCESSES, **W): "1x40"}),
-    Case("LowDutyCycle", None, "40m", {s(c.DUTY_CYCLE, **DEVICE): "0.1x40"}),  # no workload on the host
     Case(
-        "LowMFU",
+        AlertName.LOW_DUTY_CYCLE,
+        None,
+        "40m",
+        {s(c.DUTY_CYCLE, **DEVICE): "0.9x40", s(c.WORKLOAD_PROCESSES, **W): "1x40"},
+    ),
+    Case(AlertName.LOW_DUTY_CYCLE, None, "40m", {s(c.DUTY_CYCLE, **DEVICE): "0.1x40"}),  # no workload on the host
+    Case(
+        AlertName.LOW_MFU,
         "warning",
         "40m",
         {s(c.MFU, **W): "0.1x40", **RUNNING},
         W,
         "Workload w reaches 10% model FLOPs utilization.",
     ),
-    Case("LowMFU", None, "40m", {s(c.MFU, **W): "0.5x40", **RUNNING}),
-    Case("LowMFU", None, "40m", {s(c.MFU, **W): "0.1x40"}),  # finished: the gauge lingers in the sidecar
+    Case(AlertName.LOW_MFU, None, "40m", {s(c.MFU, **W): "0.5x40", **RUNNING}),
+    Case(AlertName.LOW_MFU, None, "40m", {s(c.MFU, **W): "0.1x40"}),  # finished: the gauge lingers in the sidecar
     Case(
-        "CompileTimeHigh",
+        AlertName.COMPILE_TIME_HIGH,
         "warning",
         "70m",
         {s(c.COMPILE_DURATION, "sum", stage="backend", **W): "0+20x70"},
         W,
         "Workload w compiled for 20m 0s in the last hour.",
     ),
-    Case("CompileTimeHigh", None, "70m", {s(c.COMPILE_DURATION, "sum", stage="backend", **W): "0+1x70"}),
+    Case(AlertName.COMPILE_TIME_HIGH, None, "70m", {s(c.COMPILE_DURATION, "sum", stage="backend", **W): "0+1x70"}),
     Case(
-        "Recompiling",
+        AlertName.RECOMPILING,
         "warning",
         "90m",
         {s(c.COMPILE_DURATION, "count", stage="backend", **W): "0x60 1+1x30", s(c.STEPS, **W): "0+100x90"},
@@ -161,13 +169,13 @@ CASES = [
         "Workload w compiled 30 programs in 30 minutes, an hour after it began stepping.",
     ),
     Case(
-        "Recompiling",
+        AlertName.RECOMPILING,
         None,
         "90m",  # compiles while it warms up: it only began stepping at 60m
         {s(c.COMPILE_DURATION, "count", stage="backend", **W): "0x60 1+1x30", s(c.STEPS, **W): "_x60 0+100x30"},
     ),
     Case(
-        "CompileCacheHitRatioLow",
+        AlertName.COMPILE_CACHE_HIT_RATIO_LOW,
         "warning",
         "70m",
         {
@@ -178,7 +186,7 @@ CASES = [
         "Workload w hit the compilation cache for 10% of its look-ups in the last hour.",
     ),
     Case(  # every look-up a miss: no hit series exists at all
-        "CompileCacheHitRatioLow",
+        AlertName.COMPILE_CACHE_HIT_RATIO_LOW,
         "warning",
         "70m",
         {s(c.COMPILE_CACHE_REQUESTS, result="miss", **W): "0+9x70"},
@@ -186,7 +194,7 @@ CASES = [
         "Workload w hit the compilation cache for 0% of its look-ups in the last hour.",
     ),
     Case(
-        "CompileCacheHitRatioLow",
+        AlertName.COMPILE_CACHE_HIT_RATIO_LOW,
         None,
         "70m",
         {
@@ -195,16 +203,16 @@ CASES = [
         },
     ),
     Case(
-        "MemorySpill",
+        AlertName.MEMORY_SPILL,
         "warning",
         "20m",
         {s(c.MEMORY_SPILL, program="train_step", **W): "1048576x20", **RUNNING},
         {**W, "program": "train_step"},
         "Program train_step of workload w places 1MiB in host memory.",
     ),
-    Case("MemorySpill", None, "20m", {s(c.MEMORY_SPILL, program="train_step", **W): "0x20", **RUNNING}),
+    Case(AlertName.MEMORY_SPILL, None, "20m", {s(c.MEMORY_SPILL, program="train_step", **W): "0x20", **RUNNING}),
     Case(
-        "DeviceMemoryNearLimit",
+        AlertName.DEVICE_MEMORY_NEAR_LIMIT,
         "warning",
         "20m",
         {s(c.DEVICE_MEMORY_USED, **DEVICE): "15e9x20", s(c.DEVICE_MEMORY_LIMIT, **DEVICE): "16e9x20"},
@@ -212,13 +220,13 @@ CASES = [
         "Device 0 (v5e, libtpu) of h:9478 uses 93.75% of its memory.",
     ),
     Case(
-        "DeviceMemoryNearLimit",
+        AlertName.DEVICE_MEMORY_NEAR_LIMIT,
         None,
         "20m",
         {s(c.DEVICE_MEMORY_USED, **DEVICE): "8e9x20", s(c.DEVICE_MEMORY_LIMIT, **DEVICE): "16e9x20"},
     ),
     Case(
-        "CheckpointFailing",
+        AlertName.CHECKPOINT_FAILING,
         "warning",
         "20m",
         {s(c.CHECKPOINT_DURATION, "count", operation="save", result="error", **W): "_x10 1x10"},
@@ -226,23 +234,25 @@ CASES = [
         "Workload w failed 1 checkpoint saves in the last 30 minutes.",
     ),
     Case(
-        "CheckpointFailing",
+        AlertName.CHECKPOINT_FAILING,
         None,
         "20m",
         {s(c.CHECKPOINT_DURATION, "count", operation="save", result="ok", **W): "_x10 1x10"},
     ),
     Case(
-        "CheckpointStale",
+        AlertName.CHECKPOINT_STALE,
         "critical",
         "70m",
         {s(c.CHECKPOINT_LAST_SUCCESS, **W): "0x70", s(c.WORKLOAD_PROCESSES, **W): "1x70"},
         W,
         "Workload w last saved a checkpoint 1h 10m 0s ago: that much work is lost if it fails now.",
     ),
-    Case("CheckpointStale", None, "70m", {s(c.CHECKPOINT_LAST_SUCCESS, **W): "0x70"}),  # finished
-    Case("CheckpointStale", None, "70m", {s(c.CHECKPOINT_LAST_SUCCESS, **W): "0+600x7", **RUNNING}),  # saved 10m ago
+    Case(AlertName.CHECKPOINT_STALE, None, "70m", {s(c.CHECKPOINT_LAST_SUCCESS, **W): "0x70"}),  # finished
     Case(
-        "CheckpointMissing",
+        AlertName.CHECKPOINT_STALE, None, "70m", {s(c.CHECKPOINT_LAST_SUCCESS, **W): "0+600x7", **RUNNING}
+    ),  # saved 10m ago
+    Case(
+        AlertName.CHECKPOINT_MISSING,
         "warning",
         "70m",
         {s(c.STEPS, **W): "0+10x70", **RUNNING},
@@ -250,13 +260,13 @@ CASES = [
         "Workload w has been stepping for 1 h without a good checkpoint: a failure loses all of it.",
     ),
     Case(
-        "CheckpointMissing",
+        AlertName.CHECKPOINT_MISSING,
         None,
         "70m",
         {s(c.STEPS, **W): "0+10x70", s(c.CHECKPOINT_LAST_SUCCESS, **W): "0x70", **RUNNING},
     ),
     Case(
-        "CheckpointTimeHigh",
+        AlertName.CHECKPOINT_TIME_HIGH,
         "warning",
         "100m",
         {s(c.GOODPUT, category="checkpoint", **W): "0+6x100", s(c.GOODPUT, category="productive", **W): "0+54x100"},
@@ -264,13 +274,13 @@ CASES = [
         "Workload w spends 10% of its wall time checkpointing.",
     ),
     Case(
-        "CheckpointTimeHigh",
+        AlertName.CHECKPOINT_TIME_HIGH,
         None,
         "100m",
         {s(c.GOODPUT, category="checkpoint", **W): "0+1x100", s(c.GOODPUT, category="productive", **W): "0+59x100"},
     ),
     Case(
-        "GoodputBudgetBurn",
+        AlertName.GOODPUT_BUDGET_BURN,
         "critical",
         "90m",
         goodput(productive=0, io_wait=60, minutes=90),
@@ -279,9 +289,9 @@ CASES = [
         "budget of 10.00%.",
     ),
     # Young: its start-up (all badput until the first checkpoint) is not judged over an hour it did not live.
-    Case("GoodputBudgetBurn", None, "40m", goodput(productive=0, io_wait=60, minutes=40)),
+    Case(AlertName.GOODPUT_BUDGET_BURN, None, "40m", goodput(productive=0, io_wait=60, minutes=40)),
     Case(
-        "GoodputBudgetBurn",
+        AlertName.GOODPUT_BUDGET_BURN,
         "warning",
         "1470m",
         goodput(productive=36, io_wait=24, minutes=1470),
@@ -289,62 +299,64 @@ CASES = [
         "Workload w is burning its goodput error budget steadily: 40% was bad over the last 1d or 3d, against a "
         "budget of 10.00%.",
     ),
-    Case("GoodputBudgetBurn", None, "1470m", goodput(productive=57, io_wait=3, minutes=1470)),
+    Case(AlertName.GOODPUT_BUDGET_BURN, None, "1470m", goodput(productive=57, io_wait=3, minutes=1470)),
     Case(
-        "WorkloadFailed",
+        AlertName.WORKLOAD_FAILED,
         "warning",
         "10m",
         {s(c.WORKLOAD_FAILURES, reason="crash", **W): "_x5 1x5"},
         W,
         "Workload w failed in the last hour (failures: 1).",
     ),
-    Case("WorkloadFailed", None, "90m", {s(c.WORKLOAD_FAILURES, reason="crash", **W): "1x90"}),  # 90 min ago
+    Case(AlertName.WORKLOAD_FAILED, None, "90m", {s(c.WORKLOAD_FAILURES, reason="crash", **W): "1x90"}),  # 90 min ago
     Case(
-        "WorkloadCrashLooping",
+        AlertName.WORKLOAD_CRASH_LOOPING,
         "critical",
         "10m",
         {s(c.WORKLOAD_RESTARTS, reason="crash", **W): "_x5 1 2 3x5"},
         W,
         "Workload w restarted 3 times in the last hour, preemptions not counted.",
     ),
-    Case("WorkloadCrashLooping", None, "10m", {s(c.WORKLOAD_RESTARTS, reason="crash", **W): "_x5 1 2x5"}),
-    Case("WorkloadCrashLooping", None, "10m", {s(c.WORKLOAD_RESTARTS, reason="preemption", **W): "_x5 1 2 3x5"}),
+    Case(AlertName.WORKLOAD_CRASH_LOOPING, None, "10m", {s(c.WORKLOAD_RESTARTS, reason="crash", **W): "_x5 1 2x5"}),
+    Case(
+        AlertName.WORKLOAD_CRASH_LOOPING, None, "10m", {s(c.WORKLOAD_RESTARTS, reason="preemption", **W): "_x5 1 2 3x5"}
+    ),
     # One restart of a three-host job, seen by each host's sidecar: one restart, not three.
     Case(
-        "WorkloadCrashLooping",
+        AlertName.WORKLOAD_CRASH_LOOPING,
         None,
         "10m",
         {s(c.WORKLOAD_RESTARTS, reason="crash", instance=f"h{i}:9478", **W): "_x5 1x5" for i in range(3)},
     ),
     Case(
-        "CollectorDown",
+        AlertName.COLLECTOR_DOWN,
         "warning",
         "10m",
         {s(c.COLLECTOR_UP, collector="libtpu"): "0x10"},
         {**HOST, "collector": "libtpu"},
         "Collector libtpu of h:9478 has failed for 5 minutes.",
     ),
-    Case("CollectorDown", None, "10m", {s(c.COLLECTOR_UP, collector="libtpu"): "1x10"}),
+    Case(AlertName.COLLECTOR_DOWN, None, "10m", {s(c.COLLECTOR_UP, collector="libtpu"): "1x10"}),
     Case(
-        "ExporterDown",
+        AlertName.EXPORTER_DOWN,
         "critical",
         "10m",
         {'up{job="tpuscope", instance="h:9478"}': "0x10"},
         HOST,
         "Prometheus has not scraped the sidecar h:9478 for 5 minutes: its workloads are unmonitored.",
     ),
-    Case("ExporterDown", None, "10m", {'up{job="tpuscope", instance="h:9478"}': "1x10"}),
+    Case(AlertName.EXPORTER_DOWN, None, "10m", {'up{job="tpuscope", instance="h:9478"}': "1x10"}),
     Case(
-        "ExporterAbsent",
+        AlertName.EXPORTER_ABSENT,
         "warning",
         "20m",
         {'up{job="node", instance="n:9100"}': "1x20"},
         {},
         "No target of a job matching tpuscope.* exists: the scrape configuration or the PodMonitor lost the sidecars.",
     ),
-    Case("ExporterAbsent", None, "20m", {'up{job="tpuscope", instance="h:9478"}': "1x20"}),
+    Case(AlertName.EXPORTER_ABSENT, None, "20m", {'up{job="tpuscope", instance="h:9478"}': "1x20"}),
     Case(
-        "IngestLosingEvents",
+        AlertName.INGEST_LOSING_EVENTS,
         "warning",
         "20m",
         {s(c.INGEST_EVENTS, result="accepted"): "0+100x20", s(c.INGEST_EVENTS, result="dropped"): "0+10x20"},
@@ -352,22 +364,22 @@ CASES = [
         "The sidecar h:9478 lost 9.091% of its events (dropped or invalid): the step metrics undercount.",
     ),
     Case(
-        "IngestLosingEvents",
+        AlertName.INGEST_LOSING_EVENTS,
         None,
         "20m",
         {s(c.INGEST_EVENTS, result="accepted"): "0+1000x20", s(c.INGEST_EVENTS, result="dropped"): "0+1x20"},
     ),
     Case(
-        "HostCPUSaturated",
+        AlertName.HOST_CPU_SATURATED,
         "warning",
         "20m",
         {s(c.HOST_CPU_UTILIZATION, cpu="0"): "0.95x20", s(c.HOST_CPU_UTILIZATION, cpu="1"): "0.97x20"},
         HOST,
         "The CPU of h:9478 is 96% busy: it cannot feed its chips.",
     ),
-    Case("HostCPUSaturated", None, "20m", {s(c.HOST_CPU_UTILIZATION, cpu="0"): "0.5x20"}),
+    Case(AlertName.HOST_CPU_SATURATED, None, "20m", {s(c.HOST_CPU_UTILIZATION, cpu="0"): "0.5x20"}),
     Case(
-        "InferenceLatencyBudgetBurn",
+        AlertName.INFERENCE_LATENCY_BUDGET_BURN,
         "critical",
         "30m",
         latency(slow_percent=50, minutes=30),
@@ -384,7 +396,7 @@ CASES = [
         ),
     ),
     Case(
-        "InferenceLatencyBudgetBurn",
+        AlertName.INFERENCE_LATENCY_BUDGET_BURN,
         "warning",
         "180m",
         latency(slow_percent=5, minutes=180),
@@ -392,5 +404,5 @@ CASES = [
         "Workload w is burning its latency error budget steadily: 5% was bad over the last 1d or 3d, against a "
         "budget of 1.00%.",
     ),
-    Case("InferenceLatencyBudgetBurn", None, "180m", latency(slow_percent=0, minutes=180)),
+    Case(AlertName.INFERENCE_LATENCY_BUDGET_BURN, None, "180m", latency(slow_percent=0, minutes=180)),
 ]

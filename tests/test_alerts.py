@@ -16,7 +16,7 @@ from alertmanager import AlertmanagerServer, Webhook
 from conftest import require, wait_until
 
 from tpuscope import alerts, catalog
-from tpuscope.alerts.rules import PREFIX
+from tpuscope.conventions import ALERT_PREFIX, AlertName
 from tpuscope.generator_config import GeneratorConfig
 from tpuscope.testing.prometheus import PrometheusServer, target_of
 from tpuscope.thresholds import Thresholds
@@ -48,7 +48,7 @@ def test_rules_follow_the_mixin_conventions() -> None:
         level, metric, operation = rule["record"].split(":")
         assert level and metric.startswith("tpuscope_") and operation, rule["record"]
     for rule in generated_alerts():
-        assert rule["alert"].startswith(PREFIX) and rule["alert"][len(PREFIX)].isupper()
+        assert rule["alert"].startswith(ALERT_PREFIX) and rule["alert"][len(ALERT_PREFIX)].isupper()
         assert rule["labels"]["severity"] in ("critical", "warning", "info")
         annotations = rule["annotations"]
         assert set(annotations) == {"summary", "description", "runbook_url", "dashboard_url"}
@@ -56,6 +56,7 @@ def test_rules_follow_the_mixin_conventions() -> None:
         assert "{{" in annotations["description"] or "absent" in rule["expr"], "the description says which"
         assert annotations["runbook_url"].endswith("#" + rule["alert"].lower())
         assert f"## {rule['alert']}" in (ROOT / "docs/alerts.md").read_text()
+    assert {rule["alert"] for rule in generated_alerts()} == set(AlertName), "AlertName lists every alert, no other"
 
 
 def promtool_tests(cases: list[Case], rules: Path) -> dict[str, Any]:
@@ -64,7 +65,7 @@ def promtool_tests(cases: list[Case], rules: Path) -> dict[str, Any]:
         by_name.setdefault(rule["alert"], {})[rule["labels"]["severity"]] = rule
     tests = []
     for case in cases:
-        name = PREFIX + case.alert
+        name = str(case.alert)  # YAML cannot write an enum
         expected = []
         firing = ((case.severity, case.description), *case.also) if case.severity else ()
         for severity, description in firing:
@@ -95,8 +96,8 @@ def test_every_alert_fires_with_exact_labels_and_annotations_and_stays_quiet_whe
 def test_every_alert_and_severity_has_a_firing_case_and_a_quiet_one() -> None:
     """Computed from the generated rules: a new alert without unit tests fails here."""
     needed = {(rule["alert"], rule["labels"]["severity"]) for rule in generated_alerts()}
-    firing = {(PREFIX + case.alert, case.severity) for case in CASES if case.severity}
-    quiet = {PREFIX + case.alert for case in CASES if not case.severity}
+    firing = {(case.alert, case.severity) for case in CASES if case.severity}
+    quiet = {case.alert for case in CASES if not case.severity}
     assert needed - firing == set(), "alerts with no case where they fire"
     assert {name for name, _ in needed} - quiet == set(), "alerts with no case where they must stay quiet"
 
@@ -106,9 +107,9 @@ def test_amtool_accepts_the_configuration_and_routes_pages_and_tickets() -> None
     out = run(amtool, "check-config", str(ALERTMANAGER))
     assert out.returncode == 0, out.stdout + out.stderr
     for labels, receiver in (
-        (["severity=critical", "alertname=TpuscopeWorkloadStalled", "workload=w"], "page"),
-        (["severity=warning", "alertname=TpuscopeInputBound", "workload=w"], "ticket"),
-        (["severity=info", "alertname=TpuscopeSomething"], "null"),
+        (["severity=critical", f"alertname={AlertName.WORKLOAD_STALLED}", "workload=w"], "page"),
+        (["severity=warning", f"alertname={AlertName.INPUT_BOUND}", "workload=w"], "ticket"),
+        (["severity=info", f"alertname={ALERT_PREFIX}Something"], "null"),
     ):
         routed = run(
             amtool,
@@ -234,8 +235,8 @@ def test_a_stalled_workload_pages_through_alertmanager_and_resolves_when_it_reco
     webhook.stop()
     assert page["receiver"] == "page" and page["groupLabels"]["workload"] == "e2e"
     (alert,) = page["alerts"]
-    assert alert["labels"] == {"alertname": "TpuscopeWorkloadStalled", "severity": "critical", "workload": "e2e"}
-    assert alert["annotations"]["runbook_url"].endswith("#tpuscopeworkloadstalled")
+    assert alert["labels"] == {"alertname": AlertName.WORKLOAD_STALLED, "severity": "critical", "workload": "e2e"}
+    assert alert["annotations"]["runbook_url"].endswith("#" + AlertName.WORKLOAD_STALLED.lower())
     assert "has completed no step for" in alert["annotations"]["description"]
     resolution = notifications(webhook, "/page", "resolved")[0]["alerts"][0]
     assert resolution["labels"] == alert["labels"] and resolution["status"] == "resolved"

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from tpuscope.conventions import DEFAULT_PORT
 from tpuscope.exporter import config
 
 
@@ -20,7 +21,7 @@ def parse(*argv: str) -> argparse.Namespace:
 
 def test_defaults() -> None:
     resolved = config.resolve(parse(), environ={})
-    assert (resolved.listen_host, resolved.listen_port) == ("localhost", config.DEFAULT_PORT)
+    assert (resolved.listen_host, resolved.listen_port) == ("localhost", DEFAULT_PORT)
     assert resolved.socket_mode == 0o600
 
 

@@ -24,12 +24,13 @@ from tpuscope.generator_config import GeneratorConfig
 from tpuscope.testing.fake_nvml import FakeGpu, FakeNvmlState, environment
 from tpuscope.testing.fake_tpu import Chip, FakeTpuRuntime, FakeTpuServer, default_megascale
 from tpuscope.testing.prometheus import PrometheusServer, target_of
+from tpuscope.thresholds import DEFAULT
 from tpuscope.tracing import Monitor
 from tpuscope.workload.sidecar import SidecarProcess
 
 ROOT = Path(__file__).resolve().parents[1]
 ALL = ".*"
-BOARDS = {name: build() for name, build in dashboards.DASHBOARDS.items()}
+BOARDS = {name: build(DEFAULT) for name, build in dashboards.DASHBOARDS.items()}
 VARIABLES = {"datasource", promql.WORKLOAD, promql.SLICE, promql.WORKER, promql.ACCELERATOR}
 # Panel types Grafana has replaced (graph -> timeseries, singlestat -> stat, table-old -> table, ...).
 DEPRECATED = {"graph", "singlestat", "table-old", "grafana-piechart-panel", "grafana-worldmap-panel", "graph-old"}
@@ -48,6 +49,21 @@ def targets(board: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any]]]:
 
 def variable_queries(board: dict[str, Any]) -> list[str]:
     return [v["query"] for v in board["templating"]["list"] if v["type"] == "query"]
+
+
+def panel_titled(board: dict[str, Any], title: str) -> dict[str, Any]:
+    (panel,) = [p for p in panels_of(board) if p["title"] == title]
+    return panel
+
+
+def step_values(panel: dict[str, Any]) -> list[float]:
+    """Where the panel's colours change (the first step, everything below the next, has no value)."""
+    return [s["value"] for s in panel["fieldConfig"]["defaults"]["thresholds"]["steps"] if s["value"] is not None]
+
+
+def tpuscope_dashboards(*args: str) -> subprocess.CompletedProcess[str]:
+    """The real command, as a team runs it."""
+    return subprocess.run([sys.executable, "-m", "tpuscope", "dashboards", *args], capture_output=True, text=True)
 
 
 def test_every_metric_a_query_names_is_in_the_catalogue() -> None:
@@ -92,9 +108,7 @@ def test_step_panels_show_exemplars() -> None:
 
 
 def test_the_committed_files_and_configmaps_are_what_the_command_writes(short_tmp: Path) -> None:
-    out = subprocess.run(
-        [sys.executable, "-m", "tpuscope", "dashboards", "--out", str(short_tmp)], capture_output=True, text=True
-    )
+    out = tpuscope_dashboards("--out", str(short_tmp))
     assert out.returncode == 0, out.stderr
     for name in BOARDS:
         written = (short_tmp / f"{name}.json").read_text()
@@ -106,6 +120,62 @@ def test_the_committed_files_and_configmaps_are_what_the_command_writes(short_tm
         ((file_name, content),) = config_map["data"].items()
         assert json.loads(content) == json.loads((short_tmp / file_name).read_text())
         assert len(content) < 1_000_000, "a ConfigMap holds at most 1 MiB"
+
+
+# The panels coloured and described by straggler_factor (default 1.2) and goodput_objective (default 0.90).
+STRAGGLER_PANELS = [
+    ("tpuscope-job", "Compute time over the workload's median, by worker"),
+    ("tpuscope-oncall", "Slowest worker of each workload, against the workload's median"),
+]
+GOODPUT_PANELS = [
+    ("tpuscope-fleet", "Goodput"),
+    ("tpuscope-fleet", "Goodput, by workload"),
+    ("tpuscope-fleet", "Goodput objective: compliance over the range"),
+]
+
+
+def test_the_dashboards_are_coloured_at_the_thresholds_of_config(short_tmp: Path) -> None:
+    """The file tpuscope alerts reads: a team that tunes a threshold sees its panels turn red where its alert fires."""
+    config = short_tmp / "tpuscope.yaml"
+    config.write_text("thresholds:\n  straggler_factor: 1.7\n  goodput_objective: 0.95\n")
+    out = tpuscope_dashboards("--config", str(config), "--out", str(short_tmp / "boards"))
+    assert out.returncode == 0, out.stderr
+    tuned = {name: json.loads((short_tmp / "boards" / f"{name}.json").read_text()) for name in BOARDS}
+
+    for name, title in STRAGGLER_PANELS:
+        default, panel = panel_titled(BOARDS[name], title), panel_titled(tuned[name], title)
+        assert max(step_values(default)) == 1.2 and "1.2" in default["description"], f"{title}: not the panel"
+        assert max(step_values(panel)) == 1.7 and 1.2 not in step_values(panel), f"{title}: red at the default"
+        assert "1.7" in panel["description"] and "1.2" not in panel["description"], title
+    for name, title in GOODPUT_PANELS:
+        default, panel = panel_titled(BOARDS[name], title), panel_titled(tuned[name], title)
+        assert step_values(default) == [0.9] and "90%" in default["description"], f"{title}: not the panel"
+        assert step_values(panel) == [0.95], f"{title}: coloured at the default objective"
+        assert "95%" in panel["description"] and "90%" not in panel["description"], title
+    # The objective's budget (5% of wall time) is in a query too, and in the job dashboard's text.
+    budget = panel_titled(tuned["tpuscope-fleet"], "Goodput objective: error budget left")
+    assert budget["targets"][0]["expr"].endswith(") / 0.05") and "(5% of wall time)" in budget["description"]
+    wall_time = panel_titled(tuned["tpuscope-job"], "Wall time by category")["description"]
+    assert "The objective is 95% productive" in wall_time
+    # And nothing the file leaves alone moves.
+    assert tuned["tpuscope-serving"] == BOARDS["tpuscope-serving"]
+
+
+@pytest.mark.parametrize(
+    ("thresholds", "said"),
+    [
+        ("straggler_factr: 1.7", "unknown thresholds: straggler_factr"),
+        # The latency SLI counts one bucket of the request histogram: a bound between two matches nothing.
+        ("inference_latency_seconds: 0.3", "inference_latency_seconds must be one of (0.005,"),
+    ],
+)
+def test_a_bad_config_writes_no_dashboards(thresholds: str, said: str, short_tmp: Path) -> None:
+    config = short_tmp / "tpuscope.yaml"
+    config.write_text(f"thresholds:\n  {thresholds}\n")
+    out = tpuscope_dashboards("--config", str(config), "--out", str(short_tmp / "boards"))
+    assert out.returncode == 2
+    assert out.stderr.startswith("tpuscope dashboards: ") and said in out.stderr
+    assert not (short_tmp / "boards").exists()
 
 
 # --- every query against real data ---------------------------------------------------------

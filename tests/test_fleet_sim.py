@@ -25,9 +25,9 @@ import pytest
 import yaml
 from conftest import require
 
-from tpuscope import catalog, promql
+from tpuscope import catalog, durations
 from tpuscope.alerts import rules_file
-from tpuscope.alerts.rules import COMPUTE_PER_WORKER, STEPS_RATE
+from tpuscope.conventions import BADPUT_RATIO, COMPUTE_PER_WORKER, STEP_MEAN, STEPS_RATE, AlertName
 from tpuscope.fleetsim import rules as fleet_rules
 from tpuscope.fleetsim import simulator as fleet
 from tpuscope.generator_config import GeneratorConfig
@@ -52,26 +52,27 @@ K = 10
 )
 def test_a_duration_is_divided_to_the_millisecond(duration: str, k: float, scaled: str) -> None:
     assert fleet_rules.scale_duration(duration, k) == scaled
-    assert promql.duration_ms(scaled) * k == pytest.approx(promql.duration_ms(duration), abs=k)
+    assert durations.prometheus_ms(scaled) * k == pytest.approx(durations.prometheus_ms(duration), abs=k)
 
 
 def test_a_duration_under_a_millisecond_or_not_a_duration_is_refused() -> None:
     with pytest.raises(ValueError, match="under a millisecond"):
         fleet_rules.scale_duration("1ms", 10)
     with pytest.raises(ValueError, match="not a Prometheus duration"):
-        promql.duration_ms("5 minutes")
+        durations.prometheus_ms("5 minutes")
 
 
 def test_ranges_subqueries_and_offsets_are_divided_and_nothing_else() -> None:
+    # Recording rules' names end in a window too (mean5m, ratio_rate1h): those stay.
     expr = (
-        "avg_over_time(workload:tpuscope_step_duration_seconds:mean5m[6h] offset 30m) > 1.3"
+        f"avg_over_time({STEP_MEAN}[6h] offset 30m) > 1.3"
         " and max_over_time(x[1h:5m])"
-        ' + min_over_time(y{le="0.5", reason!="preemption"}[1h:]) + z offset 1h + workload:tpuscope_badput:ratio_rate1h'
+        f' + min_over_time(y{{le="0.5", reason!="preemption"}}[1h:]) + z offset 1h + {BADPUT_RATIO}1h'
     )
     assert fleet_rules.scale_expr(expr, K) == (
-        "avg_over_time(workload:tpuscope_step_duration_seconds:mean5m[36m] offset 3m) > 1.3"
+        f"avg_over_time({STEP_MEAN}[36m] offset 3m) > 1.3"
         " and max_over_time(x[6m:30s])"
-        ' + min_over_time(y{le="0.5", reason!="preemption"}[6m:]) + z offset 6m + workload:tpuscope_badput:ratio_rate1h'
+        f' + min_over_time(y{{le="0.5", reason!="preemption"}}[6m:]) + z offset 6m + {BADPUT_RATIO}1h'
     )
 
 
@@ -92,19 +93,22 @@ def test_the_compressed_rules_are_the_generated_ones_with_every_duration_divided
     assert scaled.keys() == original.keys()  # same recording-rule names (rate5m stays rate5m), same alerts
     for name, rule in scaled.items():
         before = original[name]
-        ranges = [promql.duration_ms(w) for w in _durations(rule["expr"])]
-        assert ranges == [promql.duration_ms(w) / K for w in _durations(before["expr"])], name
+        ranges = [durations.prometheus_ms(w) for w in _durations(rule["expr"])]
+        assert ranges == [durations.prometheus_ms(w) / K for w in _durations(before["expr"])], name
         assert ("for" in rule) == ("for" in before), name
         if "for" in rule:
-            assert promql.duration_ms(rule["for"]) * K == promql.duration_ms(before["for"]), name
-    assert scaled["TpuscopeStraggler/warning"]["for"] == "1m"
+            assert durations.prometheus_ms(rule["for"]) * K == durations.prometheus_ms(before["for"]), name
+    assert scaled[f"{AlertName.STRAGGLER}/warning"]["for"] == "1m"
     assert "[30s]" in scaled[COMPUTE_PER_WORKER]["expr"]
     # Times among the thresholds divided once, in the expression; counts not at all.
-    assert f"> {t.stall_seconds / K:g} " in scaled["TpuscopeWorkloadStalled/critical"]["expr"]
-    assert f"> {t.checkpoint_age_seconds / K:g} " in scaled["TpuscopeCheckpointStale/critical"]["expr"]
-    assert promql.duration_ms(scaled["TpuscopeCheckpointMissing/warning"]["for"]) == t.checkpoint_age_seconds / K * 1000
-    assert f"> {t.steady_state_compiles:g}" in scaled["TpuscopeRecompiling/warning"]["expr"]
-    assert f"> {t.straggler_factor:g}" in scaled["TpuscopeStraggler/warning"]["expr"]
+    assert f"> {t.stall_seconds / K:g} " in scaled[f"{AlertName.WORKLOAD_STALLED}/critical"]["expr"]
+    assert f"> {t.checkpoint_age_seconds / K:g} " in scaled[f"{AlertName.CHECKPOINT_STALE}/critical"]["expr"]
+    assert (
+        durations.prometheus_ms(scaled[f"{AlertName.CHECKPOINT_MISSING}/warning"]["for"])
+        == t.checkpoint_age_seconds / K * 1000
+    )
+    assert f"> {t.steady_state_compiles:g}" in scaled[f"{AlertName.RECOMPILING}/warning"]["expr"]
+    assert f"> {t.straggler_factor:g}" in scaled[f"{AlertName.STRAGGLER}/warning"]["expr"]
 
     path = tmp_path / "rules.yaml"
     path.write_text(fleet_rules.scaled_rules_file(config, K))
@@ -204,7 +208,7 @@ def test_a_small_fleet_names_the_straggler_and_the_stalled_workload(fleet_run: F
     assert stall["named"] == ["fleet-01"] and stall["threshold_seconds"] == 20
     # From its last step, which may have ended a step before the stall began, to an evaluation past 20 s.
     assert 20 - 1.5 <= stall["time_to_fire_seconds"] <= 20 + 10
-    assert set(f["alerts_fired"]) <= {"TpuscopeStraggler", "TpuscopeWorkloadStalled", "TpuscopeSyncBound"}
+    assert set(f["alerts_fired"]) <= {AlertName.STRAGGLER, AlertName.WORKLOAD_STALLED, AlertName.SYNC_BOUND}
 
     # The figures: present, and what 8 sidecars of 4 chips scraped every 2 s come to.
     per_target = f["samples_per_scrape_per_target"]
@@ -249,10 +253,10 @@ def test_prometheus_data_of_the_fleet_holds_what_the_report_says(fleet_run: Flee
             per = f"sum by ({by}) (rate({metric}_%s{{{selector}}}[10s]))"
             return {"/".join(k): v for k, v in now(f"{per % 'sum'} / {per % 'count'}", *by.split(", ")).items()}
 
-        named = ever('ALERTS{alertname="TpuscopeStraggler", alertstate="firing"}')
+        named = ever(f'ALERTS{{alertname="{AlertName.STRAGGLER}", alertstate="firing"}}')
         keys = ("workload", "slice", "worker", "instance")
         assert [{k: m[k] for k in keys} for m in named] == [f["straggler"]["injected"]]
-        stalled = ever('ALERTS{alertname="TpuscopeWorkloadStalled", alertstate="firing"}')
+        stalled = ever(f'ALERTS{{alertname="{AlertName.WORKLOAD_STALLED}", alertstate="firing"}}')
         assert [m["workload"] for m in stalled] == ["fleet-01"]
 
         # Every series a sidecar served carries its host's slice and worker, and they match its place.

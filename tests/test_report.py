@@ -25,7 +25,7 @@ from chromium import Chromium
 from conftest import require, wait_until
 
 from tpuscope import alerts, catalog, events
-from tpuscope.alerts.rules import PREFIX
+from tpuscope.conventions import AlertName
 from tpuscope.generator_config import GeneratorConfig
 from tpuscope.report.window import Window, parse_time
 from tpuscope.testing.prometheus import PrometheusServer, target_of
@@ -34,7 +34,7 @@ from tpuscope.workload import synthetic
 from tpuscope.workload.sidecar import SidecarProcess
 
 WORKLOAD = "report"
-EXPECTED_ALERTS = {f"{PREFIX}WorkloadFailed", f"{PREFIX}CheckpointFailing"}
+EXPECTED_ALERTS = {AlertName.WORKLOAD_FAILED, AlertName.CHECKPOINT_FAILING}
 
 
 @dataclass
@@ -126,7 +126,7 @@ def test_a_report_from_prometheus_shows_the_run_and_its_alerts(run: Run, tmp_pat
     assert max(lost["values"]) > 0, "the crash lost the steps after the last checkpoint"
     assert {s["name"] for s in data["phases"] if s["values"]} >= {"compute", "io"}
     text = in_chromium(out, tmp_path / "prometheus.png")
-    assert f"tpuscope report: workload {WORKLOAD}" in text and f"{PREFIX}WorkloadFailed" in text
+    assert f"tpuscope report: workload {WORKLOAD}" in text and AlertName.WORKLOAD_FAILED in text
     assert "estimated from the step histogram" in text
 
 

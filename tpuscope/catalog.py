@@ -1,7 +1,7 @@
 """The metric catalogue: every metric tpuscope exports, defined once.
 
 The exporter registers its metrics from these objects, ``docs/metrics.md`` is
-generated from them, and the dashboards and alerts (later) read their names
+generated from them, and the dashboards and alerts read their names
 from here. Code refers to a metric by its constant (``catalog.STEPS``), never by
 typing its name as a string.
 

@@ -1,9 +1,12 @@
 """The wire schema between the job (``tpuscope.tracing``) and the sidecar.
 
-One event is one Unix datagram: a three-byte header (``b"TS"`` and the schema
-version) followed by the record as MessagePack, encoded positionally
-(``array_like``) so a step event costs well under a hundred bytes. Records are
-validated when the sidecar decodes them; anything that fails raises
+One event is one message on a Unix ``SOCK_SEQPACKET`` socket (its boundaries
+kept, as a datagram's; why that kind of socket: :mod:`tpuscope.exporter.ingest`):
+a three-byte header (``b"TS"`` and the schema version) followed by the record as
+MessagePack, encoded positionally (``array_like``) so a step event costs well
+under a hundred bytes. A recording (``tpuscope bench --record``, a RecordSink)
+holds the same records as JSON lines, read back by :func:`read_records`. Records
+are validated when the sidecar decodes them; anything that fails raises
 :class:`InvalidEvent` with a reason the sidecar counts. Fields may only be
 added at the end of a record with a default, and a sidecar ignores trailing
 fields it does not know, so a job and a sidecar of different versions work
@@ -13,8 +16,10 @@ any other change bumps :data:`VERSION`.
 
 from __future__ import annotations
 
+import errno
 import itertools
 import os
+import socket
 import tempfile
 import typing
 from pathlib import Path
@@ -220,6 +225,41 @@ def from_record(record: dict[str, Any]) -> tuple[float, AnyEvent]:
     except (KeyError, TypeError, ValueError, msgspec.ValidationError) as e:  # not an object, no time, a bad field
         raise InvalidEvent("invalid_field", f"{record!r}: {e}") from None
     return received, event
+
+
+def read_records(path: str | os.PathLike[str], unreadable: list[str] | None = None) -> list[tuple[float, AnyEvent]]:
+    """The (time, event) pairs of a recording, in order.
+
+    A line that is not a valid event raises :class:`InvalidEvent` naming the line; given a list as
+    ``unreadable``, the line is skipped and why is appended to the list instead (a job killed mid-write
+    leaves a cut last line, and the rest of its recording is still worth reading).
+    """
+    records = []
+    with open(path) as lines:
+        for number, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            try:
+                records.append(from_record(msgspec.json.decode(line)))
+            except (msgspec.DecodeError, InvalidEvent) as e:
+                if unreadable is None:
+                    raise InvalidEvent("malformed", f"{path}, line {number}: {e}") from None
+                unreadable.append(f"line {number}: {e}")
+    return records
+
+
+def has_listener(path: Path) -> bool:
+    """Whether a live process (a sidecar) accepts connections on the socket at ``path``; OSError when unsure."""
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    try:
+        probe.connect(os.fspath(path))
+    except OSError as e:
+        if e.errno in (errno.ECONNREFUSED, errno.ENOENT):
+            return False
+        raise
+    finally:
+        probe.close()
+    return True
 
 
 def default_socket_path() -> Path:

@@ -7,6 +7,8 @@ runs it, so a stale artifact fails CI).
 
 from __future__ import annotations
 
+import argparse
+import sys
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
@@ -93,3 +95,19 @@ def write(root: Path) -> list[str]:
 
 def _read(path: Path) -> str | None:
     return path.read_text() if path.exists() else None
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.description = "Regenerate every committed artifact from the code, or check that none is stale."
+    parser.add_argument("--root", type=Path, default=Path("."), help="repository root (default .)")
+    parser.add_argument("--check", action="store_true", help="change nothing; exit 1 if any file is stale")
+
+
+def main(args: argparse.Namespace) -> int:
+    if args.check:
+        for path in (found := stale(args.root)):
+            print(f"stale: {path} (run `tpuscope generate`)", file=sys.stderr)
+        return 1 if found else 0
+    for path in write(args.root):
+        print(f"wrote {path}")
+    return 0

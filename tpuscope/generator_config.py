@@ -15,6 +15,9 @@ so a panel is coloured at the threshold its alert fires at; every key is optiona
 
 from __future__ import annotations
 
+import argparse
+import sys
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
@@ -59,3 +62,27 @@ class GeneratorConfig:
             except ValueError as e:
                 raise ValueError(f"{path}: {e}") from None
         return config
+
+
+def add_arguments(parser: argparse.ArgumentParser, out: str) -> None:
+    """``--out`` and ``--config``, the same for every generator command; ``out`` says what goes in the directory."""
+    parser.add_argument("--out", type=Path, required=True, help=f"directory to write {out} into")
+    parser.add_argument(
+        "--config",
+        type=Path,
+        help="YAML: thresholds, webhook URLs, runbook and Grafana URLs (one file for alerts and dashboards)",
+    )
+
+
+def write_files(
+    command: str, args: argparse.Namespace, write: Callable[[Path, GeneratorConfig], Iterable[Path]]
+) -> int:
+    """Load ``--config`` (a bad file: the reason and exit 2, nothing written), write into ``--out``, say what."""
+    try:
+        config = GeneratorConfig.load(args.config)
+    except ValueError as e:
+        print(f"tpuscope {command}: {e}", file=sys.stderr)
+        return 2
+    for path in write(args.out, config):
+        print(f"wrote {path}")
+    return 0

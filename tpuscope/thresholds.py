@@ -66,6 +66,8 @@ class Thresholds:
         for name in ("goodput_objective", "inference_latency_objective"):
             if not 0 < getattr(self, name) < 1:
                 raise ValueError(f"{name} must be between 0 and 1 (an objective of 1 leaves no error budget)")
+        if self.inference_latency_seconds not in catalog.REQUEST_BUCKETS:  # the SLI counts a bucket: it must be one
+            raise ValueError(f"inference_latency_seconds must be one of {catalog.REQUEST_BUCKETS}")
 
     @classmethod
     def override(cls, values: Mapping[str, Any]) -> Thresholds:
@@ -74,12 +76,10 @@ class Thresholds:
         if unknown := set(values) - known:
             raise ValueError(f"unknown thresholds: {', '.join(sorted(unknown))} (known: {', '.join(sorted(known))})")
         try:
-            return cls(**{name: float(value) for name, value in values.items()})
+            numbers = {name: float(value) for name, value in values.items()}
         except (TypeError, ValueError) as e:
             raise ValueError(f"thresholds must be numbers: {e}") from None
+        return cls(**numbers)  # each value's own check says what is wrong with it
 
 
 DEFAULT = Thresholds()
-
-if DEFAULT.inference_latency_seconds not in catalog.REQUEST_BUCKETS:  # the SLI counts a bucket: it must be one
-    raise ValueError(f"inference_latency_seconds must be one of {catalog.REQUEST_BUCKETS}")

@@ -11,6 +11,8 @@ last figures it had, marked with their age, rather than going blank.
 
 from __future__ import annotations
 
+import argparse
+import sys
 import time
 import urllib.parse
 import urllib.request
@@ -24,6 +26,8 @@ from rich.text import Text
 
 from tpuscope import catalog as c
 from tpuscope import events
+from tpuscope.conventions import ALERT_PREFIX, DEFAULT_PORT
+from tpuscope.durations import human as duration
 from tpuscope.prometheus_api import PrometheusAPI, PrometheusError
 from tpuscope.scrape import Scrape
 
@@ -70,7 +74,7 @@ class Alerts:
             return
         self.error = ""
         self.firing = [
-            a["labels"] for a in alerts if a["state"] == "firing" and a["labels"]["alertname"].startswith("Tpuscope")
+            a["labels"] for a in alerts if a["state"] == "firing" and a["labels"]["alertname"].startswith(ALERT_PREFIX)
         ]
 
 
@@ -99,18 +103,6 @@ def size(value: float) -> str:
         if abs(value) < 1024:
             return f"{value:.1f} {unit}"
     return f"{value / 1024:.1f} TiB"
-
-
-def duration(seconds: float) -> str:
-    if seconds != seconds or seconds == float("inf"):
-        return "never"
-    if seconds < 1:
-        return f"{seconds * 1000:.0f} ms"
-    if seconds < 120:
-        return f"{seconds:.1f} s"
-    if seconds < 7200:
-        return f"{seconds / 60:.0f} min"
-    return f"{seconds / 3600:.1f} h"
 
 
 def _delta(source: Source, name: str, **labels: str) -> float:
@@ -234,3 +226,29 @@ def run(url: str, prometheus: str, refresh: float, once: bool, console: Console 
     except KeyboardInterrupt:
         pass
     return 0
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.description = (
+        "Draw a sidecar's /metrics in the terminal, refreshed: each device's duty cycle and HBM, each workload's "
+        "steps/s, step time and phase breakdown, compile time, checkpoint age and goodput, and with --prometheus "
+        "the firing tpuscope alerts. Over ssh: run it on the host, or tunnel the port."
+    )
+    parser.add_argument(
+        "url",
+        nargs="?",
+        default=f"localhost:{DEFAULT_PORT}",
+        help="the sidecar's /metrics URL, or HOST:PORT (default %(default)s)",
+    )
+    parser.add_argument("--refresh", type=float, default=2.0, help="seconds between refreshes (default %(default)s)")
+    parser.add_argument("--prometheus", default="", help="a Prometheus URL, to show the firing tpuscope alerts")
+    parser.add_argument(
+        "--once", action="store_true", help="print one frame and exit (1 if the sidecar is unreachable)"
+    )
+
+
+def main(args: argparse.Namespace) -> int:
+    if args.refresh <= 0:
+        print("tpuscope top: --refresh must be a positive number of seconds", file=sys.stderr)
+        return 2
+    return run(args.url, args.prometheus, args.refresh, args.once)

@@ -42,7 +42,6 @@ from typing import Any
 from tpuscope import catalog, events
 from tpuscope.bench.verdict import Check, check_lines, write_report
 from tpuscope.testing.prometheus import PrometheusServer, target_of
-from tpuscope.tracing.sinks import read_records
 from tpuscope.workload.sidecar import SidecarProcess
 
 DEFAULT_JSON = Path("run/soak.json")
@@ -402,7 +401,9 @@ def soak(seconds: float, workdir: Path) -> dict[str, Any]:
             print(f"  sidecar {sidecar.url}, Prometheus {prom.url}, work in {workdir}", flush=True)
             elapsed = run_jobs(runners, seconds)
             end = time.time()
-            records = {r.lane.workload: [e for _, e in read_records(r.record)] for r in runners if r.record.exists()}
+            records = {
+                r.lane.workload: [e for _, e in events.read_records(r.record)] for r in runners if r.record.exists()
+            }
             recorded = sum(len(recorded) for recorded in records.values())
             settled = settle(prom, recorded, end)
             rows = compare(prom, records)

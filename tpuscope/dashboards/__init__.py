@@ -1,14 +1,18 @@
 """Grafana dashboards, generated with grafana-foundation-sdk from the metric catalogue.
 
 One module per dashboard, registered in :data:`DASHBOARDS`; ``panels`` holds the
-factories they share and ``promql`` the query builders. ``tpuscope dashboards
---out DIR`` writes the JSON files; ``tpuscope generate`` keeps the committed copies
-under ``deploy/grafana/`` and the Kubernetes ConfigMaps (labelled for Grafana's
-dashboard sidecar) under ``deploy/kubernetes/`` current.
+factories they share and ``promql`` the query builders. Each dashboard is built for
+a :class:`~tpuscope.thresholds.Thresholds`, which colours its panels and fills in
+their descriptions, so a panel turns red where its alert fires. ``tpuscope dashboards
+--out DIR [--config FILE]`` writes the JSON files with a team's thresholds;
+``tpuscope generate`` keeps the committed copies under ``deploy/grafana/`` and the
+Kubernetes ConfigMaps (labelled for Grafana's dashboard sidecar) under
+``deploy/kubernetes/`` current, with the default thresholds.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -16,14 +20,17 @@ from typing import Any
 
 import yaml
 
+from tpuscope import generator_config
+from tpuscope.conventions import DashboardUID
 from tpuscope.dashboards import fleet, job, oncall, serving
+from tpuscope.thresholds import DEFAULT, Thresholds
 
-# File name (without .json) -> the function that builds the dashboard.
-DASHBOARDS: dict[str, Callable[[], dict[str, Any]]] = {
-    "tpuscope-fleet": fleet.dashboard,
-    "tpuscope-oncall": oncall.dashboard,
-    "tpuscope-job": job.dashboard,
-    "tpuscope-serving": serving.dashboard,
+# The dashboard's UID, which is also its file's name (without .json) -> the function that builds it.
+DASHBOARDS: dict[str, Callable[[Thresholds], dict[str, Any]]] = {
+    DashboardUID.FLEET: fleet.dashboard,
+    DashboardUID.ONCALL: oncall.dashboard,
+    DashboardUID.JOB: job.dashboard,
+    DashboardUID.SERVING: serving.dashboard,
 }
 
 # Grafana's dashboard sidecar (the kiwigrid k8s-sidecar in the Grafana Helm chart and kube-prometheus-stack)
@@ -32,27 +39,45 @@ SIDECAR_LABEL = {"grafana_dashboard": "1"}
 FOLDER_ANNOTATION = {"grafana_folder": "tpuscope"}
 
 
-def file(name: str) -> str:
-    """The JSON file of the dashboard ``name``."""
-    return json.dumps(DASHBOARDS[name](), indent=2, sort_keys=True) + "\n"
+def file(name: str, thresholds: Thresholds = DEFAULT) -> str:
+    """The JSON file of the dashboard ``name``, its panels coloured at ``thresholds``."""
+    return json.dumps(DASHBOARDS[name](thresholds), indent=2, sort_keys=True) + "\n"
 
 
-def files() -> dict[str, str]:
+def files(thresholds: Thresholds = DEFAULT) -> dict[str, str]:
     """``NAME.json`` -> its content, for every dashboard."""
-    return {f"{name}.json": file(name) for name in DASHBOARDS}
+    return {f"{name}.json": file(name, thresholds) for name in DASHBOARDS}
 
 
-def write(out: Path) -> list[Path]:
+def write(out: Path, thresholds: Thresholds = DEFAULT) -> list[Path]:
+    """Write every dashboard's JSON file into ``out``; return their paths."""
     out.mkdir(parents=True, exist_ok=True)
     written = []
-    for name, content in files().items():
+    for name, content in files(thresholds).items():
         (out / name).write_text(content)
         written.append(out / name)
     return written
 
 
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.description = (
+        "Write the Grafana dashboards (fleet overview, on-call, job debug, serving) as JSON files to import into "
+        "Grafana or provision from a directory, their panels coloured at the thresholds of --config (the file "
+        "given to tpuscope alerts, so a panel turns red where its alert fires)."
+    )
+    generator_config.add_arguments(parser, out="the NAME.json files")
+
+
+def main(args: argparse.Namespace) -> int:
+    return generator_config.write_files("dashboards", args, lambda out, config: write(out, config.thresholds))
+
+
 def configmaps() -> str:
-    """One ConfigMap per dashboard, as a multi-document YAML file for ``kubectl apply -f``."""
+    """One ConfigMap per dashboard, as a multi-document YAML file for ``kubectl apply -f``.
+
+    A committed artifact, so with the default thresholds; a team with its own applies the files
+    ``tpuscope dashboards --config`` writes instead.
+    """
     documents = [
         {
             "apiVersion": "v1",

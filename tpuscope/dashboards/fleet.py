@@ -10,11 +10,11 @@ from __future__ import annotations
 from typing import Any
 
 from tpuscope import catalog as c
+from tpuscope.conventions import DashboardUID
 from tpuscope.dashboards import panels as p
 from tpuscope.dashboards import promql as q
-from tpuscope.thresholds import DEFAULT as T
+from tpuscope.thresholds import Thresholds
 
-UID = "tpuscope-fleet"
 TITLE = "tpuscope / Fleet overview"
 DESCRIPTION = "Every workload and chip: utilization, goodput against its objective, cost per step, failures."
 
@@ -29,7 +29,7 @@ def goodput_ratio(by: str = "", window: str = q.RANGE) -> str:
     return f"{productive} / sum{per} ({q.increase(c.GOODPUT, window=window)})"
 
 
-def now() -> p.Section:
+def now(t: Thresholds) -> p.Section:
     return p.Section(
         "The fleet now",
         [
@@ -43,11 +43,11 @@ def now() -> p.Section:
             ),
             p.stat_panel(
                 "Duty cycle, mean",
-                f"Mean share of time the chips were busy. Below {T.duty_cycle_low:.0%} the fleet pays for idle "
+                f"Mean share of time the chips were busy. Below {t.duty_cycle_low:.0%} the fleet pays for idle "
                 "chips: find the idle hosts on the on-call dashboard, or the input-bound jobs on Job debug.",
                 "percentunit",
                 p.query(f"avg ({q.selector(c.DUTY_CYCLE)})"),
-                limits=p.low_is_bad(T.duty_cycle_low),
+                limits=p.low_is_bad(t.duty_cycle_low),
                 span=3,
             ),
             p.stat_panel(
@@ -56,35 +56,35 @@ def now() -> p.Section:
                 "low mean is a fleet with some jobs well tuned and many idle chips.",
                 "percentunit",
                 p.query(f"quantile (0.95, {q.selector(c.DUTY_CYCLE)})"),
-                limits=p.low_is_bad(T.duty_cycle_low),
+                limits=p.low_is_bad(t.duty_cycle_low),
                 span=3,
             ),
             p.stat_panel(
                 "Model FLOPs utilization",
                 f"Model FLOP/s achieved over the range, over the chips' peak, across the selected workloads. "
-                f"Below {T.mfu_low:.0%} the chips are busy with something other than the model's math (or "
+                f"Below {t.mfu_low:.0%} the chips are busy with something other than the model's math (or "
                 "waiting): compare duty cycle with MFU per workload.",
                 "percentunit",
                 p.query(
                     f"sum ({q.rate(c.MODEL_FLOPS, window=q.RANGE)}) / sum ({q.selector(c.PEAK_FLOPS)})", instant=True
                 ),
-                limits=p.low_is_bad(T.mfu_low),
+                limits=p.low_is_bad(t.mfu_low),
                 span=3,
             ),
             p.stat_panel(
                 "Goodput",
                 f"Productive share of the workloads' wall time over the range; the objective is "
-                f"{T.goodput_objective:.0%}. Badput by category below says where the rest went.",
+                f"{t.goodput_objective:.0%}. Badput by category below says where the rest went.",
                 "percentunit",
                 p.query(goodput_ratio(), instant=True),
-                limits=p.low_is_bad(T.goodput_objective),
+                limits=p.low_is_bad(t.goodput_objective),
                 span=3,
             ),
             p.stat_panel(
                 "Active workloads",
-                f"Workloads that completed a step in the last {T.stall_seconds:g} s.",
+                f"Workloads that completed a step in the last {t.stall_seconds:g} s.",
                 "short",
-                p.query(f"count ({q.age(c.LAST_STEP)} < {T.stall_seconds:g}) or vector(0)", instant=True),
+                p.query(f"count ({q.age(c.LAST_STEP)} < {t.stall_seconds:g}) or vector(0)", instant=True),
                 span=3,
             ),
             p.stat_panel(
@@ -108,9 +108,9 @@ def now() -> p.Section:
     )
 
 
-def goodput() -> p.Section:
+def goodput(t: Thresholds) -> p.Section:
     badput = f"sum by (category) ({q.rate(c.GOODPUT, q.ne('category', 'productive'), window=q.HOUR)})"
-    budget_left = f"1 - (1 - ({goodput_ratio('workload')})) / {1 - T.goodput_objective:g}"
+    budget_left = f"1 - (1 - ({goodput_ratio('workload')})) / {1 - t.goodput_objective:g}"
     return p.Section(
         "Goodput and its objective",
         [
@@ -118,11 +118,11 @@ def goodput() -> p.Section:
                 "Goodput, by workload",
                 f"Productive share of each workload's wall time over the last hour. Step time becomes productive "
                 "when a checkpoint covers it (work lost to a failure never does), so shorter windows swing with "
-                f"each checkpoint. The dashed line is the objective ({T.goodput_objective:.0%}); a workload below "
+                f"each checkpoint. The dashed line is the objective ({t.goodput_objective:.0%}); a workload below "
                 "it is wasting its chips: see Badput by category and the workload's Job debug dashboard.",
                 "percentunit",
                 p.query(goodput_ratio("workload", window=q.HOUR), "{{workload}}"),
-                limits=p.low_is_bad(T.goodput_objective),
+                limits=p.low_is_bad(t.goodput_objective),
                 max_value=1,
             ),
             p.timeseries_panel(
@@ -139,16 +139,16 @@ def goodput() -> p.Section:
             ),
             p.bar_gauge_panel(
                 "Goodput objective: compliance over the range",
-                f"Each workload's goodput over the dashboard's range against the {T.goodput_objective:.0%} "
+                f"Each workload's goodput over the dashboard's range against the {t.goodput_objective:.0%} "
                 "objective: red below it.",
                 "percentunit",
                 p.query(goodput_ratio("workload"), "{{workload}}", instant=True),
-                limits=p.low_is_bad(T.goodput_objective),
+                limits=p.low_is_bad(t.goodput_objective),
                 max_value=1,
             ),
             p.bar_gauge_panel(
                 "Goodput objective: error budget left",
-                f"The share of the badput budget ({1 - T.goodput_objective:.0%} of wall time) each workload has "
+                f"The share of the badput budget ({1 - t.goodput_objective:.0%} of wall time) each workload has "
                 "left over the range; below zero the objective is missed. Spend it on deliberate work (new "
                 "compiles, experiments), not on restarts.",
                 "percentunit",
@@ -212,6 +212,6 @@ def failures() -> p.Section:
     )
 
 
-def dashboard() -> dict[str, Any]:
-    sections = [now(), goodput(), cost(), failures()]
-    return p.build(UID, TITLE, DESCRIPTION, sections, p.variables(c.STEPS, price=True))
+def dashboard(t: Thresholds) -> dict[str, Any]:
+    sections = [now(t), goodput(t), cost(), failures()]
+    return p.build(DashboardUID.FLEET, TITLE, DESCRIPTION, sections, p.variables(c.STEPS, price=True))

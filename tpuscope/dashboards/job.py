@@ -10,11 +10,11 @@ from __future__ import annotations
 from typing import Any
 
 from tpuscope import catalog as c
+from tpuscope.conventions import DashboardUID
 from tpuscope.dashboards import panels as p
 from tpuscope.dashboards import promql as q
-from tpuscope.thresholds import DEFAULT as T
+from tpuscope.thresholds import Thresholds
 
-UID = "tpuscope-job"
 TITLE = "tpuscope / Job debug"
 DESCRIPTION = "One workload's steps, phases, stragglers, compiles, memory, checkpoints and host."
 
@@ -22,7 +22,7 @@ PER_WORKER = f"workload, {q.BY_WORKER}"
 WORKER = "{{workload}} " + q.WORKER_LEGEND
 
 
-def steps() -> p.Section:
+def steps(t: Thresholds) -> p.Section:
     quantiles = p.quantile_queries(c.STEP_DURATION, (0.5, 0.95, 0.99))
     phase_seconds = q.share(
         f"sum by (phase) ({q.rate(c.STEP_PHASE_DURATION, suffix='sum')})",
@@ -66,29 +66,29 @@ def steps() -> p.Section:
             ),
             p.stat_panel(
                 "Input wait share",
-                f"The io phase's share of step time over the range. Above {T.io_share:.0%} the chips wait for "
+                f"The io phase's share of step time over the range. Above {t.io_share:.0%} the chips wait for "
                 "data: add input workers, prefetch more, or move decoding off the training host.",
                 "percentunit",
                 p.query(phase_share("io"), instant=True),
-                limits=p.high_is_bad(T.io_share, T.io_share / 2),
+                limits=p.high_is_bad(t.io_share, t.io_share / 2),
                 span=6,
             ),
             p.stat_panel(
                 "Collective sync share",
-                f"The sync phase's share of step time over the range. Above {T.sync_share:.0%} the job is bound "
+                f"The sync phase's share of step time over the range. Above {t.sync_share:.0%} the job is bound "
                 "by collectives: check for a straggler (below), the interconnect, or the sharding.",
                 "percentunit",
                 p.query(phase_share("sync"), instant=True),
-                limits=p.high_is_bad(T.sync_share, T.sync_share / 2),
+                limits=p.high_is_bad(t.sync_share, t.sync_share / 2),
                 span=6,
             ),
             p.stat_panel(
                 "Seconds since the last step",
-                f"Per workload. Over {T.stall_seconds:g} s the workload is stalled: look at the job's logs, its "
+                f"Per workload. Over {t.stall_seconds:g} s the workload is stalled: look at the job's logs, its "
                 "input pipeline, and whether a host is down (Exporter health on the on-call dashboard).",
                 "s",
                 p.query(q.age(c.LAST_STEP), "{{workload}}"),
-                limits=p.high_is_bad(T.stall_seconds, T.stall_seconds / 2),
+                limits=p.high_is_bad(t.stall_seconds, t.stall_seconds / 2),
                 span=6,
             ),
             p.stat_panel(
@@ -103,7 +103,7 @@ def steps() -> p.Section:
     )
 
 
-def stragglers() -> p.Section:
+def stragglers(t: Thresholds) -> p.Section:
     compute = q.mean(c.STEP_PHASE_DURATION, q.eq("phase", "compute"), by=PER_WORKER)
     return p.Section(
         "Stragglers",
@@ -120,10 +120,10 @@ def stragglers() -> p.Section:
             p.timeseries_panel(
                 "Compute time over the workload's median, by worker",
                 f"Each worker's compute time divided by its workload's median worker. Above "
-                f"{T.straggler_factor:g} the worker is a straggler: cordon or replace its host.",
+                f"{t.straggler_factor:g} the worker is a straggler: cordon or replace its host.",
                 "none",
                 p.query(q.compute_over_median(), WORKER),
-                limits=p.high_is_bad(T.straggler_factor, 1 + (T.straggler_factor - 1) / 2),
+                limits=p.high_is_bad(t.straggler_factor, 1 + (t.straggler_factor - 1) / 2),
                 span=8,
             ),
             p.timeseries_panel(
@@ -138,7 +138,7 @@ def stragglers() -> p.Section:
     )
 
 
-def compiles() -> p.Section:
+def compiles(t: Thresholds) -> p.Section:
     cache = f"sum ({q.events(c.COMPILE_CACHE_REQUESTS, window=q.RANGE)})"
     hits = f"sum ({q.events(c.COMPILE_CACHE_REQUESTS, q.eq('result', 'hit'), window=q.RANGE)})"
     return p.Section(
@@ -169,11 +169,11 @@ def compiles() -> p.Section:
             p.stat_panel(
                 "Compilation cache hit ratio",
                 f"Share of persistent compilation-cache look-ups that hit, over the range. Below "
-                f"{T.compile_cache_hit_ratio:.0%} restarts pay full compile time: check that the cache directory "
+                f"{t.compile_cache_hit_ratio:.0%} restarts pay full compile time: check that the cache directory "
                 "is shared and persistent and that the JAX version and flags did not change.",
                 "percentunit",
                 p.query(f"{hits} / {cache}", instant=True),
-                limits=p.low_is_bad(T.compile_cache_hit_ratio),
+                limits=p.low_is_bad(t.compile_cache_hit_ratio),
                 span=8,
                 height=8,
             ),
@@ -181,7 +181,7 @@ def compiles() -> p.Section:
     )
 
 
-def memory() -> p.Section:
+def memory(t: Thresholds) -> p.Section:
     peak, limit = (f"max by ({q.BY_DEVICE}) ({q.selector(m)})" for m in (c.DEVICE_MEMORY_PEAK, c.DEVICE_MEMORY_LIMIT))
     return p.Section(
         "Memory and utilization",
@@ -190,11 +190,11 @@ def memory() -> p.Section:
                 "Device memory used, by device",
                 f"HBM (or GPU memory) in use over its limit, per device of the workload's hosts, as the job "
                 f"reports it (source workload) and as the runtime or driver does (libtpu, nvml). Above "
-                f"{T.hbm_used_ratio:.0%} the next larger batch or program will not fit: reduce the batch, "
+                f"{t.hbm_used_ratio:.0%} the next larger batch or program will not fit: reduce the batch, "
                 "rematerialize activations, or shard the optimizer state.",
                 "percentunit",
                 p.query(q.on_workload_hosts(q.memory_used_ratio()), q.DEVICE_LEGEND),
-                limits=p.high_is_bad(T.hbm_used_ratio, T.hbm_used_ratio - 0.1),
+                limits=p.high_is_bad(t.hbm_used_ratio, t.hbm_used_ratio - 0.1),
                 max_value=1,
                 span=8,
             ),
@@ -204,7 +204,7 @@ def memory() -> p.Section:
                 "the headroom a step really has is what the peak leaves, not what current use leaves.",
                 "percentunit",
                 p.query(q.on_workload_hosts(f"{peak} / {limit}"), q.DEVICE_LEGEND),
-                limits=p.high_is_bad(T.hbm_used_ratio, T.hbm_used_ratio - 0.1),
+                limits=p.high_is_bad(t.hbm_used_ratio, t.hbm_used_ratio - 0.1),
                 max_value=1,
                 span=8,
             ),
@@ -221,22 +221,22 @@ def memory() -> p.Section:
             p.timeseries_panel(
                 "Model FLOPs utilization",
                 f"Achieved model FLOP/s over the chips' peak, averaged over the workload's workers. Below "
-                f"{T.mfu_low:.0%} the chips spend their time on something other than the model's math: look at "
+                f"{t.mfu_low:.0%} the chips spend their time on something other than the model's math: look at "
                 "the phase breakdown, the duty cycle, and the step's compiled program (fusion, padding).",
                 "percentunit",
                 p.query(f"avg by (workload) ({q.selector(c.MFU)})", "{{workload}}"),
-                limits=p.low_is_bad(T.mfu_low),
+                limits=p.low_is_bad(t.mfu_low),
                 max_value=1,
                 span=12,
             ),
             p.timeseries_panel(
                 "Duty cycle, by device",
                 f"Share of time each chip of the workload's hosts was busy (the runtime's or the driver's own "
-                f"measure). Below {T.duty_cycle_low:.0%} the chips wait: on input, on the host, or on a "
+                f"measure). Below {t.duty_cycle_low:.0%} the chips wait: on input, on the host, or on a "
                 "straggler.",
                 "percentunit",
                 p.query(q.on_workload_hosts(q.selector(c.DUTY_CYCLE)), q.DEVICE_LEGEND),
-                limits=p.low_is_bad(T.duty_cycle_low),
+                limits=p.low_is_bad(t.duty_cycle_low),
                 max_value=1,
                 span=12,
             ),
@@ -244,7 +244,7 @@ def memory() -> p.Section:
     )
 
 
-def checkpoints() -> p.Section:
+def checkpoints(t: Thresholds) -> p.Section:
     by = "operation, result"
     checkpoint_time = f"sum ({q.increase(c.GOODPUT, q.eq('category', 'checkpoint'), window=q.RANGE)})"
     wall_time = f"sum ({q.increase(c.GOODPUT, window=q.RANGE)})"
@@ -284,27 +284,27 @@ def checkpoints() -> p.Section:
             p.bar_gauge_panel(
                 "Time since the last good checkpoint",
                 f"Per workload: everything computed since is lost if the job fails now. Over "
-                f"{T.checkpoint_age_seconds:g} s the work at risk is above the bound: are saves failing? "
+                f"{t.checkpoint_age_seconds:g} s the work at risk is above the bound: are saves failing? "
                 "Infinity: the workload steps and never saved.",
                 "s",
                 p.query(q.checkpoint_age(), "{{workload}}", instant=True),
-                limits=p.high_is_bad(T.checkpoint_age_seconds, T.checkpoint_age_seconds / 2),
+                limits=p.high_is_bad(t.checkpoint_age_seconds, t.checkpoint_age_seconds / 2),
                 span=12,
             ),
             p.stat_panel(
                 "Checkpointing share of wall time",
-                f"Wall time spent checkpointing over the range. Above {T.checkpoint_share:.0%} checkpoint less "
+                f"Wall time spent checkpointing over the range. Above {t.checkpoint_share:.0%} checkpoint less "
                 "often, save asynchronously, or write less (only what a restart needs).",
                 "percentunit",
                 p.query(f"{checkpoint_time} / {wall_time}", instant=True),
-                limits=p.high_is_bad(T.checkpoint_share, T.checkpoint_share / 2),
+                limits=p.high_is_bad(t.checkpoint_share, t.checkpoint_share / 2),
                 span=12,
             ),
         ],
     )
 
 
-def goodput() -> p.Section:
+def goodput(t: Thresholds) -> p.Section:
     by_category = f"sum by (category) ({q.rate(c.GOODPUT, window=q.HOUR)})"
     return p.Section(
         "Goodput",
@@ -315,7 +315,7 @@ def goodput() -> p.Section:
                 "init (start to first step) and lost (work redone after a failure or restart). Step time becomes "
                 "productive only when a checkpoint covers it, so the productive band grows in steps, one "
                 "checkpoint at a time (hence the hour). Time in which the job reports nothing (hung for good) "
-                f"counts nowhere. The objective is {T.goodput_objective:.0%} productive; the largest other band "
+                f"counts nowhere. The objective is {t.goodput_objective:.0%} productive; the largest other band "
                 "is the first thing to fix.",
                 "percentunit",
                 p.query(
@@ -330,14 +330,14 @@ def goodput() -> p.Section:
     )
 
 
-def host() -> p.Section:
+def host(t: Thresholds) -> p.Section:
     return p.Section(
         "Host",
         [
             p.timeseries_panel(
                 "Host CPU, by host",
                 f"CPU busy (all CPUs, and the busiest one) and iowait of the workload's hosts. Busier than "
-                f"{T.host_cpu_ratio:.0%} the host cannot feed its chips; one CPU at 100% while the rest idle is a "
+                f"{t.host_cpu_ratio:.0%} the host cannot feed its chips; one CPU at 100% while the rest idle is a "
                 "single-threaded bottleneck (the Python loop, an input thread). High iowait points at the input "
                 "files.",
                 "percentunit",
@@ -350,7 +350,7 @@ def host() -> p.Section:
                     "busiest CPU {{instance}}",
                 ),
                 p.query(q.on_workload_hosts(q.selector(c.HOST_CPU_IOWAIT)), "iowait {{instance}}"),
-                limits=p.high_is_bad(T.host_cpu_ratio),
+                limits=p.high_is_bad(t.host_cpu_ratio),
                 max_value=1,
                 span=8,
             ),
@@ -381,6 +381,6 @@ def host() -> p.Section:
     )
 
 
-def dashboard() -> dict[str, Any]:
-    sections = [steps(), stragglers(), compiles(), memory(), checkpoints(), goodput(), host()]
-    return p.build(UID, TITLE, DESCRIPTION, sections, p.variables(c.STEPS, one_workload=True))
+def dashboard(t: Thresholds) -> dict[str, Any]:
+    sections = [steps(t), stragglers(t), compiles(t), memory(t), checkpoints(t), goodput(t), host(t)]
+    return p.build(DashboardUID.JOB, TITLE, DESCRIPTION, sections, p.variables(c.STEPS, one_workload=True))

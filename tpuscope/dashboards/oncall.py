@@ -11,18 +11,20 @@ from __future__ import annotations
 from typing import Any
 
 from tpuscope import catalog as c
+from tpuscope.conventions import ALERT_PREFIX, DEFAULT_PORT, AlertName, DashboardUID
 from tpuscope.dashboards import panels as p
 from tpuscope.dashboards import promql as q
-from tpuscope.thresholds import DEFAULT as T
+from tpuscope.thresholds import Thresholds
 
-UID = "tpuscope-oncall"
 TITLE = "tpuscope / On-call"
 DESCRIPTION = "Exporter and collector health, stalled workloads, failures, checkpoint staleness, headroom, alerts."
 
 # Every sidecar target, whatever slice and worker are selected: those labels come with the sidecar's own
 # series, which Prometheus' up does not carry and a sidecar that is down does not send.
 UP = f'up{{job=~"${q.JOB}"}}'
-ALERTS = 'ALERTS{alertstate="firing", alertname=~"Tpuscope.*"}'
+# tpuscope's alerts, firing now. The same alerts as conventions.OUR_ALERTS matches, but spelt with .* as this
+# dashboard always had it, so the panels' queries (and the committed JSON) do not change.
+ALERTS = f'ALERTS{{alertstate="firing", alertname=~"{ALERT_PREFIX}.*"}}'
 LOST = 'result=~"dropped|invalid"'
 UP_DOWN = [("1", "up", p.GOOD), ("0", "down", p.BAD)]
 
@@ -35,7 +37,7 @@ def monitoring() -> p.Section:
                 "Sidecars down",
                 "tpuscope sidecars Prometheus could not scrape at its last attempt. While one is down, its "
                 "host's workloads are invisible and their alerts cannot fire: check the pod (restarts, OOM "
-                "kills) and the network policy between Prometheus and port 9478.",
+                f"kills) and the network policy between Prometheus and port {DEFAULT_PORT}.",
                 "short",
                 p.query(f"count ({UP} == 0) or vector(0)"),
                 limits=p.high_is_bad(1),
@@ -96,27 +98,27 @@ def monitoring() -> p.Section:
     )
 
 
-def workloads() -> p.Section:
+def workloads(t: Thresholds) -> p.Section:
     return p.Section(
         "Workloads",
         [
             p.bar_gauge_panel(
                 "Seconds since the last step, by workload",
-                f"Over {T.stall_seconds:g} s a workload is stalled: a hung collective, a dead input pipeline, "
+                f"Over {t.stall_seconds:g} s a workload is stalled: a hung collective, a dead input pipeline, "
                 "a host gone. Look at the job's logs and at its hosts below; a workload that finished stays "
                 "here until its sidecar forgets it.",
                 "s",
                 p.query(q.age(c.LAST_STEP), "{{workload}}", instant=True),
-                limits=p.high_is_bad(T.stall_seconds, T.stall_seconds / 2),
+                limits=p.high_is_bad(t.stall_seconds, t.stall_seconds / 2),
                 span=8,
             ),
             p.bar_gauge_panel(
                 "Time since the last good checkpoint, by workload",
-                f"The work at risk if the workload failed now. Over {T.checkpoint_age_seconds:g} s: are saves "
+                f"The work at risk if the workload failed now. Over {t.checkpoint_age_seconds:g} s: are saves "
                 "failing (storage full, permissions)? Infinity: the workload steps and has never saved.",
                 "s",
                 p.query(q.checkpoint_age(), "{{workload}}", instant=True),
-                limits=p.high_is_bad(T.checkpoint_age_seconds, T.checkpoint_age_seconds / 2),
+                limits=p.high_is_bad(t.checkpoint_age_seconds, t.checkpoint_age_seconds / 2),
                 span=8,
             ),
             p.timeseries_panel(
@@ -137,7 +139,7 @@ def workloads() -> p.Section:
             p.bar_gauge_panel(
                 "Slowest worker of each workload, against the workload's median",
                 "For each workload, the worker with the longest compute phase per step, as a multiple of its "
-                f"workload's median worker. Over {T.straggler_factor:g} it is a straggler (TpuscopeStraggler): "
+                f"workload's median worker. Over {t.straggler_factor:g} it is a straggler ({AlertName.STRAGGLER}): "
                 "every other worker waits for it at each collective. The bar names its slice, worker and host: "
                 "cordon that host and restart the job elsewhere. Needs three workers or more to be sharp.",
                 "none",
@@ -146,35 +148,35 @@ def workloads() -> p.Section:
                     "{{workload}}: slice {{slice}} worker {{worker}} ({{instance}})",
                     instant=True,
                 ),
-                limits=p.high_is_bad(T.straggler_factor, 1 + (T.straggler_factor - 1) / 2),
+                limits=p.high_is_bad(t.straggler_factor, 1 + (t.straggler_factor - 1) / 2),
                 span=24,
             ),
         ],
     )
 
 
-def hosts() -> p.Section:
+def hosts(t: Thresholds) -> p.Section:
     return p.Section(
         "Devices and hosts",
         [
             p.bar_gauge_panel(
                 "Device memory headroom, by device",
-                f"Free share of each device's memory (HBM). Below {1 - T.hbm_used_ratio:.0%} a larger batch, a "
+                f"Free share of each device's memory (HBM). Below {1 - t.hbm_used_ratio:.0%} a larger batch, a "
                 "new program or fragmentation will fail with out-of-memory.",
                 "percentunit",
                 p.query(f"min by ({q.BY_DEVICE}) (1 - {q.memory_used_ratio()})", q.DEVICE_LEGEND, instant=True),
-                limits=p.low_is_bad(1 - T.hbm_used_ratio, 2 * (1 - T.hbm_used_ratio)),
+                limits=p.low_is_bad(1 - t.hbm_used_ratio, 2 * (1 - t.hbm_used_ratio)),
                 max_value=1,
                 span=8,
             ),
             p.timeseries_panel(
                 "Host CPU and iowait, by host",
-                f"Busier than {T.host_cpu_ratio:.0%}, a host cannot feed its chips. High iowait points at the "
+                f"Busier than {t.host_cpu_ratio:.0%}, a host cannot feed its chips. High iowait points at the "
                 "disks (input files, checkpoint writes).",
                 "percentunit",
                 p.query(f"avg by (instance) ({q.selector(c.HOST_CPU_UTILIZATION)})", "busy {{instance}}"),
                 p.query(f"max by (instance) ({q.selector(c.HOST_CPU_IOWAIT)})", "iowait {{instance}}"),
-                limits=p.high_is_bad(T.host_cpu_ratio),
+                limits=p.high_is_bad(t.host_cpu_ratio),
                 max_value=1,
                 span=8,
             ),
@@ -215,8 +217,8 @@ def alerts() -> p.Section:
         [
             p.stat_panel(
                 "Firing tpuscope alerts",
-                "tpuscope's alerts (alert names starting with Tpuscope, from its generated rules) firing now, as "
-                "Prometheus evaluates them. Their runbooks are linked from the notifications Alertmanager sends.",
+                f"tpuscope's alerts (alert names starting with {ALERT_PREFIX}, from its generated rules) firing now, "
+                "as Prometheus evaluates them. Their runbooks are linked from the notifications Alertmanager sends.",
                 "short",
                 p.query(f"count ({ALERTS}) or vector(0)"),
                 limits=p.high_is_bad(1),
@@ -233,6 +235,6 @@ def alerts() -> p.Section:
     )
 
 
-def dashboard() -> dict[str, Any]:
-    sections = [monitoring(), workloads(), hosts(), alerts()]
-    return p.build(UID, TITLE, DESCRIPTION, sections, p.variables(c.STEPS, job=True))
+def dashboard(t: Thresholds) -> dict[str, Any]:
+    sections = [monitoring(), workloads(t), hosts(t), alerts()]
+    return p.build(DashboardUID.ONCALL, TITLE, DESCRIPTION, sections, p.variables(c.STEPS, job=True))

@@ -5,33 +5,32 @@ from __future__ import annotations
 from typing import Any
 
 from tpuscope import catalog as c
+from tpuscope.conventions import DashboardUID
 from tpuscope.dashboards import panels as p
 from tpuscope.dashboards import promql as q
 from tpuscope.promql import le
-from tpuscope.thresholds import DEFAULT as T
+from tpuscope.thresholds import Thresholds
 
-UID = "tpuscope-serving"
 TITLE = "tpuscope / Serving"
 DESCRIPTION = "Batched inference: request latency against its objective, request rate, queue depth, batch size."
 
-FAST_ENOUGH = q.eq("le", le(T.inference_latency_seconds))
 
-
-def good_ratio(window: str) -> str:
-    """Share of requests answered within the latency objective's bound."""
-    good = f"sum ({q.rate(c.INFERENCE_REQUEST_DURATION, FAST_ENOUGH, suffix='bucket', window=window)})"
+def good_ratio(t: Thresholds, window: str) -> str:
+    """Share of requests answered within the latency objective's bound (a bucket of the request histogram)."""
+    fast_enough = q.eq("le", le(t.inference_latency_seconds))
+    good = f"sum ({q.rate(c.INFERENCE_REQUEST_DURATION, fast_enough, suffix='bucket', window=window)})"
     return f"{good} / sum ({q.rate(c.INFERENCE_REQUEST_DURATION, suffix='count', window=window)})"
 
 
-def latency() -> p.Section:
-    budget = 1 - T.inference_latency_objective
+def latency(t: Thresholds) -> p.Section:
+    budget = 1 - t.inference_latency_objective
     return p.Section(
         "Latency",
         [
             p.timeseries_panel(
                 "Request latency p50 / p95 / p99",
                 f"Time from a request's arrival to its answer, per workload. The objective: "
-                f"{T.inference_latency_objective:.0%} of requests within {T.inference_latency_seconds:g} s "
+                f"{t.inference_latency_objective:.0%} of requests within {t.inference_latency_seconds:g} s "
                 "(the dashed line). A p99 that rises with the queue depth is too little capacity; one that "
                 "rises alone is slow batches (see Batch size).",
                 "s",
@@ -42,16 +41,16 @@ def latency() -> p.Section:
                     )
                     for quantile in (0.5, 0.95, 0.99)
                 ],
-                limits=p.high_is_bad(T.inference_latency_seconds),
+                limits=p.high_is_bad(t.inference_latency_seconds),
                 span=12,
             ),
             p.stat_panel(
                 "Requests within the objective",
-                f"Share of requests answered within {T.inference_latency_seconds:g} s over the range, against "
-                f"the {T.inference_latency_objective:.0%} objective.",
+                f"Share of requests answered within {t.inference_latency_seconds:g} s over the range, against "
+                f"the {t.inference_latency_objective:.0%} objective.",
                 "percentunit",
-                p.query(good_ratio(q.RANGE)),
-                limits=p.low_is_bad(T.inference_latency_objective),
+                p.query(good_ratio(t, q.RANGE)),
+                limits=p.low_is_bad(t.inference_latency_objective),
                 span=6,
                 height=8,
             ),
@@ -60,7 +59,7 @@ def latency() -> p.Section:
                 f"The share of the error budget ({budget:.1%} of requests may be slow) left over the range; "
                 "below zero the objective is missed. When it runs low, freeze risky changes and add capacity.",
                 "percentunit",
-                p.query(f"1 - (1 - ({good_ratio(q.RANGE)})) / {budget:g}"),
+                p.query(f"1 - (1 - ({good_ratio(t, q.RANGE)})) / {budget:g}"),
                 limits=p.low_is_bad(0, 0.25),
                 span=6,
                 height=8,
@@ -106,5 +105,5 @@ def load() -> p.Section:
     )
 
 
-def dashboard() -> dict[str, Any]:
-    return p.build(UID, TITLE, DESCRIPTION, [latency(), load()], p.variables(c.INFERENCE_QUEUE_DEPTH))
+def dashboard(t: Thresholds) -> dict[str, Any]:
+    return p.build(DashboardUID.SERVING, TITLE, DESCRIPTION, [latency(t), load()], p.variables(c.INFERENCE_QUEUE_DEPTH))

@@ -17,12 +17,12 @@ from typing import Any, TypeVar
 
 import yaml
 
-from tpuscope import catalog, events, placement
+from tpuscope import catalog, durations, events, placement
+from tpuscope.conventions import DEFAULT_PORT
 from tpuscope.exporter.collectors import COLLECTORS
 from tpuscope.exporter.collectors.libtpu import addresses_from_environment
 from tpuscope.otel import metric_interval_seconds, otlp_protocol
 
-DEFAULT_PORT = 9478
 T = TypeVar("T")
 
 
@@ -55,7 +55,7 @@ OPTIONS = (
     Option(
         "socket",
         lambda: str(events.default_socket_path()),
-        "Unix datagram socket the instrumented job sends events to (the job reads $TPUSCOPE_SOCKET).",
+        "Unix socket the instrumented job sends events to (the job reads $TPUSCOPE_SOCKET).",
     ),
     Option(
         "socket_mode",
@@ -208,7 +208,7 @@ def resolve(flags: argparse.Namespace, environ: Mapping[str, str] = os.environ) 
         otlp_metrics_interval=_otlp_interval(_parse(raw["otlp_metrics"], _parse_switch), environ),
         web_config_file=Path(raw["web_config_file"][0]) if raw["web_config_file"][0] else None,
         max_label_values=_parse(raw["max_label_values"], _parse_positive_int),
-        workload_expiry=_parse(raw["workload_expiry"], parse_duration),
+        workload_expiry=_parse(raw["workload_expiry"], parse_expiry),
         slice=_parse(raw["slice"], _parse_host_label) or _from_environment(environ, placement.SLICE_VARIABLES),
         worker=_parse(raw["worker"], _parse_host_label) or _from_environment(environ, placement.WORKER_VARIABLES),
     )
@@ -260,18 +260,9 @@ def _parse_seconds(value: str) -> float:
     return seconds
 
 
-_DURATION_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
-
-
-def parse_duration(value: str) -> float:
+def parse_expiry(value: str) -> float:
     """Seconds from ``90``, ``90s``, ``15m``, ``1h`` or ``1d``; ``0`` is allowed (off)."""
-    text = value.strip().lower()
-    scale = _DURATION_UNITS.get(text[-1:]) if text else None
-    number = text[:-1] if scale else text
-    try:
-        seconds = float(number) * (scale or 1.0)
-    except ValueError:
-        raise ValueError(f"expected seconds or a duration such as 90s, 15m, 1h, got {value!r}") from None
+    seconds = durations.parse(value)
     if not 0 <= seconds <= 365 * 86400:
         raise ValueError(f"expected a duration between 0 and a year, got {value!r}")
     return seconds

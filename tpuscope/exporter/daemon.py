@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import logging
 import signal
 import socket
@@ -19,6 +20,7 @@ from prometheus_client import (
 )
 
 from tpuscope.exporter import collectors
+from tpuscope.exporter import config as serve_config
 from tpuscope.exporter.aggregator import Aggregator
 from tpuscope.exporter.collectors.runner import CollectorRunner
 from tpuscope.exporter.config import ServeConfig
@@ -42,6 +44,23 @@ def build_registry() -> CollectorRegistry:
     for collector in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR):
         registry.register(collector)
     return registry
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.description = (
+        "Receive events from instrumented jobs on a Unix socket and serve them, with the sidecar's own health, "
+        "as Prometheus metrics on /metrics. Stops cleanly on SIGTERM."
+    )
+    serve_config.add_arguments(parser)
+
+
+def main(args: argparse.Namespace) -> int:
+    try:
+        settings = serve_config.resolve(args)
+    except serve_config.ConfigError as e:  # said at once, before anything is bound
+        print(f"tpuscope serve: error: {e}", file=sys.stderr)
+        return 2
+    return serve(settings)
 
 
 def serve(config: ServeConfig) -> int:

@@ -18,7 +18,6 @@ events, so expiry never races with an event's handling.
 from __future__ import annotations
 
 import contextlib
-import errno
 import logging
 import os
 import select
@@ -65,7 +64,11 @@ def bind_event_socket(path: Path, mode: int) -> socket.socket:
     else:
         if not stat.S_ISSOCK(st.st_mode):
             raise SocketError(f"{path} exists and is not a socket; refusing to replace it (choose another --socket)")
-        if has_listener(path):
+        try:
+            listening = events.has_listener(path)
+        except OSError as e:
+            raise SocketError(f"cannot check {path}: {e.strerror}") from None
+        if listening:
             raise SocketError(f"another process is already receiving on {path} (is a tpuscope serve running?)")
         log.info("removing stale socket %s", path)
         path.unlink()
@@ -82,20 +85,6 @@ def bind_event_socket(path: Path, mode: int) -> socket.socket:
     sock.listen(64)
     sock.setblocking(False)
     return sock
-
-
-def has_listener(path: Path) -> bool:
-    """Whether a live process accepts connections on the socket at ``path``."""
-    probe = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    try:
-        probe.connect(os.fspath(path))
-    except OSError as e:
-        if e.errno in (errno.ECONNREFUSED, errno.ENOENT):
-            return False
-        raise SocketError(f"cannot check {path}: {e.strerror}") from None
-    finally:
-        probe.close()
-    return True
 
 
 @dataclass(eq=False)  # compared by identity: one per accepted socket

@@ -23,13 +23,13 @@ from typing import Any
 
 import yaml
 
+from tpuscope import durations
 from tpuscope.alerts import HEADER, rule_groups
 from tpuscope.generator_config import GeneratorConfig
-from tpuscope.promql import DURATION, duration_ms, format_ms
 
 # A range selector or a subquery: [5m], [1h:5m], [1h:].
-_RANGE = re.compile(rf"\[\s*({DURATION})\s*(?::\s*({DURATION})?\s*)?\]")
-_OFFSET = re.compile(rf"\boffset(\s+)(-?)({DURATION})\b")
+_RANGE = re.compile(rf"\[\s*({durations.PROMETHEUS})\s*(?::\s*({durations.PROMETHEUS})?\s*)?\]")
+_OFFSET = re.compile(rf"\boffset(\s+)(-?)({durations.PROMETHEUS})\b")
 # Thresholds that are lengths of time: a stall of 600 s becomes one of 60 s at K=10. compile_seconds_per_hour
 # is seconds of compiling in a window of an hour: the window shrinks, so does what fits in it.
 TIMED_THRESHOLDS = ("stall_seconds", "checkpoint_age_seconds", "compile_seconds_per_hour")
@@ -37,10 +37,10 @@ TIMED_THRESHOLDS = ("stall_seconds", "checkpoint_age_seconds", "compile_seconds_
 
 def scale_duration(text: str, k: float) -> str:
     """``text`` divided by ``k``, to the millisecond (Prometheus' resolution)."""
-    ms = round(duration_ms(text) / k)
+    ms = round(durations.prometheus_ms(text) / k)
     if ms < 1:
         raise ValueError(f"{text} divided by {k:g} is under a millisecond")
-    return format_ms(ms)
+    return durations.prometheus(ms)
 
 
 def scale_expr(expr: str, k: float) -> str:
@@ -86,4 +86,9 @@ def scaled_rules_file(config: GeneratorConfig, k: float) -> str:
 
 def ranges_ms(groups: list[dict[str, Any]]) -> list[int]:
     """The length of every range selector in ``groups``' expressions (to hold against the scrape interval)."""
-    return [duration_ms(m[1]) for group in groups for rule in group["rules"] for m in _RANGE.finditer(rule["expr"])]
+    return [
+        durations.prometheus_ms(m[1])
+        for group in groups
+        for rule in group["rules"]
+        for m in _RANGE.finditer(rule["expr"])
+    ]

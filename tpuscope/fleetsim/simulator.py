@@ -39,14 +39,14 @@ from typing import Any
 
 import psutil
 
-from tpuscope.alerts import rules
+from tpuscope import alerts, durations
 from tpuscope.bench.flood import status_mb
 from tpuscope.bench.soak import SIDECAR_RSS, wait_for
 from tpuscope.bench.verdict import Check, check_lines, write_report
+from tpuscope.conventions import STEPS_RATE, AlertName
 from tpuscope.fleetsim import rules as fleet_rules
 from tpuscope.fleetsim.jobs import Host, Plan
 from tpuscope.generator_config import GeneratorConfig
-from tpuscope.promql import duration_ms
 from tpuscope.scrape import Scrape
 from tpuscope.stats import percentile
 from tpuscope.testing.fake_tpu import Chip, FakeTpuRuntime, FakeTpuServer, default_megascale
@@ -56,10 +56,8 @@ from tpuscope.workload.sidecar import SidecarProcess
 
 DEFAULT_JSON = Path("run/fleet.json")
 JOB = "tpuscope"  # the scrape job PrometheusServer configures
-STRAGGLER = "TpuscopeStraggler"
-STALLED = "TpuscopeWorkloadStalled"
 RATE_WINDOW = "5m"  # the window of the recording rules the straggler alert reads, before compression
-STRAGGLER_FOR = next(a.for_ for a in rules.alerts(GeneratorConfig()) if a.name == STRAGGLER)
+STRAGGLER_FOR = next(a.for_ for a in alerts.alerts(GeneratorConfig()) if a.name == AlertName.STRAGGLER)
 # A rate over fewer scrapes than this is noise (two samples make a rate; four make a steady one).
 SCRAPES_PER_WINDOW = 4
 POLL_SECONDS = 1.0
@@ -87,7 +85,7 @@ class Settings:
 
     def scaled(self, duration: str) -> float:
         """A duration of the real rules, in seconds of this run."""
-        return duration_ms(duration) / 1000 / self.time_scale
+        return durations.prometheus_ms(duration) / 1000 / self.time_scale
 
 
 @dataclass
@@ -254,11 +252,11 @@ def _group_name(rule_group: str) -> str:
 
 def straggler_named(watch: Watch) -> list[dict[str, str]]:
     keys = ("workload", "slice", "worker", "instance")
-    return [{k: labels.get(k, "") for k in keys} for labels, _ in watch.firings(STRAGGLER)]
+    return [{k: labels.get(k, "") for k in keys} for labels, _ in watch.firings(AlertName.STRAGGLER)]
 
 
 def stalled_named(watch: Watch) -> list[str]:
-    return sorted({labels.get("workload", "") for labels, _ in watch.firings(STALLED)})
+    return sorted({labels.get("workload", "") for labels, _ in watch.firings(AlertName.WORKLOAD_STALLED)})
 
 
 def first_fired(watch: Watch, alertname: str, match: Callable[[dict[str, str]], bool]) -> float | None:
@@ -433,8 +431,10 @@ def simulate(s: Settings, config: GeneratorConfig, run_dir: Path, sockets: Path)
             "sidecar_peak_rss_mb_max": max(rss_mb(sidecar_pids, "VmHWM"), default=0.0),
             "prometheus_rss_mb": sum(rss_mb([prom.proc.pid])),
         }
-    stalled_at = first_fired(watch, STALLED, lambda labels: labels.get("workload") == stall_workload)
-    straggler_at = first_fired(watch, STRAGGLER, lambda labels: labels.get("instance") == injected["instance"])
+    stalled_at = first_fired(watch, AlertName.WORKLOAD_STALLED, lambda labels: labels.get("workload") == stall_workload)
+    straggler_at = first_fired(
+        watch, AlertName.STRAGGLER, lambda labels: labels.get("instance") == injected["instance"]
+    )
     return {
         "hosts": s.hosts,
         "chips": s.chips,
@@ -510,8 +510,10 @@ def watch_run(
 def _done_at(watch: Watch, fleet: Fleet, window: float) -> float | None:
     """When the run has shown what it is for: both alerts fired, then one rate window more, in which a
     wrongly named straggler would show too."""
-    stalled = first_fired(watch, STALLED, lambda labels: labels.get("workload") == fleet.stall_workload)
-    straggler = first_fired(watch, STRAGGLER, lambda _: True)
+    stalled = first_fired(
+        watch, AlertName.WORKLOAD_STALLED, lambda labels: labels.get("workload") == fleet.stall_workload
+    )
+    straggler = first_fired(watch, AlertName.STRAGGLER, lambda _: True)
     if stalled is None or straggler is None:
         return None
     return max(stalled, straggler) + window
@@ -540,7 +542,7 @@ def _who(labels: dict[str, str]) -> str:
 
 def checks(f: dict[str, Any]) -> list[Check]:
     straggler, stall, labels = f["straggler"], f["stall"], f["labels"]
-    steps = f["recording_rules"].get(rules.STEPS_RATE, {"series": 0, "workloads": []})
+    steps = f["recording_rules"].get(STEPS_RATE, {"series": 0, "workloads": []})
     missed = sum(group["iterations_missed"] for group in f["rule_groups"].values())
     return [
         Check(
@@ -568,7 +570,7 @@ def checks(f: dict[str, Any]) -> list[Check]:
         Check(
             "per-workload rules aggregate",
             steps["series"] == f["workloads"] == len(steps["workloads"]),
-            f"{rules.STEPS_RATE}: {steps['series']:.0f} series for {f['workloads']} workloads",
+            f"{STEPS_RATE}: {steps['series']:.0f} series for {f['workloads']} workloads",
         ),
         Check(
             "rules loaded and keep up",
@@ -639,7 +641,59 @@ def settings(args: argparse.Namespace) -> Settings:
     )
 
 
-def run(args: argparse.Namespace) -> int:
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.description = (
+        "Start a real sidecar per simulated host (a fake TPU runtime of --chips chips each), jobs stepping in "
+        "lockstep workloads through a Monitor per host, and a real Prometheus scraping them all with the generated "
+        "rules, every duration in them divided by --time-scale. One host straggles, one workload stalls. Prints and "
+        "writes (--json) what Prometheus and the sidecars cost and what the alerts named; exits 1 when "
+        f"{AlertName.STRAGGLER} does not name exactly the injected worker (docs/bench.md)."
+    )
+    parser.add_argument("--hosts", type=int, default=16, help="simulated hosts, one sidecar each (default %(default)s)")
+    parser.add_argument("--chips", type=int, default=4, help="TPU chips per host (default %(default)s)")
+    parser.add_argument(
+        "--hosts-per-workload", type=int, default=8, help="hosts of one lockstep job (default %(default)s)"
+    )
+    parser.add_argument(
+        "--hosts-per-slice", type=int, default=4, help="hosts per slice of a workload (default %(default)s)"
+    )
+    parser.add_argument(
+        "--time-scale",
+        type=float,
+        default=10.0,
+        help="divide every range, offset and for: of the rules, and the thresholds that are times, by this "
+        "(default %(default)s: 5m windows of 30 s)",
+    )
+    parser.add_argument(
+        "--scrape-interval",
+        type=float,
+        default=2.0,
+        help="Prometheus' scrape and evaluation interval, seconds (default %(default)s)",
+    )
+    parser.add_argument(
+        "--collector-interval", type=float, default=5.0, help="the sidecars' libtpu interval (default %(default)s)"
+    )
+    parser.add_argument("--step-time", type=float, default=0.5, help="mean step time, seconds (default %(default)s)")
+    parser.add_argument(
+        "--straggler-factor",
+        type=float,
+        default=1.5,
+        help="the straggler's compute time over its peers' (default %(default)s)",
+    )
+    parser.add_argument(
+        "--seconds", type=float, default=600.0, help="the longest the run may take (default %(default)s)"
+    )
+    parser.add_argument("--seed", type=int, default=0, help="picks the straggler and the jitter (default %(default)s)")
+    parser.add_argument(
+        "--run-dir",
+        type=Path,
+        default=Path("run/fleet"),
+        help="Prometheus' configuration, rules and data, the jobs' plan and log (default %(default)s)",
+    )
+    parser.add_argument("--json", type=Path, help=f"where the JSON report goes (default {DEFAULT_JSON})")
+
+
+def main(args: argparse.Namespace) -> int:
     s, config = settings(args), GeneratorConfig()
     if problem := validate(s, config):
         print(f"tpuscope fleet-sim: {problem}", file=sys.stderr)

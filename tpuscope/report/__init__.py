@@ -8,6 +8,7 @@ category, the compile and checkpoint timelines, and the alerts in the window.
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
@@ -15,7 +16,7 @@ from tpuscope.report import prometheus, recording
 from tpuscope.report.model import Report, ReportError
 from tpuscope.report.window import Window
 
-__all__ = ["Report", "ReportError", "Window", "build", "run"]
+__all__ = ["Report", "ReportError", "Window", "add_arguments", "build", "main", "run"]
 
 
 def build(prometheus_url: str | None, recording_path: Path | None, workload: str | None, window: Window) -> Report:
@@ -44,3 +45,35 @@ def run(
     for path in render.write(report, out or Path(f"tpuscope-report-{report.workload}")):
         print(f"wrote {path}")
     return 0
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.description = (
+        "Write a self-contained HTML page (and each chart as a PNG, and the data as JSON) of one workload over a "
+        "window: step time, where it went by phase, wall time by goodput category, the compile and checkpoint "
+        "timelines, and the alerts that fired. From Prometheus, or with no Prometheus at all from a recording of "
+        "the job's events (tpuscope bench --record, or a Monitor with a RecordSink)."
+    )
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--prometheus", metavar="URL", help="read the workload's series and alerts from Prometheus")
+    source.add_argument("--recording", type=Path, metavar="FILE", help="read a recording of the job's events")
+    parser.add_argument("--workload", help="the workload (needed with --prometheus; a recording of one may omit it)")
+    parser.add_argument(
+        "--since",
+        help="how far back the window reaches, e.g. 30m, 6h, 2d (default: from Prometheus 6h; the whole recording)",
+    )
+    parser.add_argument(
+        "--until",
+        help="when the window ends: RFC 3339 (2026-11-23T03:10:00Z) or Unix seconds (default: now, or the "
+        "recording's end)",
+    )
+    parser.add_argument("--out", type=Path, help="directory to write into (default ./tpuscope-report-WORKLOAD)")
+
+
+def main(args: argparse.Namespace) -> int:
+    try:
+        window = Window.parse(args.since, args.until)
+    except ValueError as e:
+        print(f"tpuscope report: {e}", file=sys.stderr)
+        return 2
+    return run(args.prometheus, args.recording, args.workload, window, args.out)

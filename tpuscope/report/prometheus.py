@@ -15,11 +15,11 @@ import math
 from typing import Any
 
 from tpuscope import catalog as c
-from tpuscope import events
-from tpuscope.alerts import OURS
+from tpuscope import durations, events
+from tpuscope.conventions import OUR_ALERTS
 from tpuscope.goodput import CATEGORIES
 from tpuscope.prometheus_api import PrometheusAPI, PrometheusError
-from tpuscope.promql import duration_ms, grown, series
+from tpuscope.promql import grown, series
 from tpuscope.report.model import QUANTILES, Incident, Mark, Report, ReportError, Series, Totals
 from tpuscope.report.window import Window
 
@@ -130,7 +130,7 @@ class _Reader:
         it ran on (a collector down, the sidecar down) or of no host at all (no sidecar scraped)."""
         instances = set(self.api.label_values("instance", series(c.STEPS, self.w), self.start, self.end))
         incidents = []
-        for result in self.range(f'ALERTS{{alertstate="firing", {OURS}}}'):
+        for result in self.range(f'ALERTS{{alertstate="firing", alertname=~"{OUR_ALERTS}"}}'):
             labels = {k: v for k, v in result["metric"].items() if k not in ("__name__", "alertstate")}
             if labels.get(c.Label.WORKLOAD, self.workload) != self.workload:
                 continue  # another workload's
@@ -198,7 +198,7 @@ class _Reader:
         jobs = set(self.api.label_values("job", series(c.STEPS, self.w), self.start, self.end))
         targets = self.api.get("targets", {"state": "active"})["activeTargets"]
         intervals = [
-            duration_ms(t["scrapeInterval"]) / 1000
+            durations.prometheus_ms(t["scrapeInterval"]) / 1000
             for t in targets
             if t.get("labels", {}).get("job") in jobs and t.get("scrapeInterval")
         ]

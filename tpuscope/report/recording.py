@@ -16,13 +16,12 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 from tpuscope import events
+from tpuscope.durations import human as duration
 from tpuscope.goodput import CATEGORIES, GoodputLedger
 from tpuscope.report.model import QUANTILES, Incident, Mark, Report, ReportError, Series, Totals
 from tpuscope.report.window import Window
 from tpuscope.stats import percentile
 from tpuscope.thresholds import DEFAULT as T
-from tpuscope.top import duration
-from tpuscope.tracing.sinks import read_records
 
 
 @dataclass
@@ -36,7 +35,7 @@ class _Bin:
 def build(path: str | os.PathLike[str], workload: str | None, window: Window) -> Report:
     unreadable: list[str] = []
     try:
-        records = read_records(path, unreadable)
+        records = events.read_records(path, unreadable)
     except OSError as e:
         raise ReportError(f"cannot read the recording {path}: {e.strerror or e}") from None
     workload = _one_workload(records, workload, path)

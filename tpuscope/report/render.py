@@ -23,12 +23,12 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure  # without pyplot: no global state, no display, nothing to close
 
 from tpuscope import __version__, events
+from tpuscope.durations import human as duration
 from tpuscope.goodput import CATEGORIES
 from tpuscope.report.model import Incident, Mark, Report, Series
 from tpuscope.report.window import utc
 from tpuscope.stats import percentile
 from tpuscope.thresholds import DEFAULT as T
-from tpuscope.top import duration
 
 PHASE_COLOURS = {"compute": "#2ca02c", "sync": "#b04fc0", "io": "#e5ae00", "other": "#9a9a9a"}
 CATEGORY_COLOURS = {

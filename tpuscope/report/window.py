@@ -6,7 +6,7 @@ import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from tpuscope.exporter.config import parse_duration
+from tpuscope import durations
 
 # About this many points across a chart: enough for a 6-hour post-mortem at a minute and a bit a point.
 POINTS = 300
@@ -39,9 +39,9 @@ class Window:
 
     @classmethod
     def parse(cls, since: str | None, until: str | None) -> Window:
-        seconds = parse_duration(since) if since else None
-        if seconds == 0:
-            raise ValueError("--since must be longer than 0")
+        seconds = durations.parse(since) if since else None
+        if seconds is not None and seconds <= 0:
+            raise ValueError(f"--since must be longer than 0, got {since!r}")
         return cls(seconds, parse_time(until) if until else None)
 
     def resolve(self, first: float | None = None, last: float | None = None) -> tuple[float, float, float]:

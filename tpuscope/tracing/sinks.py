@@ -1,7 +1,9 @@
 """Where the Monitor's events go. A sink takes a finished event and must never
 block or raise; the Monitor hands every event to each of its sinks in turn.
 
-``SocketSink`` sends to the sidecar. OpenTelemetry spans will be another sink.
+``SocketSink`` sends to the sidecar; ``RecordSink`` appends to a recording (JSON lines, read back by
+:func:`tpuscope.events.read_records`). Spans are not a sink: the Monitor hands its events to
+:mod:`tpuscope.tracing.spans` itself, which samples steps before any span exists.
 """
 
 from __future__ import annotations
@@ -120,26 +122,3 @@ class RecordSink:
 
     def close(self) -> None:
         self._file.close()
-
-
-def read_records(
-    path: str | os.PathLike[str], unreadable: list[str] | None = None
-) -> list[tuple[float, events.AnyEvent]]:
-    """The (time, event) pairs of a recording, in order.
-
-    A line that is not a valid event raises :class:`events.InvalidEvent` naming the line; given a list as
-    ``unreadable``, the line is skipped and why is appended to the list instead (a job killed mid-write
-    leaves a cut last line, and the rest of its recording is still worth reading).
-    """
-    records = []
-    with open(path) as lines:
-        for number, line in enumerate(lines, 1):
-            if not line.strip():
-                continue
-            try:
-                records.append(events.from_record(msgspec.json.decode(line)))
-            except (msgspec.DecodeError, events.InvalidEvent) as e:
-                if unreadable is None:
-                    raise events.InvalidEvent("malformed", f"{path}, line {number}: {e}") from None
-                unreadable.append(f"line {number}: {e}")
-    return records

@@ -11,7 +11,7 @@ from dataclasses import fields
 from pathlib import Path
 
 from tpuscope import catalog, events
-from tpuscope.exporter.ingest import SocketError, has_listener
+from tpuscope.conventions import DEFAULT_PORT
 from tpuscope.scrape import Scrape
 from tpuscope.tracing import Monitor, RecordSink, Sink
 from tpuscope.workload import synthetic
@@ -38,6 +38,67 @@ SNAPSHOT = (
 CRASHED = 3  # the exit code of a run stopped by the injected crash
 # A benchmark's replacement for the training loop: the flags, the faults, the monitor the run opened.
 Body = Callable[[argparse.Namespace, Faults, Monitor], None]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The workload's flags (tpuscope/bench/command.py adds the benchmarks' beside them)."""
+    parser.add_argument(
+        "--synthetic",
+        action="store_true",
+        help="a JAX-free loop with realistic phase timings (tests, fleet simulation)",
+    )
+    parser.add_argument("--steps", type=int, default=200, help="training steps to run (default %(default)s)")
+    parser.add_argument("--workload", default="bench", help="the workload label (default %(default)s)")
+    parser.add_argument(
+        "--socket",
+        type=Path,
+        default=None,
+        help=f"the sidecar's socket (default ${events.SOCKET_ENV}, else {events.default_socket_path()})",
+    )
+    parser.add_argument(
+        "--listen",
+        default=f"127.0.0.1:{DEFAULT_PORT}",
+        help="where a sidecar started by bench serves /metrics (default %(default)s)",
+    )
+    parser.add_argument("--record", type=Path, help="also append every event to this file as JSON lines")
+    parser.add_argument("--checkpoint-every", type=int, default=50, help="save a checkpoint every N steps; 0: never")
+    parser.add_argument(
+        "--inject",
+        action="append",
+        default=[],
+        metavar="FAULT[=VALUE]",
+        help="cause a fault: slow-io, stall, straggler, recompile, ckpt-fail, crash, spill (repeatable; "
+        "docs/bench.md says what each does)",
+    )
+    parser.add_argument(
+        "--linger", type=float, default=0.0, help="keep a sidecar bench started serving this many seconds after the run"
+    )
+    jax_flags = parser.add_argument_group("the JAX workload")
+    jax_flags.add_argument("--fused", action="store_true", help="run each step as one program, as a TPU job would")
+    jax_flags.add_argument("--d-model", type=int, default=64, help="model width (default %(default)s)")
+    jax_flags.add_argument("--layers", type=int, default=2, help="transformer layers (default %(default)s)")
+    jax_flags.add_argument("--heads", type=int, default=4, help="attention heads (default %(default)s)")
+    jax_flags.add_argument("--seq-len", type=int, default=64, help="tokens per sequence (default %(default)s)")
+    jax_flags.add_argument("--batch-per-device", type=int, default=4, help="sequences per device (default %(default)s)")
+    jax_flags.add_argument(
+        "--io-latency",
+        type=float,
+        default=0.005,
+        help="seconds the input pipeline takes per batch (default %(default)s)",
+    )
+    jax_flags.add_argument("--async-checkpoint", action="store_true", help="write checkpoints in the background")
+    jax_flags.add_argument(
+        "--run-dir", type=Path, default=Path("run/bench"), help="checkpoints go here (default %(default)s)"
+    )
+    jax_flags.add_argument("--compile-cache", type=Path, help="persistent XLA compilation cache directory")
+    jax_flags.add_argument(
+        "--calibrate", action="store_true", help="measure the CPU's matmul peak FLOP/s again (for MFU)"
+    )
+    jax_flags.add_argument(
+        "--cpu-devices", type=int, default=8, help="CPU devices JAX gets when XLA_FLAGS does not say (default 8)"
+    )
+    synth = parser.add_argument_group("the synthetic workload")
+    synth.add_argument("--step-time", type=float, default=0.05, help="mean step time, seconds (default %(default)s)")
 
 
 def run(args: argparse.Namespace, body: Body | None = None) -> int:
@@ -108,8 +169,8 @@ def options(args: argparse.Namespace, faults: Faults) -> WorkloadOptions:
 def _sidecar(socket: Path, listen: str) -> Iterator[str | None]:
     """Use the sidecar listening on ``socket``, or start one for the run; yields its /metrics URL if known."""
     try:
-        running = socket.exists() and has_listener(socket)
-    except SocketError:
+        running = socket.exists() and events.has_listener(socket)
+    except OSError:  # cannot tell: start our own, whose bind says plainly what is wrong
         running = False
     if running:
         print(f"tpuscope bench: sending events to the sidecar already listening on {socket}")

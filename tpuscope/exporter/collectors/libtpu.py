@@ -21,9 +21,7 @@ import os
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
-
-import grpc
+from typing import TYPE_CHECKING, Any
 
 from tpuscope import catalog
 from tpuscope.accelerators import accelerator_name
@@ -39,6 +37,9 @@ from tpuscope.exporter.collectors.base import (
     Settings,
 )
 from tpuscope.exporter.samples import Histogram, Sample
+
+if TYPE_CHECKING:
+    import grpc
 
 log = logging.getLogger("tpuscope.collectors")
 
@@ -109,14 +110,17 @@ def accelerator_from_environment() -> str:
     return (accelerator_name(chip.value.name) if chip and count else None) or "tpu"
 
 
-def _stubs() -> tuple[Any, Any]:
+def _stubs() -> tuple[Any, Any, Any]:
+    """gRPC and tpu-info's generated stubs, loaded when a collector is made: a sidecar on a host without a TPU,
+    and every other tpuscope command (whose --help lists this collector), never pay for them."""
     try:
+        import grpc
         from tpu_info.proto import tpu_metric_service_pb2, tpu_metric_service_pb2_grpc
     except ImportError:
         raise CollectorError(
             NOT_SUPPORTED, "the tpu-info package is not installed (pip install 'tpuscope[tpu]')"
         ) from None
-    return tpu_metric_service_pb2, tpu_metric_service_pb2_grpc
+    return grpc, tpu_metric_service_pb2, tpu_metric_service_pb2_grpc
 
 
 class LibtpuCollector(Collector):
@@ -136,7 +140,7 @@ class LibtpuCollector(Collector):
         return "no TPU chips on this host and TPU_RUNTIME_METRICS_PORTS is not set"
 
     def __init__(self, settings: Settings) -> None:
-        self._pb, self._grpc = _stubs()
+        self._rpc, self._pb, self._grpc = _stubs()
         self.addresses = settings.libtpu_addresses
         self.accelerator = accelerator_from_environment()
         self._channels: dict[str, tuple[grpc.Channel, Any]] = {}
@@ -144,7 +148,7 @@ class LibtpuCollector(Collector):
 
     def _stub(self, address: str) -> Any:
         if address not in self._channels:
-            channel = grpc.secure_channel(address, grpc.local_channel_credentials())
+            channel = self._rpc.secure_channel(address, self._rpc.local_channel_credentials())
             self._channels[address] = (channel, self._grpc.RuntimeMetricServiceStub(channel))
         return self._channels[address][1]
 
@@ -231,13 +235,13 @@ class LibtpuCollector(Collector):
         """The RPC's response, or the failure as a CollectorError with its reason."""
         try:
             return future.result()
-        except grpc.RpcError as e:
+        except self._rpc.RpcError as e:
             code = e.code()
             detail = e.details()
         reason = {
-            grpc.StatusCode.UNAVAILABLE: UNAVAILABLE,
-            grpc.StatusCode.DEADLINE_EXCEEDED: DEADLINE,
-            grpc.StatusCode.NOT_FOUND: UNKNOWN_METRICS,
+            self._rpc.StatusCode.UNAVAILABLE: UNAVAILABLE,
+            self._rpc.StatusCode.DEADLINE_EXCEEDED: DEADLINE,
+            self._rpc.StatusCode.NOT_FOUND: UNKNOWN_METRICS,
         }.get(code, ERROR)
         if reason in (UNAVAILABLE, DEADLINE):
             self._reset(address)

@@ -1,0 +1,89 @@
+"""The rooms of the package: the import contracts hold, each can fail, and the light commands stay light."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
+CONTRACTS = [
+    c["name"] for c in tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
+]
+# Modules a reader's or --version's start must not load: gRPC (the libtpu collector's), the OpenTelemetry SDK.
+HEAVY = re.compile(r"^(grpc|opentelemetry\.sdk)(\.|$)")
+
+
+def lint_imports(root: Path) -> subprocess.CompletedProcess[str]:
+    # The package is found on PYTHONPATH first, so a copy under `root` is what gets analysed.
+    return subprocess.run(
+        [LINT_IMPORTS, "--no-cache", "--config", root / "pyproject.toml"],
+        cwd=root,
+        env={"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_the_contracts_hold() -> None:
+    result = lint_imports(ROOT)
+    assert result.returncode == 0, result.stdout + result.stderr
+    for name in CONTRACTS:
+        assert f"{name} KEPT" in result.stdout
+
+
+# One forbidden import a contract exists to stop: (the module that gains it, the module it imports).
+BREACHES = {
+    "The in-job library imports no sidecar, generator, reader or workload code": (
+        "tracing/sinks.py",
+        "tpuscope.exporter.daemon",
+    ),
+    "The sidecar imports no in-job, generator, reader or workload code": ("exporter/http.py", "tpuscope.tracing"),
+    "The readers import no sidecar, in-job or generator code": ("top.py", "tpuscope.exporter.config"),
+    "The generators import no sidecar, in-job or reader code": ("dashboards/panels.py", "tpuscope.report"),
+    "The workload reaches the sidecar only as a process and through the wire schema": (
+        "workload/runner.py",
+        "tpuscope.exporter.ingest",
+    ),
+    "Nothing in the product imports the fakes, the benchmarks or the fleet simulator": (
+        "exporter/daemon.py",
+        "tpuscope.testing.fake_tpu",
+    ),
+    "The shared modules belong to no room": ("catalog.py", "tpuscope.exporter"),
+}
+
+
+def test_every_contract_has_a_breach_to_fail_on() -> None:
+    assert set(BREACHES) == set(CONTRACTS)
+
+
+@pytest.mark.parametrize("contract", CONTRACTS)
+def test_a_forbidden_import_breaks_its_contract(contract: str, tmp_path: Path) -> None:
+    shutil.copytree(ROOT / "tpuscope", tmp_path / "tpuscope", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT / "pyproject.toml", tmp_path)
+    where, forbidden = BREACHES[contract]
+    module = tmp_path / "tpuscope" / where
+    module.write_text(module.read_text() + f"\nimport {forbidden}  # the breach\n")
+    result = lint_imports(tmp_path)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert f"{contract} BROKEN" in result.stdout
+    assert f"tpuscope.{where.removesuffix('.py').replace('/', '.')} -> {forbidden}" in result.stdout
+
+
+@pytest.mark.parametrize("command", [["top", "--help"], ["report", "--help"], ["--version"]])
+def test_readers_and_version_load_neither_grpc_nor_the_otel_sdk(command: list[str]) -> None:
+    # -X importtime lists every module the command imports, on stderr, one line each.
+    result = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "tpuscope", *command], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+    loaded = [line.rsplit("|", 1)[-1].strip() for line in result.stderr.splitlines() if line.startswith("import time:")]
+    assert "tpuscope.cli" in loaded  # the listing is real: it names our own modules
+    assert [name for name in loaded if HEAVY.match(name)] == []

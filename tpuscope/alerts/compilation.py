@@ -1,0 +1,52 @@
+"""Alerts on XLA compilation: too long, again and again in the steady state, missing the persistent cache."""
+
+from __future__ import annotations
+
+from tpuscope import catalog as c
+from tpuscope.alerts.rules import Alert, new_or_increase
+from tpuscope.conventions import AlertName, DashboardUID
+from tpuscope.generator_config import GeneratorConfig
+from tpuscope.promql import series
+
+BACKEND = 'stage="backend"'
+HIT = 'result="hit"'
+
+
+def alerts(config: GeneratorConfig) -> list[Alert]:
+    t = config.thresholds
+    lookups = new_or_increase(c.COMPILE_CACHE_REQUESTS, "1h")
+    return [
+        Alert(
+            AlertName.COMPILE_TIME_HIGH,
+            "warning",
+            f"{new_or_increase(c.COMPILE_DURATION, '1h', BACKEND, suffix='sum')} > {t.compile_seconds_per_hour:g}",
+            "A workload spends a lot of time compiling.",
+            "Workload {{ $labels.workload }} compiled for {{ $value | humanizeDuration }} in the last hour.",
+            DashboardUID.JOB,
+            runbook="Use the persistent compilation cache; keep shapes and static arguments fixed.",
+        ),
+        Alert(
+            AlertName.RECOMPILING,
+            "warning",
+            f"{new_or_increase(c.COMPILE_DURATION, '30m', BACKEND, suffix='count')} > {t.steady_state_compiles:g}"
+            f" and on (workload) sum by (workload) ({series(c.STEPS)} offset 1h) > 0",
+            "A workload keeps recompiling in its steady state.",
+            "Workload {{ $labels.workload }} compiled {{ $value }} programs in 30 minutes, an hour after it began "
+            "stepping.",
+            DashboardUID.JOB,
+            runbook="Shapes or static arguments change between steps: pad to fixed shapes, bucket sequence lengths.",
+        ),
+        Alert(
+            AlertName.COMPILE_CACHE_HIT_RATIO_LOW,
+            "warning",
+            # A workload with no hit at all has no hit series: it reads 0, not nothing.
+            f"({new_or_increase(c.COMPILE_CACHE_REQUESTS, '1h', HIT)} or on (workload) {lookups} * 0)"
+            f" / {lookups} < {t.compile_cache_hit_ratio:g} and {lookups} >= 10",
+            "The persistent compilation cache misses.",
+            "Workload {{ $labels.workload }} hit the compilation cache for {{ $value | humanizePercentage }} of its "
+            "look-ups in the last hour.",
+            DashboardUID.JOB,
+            runbook="Check that the cache directory is shared and persistent, and that JAX and its flags did not "
+            "change.",
+        ),
+    ]

@@ -1,0 +1,46 @@
+"""Alerts on training time lost: the goodput SLO's error budget burning, a workload failing, crash looping."""
+
+from __future__ import annotations
+
+from tpuscope import catalog as c
+from tpuscope.alerts.rules import Alert, burn_rate_alerts, new_or_increase
+from tpuscope.conventions import BADPUT_RATIO, AlertName, DashboardUID
+from tpuscope.generator_config import GeneratorConfig
+from tpuscope.promql import series
+
+PLANNED = 'reason!="preemption"'  # a preemption is the platform's doing, not a crash
+
+
+def alerts(config: GeneratorConfig) -> list[Alert]:
+    t = config.thresholds
+    return [
+        *burn_rate_alerts(
+            AlertName.GOODPUT_BUDGET_BURN,
+            BADPUT_RATIO,
+            1 - t.goodput_objective,
+            "A workload is burning its goodput error budget.",
+            "goodput",
+            DashboardUID.FLEET,
+            "Find the largest badput category (Fleet overview) and fix it: restarts and lost work first.",
+            shortest="1h",  # productive time is booked when a checkpoint covers it
+            existed=series(c.STEPS),
+        ),
+        Alert(
+            AlertName.WORKLOAD_FAILED,
+            "warning",
+            f"{new_or_increase(c.WORKLOAD_FAILURES, '1h')} > 0",
+            "A workload failed.",
+            "Workload {{ $labels.workload }} failed in the last hour (failures: {{ $value }}).",
+            DashboardUID.ONCALL,
+            runbook="Read the job's logs for the failure; the work since its last checkpoint was lost.",
+        ),
+        Alert(
+            AlertName.WORKLOAD_CRASH_LOOPING,
+            "critical",
+            f"{new_or_increase(c.WORKLOAD_RESTARTS, '1h', PLANNED)} >= {t.crash_loop_restarts:g}",
+            "A workload restarts over and over.",
+            "Workload {{ $labels.workload }} restarted {{ $value }} times in the last hour, preemptions not counted.",
+            DashboardUID.ONCALL,
+            runbook="A crash loop burns chips without progress: stop it, read the first failure's logs.",
+        ),
+    ]

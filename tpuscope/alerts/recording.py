@@ -1,0 +1,119 @@
+"""The recording rules: what the alerts, the dashboards and the fleet simulator read precomputed.
+
+Recording rules are named ``level:metric:operations`` (the Prometheus convention), their names in
+:mod:`tpuscope.conventions`: ``workload:`` aggregates a workload across its workers, ``worker:`` and
+``device:`` stay per worker and per device.
+
+The SLO ratios over windows longer than an hour are built from recorded per-workload
+5-minute rates, as Sloth and Pyrra do: a 3-day ``rate()`` of every host's raw
+counters would read 17,280 samples a series at each evaluation, a cost that
+grows with the fleet; the recorded rates grow with the number of workloads.
+"""
+
+from __future__ import annotations
+
+from tpuscope import catalog as c
+from tpuscope import durations
+from tpuscope.alerts.rules import WINDOWS, per_workload
+from tpuscope.conventions import (
+    BADPUT_RATIO,
+    COMPUTE_MEDIAN,
+    COMPUTE_OVER_MEDIAN,
+    COMPUTE_PER_WORKER,
+    GOODPUT_RATE,
+    MEMORY_USED,
+    PHASE_SHARE,
+    REQUESTS_FAST_RATE,
+    REQUESTS_RATE,
+    SLOW_REQUESTS_RATIO,
+    STEP_MEAN,
+    STEP_P99,
+    STEPS_RATE,
+)
+from tpuscope.generator_config import GeneratorConfig
+from tpuscope.promql import le, series
+
+WORKER = "job, instance, slice, worker"
+COMPUTE = 'phase="compute"'
+PRODUCTIVE = 'category="productive"'
+RAW_UP_TO = "1h"  # SLO windows up to this read the raw counters; longer ones the recorded 5m rates
+
+
+def recording_rules(config: GeneratorConfig) -> list[dict[str, str]]:
+    return step_rules() + slo_rules(config)
+
+
+def step_rules() -> list[dict[str, str]]:
+    """Step rate and time, each phase's share, the straggler's measure, device memory."""
+    step_sum = series(c.STEP_DURATION, suffix="sum")
+    phase_sum = series(c.STEP_PHASE_DURATION, suffix="sum")
+    compute_sum = series(c.STEP_PHASE_DURATION, COMPUTE, suffix="sum")
+    compute_count = series(c.STEP_PHASE_DURATION, COMPUTE, suffix="count")
+    return [
+        {
+            "record": STEPS_RATE,
+            "expr": f"max by (workload) (rate({series(c.STEPS)}[5m]))",
+        },
+        {
+            "record": STEP_MEAN,
+            "expr": f"sum by (workload) (rate({step_sum}[5m]))"
+            f" / sum by (workload) (rate({series(c.STEP_DURATION, suffix='count')}[5m]))",
+        },
+        {
+            "record": STEP_P99,
+            "expr": "histogram_quantile(0.99, sum by (workload, le)"
+            f" (rate({series(c.STEP_DURATION, suffix='bucket')}[5m])))",
+        },
+        {
+            "record": PHASE_SHARE,
+            "expr": f"sum by (workload, phase) (rate({phase_sum}[5m])) / ignoring (phase) group_left"
+            f" sum by (workload) (rate({step_sum}[5m]))",
+        },
+        {
+            "record": COMPUTE_PER_WORKER,
+            "expr": f"sum by (workload, {WORKER}) (rate({compute_sum}[5m]))"
+            f" / sum by (workload, {WORKER}) (rate({compute_count}[5m]))",
+        },
+        {
+            "record": COMPUTE_MEDIAN,
+            "expr": f"quantile by (workload) (0.5, {COMPUTE_PER_WORKER})",
+        },
+        {  # the straggler's measure, for the alert and for a fleet's own panels
+            "record": COMPUTE_OVER_MEDIAN,
+            "expr": f"{COMPUTE_PER_WORKER} / on (workload) group_left () {COMPUTE_MEDIAN}",
+        },
+        {
+            "record": MEMORY_USED,
+            "expr": f"{series(c.DEVICE_MEMORY_USED)} / {series(c.DEVICE_MEMORY_LIMIT)}",
+        },
+    ]
+
+
+def slo_rules(config: GeneratorConfig) -> list[dict[str, str]]:
+    """The SLO ratios the burn-rate alerts read, one per window, and the 5-minute rates the long windows sum."""
+    slow = f'le="{le(config.thresholds.inference_latency_seconds)}"'
+    # Each SLO ratio's inputs: the raw series, and the recorded 5-minute rate that stands for it in the
+    # windows over RAW_UP_TO.
+    inputs = {
+        "productive": (series(c.GOODPUT, PRODUCTIVE), f"{GOODPUT_RATE}{{{PRODUCTIVE}}}"),
+        "wall": (series(c.GOODPUT), GOODPUT_RATE),
+        "within": (series(c.INFERENCE_REQUEST_DURATION, slow, suffix="bucket"), REQUESTS_FAST_RATE),
+        "total": (series(c.INFERENCE_REQUEST_DURATION, suffix="count"), REQUESTS_RATE),
+    }
+    rules = [
+        {"record": GOODPUT_RATE, "expr": per_workload("rate", inputs["wall"][0], "5m", by="workload, category")},
+        {"record": REQUESTS_FAST_RATE, "expr": per_workload("rate", inputs["within"][0], "5m")},
+        {"record": REQUESTS_RATE, "expr": per_workload("rate", inputs["total"][0], "5m")},
+    ]
+    for window in WINDOWS:
+        # Sums, not averages, of the 5-minute rates: a category that began mid-window counts 0 before.
+        raw = durations.parse(window) <= durations.parse(RAW_UP_TO)
+        x = {
+            name: per_workload("rate", selector, window) if raw else per_workload("sum_over_time", recorded, window)
+            for name, (selector, recorded) in inputs.items()
+        }
+        rules += [
+            {"record": f"{BADPUT_RATIO}{window}", "expr": f"1 - {x['productive']} / {x['wall']}"},
+            {"record": f"{SLOW_REQUESTS_RATIO}{window}", "expr": f"1 - {x['within']} / {x['total']}"},
+        ]
+    return rules

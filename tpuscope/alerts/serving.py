@@ -1,0 +1,19 @@
+"""Alerts on serving: the inference latency SLO's error budget burning."""
+
+from __future__ import annotations
+
+from tpuscope.alerts.rules import Alert, burn_rate_alerts
+from tpuscope.conventions import SLOW_REQUESTS_RATIO, AlertName, DashboardUID
+from tpuscope.generator_config import GeneratorConfig
+
+
+def alerts(config: GeneratorConfig) -> list[Alert]:
+    return burn_rate_alerts(
+        AlertName.INFERENCE_LATENCY_BUDGET_BURN,
+        SLOW_REQUESTS_RATIO,
+        1 - config.thresholds.inference_latency_objective,
+        "A serving workload is burning its latency error budget.",
+        "latency",
+        DashboardUID.SERVING,
+        "Add replicas or shorten the batching window; check for slow batches.",
+    )

@@ -1,0 +1,96 @@
+"""Alerts on how a training workload steps: stalled, slower than its baseline, waiting on input or on
+collectives, held back by a straggler, leaving its chips idle or far from their peak."""
+
+from __future__ import annotations
+
+from tpuscope import catalog as c
+from tpuscope.alerts.rules import Alert, running
+from tpuscope.conventions import COMPUTE_OVER_MEDIAN, PHASE_SHARE, STEP_MEAN, AlertName, DashboardUID
+from tpuscope.generator_config import GeneratorConfig
+from tpuscope.promql import series
+
+
+def alerts(config: GeneratorConfig) -> list[Alert]:
+    t = config.thresholds
+    return [
+        Alert(
+            AlertName.WORKLOAD_STALLED,
+            "critical",
+            f"time() - max by (workload) ({series(c.LAST_STEP)}) > {t.stall_seconds:g} {running()}",
+            "A workload has stopped completing steps.",
+            "Workload {{ $labels.workload }} has completed no step for {{ $value | humanizeDuration }} (or not "
+            "one since it started) while its processes are still connected.",
+            DashboardUID.JOB,
+            runbook="A hung collective (one host down or stuck), a dead input pipeline, or a deadlock. Check the job's "
+            "logs on every worker, the On-call dashboard's sidecars and collectors, and the last kept trace.",
+        ),
+        Alert(
+            AlertName.STEP_TIME_REGRESSION,
+            "warning",
+            f"{STEP_MEAN} > {t.step_regression_factor:g} * avg_over_time({STEP_MEAN}[6h] offset 30m)"
+            f" and count_over_time({STEP_MEAN}[6h] offset 30m) > 180",  # a baseline of 3 hours at least
+            "A workload's steps are slower than its own baseline.",
+            "Workload {{ $labels.workload }} takes {{ $value | humanizeDuration }} a step, more than "
+            f"{t.step_regression_factor:g}x its mean of the 6 hours before.",
+            DashboardUID.JOB,
+            "30m",
+            "Compare the phase breakdown before and after: io (input), sync (collectives, a straggler), compute "
+            "(a new program, throttled chips).",
+        ),
+        Alert(
+            AlertName.INPUT_BOUND,
+            "warning",
+            f'{PHASE_SHARE}{{phase="io"}} > {t.io_share:g}',
+            "A workload waits for its input.",
+            "Workload {{ $labels.workload }} spends {{ $value | humanizePercentage }} of its step time waiting for "
+            "input.",
+            DashboardUID.JOB,
+            "15m",
+            "Add input workers, prefetch more batches, move decoding off the training host, check the storage.",
+        ),
+        Alert(
+            AlertName.SYNC_BOUND,
+            "warning",
+            f'{PHASE_SHARE}{{phase="sync"}} > {t.sync_share:g}',
+            "A workload spends much of its steps in collectives.",
+            "Workload {{ $labels.workload }} spends {{ $value | humanizePercentage }} of its step time in "
+            "collective sync.",
+            DashboardUID.JOB,
+            "15m",
+            f"Look for a straggler first ({AlertName.STRAGGLER}); then the interconnect and the sharding.",
+        ),
+        Alert(
+            AlertName.STRAGGLER,
+            "warning",
+            f"{COMPUTE_OVER_MEDIAN} > {t.straggler_factor:g}",
+            "One worker is much slower than the rest of its workload.",
+            "Worker {{ $labels.worker }} ({{ $labels.instance }}, slice {{ $labels.slice }}) of workload "
+            '{{ $labels.workload }} takes {{ printf "%.2f" $value }}x its workload\'s median compute time per '
+            f"step (a straggler from {t.straggler_factor:g}x).",
+            DashboardUID.JOB,
+            "10m",
+            "Every worker waits for it at each collective. Check the host: thermal throttling, a failing chip, a "
+            "noisy neighbour. Cordon it and restart the job on a healthy host.",
+        ),
+        Alert(
+            AlertName.LOW_DUTY_CYCLE,
+            "warning",
+            f"avg by (job, instance) ({series(c.DUTY_CYCLE)}) < {t.duty_cycle_low:g}"
+            f" and on (job, instance) {series(c.WORKLOAD_PROCESSES)}",
+            "A host's chips are mostly idle while a workload runs on it.",
+            "The chips of {{ $labels.instance }} were busy {{ $value | humanizePercentage }} of the time.",
+            DashboardUID.FLEET,
+            "30m",
+            "Paid-for chips waiting: on input, on the host, on a straggler. See the workload's phase breakdown.",
+        ),
+        Alert(
+            AlertName.LOW_MFU,
+            "warning",
+            f"avg by (workload) ({series(c.MFU)}) < {t.mfu_low:g} {running()}",
+            "A workload uses a small share of its chips' peak FLOP/s.",
+            "Workload {{ $labels.workload }} reaches {{ $value | humanizePercentage }} model FLOPs utilization.",
+            DashboardUID.JOB,
+            "30m",
+            "Profile the step: fusion, padding, small batches, host-bound phases.",
+        ),
+    ]

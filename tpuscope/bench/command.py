@@ -1,0 +1,82 @@
+"""``tpuscope bench``: the demo workload, or, when a mode or a benchmark's flag says so, one of our benchmarks.
+
+The workload's own flags are beside it (:func:`tpuscope.workload.runner.add_arguments`); the benchmarks'
+are here, with the choice between them, so the workload never imports a benchmark.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from tpuscope.workload import runner
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.description = (
+        "Run an instrumented training loop that reports to a sidecar. When no sidecar listens on the socket, one "
+        "is started for the run and its /metrics address printed."
+    )
+    parser.add_argument(
+        "mode",
+        nargs="?",
+        choices=["perf", "flood", "soak"],
+        help="perf: benchmark tpuscope's own cost against its targets and its peers (table and JSON); "
+        "flood: jobs sending at ten times the supported event rate against one sidecar, and what it held; "
+        "soak: the workload, a sidecar and a real Prometheus for --minutes, then what was lost (nothing)",
+    )
+    parser.add_argument(
+        "--perf-json",
+        type=Path,
+        help="perf, flood, soak: where the JSON goes (default run/perf.json, run/flood.json, run/soak.json)",
+    )
+    parser.add_argument("--seconds", type=float, default=30.0, help="flood: how long to flood (default %(default)s)")
+    parser.add_argument("--minutes", type=float, default=10.0, help="soak: how long to run (default %(default)s)")
+    parser.add_argument("--tiny", action="store_true", help="perf: a seconds-long run (tests), figures not meaningful")
+    parser.add_argument(
+        "--scrape-latency",
+        type=int,
+        metavar="SCRAPES",
+        help="benchmark: time this many /metrics scrapes of a sidecar with every collector on (8 fake TPU devices, "
+        "8 fake GPUs, the host) while a job sends events",
+    )
+    parser.add_argument(
+        "--trace-cost",
+        type=int,
+        metavar="STEPS",
+        help="benchmark: the per-step cost of spans, unsampled and sampled, over this many empty steps per round",
+    )
+    parser.add_argument(
+        "--overhead",
+        action="store_true",
+        help="benchmark: the Monitor's cost per step of the JAX workload, on against off, interleaved (uses --steps)",
+    )
+    runner.add_arguments(parser)
+
+
+def main(args: argparse.Namespace) -> int:
+    if args.mode == "perf":
+        from tpuscope.bench import perf
+
+        return perf.run(tiny=args.tiny, json_path=args.perf_json or Path("run/perf.json"))
+    if args.mode == "flood":
+        from tpuscope.bench import flood
+
+        return flood.run(args)
+    if args.mode == "soak":
+        from tpuscope.bench import soak
+
+        return soak.run(args)
+    if args.scrape_latency:
+        from tpuscope.bench import scrape_latency
+
+        return scrape_latency.run(args.scrape_latency)
+    if args.trace_cost:
+        from tpuscope.bench import trace_cost
+
+        return trace_cost.run(args.trace_cost)
+    if args.overhead:
+        from tpuscope.bench import overhead
+
+        return overhead.run(args)
+    return runner.run(args)
