@@ -36,6 +36,7 @@ def per_step_seconds(monitor: Monitor, steps: int) -> float:
 
 def run(steps: int) -> int:
     os.environ["OTEL_BSP_MAX_QUEUE_SIZE"] = str(steps * 4)  # a round's spans: none dropped, all charged for
+    os.environ["TPUSCOPE_SPANS_MAX_BYTES"] = str(1 << 40)  # one file, unrotated: the count below reads it whole
     with tempfile.TemporaryDirectory(prefix="ts-") as tmp:
         socket, spans = Path(tmp) / "absent.sock", Path(tmp) / "sampled.jsonl"
         monitors = {

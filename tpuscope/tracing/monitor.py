@@ -287,13 +287,24 @@ def _span_recorder(
         from tpuscope.tracing.spans import SpanRecorder, TrainingSampler
 
         sampler = TrainingSampler(int(sample_every), float(slow_factor))
-        exporter = otel.exporter(spans_file)
+        exporter = otel.exporter(spans_file, workload=workload)
         if exporter is None:
             return None
-        return SpanRecorder(workload, otel.tracer_provider(workload, exporter), sampler, otel.destination(exporter))
-    except Exception as e:  # a bad OTEL_* setting must not stop the job: it runs without spans
+        recorder = SpanRecorder(workload, otel.tracer_provider(workload, exporter), sampler, otel.destination(exporter))
+    except Exception as e:  # a bad setting, or a spans file it cannot create, must not stop the job
         log.warning("tpuscope: spans are off: %s", e)
         return None
+    if isinstance(exporter, otel.JsonLinesExporter):
+        # With no collector the spans pile up on this machine: say where, once. A WARNING reaches stderr even
+        # when the job configured no logging (logging.lastResort); a file the job chose itself needs less.
+        log.log(
+            logging.INFO if exporter.explicit else logging.WARNING,
+            "tpuscope: no OTLP endpoint (OTEL_EXPORTER_OTLP_ENDPOINT); spans go to %s, rotated at %s ($%s)",
+            recorder.destination,
+            otel.size_in_words(exporter.max_bytes),
+            otel.MAX_BYTES_VARIABLE,
+        )
+    return recorder
 
 
 class StepTimer:

@@ -4,17 +4,24 @@
   gRPC or HTTP as ``OTEL_EXPORTER_OTLP[_TRACES]_PROTOCOL`` says (``http/protobuf`` by default, as the
   specification has it); the exporters read the rest (headers, timeout, certificates) themselves.
   ``OTEL_TRACES_EXPORTER=none`` or ``OTEL_SDK_DISABLED=true`` turns spans off.
-- With no endpoint: spans are written as JSON lines (one OTLP-shaped span per line) to a file, by
-  default ``tpuscope-spans.jsonl`` in the working directory (``$TPUSCOPE_SPANS_FILE`` to move it), so
-  traces exist without any collector.
+- With no endpoint: spans are written as JSON lines (one OTLP-shaped span per line) to a file, so traces
+  exist without any collector: by default one per process under the XDG state directory,
+  ``${XDG_STATE_HOME:-~/.local/state}/tpuscope/spans/<workload>-<pid>.jsonl``; ``$TPUSCOPE_SPANS_FILE``
+  or the Monitor's ``spans_file`` to choose it. The file is rotated (renamed ``<name>.1``) when it would
+  pass ``$TPUSCOPE_SPANS_MAX_BYTES`` (64 MiB), so a long job keeps about twice that at most.
 - Resource: ``service.name`` is the workload, with the attributes of :func:`tpuscope.otel.resource`.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import fcntl
 import json
+import logging
 import os
-from collections.abc import Mapping, Sequence
+import threading
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -24,13 +31,20 @@ from opentelemetry.sdk.trace.sampling import ALWAYS_ON
 
 from tpuscope.otel import otlp_protocol, resource
 
-DEFAULT_SPANS_FILE = "tpuscope-spans.jsonl"
+log = logging.getLogger("tpuscope")
+
+DEFAULT_MAX_BYTES = 64 * 2**20
+MAX_BYTES_VARIABLE = "TPUSCOPE_SPANS_MAX_BYTES"
 
 
 def exporter(
-    spans_file: str | os.PathLike[str] | None = None, environ: Mapping[str, str] = os.environ
+    spans_file: str | os.PathLike[str] | None = None,
+    environ: Mapping[str, str] = os.environ,
+    workload: str = "tpuscope",
 ) -> SpanExporter | None:
-    """The exporter the environment asks for; None when spans are turned off."""
+    """The exporter the environment asks for; None when spans are turned off.
+
+    ``workload`` names the default spans file (see :func:`default_spans_file`)."""
     if environ.get("OTEL_SDK_DISABLED", "").lower() == "true":
         return None
     chosen = {name.strip().lower() for name in environ.get("OTEL_TRACES_EXPORTER", "otlp").split(",")}
@@ -48,8 +62,44 @@ def exporter(
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpExporter
 
         return HttpExporter()
-    path = Path(spans_file or environ.get("TPUSCOPE_SPANS_FILE") or DEFAULT_SPANS_FILE)
-    return JsonLinesExporter(path)
+    explicit = spans_file or environ.get("TPUSCOPE_SPANS_FILE")
+    path = Path(explicit) if explicit else default_spans_file(workload, environ)
+    return JsonLinesExporter(path, spans_max_bytes(environ), explicit=bool(explicit))
+
+
+def default_spans_file(workload: str, environ: Mapping[str, str] = os.environ) -> Path:
+    """``${XDG_STATE_HOME:-~/.local/state}/tpuscope/spans/<workload>-<pid>.jsonl``.
+
+    Under the user's state directory, not the working directory the job happens to start in; one file per
+    process, so that the processes of a job on one host each rotate only their own."""
+    state = environ.get("XDG_STATE_HOME", "")
+    # The XDG specification: a relative path in the variable is invalid and to be ignored.
+    base = Path(state) if os.path.isabs(state) else Path.home() / ".local" / "state"
+    name = workload.replace(os.sep, "_")  # a workload label may hold a "/"
+    return base / "tpuscope" / "spans" / f"{name}-{os.getpid()}.jsonl"
+
+
+def spans_max_bytes(environ: Mapping[str, str] = os.environ) -> int:
+    """``$TPUSCOPE_SPANS_MAX_BYTES``: the size at which the spans file is rotated."""
+    raw = environ.get(MAX_BYTES_VARIABLE, "").strip()
+    if not raw:
+        return DEFAULT_MAX_BYTES
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if value <= 0:
+        # 0 might mean "no limit" or "no spans": neither is for this variable to say.
+        raise ValueError(
+            f"{MAX_BYTES_VARIABLE}={raw!r}: expected a positive number of bytes"
+            " (OTEL_TRACES_EXPORTER=none turns spans off)"
+        )
+    return value
+
+
+def size_in_words(size: int) -> str:
+    """``64 MiB`` for a whole number of MiB, else the bytes."""
+    return f"{size // 2**20} MiB" if size % 2**20 == 0 else f"{size} bytes"
 
 
 def destination(span_exporter: SpanExporter, environ: Mapping[str, str] = os.environ) -> str:
@@ -79,21 +129,119 @@ def tracer_provider(workload: str, span_exporter: SpanExporter) -> TracerProvide
 
 
 class JsonLinesExporter(SpanExporter):
-    """Spans as JSON lines, in OTLP's JSON field names, appended to a file: traces with no collector."""
+    """Spans as JSON lines, in OTLP's JSON field names, appended to a file: traces with no collector.
 
-    def __init__(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
+    When the next write would take the file past ``max_bytes`` it is renamed ``<name>.1`` (replacing the
+    previous one) and a new file begun: about twice ``max_bytes`` on disk at most. Several exporters, in
+    several processes, may share a file: each write is one append of whole lines, so their lines never
+    interleave; one of them rotates it at a time and the others follow to the new file. Export never
+    raises: spans that cannot be written are counted in ``dropped`` and logged.
+    """
+
+    def __init__(self, path: Path, max_bytes: int = DEFAULT_MAX_BYTES, *, explicit: bool = True) -> None:
         self.path = path
-        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        self.rotated = path.with_name(path.name + ".1")
+        self.max_bytes = max_bytes
+        self.explicit = explicit  # the job chose the file, rather than taking the default
+        self.dropped = 0
+        self._last_error: OSError | None = None
+        # The SDK's shutdown may close the exporter while an export is still writing.
+        self._lock = threading.Lock()
+        self._fd = self._open()
+
+    def _open(self) -> int:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        return os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
-        lines = "".join(json.dumps(span_record(span), separators=(",", ":")) + "\n" for span in spans)
-        # One write to an O_APPEND file: the lines of several processes sharing the file never interleave.
-        os.write(self._fd, lines.encode())
-        return SpanExportResult.SUCCESS
+        lines = [(json.dumps(span_record(span), separators=(",", ":")) + "\n").encode() for span in spans]
+        result = SpanExportResult.SUCCESS
+        with self._lock:
+            for chunk, count in _chunks(lines, self.max_bytes):
+                try:
+                    self._append(chunk)
+                except OSError as e:  # a full disk, a directory removed: the spans go, the job carries on
+                    self._drop(count, e)
+                    result = SpanExportResult.FAILURE
+        return result
+
+    def _append(self, data: bytes) -> None:
+        """Whole lines in one write, to the file now at ``path``, rotated first if they would take it past
+        ``max_bytes``; all under a lock on the file that every writer sharing it takes, so that the check for
+        room, the rotation and the write are one step for them (two writers rotating at once would lose a file)."""
+        if self._fd < 0:
+            raise OSError(errno.EBADF, "the spans exporter is shut down")
+        # Busy writers may rotate the file again and again before this one gets its turn; the bound is for a file
+        # system whose inode numbers are not stable, which must not keep the export spinning forever.
+        for _ in range(100):
+            with _locked(self._fd):
+                if self._holds_path():
+                    size = os.fstat(self._fd).st_size
+                    if not size or size + len(data) <= self.max_bytes:
+                        written = os.write(self._fd, data)
+                        if written < len(data):
+                            raise OSError(errno.ENOSPC, f"{written} of {len(data)} bytes written to {self.path}")
+                        return
+                    os.replace(self.path, self.rotated)
+            # Rotated, by us or by another writer sharing the file, or removed: on to the file now at the path.
+            self._reopen()
+        raise OSError(errno.ESTALE, f"{self.path} changed under each of 100 writes")
+
+    def _holds_path(self) -> bool:
+        try:
+            return os.path.samestat(os.fstat(self._fd), os.stat(self.path))
+        except FileNotFoundError:
+            return False
+
+    def _reopen(self) -> None:
+        fd = self._open()  # first: should it fail, the file held is still a place to write
+        os.close(self._fd)
+        self._fd = fd
+
+    def _drop(self, count: int, error: OSError) -> None:
+        if not self.dropped:
+            log.warning("tpuscope: cannot write spans to %s (%s); dropping them", self.path, error)
+        self.dropped += count
+        self._last_error = error
 
     def shutdown(self) -> None:
-        os.close(self._fd)
+        with self._lock:
+            if self._fd < 0:  # shut down already (a provider shut down twice): nothing more to say
+                return
+            os.close(self._fd)
+            self._fd = -1
+        if self.dropped:
+            log.warning("tpuscope: %d spans not written to %s (last: %s)", self.dropped, self.path, self._last_error)
+
+
+@contextlib.contextmanager
+def _locked(fd: int) -> Iterator[None]:
+    """An exclusive (advisory) lock on the file open at ``fd``, released at the end of the block."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        locked = True
+    except OSError:  # a file system without locks: still right for a file with one writer
+        locked = False
+    try:
+        yield
+    finally:
+        if locked:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+
+
+def _chunks(lines: Sequence[bytes], limit: int) -> Iterator[tuple[bytes, int]]:
+    """``lines`` joined into runs of at most ``limit`` bytes (a longer line alone), each with its count of lines:
+    a batch larger than the cap still leaves every file within it."""
+    run: list[bytes] = []
+    size = 0
+    for line in lines:
+        if run and size + len(line) > limit:
+            yield b"".join(run), len(run)
+            run, size = [], 0
+        run.append(line)
+        size += len(line)
+    if run:
+        yield b"".join(run), len(run)
 
 
 def span_record(span: ReadableSpan) -> dict[str, Any]:

@@ -1,0 +1,187 @@
+"""Spans with no collector: a file per process under the XDG state directory, capped and rotated, and said where."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+
+from tpuscope.bench.overhead import empty_steps
+from tpuscope.tracing import Monitor
+from tpuscope.tracing.otel import JsonLinesExporter, exporter
+
+CAP = 200_000
+
+
+@pytest.fixture
+def state_home(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
+    """No collector and no chosen spans file (tests/conftest.py chooses one), and a fresh XDG state directory."""
+    for name in [n for n in os.environ if n.startswith("OTEL_")]:  # endpoints, OTEL_TRACES_EXPORTER, OTEL_SDK_DISABLED
+        monkeypatch.delenv(name)
+    monkeypatch.delenv("TPUSCOPE_SPANS_FILE", raising=False)
+    monkeypatch.delenv("TPUSCOPE_SPANS_MAX_BYTES", raising=False)
+    state = tmp_path / "state"
+    monkeypatch.setenv("XDG_STATE_HOME", str(state))
+    return state
+
+
+def read_lines(path: Path) -> list[dict[str, Any]]:
+    """Every line of ``path`` as JSON: a line cut in two, or two run together, fails to parse."""
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_a_long_job_leaves_the_working_directory_alone_and_keeps_its_newest_spans_within_the_cap(
+    state_home: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    short_tmp: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    workdir = tmp_path / "work"
+    workdir.mkdir()
+    monkeypatch.chdir(workdir)
+    monkeypatch.setenv("TPUSCOPE_SPANS_MAX_BYTES", str(CAP))
+    began = time.perf_counter()
+    # The default sampling: 1 in 100 steps and the slow ones, about 3.5 MB of spans in all.
+    with Monitor("long-job", socket=short_tmp / "absent.sock") as mon:
+        empty_steps(mon, 100_000)
+    print(f"100,000 steps and the close: {time.perf_counter() - began:.1f} s")
+
+    assert list(workdir.iterdir()) == []
+    path = state_home / "tpuscope" / "spans" / f"long-job-{os.getpid()}.jsonl"
+    rotated = path.with_name(path.name + ".1")
+    assert sorted(path.parent.iterdir()) == [path, rotated]
+    sizes = path.stat().st_size, rotated.stat().st_size
+    print(f"spans file {sizes[0]} bytes, rotated {sizes[1]} bytes")
+    assert 0 < sizes[0] <= CAP and 0 < sizes[1] <= CAP
+    newest, older = read_lines(path), read_lines(rotated)
+    steps = [r["attributes"]["tpuscope.step"] for r in newest if r["name"] == "step"]
+    assert 99_900 in steps, "the last 1-in-100 step is in the file"
+    assert max(r["attributes"]["tpuscope.step"] for r in older if r["name"] == "step") < min(steps)
+    assert newest[-1]["name"] == "lifecycle" and newest[-1]["events"][0]["name"] == "stop"
+    said = [r for r in caplog.records if str(path) in r.getMessage()]
+    assert len(said) == 1, [r.getMessage() for r in said]
+    assert logging.lastResort is not None
+    assert said[0].levelno >= logging.lastResort.level, "a job that configured no logging must see it"
+    assert f"rotated at {CAP} bytes ($TPUSCOPE_SPANS_MAX_BYTES)" in said[0].getMessage()
+
+
+def test_a_job_that_configured_no_logging_is_told_where_its_spans_go_once(state_home: Path, short_tmp: Path) -> None:
+    job = (
+        "from tpuscope.tracing import Monitor\n"
+        "from tpuscope.bench.overhead import empty_steps\n"
+        f"with Monitor('quiet', socket={str(short_tmp / 'absent.sock')!r}) as mon:\n"
+        "    empty_steps(mon, 1000)\n"
+    )
+    run = subprocess.run([sys.executable, "-c", job], capture_output=True, text=True, timeout=60, cwd=short_tmp)
+    assert run.returncode == 0, run.stderr
+    spans_dir = state_home / "tpuscope" / "spans"
+    (path,) = spans_dir.iterdir()
+    said = [line for line in run.stderr.splitlines() if str(path) in line]
+    assert said == [
+        "tpuscope: no OTLP endpoint (OTEL_EXPORTER_OTLP_ENDPOINT); spans go to "
+        f"{path}, rotated at 64 MiB ($TPUSCOPE_SPANS_MAX_BYTES)"
+    ], run.stderr
+    assert path.name.startswith("quiet-") and read_lines(path)
+
+
+def provider_for(span_exporter: JsonLinesExporter, service: str) -> TracerProvider:
+    """Spans written as each ends (SimpleSpanProcessor): the order of writes is the order of the calls."""
+    provider = TracerProvider(resource=Resource.create({"service.name": service}), shutdown_on_exit=False)
+    provider.add_span_processor(SimpleSpanProcessor(span_exporter))
+    return provider
+
+
+def test_writers_sharing_a_file_follow_its_rotation_and_lose_no_line(tmp_path: Path) -> None:
+    """Two exporters take turns on one file; whichever rotates it, the other writes to the new file after."""
+    path, cap = tmp_path / "shared.jsonl", 40_000
+    writers = [JsonLinesExporter(path, cap), JsonLinesExporter(path, cap)]
+    tracers = [provider_for(w, f"writer{i}").get_tracer("test") for i, w in enumerate(writers)]
+    spans = 0
+    while not writers[0].rotated.exists() or spans % 2:  # until a rotation, then one turn each
+        tracers[spans % 2].start_span(f"span{spans}").end()
+        spans += 1
+    for _ in range(2):
+        tracers[spans % 2].start_span(f"span{spans}").end()
+        spans += 1
+    for writer in writers:
+        writer.shutdown()
+
+    older, newest = read_lines(writers[0].rotated), read_lines(path)
+    assert [r["name"] for r in older + newest] == [f"span{n}" for n in range(spans)]
+    assert {r["resource"]["service.name"] for r in newest[-2:]} == {"writer0", "writer1"}
+    assert 0 < writers[0].rotated.stat().st_size <= cap and 0 < path.stat().st_size <= cap
+
+
+def test_concurrent_writers_rotating_a_shared_file_cut_no_line_and_keep_the_cap(tmp_path: Path) -> None:
+    path, cap, spans = tmp_path / "shared.jsonl", 30_000, 150
+    writers = [JsonLinesExporter(path, cap) for _ in range(4)]
+
+    def write(index: int) -> None:
+        tracer = provider_for(writers[index], f"writer{index}").get_tracer("test")
+        for n in range(spans):
+            tracer.start_span("span", attributes={"n": n}).end()
+
+    threads = [threading.Thread(target=write, args=(i,)) for i in range(len(writers))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    for writer in writers:
+        writer.shutdown()
+    assert sum(w.dropped for w in writers) == 0
+    records = read_lines(writers[0].rotated) + read_lines(path)
+    assert len(records) * 2 < len(writers) * spans, "the writers rotated the file several times"
+    assert writers[0].rotated.stat().st_size <= cap and path.stat().st_size <= cap
+    # Rotation drops the oldest file whole: what is left of each writer is its latest spans, none missing between.
+    for index in range(len(writers)):
+        kept = [r["attributes"]["n"] for r in records if r["resource"]["service.name"] == f"writer{index}"]
+        assert kept == list(range(spans - len(kept), spans)), index
+
+
+def test_spans_that_cannot_be_written_are_counted_and_said_once_never_raised(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    directory = tmp_path / "spans"
+    writer = JsonLinesExporter(directory / "x.jsonl", 10_000)
+    tracer = provider_for(writer, "lost").get_tracer("test")
+    tracer.start_span("written").end()
+    shutil.rmtree(directory)
+    directory.write_text("a file where the directory was: nothing can be written under it")
+    for n in range(100):
+        tracer.start_span(f"lost{n}").end()
+    writer.shutdown()
+    assert writer.dropped == 100
+    messages = [r.getMessage() for r in caplog.records]
+    assert sum("cannot write spans to" in m for m in messages) == 1, messages
+    assert any("100 spans not written" in m for m in messages), messages
+    assert not any("Exception while exporting" in m for m in messages), "export raised into the SDK"
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "64MiB", "lots"])
+def test_a_bad_cap_is_refused_naming_the_variable(value: str) -> None:
+    with pytest.raises(ValueError, match="TPUSCOPE_SPANS_MAX_BYTES"):
+        exporter(environ={"TPUSCOPE_SPANS_MAX_BYTES": value})
+
+
+def test_a_monitor_with_a_bad_cap_runs_without_spans_and_says_why(
+    state_home: Path, monkeypatch: pytest.MonkeyPatch, short_tmp: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setenv("TPUSCOPE_SPANS_MAX_BYTES", "64MiB")
+    with Monitor("capped", socket=short_tmp / "absent.sock") as mon:
+        empty_steps(mon, 10)
+    assert mon.spans is None
+    assert "spans are off: TPUSCOPE_SPANS_MAX_BYTES='64MiB'" in caplog.text
+    assert not state_home.exists()
