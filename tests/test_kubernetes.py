@@ -16,6 +16,7 @@ from conftest import require
 from kubernetes_validate.utils import all_versions
 
 from tpuscope import catalog, kubernetes
+from tpuscope.conventions import DEFAULT_PORT
 from tpuscope.exporter import config as serve_config
 from tpuscope.generator_config import GeneratorConfig
 
@@ -126,7 +127,7 @@ def test_the_sidecar_labels_its_series_with_the_slice_and_worker_kubernetes_give
     """The sidecar's own option parsing, fed the environment the kubelet builds for the sidecar."""
     in_jobset = serve_options(SIDECAR, {"jobset.sigs.k8s.io/job-index": "1"}, completion_index="3")
     assert (in_jobset.slice, in_jobset.worker) == ("1", "3")
-    assert (in_jobset.listen_host, in_jobset.listen_port) == ("0.0.0.0", kubernetes.PORT)
+    assert (in_jobset.listen_host, in_jobset.listen_port) == ("0.0.0.0", DEFAULT_PORT)
     in_job = serve_options(SIDECAR, {}, completion_index="2")  # a plain Job's pods have no JobSet label
     assert (in_job.slice, in_job.worker) == ("0", "2")
 
