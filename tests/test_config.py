@@ -45,11 +45,20 @@ def test_flag_beats_environment_beats_file(tmp_path: Path) -> None:
         (["--socket-mode", "0666"], {}, "any user on the host"),
         (["--socket-mode", "rw"], {}, "--socket-mode"),
         (["--log-level", "loud"], {}, "unknown log level"),
+        (["--collector-interval", "host=2d"], {}, "--collector-interval: expected a number of seconds between"),
+        ([], {"TPUSCOPE_WORKLOAD_EXPIRY": "soon"}, "TPUSCOPE_WORKLOAD_EXPIRY: expected seconds or a duration"),
+        (["--workload-expiry", "2y"], {}, "--workload-expiry: expected a duration between 0 and a year"),
     ],
 )
 def test_bad_values_name_their_source(argv: list[str], env: dict[str, str], message: str) -> None:
     with pytest.raises(config.ConfigError, match=message):
         config.resolve(parse(*argv), environ=env)
+
+
+def test_durations_read_as_everywhere_else() -> None:
+    resolved = config.resolve(parse("--collector-interval", "30s,host=1m", "--workload-expiry", "1h30m"), environ={})
+    assert resolved.collector_intervals["host"] == 60 and resolved.collector_intervals["libtpu"] == 30
+    assert resolved.workload_expiry == 5400
 
 
 @pytest.mark.parametrize(

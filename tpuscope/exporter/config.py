@@ -254,9 +254,10 @@ def _parse_collectors(value: str) -> tuple[str, ...] | None:
 
 
 def _parse_seconds(value: str) -> float:
-    seconds = float(value)
+    """A collector's interval or deadline: ``5``, ``0.5``, ``30s``, ``2m``; more than 0, less than a day."""
+    seconds = durations.parse(value)
     if not 0 < seconds < 86400:
-        raise ValueError(f"expected a number of seconds, got {value!r}")
+        raise ValueError(f"expected a number of seconds between 0 and a day, got {value!r}")
     return seconds
 
 
