@@ -11,7 +11,7 @@ import pytest
 
 from tpuscope import catalog, events
 from tpuscope.scrape import Scrape
-from tpuscope.tracing import Monitor
+from tpuscope.tracing import Monitor, sinks
 from tpuscope.workload.sidecar import SidecarProcess
 
 
@@ -140,3 +140,35 @@ def test_an_exception_leaving_the_monitor_records_a_failure() -> None:
         raise RuntimeError("boom")
     last = recorder.events[-1]
     assert isinstance(last, events.Lifecycle) and last.state == "failure"
+
+
+def test_the_first_lost_event_is_said_at_once_then_reminded_then_the_recovery(
+    short_tmp: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A job pointed at the wrong socket hears it on its first event, not from one line at exit."""
+    monkeypatch.setattr(sinks, "REMIND_SECONDS", 0.3)
+    path = short_tmp / "late.sock"
+    monitor = Monitor("told", socket=path)  # its start event is the first loss
+    said = [r.getMessage() for r in caplog.records if "tpuscope: events" in r.getMessage()]
+    assert said == [
+        f"tpuscope: events are not reaching the sidecar (no sidecar at {path}: No such file or "
+        "directory); the job goes on, counting them, and this is said again every 0.3 s while it lasts"
+    ]
+    for n in range(50):  # within the reminder's period: nothing more is said
+        with monitor.step(n):
+            pass
+    assert sum("not reaching" in r.getMessage() or "still no" in r.getMessage() for r in caplog.records) == 1
+    time.sleep(0.35)
+    with monitor.step(50):
+        pass
+    reminders = [r.getMessage() for r in caplog.records if "still no events" in r.getMessage()]
+    assert len(reminders) == 1 and "52 lost so far" in reminders[0], reminders
+    with SidecarProcess(path):
+        n = 51
+        while monitor.sent == 0:  # the Monitor retries the connection about once a second
+            assert n < 1000, "the Monitor never reached the sidecar"
+            with monitor.step(n):
+                time.sleep(0.01)
+            n += 1
+        assert f"tpuscope: events reach the sidecar at {path} again ({monitor.dropped} lost in all)" in caplog.text
+        monitor.close()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,6 +14,7 @@ from conftest import require, wait_until
 from rich.console import Console
 
 from tpuscope import top
+from tpuscope.conventions import DEFAULT_PORT
 from tpuscope.scrape import Scrape
 from tpuscope.testing.fake_tpu import Chip, FakeTpuRuntime, FakeTpuServer, default_megascale
 from tpuscope.testing.prometheus import PrometheusServer, free_port
@@ -51,19 +53,33 @@ def screen(*renderables: object) -> str:
     return console.export_text()
 
 
-def test_once_prints_devices_workloads_and_where_the_host_is(sidecar: SidecarProcess) -> None:
-    with Monitor("llm", socket=sidecar.socket, traces=False) as mon:
-        synthetic.run(mon, 30, PROFILE)
-    assert wait_until(lambda: Scrape.fetch(sidecar.url).value(top.c.STEPS.name, workload="llm") == 30)
-    out = subprocess.run(
-        [sys.executable, "-m", "tpuscope", "top", "--once", sidecar.url],
+def top_once(*where: str) -> subprocess.CompletedProcess[str]:
+    """``tpuscope top --once [WHERE]``, as a user types it, on a 160-column terminal."""
+    return subprocess.run(
+        [sys.executable, "-m", "tpuscope", "top", "--once", "--refresh=0.5", *where],
         capture_output=True,
         text=True,
         timeout=60,
         env={"COLUMNS": "160", "PATH": "/usr/bin:/bin"},
     )
-    assert out.returncode == 0, out.stderr
+
+
+def row_of(workload: str, text: str) -> list[str]:
+    line = next(line for line in text.splitlines() if line.startswith(f"│ {workload} "))
+    return [cell.strip() for cell in line.split("│")[1:-1]]
+
+
+@pytest.mark.parametrize("form", ["url", "host:port", "localhost:port"])
+def test_once_prints_devices_workloads_and_where_the_host_is(form: str, sidecar: SidecarProcess) -> None:
+    port = sidecar.url.removesuffix("/metrics").rsplit(":", 1)[1]
+    where = {"url": sidecar.url, "host:port": f"127.0.0.1:{port}", "localhost:port": f"localhost:{port}"}[form]
+    with Monitor("llm", socket=sidecar.socket, traces=False) as mon:
+        synthetic.run(mon, 30, PROFILE)
+    assert wait_until(lambda: Scrape.fetch(sidecar.url).value(top.c.STEPS.name, workload="llm") == 30)
+    out = top_once(where)
+    assert out.returncode == 0, out.stdout + out.stderr
     text = out.stdout
+    assert float(row_of("llm", text)[1]) == 0, text  # a rate from two scrapes: the job has finished
     assert "slice 1  worker 3" in text
     libtpu_rows = [line for line in text.splitlines() if "libtpu" in line]
     assert len(libtpu_rows) == 2 and all("30%" in row for row in libtpu_rows), text  # the chips' duty cycle
@@ -71,6 +87,35 @@ def test_once_prints_devices_workloads_and_where_the_host_is(sidecar: SidecarPro
     assert " ms " in llm and "ago" in llm, llm  # step time, last checkpoint
     assert "compute" in text and "sync" in text and "io" in text
     assert "Alerts: not shown" in text
+    assert "used / limit" in text  # every column of the devices table says what it is
+
+
+def test_once_with_no_address_reads_the_default_port(short_tmp: Path) -> None:
+    """Bare `tpuscope top`, the README's command: the sidecar's default --listen is localhost:9478."""
+    socket = short_tmp / "default.sock"
+    with (
+        SidecarProcess(socket, f"localhost:{DEFAULT_PORT}", "--collectors=none"),  # serve's own default
+        Monitor("bare", socket=socket, traces=False) as mon,
+    ):
+        done = threading.Event()
+
+        def steps() -> None:
+            n = 0
+            while not done.is_set():
+                with mon.step(n):
+                    time.sleep(0.01)
+                n += 1
+
+        stepping = threading.Thread(target=steps)
+        stepping.start()
+        try:
+            out = top_once()  # both scrapes while the job steps: a rate above 0
+        finally:
+            done.set()
+            stepping.join()
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert f"tpuscope top — http://localhost:{DEFAULT_PORT}/metrics" in out.stdout
+    assert float(row_of("bare", out.stdout)[1]) > 0, out.stdout
 
 
 def test_the_live_view_rates_steps_and_says_when_the_sidecar_goes_away(sidecar: SidecarProcess) -> None:

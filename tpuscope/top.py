@@ -14,8 +14,6 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-import urllib.parse
-import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -115,7 +113,7 @@ def _delta(source: Source, name: str, **labels: str) -> float:
 
 def devices_table(source: Source) -> Table:
     table = Table(title="Devices", title_justify="left", expand=False)
-    for column in ("device", "accelerator", "source", "duty cycle", "HBM used", ""):
+    for column in ("device", "accelerator", "source", "duty cycle", "HBM used", "used / limit"):
         table.add_column(column)
     assert source.latest is not None
     rows: dict[tuple[str, ...], dict[str, float]] = {}
@@ -211,12 +209,21 @@ def frames(source: Source, alerts: Alerts, refresh: float) -> Iterator[Renderabl
         time.sleep(refresh)
 
 
+def metrics_url(text: str) -> str:
+    """A URL as given, or ``HOST:PORT`` (as ``tpuscope serve --listen`` takes it) made the sidecar's /metrics URL.
+
+    ``urlparse("localhost:9478")`` reads ``localhost`` as a scheme, so the test is for ``://`` itself.
+    """
+    return text if "://" in text else f"http://{text}/metrics"
+
+
 def run(url: str, prometheus: str, refresh: float, once: bool, console: Console | None = None) -> int:
     console = console or Console()
-    if not urllib.parse.urlparse(url).scheme:
-        url = f"http://{url}/metrics"  # host:port, as `tpuscope serve` listens
-    source, alerts = Source(url), Alerts(prometheus)
+    source, alerts = Source(metrics_url(url)), Alerts(prometheus)
     if once:
+        source.read(5.0)
+        if source.latest is not None:  # a second scrape, for the rates
+            time.sleep(refresh)
         console.print(read_and_draw(source, alerts, 5.0))
         return 0 if source.latest is not None else 1
     try:
@@ -238,12 +245,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "url",
         nargs="?",
         default=f"localhost:{DEFAULT_PORT}",
-        help="the sidecar's /metrics URL, or HOST:PORT (default %(default)s)",
+        help="the sidecar's /metrics URL, or HOST:PORT as tpuscope serve --listen takes it (default %(default)s)",
     )
-    parser.add_argument("--refresh", type=float, default=2.0, help="seconds between refreshes (default %(default)s)")
+    parser.add_argument(
+        "--refresh", type=float, default=2.0, help="seconds between refreshes, and --once's two scrapes (default 2)"
+    )
     parser.add_argument("--prometheus", default="", help="a Prometheus URL, to show the firing tpuscope alerts")
     parser.add_argument(
-        "--once", action="store_true", help="print one frame and exit (1 if the sidecar is unreachable)"
+        "--once",
+        action="store_true",
+        help="print one frame, its rates from two scrapes --refresh apart, and exit (1 if the sidecar is unreachable)",
     )
 
 

@@ -9,6 +9,7 @@ block or raise; the Monitor hands every event to each of its sinks in turn.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import socket
 import time
@@ -19,6 +20,11 @@ import msgspec
 
 from tpuscope import events
 
+log = logging.getLogger("tpuscope")
+
+# While events are being lost, how often to say so again: the first loss is said at once, a job pointed at
+# the wrong socket should not learn it from one line at exit.
+REMIND_SECONDS = 60.0
 # How long to wait before trying to reach an absent sidecar again. Until then
 # events are dropped at the cost of one clock read, not a system call.
 RECONNECT_SECONDS = 1.0
@@ -53,6 +59,8 @@ class SocketSink:
         self._next_connect = 0.0
         self._connect_error = "no sidecar"
         self._closed = False
+        self._losing_since: float | None = None  # monotonic time of the first loss of the current run of losses
+        self._next_reminder = 0.0
 
     def emit(self, event: events.AnyEvent) -> None:
         if isinstance(event, events.Step) and self.unreported_drops:
@@ -73,6 +81,9 @@ class SocketSink:
         self.sent += 1
         if isinstance(event, events.Step):
             self.unreported_drops = 0
+        if self._losing_since is not None:
+            self._losing_since = None
+            log.warning("tpuscope: events reach the sidecar at %s again (%d lost in all)", self.path, self.dropped)
 
     def _connect(self) -> socket.socket | None:
         now = time.monotonic()
@@ -102,6 +113,25 @@ class SocketSink:
         self.dropped += 1
         self.unreported_drops += 1
         self.last_error = why
+        if self._closed:
+            return  # the close says what was lost
+        now = time.monotonic()
+        if self._losing_since is None:
+            self._losing_since, self._next_reminder = now, now + REMIND_SECONDS
+            log.warning(
+                "tpuscope: events are not reaching the sidecar (%s); the job goes on, counting them, and this is "
+                "said again every %g s while it lasts",
+                why,
+                REMIND_SECONDS,
+            )
+        elif now >= self._next_reminder:
+            self._next_reminder = now + REMIND_SECONDS
+            log.warning(
+                "tpuscope: still no events reaching the sidecar after %.0f s: %d lost so far (last: %s)",
+                now - self._losing_since,
+                self.dropped,
+                why,
+            )
 
     def close(self) -> None:
         self._closed = True
