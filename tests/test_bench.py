@@ -34,7 +34,9 @@ def test_bench_starts_a_sidecar_and_prints_non_zero_series(short_tmp: Path) -> N
         timeout=120,
     )
     assert out.returncode == 0, out.stderr
-    assert re.search(r"started a sidecar; metrics at http://127\.0\.0\.1:\d+/metrics", out.stdout)
+    assert re.search(r"started a sidecar; metrics at http://127\.0\.0\.1:\d+/metrics until the run ends", out.stdout)
+    # Each progress line's rate is over the steps since the one before, not an average since the start.
+    assert re.search(r"^  step 30/30  [\d.]+ steps/s over the last 3$", out.stdout, re.MULTILINE), out.stdout
     assert "30 sent" not in out.stdout  # events include more than steps
     assert ", 0 dropped" in out.stdout
     series = dict(re.findall(r"^  (tpuscope_\S+) (\S+)$", out.stdout, re.MULTILINE))

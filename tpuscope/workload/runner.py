@@ -114,10 +114,16 @@ def run(args: argparse.Namespace, body: Body | None = None) -> int:
     with _sidecar(socket, args.listen) as url:
         summary = RunSummary()
         every = max(1, args.steps // 10)
+        since = [time.monotonic(), 0]  # when the last progress line was printed, and at which step
 
         def progress(n: int) -> None:
+            # The rate since the last line, not since the start: the first tenth pays for compiling, and an
+            # average over the run would read like a slow warm-up long after it ended.
             if (n + 1) % every == 0 or n + 1 == args.steps:
-                print(f"  step {n + 1}/{args.steps}  {summary.steps_per_second():.2f} steps/s", flush=True)
+                now = time.monotonic()
+                rate = (n + 1 - since[1]) / max(now - since[0], 1e-9)
+                print(f"  step {n + 1}/{args.steps}  {rate:.2f} steps/s over the last {n + 1 - since[1]}", flush=True)
+                since[:] = [now, n + 1]
 
         try:
             sinks: list[Sink] = [summary, RecordSink(args.record)] if args.record else [summary]
@@ -177,7 +183,10 @@ def _sidecar(socket: Path, listen: str) -> Iterator[str | None]:
         yield None
         return
     with SidecarProcess(socket, listen) as sidecar:
-        print(f"tpuscope bench: started a sidecar; metrics at {sidecar.url} (log {sidecar.log_path})")
+        print(
+            f"tpuscope bench: started a sidecar; metrics at {sidecar.url} until the run ends "
+            f"(--linger SECONDS keeps it serving after; log {sidecar.log_path})"
+        )
         yield sidecar.url
 
 
