@@ -21,6 +21,7 @@ from pathlib import Path
 import matplotlib.dates as mdates
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure  # without pyplot: no global state, no display, nothing to close
+from matplotlib.ticker import PercentFormatter
 
 from tpuscope import __version__, events
 from tpuscope.durations import human as duration
@@ -43,6 +44,8 @@ SEVERITY_COLOURS = {"critical": "#d62728", "warning": "#ff9f1c", "info": "#3b7dd
 QUANTILE_COLOURS = {"p50": "#1f77b4", "p95": "#ff7f0e", "p99": "#d62728"}
 WIDTH, HEIGHT, DPI = 11.0, 3.4, 110
 UNIX_EPOCH = float(mdates.date2num(datetime.fromtimestamp(0, UTC)))  # type: ignore[no-untyped-call]
+LOG_SPREAD = 10  # the step-time chart turns logarithmic when its largest value is this many times its smallest
+SMALL_COMPILE_SECONDS = 0.1  # backend compiles shorter than this are counted apart in the summary
 TABLE_ROWS = 12  # the longest compiles, the failed checkpoints: a page, not a log
 
 
@@ -85,8 +88,8 @@ def _sections(report: Report) -> Iterable[tuple[str, str, str, Draw | None, str]
     yield (
         "phases",
         "Where a step's time goes",
-        "Mean seconds per step in each phase, stacked to the mean step time. A growing io band is an input-bound "
-        "job; a growing sync band, slow collectives or a straggler; other is what no phase claims.",
+        "Each phase's share of the step time in each interval, stacked to 100%. A growing io band is an "
+        "input-bound job; a growing sync band, slow collectives or a straggler; other is what no phase claims.",
         _phases,
         "",
     )
@@ -105,7 +108,7 @@ def _sections(report: Report) -> Iterable[tuple[str, str, str, Draw | None, str]
         "Each XLA compilation by stage and how long it took. Compiles belong at the start; later ones are "
         "recompiles (a new shape, a new function), and each one stalls the step that waits for it.",
         _compiles,
-        _marks_table(sorted(report.compiles, key=lambda m: -m.seconds), "stage", "the longest"),
+        _marks_table(sorted(report.compiles, key=lambda m: -m.seconds), "stage", "the longest", "function"),
     )
     yield (
         "checkpoints",
@@ -113,7 +116,7 @@ def _sections(report: Report) -> Iterable[tuple[str, str, str, Draw | None, str]
         "Each checkpoint save and restore and how long it took; failed ones in red. Saves that fail leave the "
         "work since the last good one at risk.",
         _checkpoints,
-        _marks_table([m for m in report.checkpoints if not m.ok], "operation", "the failed"),
+        _marks_table([m for m in report.checkpoints if not m.ok], "operation", "the failed", "step"),
     )
     yield (
         "alerts",
@@ -139,25 +142,29 @@ def _step_time(ax: Axes, report: Report) -> None:
             times, values = _with_gaps(line.times, line.values, report.resolution, math.nan)
             colour = QUANTILE_COLOURS.get(line.name)
             ax.plot(_dates(times), values, label=line.name, color=colour, lw=1.4, marker="o", ms=2.5)  # dots: alone
-    if values and min(values) > 0 and max(values) / min(values) > 50:
-        ax.set_yscale("log")  # a stall of minutes beside steps of milliseconds
+    if values and min(values) > 0 and max(values) / min(values) > LOG_SPREAD:
+        ax.set_yscale("log")  # a compile of seconds beside steps of milliseconds would flatten them to a line
     _seconds_axis(ax)
     _legend(ax)
 
 
 def _phases(ax: Axes, report: Report) -> None:
+    """Each phase's share of the step time: seconds stacked would let one compile step flatten every other."""
     times = sorted({t for s in report.phases for t in s.times})
     if times:
         stacks = [dict(zip(s.times, s.values, strict=True)) for s in report.phases]
         times, _ = _with_gaps(times, times, report.resolution, 0.0)  # no steps: nothing stacked
+        totals = [sum(stack.get(t, 0.0) for stack in stacks) or 1.0 for t in times]
         ax.stackplot(
             _dates(times),
-            [[stack.get(t, 0.0) for t in times] for stack in stacks],
+            [[stack.get(t, 0.0) / total for t, total in zip(times, totals, strict=True)] for stack in stacks],
             labels=[s.name for s in report.phases],
             colors=[PHASE_COLOURS[s.name] for s in report.phases],
             alpha=0.85,
         )
-    _seconds_axis(ax)
+    ax.set_ylabel("share of step time")
+    ax.set_ylim(0, 1)
+    ax.yaxis.set_major_formatter(PercentFormatter(1.0))
     _legend(ax)
 
 
@@ -250,10 +257,12 @@ def _dates(times: list[float]) -> list[float]:
 def _time_axis(ax: Axes, report: Report) -> None:
     start, end = _dates([report.start, report.end])
     ax.set_xlim(start, end)
-    locator = mdates.AutoDateLocator(tz=UTC)  # type: ignore[no-untyped-call]
-    ax.xaxis.set_major_locator(locator)
-    ax.xaxis.set_major_formatter(mdates.ConciseDateFormatter(locator, tz=UTC))  # type: ignore[no-untyped-call]
-    ax.set_xlabel("UTC")
+    ax.xaxis.set_major_locator(mdates.AutoDateLocator(tz=UTC, maxticks=10))  # type: ignore[no-untyped-call]
+    # Every tick in one plain form: a concise formatter's "50 55 18:05 05 10" reads as anything but a clock.
+    span = report.end - report.start
+    form = "%H:%M:%S" if span < 600 else "%H:%M" if span < 86400 else "%b %d %H:%M"
+    ax.xaxis.set_major_formatter(mdates.DateFormatter(form, tz=UTC))  # type: ignore[no-untyped-call]
+    ax.set_xlabel(f"UTC, {datetime.fromtimestamp(report.start, UTC):%Y-%m-%d}" if span < 86400 else "UTC")
     ax.grid(True, alpha=0.3)
 
 
@@ -347,8 +356,12 @@ def _summary(report: Report) -> str:
         rows.append(("Goodput", productive + (f"; badput: {badput}" if badput else "")))
         if booked["productive"] / total < T.goodput_objective:
             wrong.add("Goodput")
-    backend = sum(m.count for m in report.compiles if m.kind == "backend")
-    compiles = f"{backend} backend compiles, {sum(m.seconds * m.count for m in report.compiles):.1f} s in all stages"
+    backend = [m for m in report.compiles if m.kind == "backend"]
+    small = sum(m.count for m in backend if m.seconds < SMALL_COMPILE_SECONDS)
+    compiles = f"{sum(m.count for m in backend)} backend compiles"
+    if small:  # Orbax alone compiles dozens of tiny array-copy programs: not the recompiles to worry about
+        compiles += f" ({small} of them small programs under {SMALL_COMPILE_SECONDS * 1000:.0f} ms each)"
+    compiles += f", {sum(m.seconds * m.count for m in report.compiles):.1f} s in all stages"
     if t.cache:
         hits, misses = t.cache.get(True, 0.0), t.cache.get(False, 0.0)
         compiles += f"; compilation cache {hits:.0f} hits, {misses:.0f} misses ({hits / (hits + misses):.0%} hit)"
@@ -369,7 +382,7 @@ def _summary(report: Report) -> str:
     rows.append(("Alerts and incidents", f"{len(report.incidents)} (below)" if report.incidents else "none"))
     if report.incidents:
         wrong.add("Alerts and incidents")
-    return _table(("", ""), rows, lambda row: row[0] in wrong)
+    return _table(("measure", "in the window"), rows, lambda row: row[0] in wrong)
 
 
 def _checkpoint_summary(marks: list[Mark]) -> str:
@@ -385,11 +398,11 @@ def _checkpoint_summary(marks: list[Mark]) -> str:
     return "; ".join(parts) or "none in the window"
 
 
-def _marks_table(marks: list[Mark], kind: str, which: str) -> str:
+def _marks_table(marks: list[Mark], kind: str, which: str, detail: str) -> str:
     if not marks:
         return ""
     rows = [(utc(m.time), m.kind, duration(m.seconds), str(m.count), m.detail) for m in marks[:TABLE_ROWS]]
-    table = _table(("time", kind, "seconds each", "count", ""), rows)
+    table = _table(("time", kind, "seconds each", "count", detail), rows)
     if len(marks) > TABLE_ROWS:
         table += f"<p class='meta'>{len(marks) - TABLE_ROWS} more not shown (report.json has them all).</p>"
     return f"<p class='meta'>{html.escape(which.capitalize())}:</p>{table}"
