@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tpuscope import catalog
 
 
@@ -48,6 +50,11 @@ def test_bench_starts_a_sidecar_and_prints_non_zero_series(short_tmp: Path) -> N
     assert float(series[f'{catalog.INGEST_EVENTS.name}{{result="accepted"}}']) > 30
     phases = {k: float(v) for k, v in series.items() if k.startswith(catalog.STEP_PHASE_DURATION.series("sum"))}
     assert len(phases) == 4 and all(v > 0 for v in phases.values())
+    # The summary's goodput is a share of the booked time, as the sidecar's (and the report's) is.
+    booked = {k: float(v) for k, v in series.items() if k.startswith(catalog.GOODPUT.name + "{")}
+    productive = booked[f'{catalog.GOODPUT.name}{{category="productive",workload="bench"}}']
+    said = re.search(r"^  goodput +([\d.]+)% of", out.stdout, re.MULTILINE)
+    assert said and float(said[1]) == pytest.approx(100 * productive / sum(booked.values()), abs=0.5), out.stdout
     assert not (short_tmp / "b.sock").exists(), "the sidecar bench started was not stopped"
 
 

@@ -69,8 +69,10 @@ class RunSummary:
         ckpt = f"{len(self.checkpoint_seconds)} saved"
         if self.checkpoint_seconds:
             ckpt += f" ({self.checkpoint_failures} failed), p95 {percentile(self.checkpoint_seconds, 0.95):.2f} s"
-        wall = self.wall_seconds()
-        badput = ", ".join(f"{c} {s / wall:.1%}" for c, s in self.goodput.items() if c != "productive" and s)
+        # Shares of the time the ledger booked, as the sidecar and `tpuscope report` count them: the summary's own
+        # clock also holds the time before the Monitor's start and after its stop, which no category owns.
+        booked = sum(self.goodput.values()) or 1e-9
+        badput = ", ".join(f"{c} {s / booked:.1%}" for c, s in self.goodput.items() if c != "productive" and s)
         mfu = self.mfu()
         return [
             f"steps         {self.steps} ({self.steps_per_second():.2f} steps/s)",
@@ -78,8 +80,10 @@ class RunSummary:
             f"p95 {percentile(self.step_seconds, 0.95) * 1e3:.1f} ms",
             f"phase shares  {shares}",
             f"compile       {self.compile_seconds:.2f} s; cache {self.cache[True]} hits, {self.cache[False]} misses",
-            f"MFU           {mfu:.2%}" if mfu is not None else "MFU           n/a (no FLOPs or peak reported)",
+            f"MFU           {mfu:.2%} over every step (the sidecar's gauge averages about the last 20)"
+            if mfu is not None
+            else "MFU           n/a (no FLOPs or peak reported)",
             f"checkpoints   {ckpt}",
-            f"goodput       {self.goodput['productive'] / wall:.1%} of {wall:.1f} s wall"
+            f"goodput       {self.goodput['productive'] / booked:.1%} of {booked:.1f} s wall"
             + (f"; badput: {badput}" if badput else ""),
         ]
