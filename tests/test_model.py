@@ -18,7 +18,8 @@ import numpy as np
 import pytest
 from jax.sharding import NamedSharding
 
-from tpuscope.workload.model import DataParallelTrainer, ModelConfig, TrainState, program_flops
+from tpuscope.tracing.jax_costs import program_flops
+from tpuscope.workload.model import DataParallelTrainer, ModelConfig, TrainState
 
 N_DEVICES = 8
 

@@ -2,6 +2,16 @@
 
 from tpuscope.events import read_records
 from tpuscope.tracing.monitor import CheckpointTimer, Monitor, StepTimer
+from tpuscope.tracing.orbax_checkpoints import OrbaxCheckpoints
 from tpuscope.tracing.sinks import RecordSink, Sink, SocketSink
 
-__all__ = ["CheckpointTimer", "Monitor", "RecordSink", "Sink", "SocketSink", "StepTimer", "read_records"]
+__all__ = [
+    "CheckpointTimer",
+    "Monitor",
+    "OrbaxCheckpoints",
+    "RecordSink",
+    "Sink",
+    "SocketSink",
+    "StepTimer",
+    "read_records",
+]

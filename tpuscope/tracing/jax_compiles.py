@@ -5,12 +5,22 @@ the function's name, and each persistent-cache look-up as an event. It also
 calls ``record_scalar`` under the same stage names with a *timestamp* as the
 value, so only duration listeners are registered here: exporting scalars
 blindly would report the Unix epoch as a compile time.
+
+The listeners are process-wide and JAX calls each registered one, so a
+watcher installs them once however often it is asked (the Monitor installs
+one by itself when jax is imported, and a job may still call
+``watch_jax_compiles()``): twice would count every compile twice. JAX calls
+them on the thread that compiles, which is how tpuscope leaves out a compile
+of its own (measuring a CPU's peak) with :meth:`JaxCompileWatcher.ignoring`.
 """
 
 from __future__ import annotations
 
 import logging
 import re
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from tpuscope import events
@@ -36,8 +46,11 @@ class JaxCompileWatcher:
     def __init__(self, monitor: Monitor) -> None:
         self._monitor = monitor
         self.installed = False
+        self._ignored = threading.local()  # .active on a thread whose compiles are tpuscope's own
 
     def install(self) -> None:
+        if self.installed:
+            return
         import jax.monitoring
 
         jax.monitoring.register_event_duration_secs_listener(self._on_duration)
@@ -53,8 +66,17 @@ class JaxCompileWatcher:
         jax.monitoring.unregister_event_listener(self._on_event)
         self.installed = False
 
+    @contextmanager
+    def ignoring(self) -> Iterator[None]:
+        """Leave out what this thread compiles inside the block (tpuscope's own programs, not the job's)."""
+        self._ignored.active = True
+        try:
+            yield
+        finally:
+            self._ignored.active = False
+
     def _on_duration(self, event: str, duration_secs: float, **kwargs: Any) -> None:
-        if (stage := STAGES.get(event)) is None:
+        if (stage := STAGES.get(event)) is None or getattr(self._ignored, "active", False):
             return
         try:
             name = str(kwargs.get("fun_name", ""))
@@ -64,7 +86,7 @@ class JaxCompileWatcher:
             log.debug("tpuscope: compile event %s not reported", event, exc_info=True)
 
     def _on_event(self, event: str, **kwargs: Any) -> None:
-        if (hit := CACHE_RESULTS.get(event)) is None:
+        if (hit := CACHE_RESULTS.get(event)) is None or getattr(self._ignored, "active", False):
             return
         try:
             self._monitor.compile_cache(hit)

@@ -3,21 +3,26 @@
     from tpuscope.tracing import Monitor
 
     mon = Monitor(workload="llm-pretrain")
+    checkpoints = mon.orbax(ocp.CheckpointManager(directory, options=options))
+    mon.flops_of(train_step, state, example_batch)      # MFU: the step's FLOPs and the devices' peak
     for n in range(steps):
         with mon.step(n) as s:
             with s.phase("io"):
                 batch = next(data)
             with s.phase("compute"):
-                state, grads = train_step(state, batch)
-            with s.phase("sync"):
-                state = all_reduce(state, grads)
+                state, loss = train_step(state, batch)
+                loss = float(loss)                       # waits: the phase ends when the step's work does
         if n % 1000 == 0:
-            with mon.checkpoint("save", step=n) as ckpt:
-                ckpt.bytes = save(state)
+            checkpoints.save(n, args=ocp.args.StandardSave(state))
+
+Compiles are reported by themselves when jax is imported (``jax_compiles=False``
+turns that off). Without Orbax, ``with mon.checkpoint("save", step=n) as c:``
+times a checkpoint; without jit, ``s.flops`` and ``mon.hardware(...)`` give MFU.
 
 Every method returns quickly and never raises: the job's progress matters more
 than its telemetry. Events that cannot be delivered are counted in
-``mon.dropped`` and reported when the Monitor closes.
+``mon.dropped`` and reported when the Monitor closes. (``flops_of`` is the one
+slow call, made once: it may compile the step, and on a CPU measure its peak.)
 """
 
 from __future__ import annotations
@@ -29,15 +34,17 @@ import re
 import sys
 import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from types import TracebackType
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from tpuscope import events
 from tpuscope.tracing.sinks import Sink, SocketSink
 
 if TYPE_CHECKING:
     from tpuscope.tracing.jax_compiles import JaxCompileWatcher
+    from tpuscope.tracing.orbax_checkpoints import OrbaxCheckpoints
     from tpuscope.tracing.spans import SpanRecorder
 
 log = logging.getLogger("tpuscope")
@@ -89,6 +96,10 @@ class Monitor:
     Spans (``traces``): 1 in ``sample_every`` steps, every step slower than the
     recent p99 times ``slow_factor``, every compile and checkpoint; exported as
     the ``OTEL_*`` variables say, else to ``spans_file`` (see tracing/otel.py).
+
+    ``jax_compiles``: report JAX's compiles (:meth:`watch_jax_compiles`) as soon
+    as jax is imported in the process, here or at a later step. The Monitor never
+    imports jax itself: a job without JAX pays nothing for it.
     """
 
     def __init__(
@@ -101,6 +112,7 @@ class Monitor:
         spans_file: str | os.PathLike[str] | None = None,
         sample_every: int = 100,
         slow_factor: float = 1.2,
+        jax_compiles: bool = True,
     ) -> None:
         self.workload = sanitize_label(workload)
         if self.workload != workload:
@@ -109,17 +121,23 @@ class Monitor:
         self.sinks: tuple[Sink, ...] = (self._sidecar, *sinks)
         self._warned_phases: set[str] = set()
         self._jax_watcher: JaxCompileWatcher | None = None
+        self._jax_pending = jax_compiles  # to watch JAX's compiles once jax is imported
+        self.step_flops = 0.0  # each step's model FLOPs unless the step sets its own (flops_of sets it)
+        self._hardware_sent = False
         self._closed = False
         self.spans: SpanRecorder | None = None
         if traces:
             self.spans = _span_recorder(self.workload, spans_file, sample_every, slow_factor)
         self.lifecycle("start")
+        self._watch_jax_if_imported()
         _uncaught.install()
         atexit.register(self._close_at_exit)
 
     # --- the step loop ---------------------------------------------------------
     def step(self, number: int) -> StepTimer:
         """Time one training step: ``with mon.step(n) as s: ...``."""
+        if self._jax_pending:  # a job that created its Monitor before importing jax
+            self._watch_jax_if_imported()
         return StepTimer(self, number)
 
     def checkpoint(self, operation: Literal["save", "restore"] = "save", *, step: int = 0) -> CheckpointTimer:
@@ -129,12 +147,78 @@ class Monitor:
         """
         return CheckpointTimer(self, operation, step)
 
+    def orbax(self, manager: Any, *, raise_errors: bool = False) -> OrbaxCheckpoints:
+        """Report every save and restore of an Orbax ``CheckpointManager``; use what it returns in its place:
+        ``checkpoints = mon.orbax(ocp.CheckpointManager(directory, options=options))``.
+
+        Each save is reported when it is durable, async ones included, with the bytes on disk; what the job
+        waited for goes in the checkpoint's span. A failed save is reported and logged, and ``save`` returns
+        False; ``raise_errors=True`` raises it instead, where Orbax would. See tracing/orbax_checkpoints.py.
+        """
+        from tpuscope.tracing.orbax_checkpoints import OrbaxCheckpoints
+
+        return OrbaxCheckpoints(manager, self, raise_errors=raise_errors)
+
+    def flops_of(self, step: Callable[..., Any], *args: Any, **kwargs: Any) -> float:
+        """Read the model FLOPs of the jitted ``step`` from its compiled program, for MFU: every later step
+        reports them (a step's ``s.flops`` still overrides its own). Returns them; 0.0 when they cannot be read.
+
+        Give it the arguments the step is called with (arrays, or ``jax.ShapeDtypeStruct`` of their shapes). The
+        step compiles once either way: here if it has not run yet, and its first call then finds it compiled.
+        Unless :meth:`hardware` was called, it also reports the devices the step runs on and their peak FLOP/s:
+        from a table for TPUs and GPUs; a CPU's is measured (about a second), then kept in
+        ``~/.cache/tpuscope/peak_flops.json`` for later runs.
+        """
+        from tpuscope.tracing import jax_costs
+
+        self._watch_jax_if_imported()  # the compile it may cause is the job's own
+        name = getattr(step, "__name__", repr(step))
+        try:
+            cost = jax_costs.step_cost(step, *args, **kwargs)
+        except Exception as e:  # wrong arguments, or a backend without cost analysis: no MFU, the job goes on
+            log.warning("tpuscope: no FLOPs for %s, so no MFU: %s", name, e)
+            return 0.0
+        self.step_flops = cost.flops
+        if not self._hardware_sent:
+            try:
+                with self._ignoring_compiles():  # measuring a CPU's peak compiles a matmul: not the job's
+                    peak, source = jax_costs.peak_flops_per_second(cost.devices)
+            except Exception as e:
+                log.warning("tpuscope: no peak FLOP/s for %s, so no MFU: %s", cost.devices[0], e)
+                return cost.flops
+            accelerator = jax_costs.accelerator_of(cost.devices[0])
+            self.hardware(accelerator, len(cost.devices), peak)
+            log.info(
+                "tpuscope: %s does %.4g FLOPs a step on %d %s device(s), peak %.4g FLOP/s (%s)",
+                name,
+                cost.flops,
+                len(cost.devices),
+                accelerator,
+                peak,
+                source,
+            )
+        return cost.flops
+
     # --- one-off reports ---------------------------------------------------------
     def record_checkpoint(
-        self, operation: Literal["save", "restore"], seconds: float, *, ok: bool, bytes: int = 0, step: int = 0
+        self,
+        operation: Literal["save", "restore"],
+        seconds: float,
+        *,
+        ok: bool,
+        bytes: int = 0,
+        step: int = 0,
+        blocking_seconds: float | None = None,
     ) -> None:
-        """Report a checkpoint timed elsewhere (an async save that finished on another thread)."""
-        self._send(events.Checkpoint, operation=operation, duration_s=seconds, ok=ok, bytes=bytes, step=step)
+        """Report a checkpoint timed elsewhere (an async save that finished on another thread).
+
+        ``blocking_seconds``: how much of ``seconds`` held the job (an async save's call). The sidecar's event
+        has one duration, the checkpoint's; this part goes into its span.
+        """
+        event = self._event(events.Checkpoint, operation=operation, duration_s=seconds, ok=ok, bytes=bytes, step=step)
+        if event is not None:
+            self._span(event, blocking_seconds)
+            self._deliver(event)
 
     def compile(self, stage: events.CompileStage, seconds: float, function: str = "") -> None:
         self._send(events.Compile, stage=stage, duration_s=seconds, function=function[:256])
@@ -167,6 +251,7 @@ class Monitor:
 
     def hardware(self, accelerator: str, devices: int, peak_flops_per_second: float) -> None:
         """What the job runs on; with each step's ``flops`` the sidecar derives MFU."""
+        self._hardware_sent = True
         self._send(
             events.Hardware,
             accelerator=sanitize_label(accelerator),
@@ -175,12 +260,31 @@ class Monitor:
         )
 
     def watch_jax_compiles(self) -> None:
-        """Report JAX's compile stages and compilation-cache look-ups until the Monitor closes."""
-        from tpuscope.tracing.jax_compiles import JaxCompileWatcher
+        """Report JAX's compile stages and compilation-cache look-ups until the Monitor closes.
 
-        if self._jax_watcher is None:
-            self._jax_watcher = JaxCompileWatcher(self)
-            self._jax_watcher.install()
+        The Monitor calls it itself once jax is imported (unless ``jax_compiles=False``); calling it again
+        changes nothing: each compile is reported once.
+        """
+        self._jax_pending = False
+        if self._jax_watcher is not None or self._closed:
+            return
+        try:
+            from tpuscope.tracing.jax_compiles import JaxCompileWatcher
+
+            watcher = JaxCompileWatcher(self)
+            watcher.install()
+        except Exception as e:  # no jax, or a jax without these hooks
+            log.warning("tpuscope: JAX's compiles are not reported: %s", e)
+            return
+        self._jax_watcher = watcher
+
+    def _watch_jax_if_imported(self) -> None:
+        # sys.modules, not an import: a job that does not use JAX must not load it for the Monitor's sake.
+        if self._jax_pending and "jax" in sys.modules:
+            self.watch_jax_compiles()
+
+    def _ignoring_compiles(self) -> AbstractContextManager[None]:
+        return self._jax_watcher.ignoring() if self._jax_watcher is not None else nullcontext()
 
     def lifecycle(self, state: events.LifecycleState, reason: str = "none") -> None:
         self._send(events.Lifecycle, state=state, reason=sanitize_label(reason))
@@ -211,24 +315,34 @@ class Monitor:
 
     def emit(self, event: events.AnyEvent) -> None:
         """Hand a finished event to every sink (and the rare ones to the span recorder). Never raises."""
-        if self.spans is not None and not isinstance(event, events.Step):
+        if not isinstance(event, events.Step):  # a step's spans are made when it ends, sampled (StepTimer)
+            self._span(event)
+        self._deliver(event)
+
+    def _span(self, event: events.AnyEvent, blocking_s: float | None = None) -> None:
+        if self.spans is not None:
             try:
-                self.spans.event(event)
+                self.spans.event(event, blocking_s)
             except Exception:
                 log.debug("tpuscope: span for %r failed", event, exc_info=True)
+
+    def _deliver(self, event: events.AnyEvent) -> None:
         for sink in self.sinks:
             try:
                 sink.emit(event)
             except Exception:  # a sink's bug must not reach the training loop
                 log.debug("tpuscope sink %r failed", sink, exc_info=True)
 
-    def _send(self, record: type[events.AnyEvent], **fields: object) -> None:
+    def _event(self, record: type[events.AnyEvent], **fields: object) -> events.AnyEvent | None:
         try:
-            event = record(workload=self.workload, **fields)  # type: ignore[arg-type]
+            return record(workload=self.workload, **fields)  # type: ignore[arg-type]
         except Exception as e:  # e.g. phases longer than the step: drop, count, carry on
             self._sidecar.drop(f"invalid {record.__name__}: {e}")
-            return
-        self.emit(event)
+            return None
+
+    def _send(self, record: type[events.AnyEvent], **fields: object) -> None:
+        if (event := self._event(record, **fields)) is not None:
+            self.emit(event)
 
     def close(self, failed: bool = False) -> None:
         """Send the stop (or failure) event and report drops. Called at exit too."""
@@ -319,7 +433,7 @@ class StepTimer:
     def __init__(self, monitor: Monitor, number: int) -> None:
         self._monitor = monitor
         self.number = number
-        self.flops = 0.0  # set it to the step's model FLOPs for MFU
+        self.flops = monitor.step_flops  # the step's model FLOPs, for MFU (Monitor.flops_of sets the default)
         self._phases = {"compute": 0.0, "sync": 0.0, "io": 0.0, "other": 0.0}
         # (phase, start, end) of each phase, for the step's spans should it be kept; None without spans.
         self._intervals: list[tuple[str, float, float]] | None = [] if monitor.spans is not None else None

@@ -107,23 +107,32 @@ class SpanRecorder:
         self.kept += 1
         return f"{span.get_span_context().trace_id:032x}"
 
-    def event(self, event: events.AnyEvent) -> None:
-        """Spans for the rare events: compiles, checkpoints, lifecycle changes."""
-        with self._lock:  # JAX reports compiles from whichever thread compiles
-            self._event(event)
+    def event(self, event: events.AnyEvent, blocking_s: float | None = None) -> None:
+        """Spans for the rare events: compiles, checkpoints, lifecycle changes.
 
-    def _event(self, event: events.AnyEvent) -> None:
+        ``blocking_s`` is the part of a checkpoint that held the job (the call of an async save, whose event
+        lasts until the checkpoint is durable): the event has no field for it, the span shows it as an
+        attribute and as a ``blocking`` child from the checkpoint's start.
+        """
+        with self._lock:  # JAX reports compiles from whichever thread compiles
+            self._event(event, blocking_s)
+
+    def _event(self, event: events.AnyEvent, blocking_s: float | None) -> None:
         if isinstance(event, events.Compile):
             self._compile_stage(event)
         elif isinstance(event, events.CompileCache):
             self._cache_hit = event.hit
         elif isinstance(event, events.Checkpoint):
-            self._ended(
-                f"checkpoint.{event.operation}",
-                event.duration_s,
-                {"tpuscope.step": event.step, "tpuscope.checkpoint.bytes": event.bytes},
-                ok=event.ok,
-            )
+            attributes: dict[str, str | float | bool | int] = {
+                "tpuscope.step": event.step,
+                "tpuscope.checkpoint.bytes": event.bytes,
+            }
+            if blocking_s is not None:
+                attributes["tpuscope.checkpoint.blocking_seconds"] = blocking_s
+            span, start = self._ended(f"checkpoint.{event.operation}", event.duration_s, attributes, ok=event.ok)
+            if blocking_s is not None:
+                child = self._tracer.start_span("blocking", context=trace.set_span_in_context(span), start_time=start)
+                child.end(end_time=start + int(blocking_s * 1e9))
         elif isinstance(event, events.Lifecycle):
             span = self._tracer.start_span("lifecycle", attributes={"tpuscope.workload": self._workload})
             span.add_event(event.state, {"tpuscope.reason": event.reason})
@@ -144,15 +153,19 @@ class SpanRecorder:
             self._cache_hit = None
         self._ended("compile", sum(stages.values()), attributes, ok=True)
 
-    def _ended(self, name: str, seconds: float, attributes: dict[str, str | float | bool | int], ok: bool) -> None:
-        """A span for something that just ended after ``seconds``."""
+    def _ended(
+        self, name: str, seconds: float, attributes: dict[str, str | float | bool | int], ok: bool
+    ) -> tuple[trace.Span, int]:
+        """A span for something that just ended after ``seconds``, and its start (Unix nanoseconds)."""
         end = time.time_ns()
+        start = end - int(seconds * 1e9)
         span = self._tracer.start_span(
-            name, attributes={"tpuscope.workload": self._workload, **attributes}, start_time=end - int(seconds * 1e9)
+            name, attributes={"tpuscope.workload": self._workload, **attributes}, start_time=start
         )
         if not ok:
             span.set_status(Status(StatusCode.ERROR))
         span.end(end_time=end)
+        return span, start
 
     def close(self, timeout: float = CLOSE_TIMEOUT_SECONDS) -> None:
         """Flush what is queued, waiting ``timeout`` seconds at most: a collector that is down or hung

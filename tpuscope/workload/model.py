@@ -35,6 +35,8 @@ import optax
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from tpuscope.tracing.jax_costs import program_flops
+
 AXIS = "data"  # the mesh axis the batch is split over
 
 # jax's PartitionSpec, lax.pmean, block_until_ready and ShapeDtypeStruct are not annotated, so mypy --strict
@@ -351,14 +353,6 @@ class DataParallelTrainer:
 def step_programs(fused: bool) -> tuple[str, ...]:
     """The programs a step runs: the fused one, or the three of the split step."""
     return ("fused",) if fused else ("grads", "all_reduce", "apply")
-
-
-def program_flops(compiled: jax.stages.Compiled) -> float:
-    """The ``flops`` of a compiled program's cost analysis (per device for SPMD programs); 0 when unreported."""
-    cost: Any = compiled.cost_analysis()
-    if isinstance(cost, list):  # older jax returned one dict per program
-        cost = cost[0] if cost else {}
-    return float((cost or {}).get("flops", 0.0))
 
 
 def _abstract_outputs(compiled: jax.stages.Compiled) -> Any:

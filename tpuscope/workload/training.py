@@ -74,9 +74,9 @@ class Workload:
     def __init__(self, options: WorkloadOptions, monitor: Monitor, log: Callable[[str], None] = print) -> None:
         import jax
 
+        from tpuscope.tracing.jax_costs import accelerator_of, peak_flops_per_second
         from tpuscope.workload.checkpoints import Checkpointer
         from tpuscope.workload.data import TokenPipeline
-        from tpuscope.workload.hardware import accelerator_of, peak_flops_per_second
         from tpuscope.workload.model import DataParallelTrainer, ModelConfig
 
         self.options = options

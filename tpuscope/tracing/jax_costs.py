@@ -1,0 +1,132 @@
+"""The two halves of MFU, read from JAX: the FLOPs of a compiled step, and the peak FLOP/s of its devices.
+
+Model FLOPs utilization is the FLOP/s a step achieves over what its devices could do at best. Neither half
+should be computed by hand, so both come from what JAX already knows:
+
+- FLOPs: XLA's cost analysis of the compiled program (``compiled.cost_analysis()["flops"]``). A program
+  partitioned over several devices (``jax.jit`` of sharded arrays, ``shard_map``) compiles to one SPMD module
+  that every device runs on its own shard, so XLA's figure is one device's share: the step's FLOPs are that
+  times the devices it runs on.
+- Peak: for accelerators, the vendors' dense bf16 peak per chip. The CPU has no such number, so it is
+  measured: large float32 matmuls on every device at once, stored (keyed by the device kind and count) for
+  later runs.
+
+Both count this process's devices only: the Hardware event, and so the sidecar's MFU, are per process (one
+sidecar per worker), and summing the workers' FLOPs gives the job's.
+
+It lives in the in-job library so that any job's Monitor can use it (``Monitor.flops_of``); the benchmark
+workload (``tpuscope bench``) uses it from here too. jax is imported inside the functions that need it, so
+importing this module costs nothing in a job that never asks.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from tpuscope.accelerators import accelerator_name
+
+if TYPE_CHECKING:
+    import jax
+
+# Dense bf16 TFLOP/s per chip, from the vendors' data sheets.
+PEAK_TFLOPS = {"v4": 275.0, "v5e": 197.0, "v5p": 459.0, "v6e": 918.0, "h100": 989.0}
+
+
+# --- the FLOPs of a step -----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StepCost:
+    """What one call of a compiled step does: its model FLOPs on ``devices`` (this process's), all together."""
+
+    flops: float
+    devices: tuple[Any, ...]
+
+
+def step_cost(step: Callable[..., Any], *args: Any, **kwargs: Any) -> StepCost:
+    """The FLOPs of one call of the jitted ``step`` with these arguments, and the devices it runs on.
+
+    ``step.lower(...).compile()`` takes the program from JAX's caches when the step has already run with
+    arguments of these shapes; otherwise it compiles it now, and the step's first call finds it compiled.
+    """
+    lower: Callable[..., Any] | None = getattr(step, "lower", None)
+    if lower is None:
+        raise TypeError(f"{step!r} has no .lower(): pass the jax.jit-ed step, not the Python function")
+    compiled = lower(*args, **kwargs).compile()
+    devices = program_devices(compiled)
+    return StepCost(program_flops(compiled) * len(devices), devices)
+
+
+def program_flops(compiled: jax.stages.Compiled) -> float:
+    """The ``flops`` of a compiled program's cost analysis (per device for SPMD programs); 0 when unreported."""
+    cost: Any = compiled.cost_analysis()
+    if isinstance(cost, list):  # older jax returned one dict per program
+        cost = cost[0] if cost else {}
+    return float((cost or {}).get("flops", 0.0))
+
+
+def program_devices(compiled: jax.stages.Compiled) -> tuple[Any, ...]:
+    """The devices of this process that the compiled program runs on, read from its arguments' and results'
+    shardings (a program with neither runs on the default device)."""
+    import jax
+
+    shardings = jax.tree.leaves((compiled.input_shardings, compiled.output_shardings))
+    devices = {device for sharding in shardings for device in getattr(sharding, "addressable_devices", ())}
+    return tuple(sorted(devices, key=lambda d: d.id)) or tuple(jax.local_devices()[:1])
+
+
+# --- the peak of the devices -------------------------------------------------------------------------------------
+
+
+def accelerator_of(device: Any) -> str:
+    """``TPU v5 lite`` -> ``v5e``; a CPU device -> ``cpu``; anything unknown -> its platform."""
+    return accelerator_name(str(getattr(device, "device_kind", ""))) or str(device.platform)
+
+
+def calibration_file() -> Path:
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(Path.home(), ".cache")
+    return Path(cache) / "tpuscope" / "peak_flops.json"
+
+
+def peak_flops_per_second(devices: Sequence[Any], calibrate: bool = False) -> tuple[float, str]:
+    """Total peak FLOP/s of ``devices`` and where the number comes from."""
+    accelerator = accelerator_of(devices[0])
+    if accelerator in PEAK_TFLOPS:
+        return PEAK_TFLOPS[accelerator] * 1e12 * len(devices), f"{accelerator} data sheet"
+    key = f"{devices[0].device_kind}x{len(devices)}"
+    path = calibration_file()
+    stored: dict[str, float] = json.loads(path.read_text()) if path.exists() else {}
+    if calibrate or key not in stored:
+        stored[key] = measure_matmul_flops(devices)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(stored, indent=2) + "\n")
+        return stored[key], f"measured now (matmul), stored in {path}"
+    return stored[key], f"measured earlier, from {path}"
+
+
+def measure_matmul_flops(devices: Sequence[Any], size: int = 1024, seconds: float = 1.0) -> float:
+    """The best FLOP/s of repeated square float32 matmuls, one per device, run together."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+    mesh = Mesh(np.array(devices), ("d",))
+    sharding = NamedSharding(mesh, PartitionSpec("d"))  # type: ignore[no-untyped-call]
+    x = jax.device_put(jnp.ones((len(devices), size, size), jnp.float32), sharding)
+    matmul = jax.jit(lambda a: jnp.einsum("dij,djk->dik", a, a) * (1.0 / size))
+    jax.block_until_ready(matmul(x))  # type: ignore[no-untyped-call]  # compile outside the timing
+    flops_per_call = 2.0 * size**3 * len(devices)
+    best = 0.0
+    deadline = time.perf_counter() + seconds
+    while time.perf_counter() < deadline:
+        start = time.perf_counter()
+        jax.block_until_ready(matmul(x))  # type: ignore[no-untyped-call]
+        best = max(best, flops_per_call / (time.perf_counter() - start))
+    return best
