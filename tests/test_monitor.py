@@ -26,6 +26,16 @@ class Recorder:
         pass
 
 
+def step_until_delivered(monitor: Monitor, first: int) -> None:
+    """Step from ``first`` until an event reaches the sidecar: the Monitor retries about once a second."""
+    n = first
+    while monitor.sent == 0:
+        assert n < 1000, "the Monitor never reached the sidecar"
+        with monitor.step(n):
+            time.sleep(0.01)
+        n += 1
+
+
 def test_100k_steps_without_a_sidecar_never_raise_and_report_drops(
     short_tmp: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -73,12 +83,7 @@ def test_drops_are_reported_to_the_sidecar_with_the_next_step(short_tmp: Path) -
             pass
     assert monitor.dropped == 11
     with SidecarProcess(path) as sidecar:
-        n = 10
-        while monitor.sent == 0:  # the Monitor retries the connection about once a second
-            assert n < 1000, "the Monitor never reached the sidecar"
-            with monitor.step(n):
-                time.sleep(0.01)
-            n += 1
+        step_until_delivered(monitor, first=10)
         dropped = monitor.dropped
         name = catalog.INGEST_EVENTS.name
         deadline = time.monotonic() + 5
@@ -164,11 +169,6 @@ def test_the_first_lost_event_is_said_at_once_then_reminded_then_the_recovery(
     reminders = [r.getMessage() for r in caplog.records if "still no events" in r.getMessage()]
     assert len(reminders) == 1 and "52 lost so far" in reminders[0], reminders
     with SidecarProcess(path):
-        n = 51
-        while monitor.sent == 0:  # the Monitor retries the connection about once a second
-            assert n < 1000, "the Monitor never reached the sidecar"
-            with monitor.step(n):
-                time.sleep(0.01)
-            n += 1
+        step_until_delivered(monitor, first=51)
         assert f"tpuscope: events reach the sidecar at {path} again ({monitor.dropped} lost in all)" in caplog.text
         monitor.close()
