@@ -26,6 +26,11 @@ from tpuscope.scrape import Scrape
 from tpuscope.workload.sidecar import SidecarProcess
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The files marked ``long`` first, the rest in their order (see the marker in pyproject.toml)."""
+    items.sort(key=lambda item: item.get_closest_marker("long") is None)  # a stable sort
+
+
 @pytest.fixture
 def short_tmp() -> Iterator[Path]:
     """A short directory: Unix socket paths must stay under 108 bytes, pytest's tmp_path can exceed that."""

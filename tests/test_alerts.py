@@ -22,6 +22,8 @@ from tpuscope.testing.prometheus import PrometheusServer, target_of
 from tpuscope.thresholds import Thresholds
 from tpuscope.workload.sidecar import SidecarProcess
 
+pytestmark = pytest.mark.long
+
 ROOT = Path(__file__).resolve().parents[1]
 RULES = ROOT / "deploy/prometheus/tpuscope-rules.yaml"
 ALERTMANAGER = ROOT / "deploy/alertmanager/alertmanager.yml"

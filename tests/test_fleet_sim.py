@@ -33,6 +33,8 @@ from tpuscope.fleetsim import simulator as fleet
 from tpuscope.generator_config import GeneratorConfig
 from tpuscope.testing.prometheus import PrometheusServer
 
+pytestmark = pytest.mark.long
+
 K = 10
 
 

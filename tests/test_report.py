@@ -33,6 +33,8 @@ from tpuscope.tracing import Monitor, read_records
 from tpuscope.workload import synthetic
 from tpuscope.workload.sidecar import SidecarProcess
 
+pytestmark = pytest.mark.long
+
 WORKLOAD = "report"
 EXPECTED_ALERTS = {AlertName.WORKLOAD_FAILED, AlertName.CHECKPOINT_FAILING}
 

@@ -17,6 +17,8 @@ from conftest import run_bench_json
 
 from tpuscope.bench import soak
 
+pytestmark = pytest.mark.long
+
 
 @pytest.mark.timeout(600)
 def test_a_two_minute_soak_loses_nothing_and_does_not_leak(short_tmp: Path) -> None:

@@ -92,7 +92,10 @@ def test_kept_steps_nest_their_phases_and_carry_the_resource(
 
 
 def test_the_sampler_keeps_the_slow_steps_a_straggler_and_a_stall_cause(receiver: Receiver, short_tmp: Path) -> None:
-    """The JAX workload with its own faults: the straggler's onset (steps 40 on) and the stalled step (60)."""
+    """The JAX workload with its own faults: the straggler's onset (steps 40 on) and the stalled step (60).
+
+    The straggler computes 5 times slower: the sampler's bar is 1.2 times the slowest warm steps, and on a
+    machine shared with other tests one of those can take twice the median (3 times was once too close)."""
     env = {"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint, "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"}
     out = subprocess.run(
         [
@@ -102,7 +105,7 @@ def test_the_sampler_keeps_the_slow_steps_a_straggler_and_a_stall_cause(receiver
             "bench",
             "--steps=120",
             "--checkpoint-every=0",
-            "--inject=straggler=3",
+            "--inject=straggler=5",
             "--inject=stall=1",
             f"--socket={short_tmp / 'b.sock'}",
             "--listen=127.0.0.1:0",
