@@ -11,6 +11,7 @@ import os
 import re
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -157,18 +158,28 @@ def test_an_async_save_is_reported_once_durable_with_its_bytes_and_what_it_block
 ) -> None:
     mon, kept, tmp = job
     commit = atomicity.on_commit_callback
+    durable = threading.Event()  # storage that commits a step only when the test says so
+    backstop = threading.Timer(30, durable.set)  # a save that waited for it would otherwise hang the test
 
-    async def slow_commit(*args: Any, **kwargs: Any) -> None:  # storage that takes 0.5 s to commit
-        await asyncio.sleep(0.5)
+    async def held_commit(*args: Any, **kwargs: Any) -> None:
+        while not durable.is_set():
+            await asyncio.sleep(0.01)
         await commit(*args, **kwargs)
 
-    monkeypatch.setattr(atomicity, "on_commit_callback", slow_commit)
+    monkeypatch.setattr(atomicity, "on_commit_callback", held_commit)
     checkpoints = mon.orbax(manager(tmp / "ckpt"))
-    started = time.perf_counter()
-    assert checkpoints.save(7, args=ocp.args.StandardSave(state()))
-    assert time.perf_counter() - started < 0.4, "the save blocked the job until durable"
-    assert not kept.of(events.Checkpoint), "reported before it was durable"
-    checkpoints.close()
+    backstop.start()
+    try:
+        started = time.perf_counter()
+        assert checkpoints.save(7, args=ocp.args.StandardSave(state()))
+        returned_after = time.perf_counter() - started
+        assert not durable.is_set(), "the save blocked the job until durable"
+        assert not kept.of(events.Checkpoint), "reported before it was durable"
+        time.sleep(0.5)
+    finally:  # a save left running would outlive this test's directory
+        durable.set()
+        backstop.cancel()
+        checkpoints.close()
     mon.close()
     (save,) = kept.of(events.Checkpoint)
     assert (save.operation, save.step, save.ok) == ("save", 7, True)
@@ -177,7 +188,7 @@ def test_an_async_save_is_reported_once_durable_with_its_bytes_and_what_it_block
     spans = [json.loads(line) for line in (tmp / "spans.jsonl").read_text().splitlines()]
     (span,) = [s for s in spans if s["name"] == "checkpoint.save"]
     blocking = span["attributes"]["tpuscope.checkpoint.blocking_seconds"]
-    assert 0 < blocking < 0.4
+    assert 0 < blocking <= returned_after
     (child,) = [s for s in spans if s["name"] == "blocking"]
     assert child["parentSpanId"] == span["spanId"]
     assert child["startTimeUnixNano"] == span["startTimeUnixNano"]
