@@ -19,7 +19,7 @@ from prometheus_client.openmetrics.parser import text_string_to_metric_families
 
 from tpuscope import __version__, catalog, events, goodput
 from tpuscope.exporter import collectors
-from tpuscope.exporter.aggregator import INGEST_RESULTS, Aggregator
+from tpuscope.exporter.aggregator import CONNECTION_ERRORS, INGEST_RESULTS, Aggregator
 from tpuscope.exporter.collectors import base as collector_base
 from tpuscope.exporter.collectors import libtpu, nvml
 from tpuscope.exporter.exposition import Writer
@@ -49,7 +49,11 @@ CLOSED: dict[Label, tuple[str, ...]] = {  # every value the code can give it
     Label.COLLECTOR: tuple(collectors.COLLECTORS),
     Label.DIRECTION: ("read", "write", "receive", "transmit"),
     Label.CLOCK: ("sm", "memory"),
-    Label.REASON: (*events.REJECT_REASONS, *collector_base.REASONS),  # the sidecar's own; jobs' are limited
+    Label.REASON: (
+        *events.REJECT_REASONS,
+        *CONNECTION_ERRORS,
+        *collector_base.REASONS,
+    ),  # the sidecar's own; jobs' are limited
     Label.LABEL: tuple(LIMITED),
 }
 HOST: dict[Label, str] = {  # set by collectors from what this host has, so bounded by it

@@ -107,3 +107,19 @@ def test_a_bad_recorded_line_is_an_invalid_event_that_names_its_line(line: str, 
     unreadable: list[str] = []
     assert read_records(recording, unreadable) == [(1.0, VALID[0])]
     assert len(unreadable) == 1 and unreadable[0].startswith("line 2:")
+
+
+@pytest.mark.parametrize("value", ["llm\n", "a\n"])
+def test_a_label_with_a_trailing_newline_is_refused(value: str) -> None:
+    """``$`` matches before a final newline: ``workload="llm\\n"`` would be a second series beside "llm"."""
+    with pytest.raises(events.InvalidEvent) as caught:
+        events.decode(raw("step", value, 1, 1.0))
+    assert caught.value.reason == "invalid_field"
+
+
+def test_a_trace_id_of_a_newline_is_refused() -> None:
+    good = events.Step(workload="llm", step=1, duration_s=1.0, trace_id="0" * 32)
+    assert events.decode(events.encode(good)) == good
+    for bad in ("\n", "0" * 32 + "\n"):
+        with pytest.raises(events.InvalidEvent):
+            events.decode(events.encode(events.Step(workload="llm", step=1, duration_s=1.0, trace_id=bad)))

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
 
 import pytest
+from conftest import wait_for
 
 from tpuscope import catalog, events
 from tpuscope.scrape import Scrape
@@ -172,3 +177,121 @@ def test_the_first_lost_event_is_said_at_once_then_reminded_then_the_recovery(
         step_until_delivered(monitor, first=51)
         assert f"tpuscope: events reach the sidecar at {path} again ({monitor.dropped} lost in all)" in caplog.text
         monitor.close()
+
+
+def test_numpy_and_jax_numbers_are_sent_as_the_numbers_they_hold(sidecar: SidecarProcess) -> None:
+    """A JAX step counter (``state.step``), np.int64 steps, np.float32 FLOPs: what int() and float() accept
+    reaches the sidecar, as the plain numbers would."""
+    import jax.numpy as jnp
+    import numpy as np
+
+    monitor = Monitor("numpy", socket=sidecar.socket, traces=False, jax_compiles=False)
+    for n in (np.int64(0), jnp.array(1), jnp.int32(2)):
+        with monitor.step(n) as s:  # type: ignore[arg-type]
+            s.flops = np.float32(1e6)  # type: ignore[assignment]
+    with monitor.checkpoint("save", step=np.int64(2)) as c:  # type: ignore[arg-type]
+        c.bytes = np.int64(4096)  # type: ignore[assignment]
+    monitor.compile("backend", np.float64(0.5))  # type: ignore[arg-type]
+    assert (monitor.sent, monitor.dropped) == (6, 0), monitor._sidecar.last_error
+    monitor.close()
+    w = {"workload": "numpy"}
+    scrape = wait_for(sidecar.url, lambda s: s.value(catalog.STEPS.name, **w) == 3)
+    assert scrape.value(catalog.STEPS.name, **w) == 3
+    assert scrape.value(catalog.CHECKPOINT_BYTES.name, operation="save", **w) == 4096
+    assert scrape.value(catalog.COMPILE_DURATION.series("sum"), stage="backend", **w) == 0.5
+
+
+def test_a_value_that_is_no_number_is_a_counted_drop_said_once(
+    sidecar: SidecarProcess, caplog: pytest.LogCaptureFixture
+) -> None:
+    import numpy as np
+
+    recorder = Recorder()
+    monitor = Monitor("odd", socket=sidecar.socket, sinks=[recorder], traces=False, jax_compiles=False)
+    with monitor.step(np.arange(3)):  # type: ignore[arg-type]  # an array is no step number
+        pass
+    with monitor.step(1) as s:
+        s.flops = "many"  # type: ignore[assignment]
+    with monitor.checkpoint("save", step=np.arange(2)):  # type: ignore[arg-type]
+        pass
+    assert (monitor.sent, monitor.dropped) == (1, 3)  # the start event; the two steps and the checkpoint
+    assert not recorder.events[1:], recorder.events
+    said = [r.getMessage() for r in caplog.records if "invalid" in r.getMessage()]
+    assert len(said) == 1 and "invalid Step" in said[0], said
+    with monitor.step(2):
+        pass
+    monitor.close()
+    assert monitor.sent == 3 and [e.step for e in recorder.events if isinstance(e, events.Step)] == [2]
+
+
+def test_a_sidecar_that_does_not_accept_never_blocks_the_monitor(short_tmp: Path) -> None:
+    """A stopped sidecar (SIGSTOP, a debugger) with its listen backlog full: a blocking connect would wait
+    for ever, in ``Monitor()`` and in any step that reconnects."""
+    path = short_tmp / "full.sock"
+    stopped = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    stopped.bind(str(path))
+    stopped.listen(0)
+    queued = []
+    for _ in range(8):  # fill the backlog: later connects would wait for an accept()
+        waiting = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        waiting.setblocking(False)
+        try:
+            waiting.connect(str(path))
+        except BlockingIOError:
+            waiting.close()
+            break
+        queued.append(waiting)
+    done = threading.Event()
+
+    def job() -> None:
+        monitor = Monitor("blocked", socket=path, traces=False)
+        for n in range(3):
+            with monitor.step(n):
+                pass
+        monitor.close()
+        done.set()
+
+    threading.Thread(target=job, daemon=True).start()
+    assert done.wait(10), "Monitor() or a step waited on the sidecar's connect"
+    for waiting in queued:
+        waiting.close()
+    stopped.close()
+
+
+FORKING_JOB = """
+import os, signal, sys, time
+from tpuscope.tracing import Monitor
+
+mon = Monitor("forky", socket=sys.argv[1], traces=False, jax_compiles=False)
+with mon.step(0):
+    pass
+if (ended := os.fork()) == 0:  # a worker that ends normally: the atexit hooks it inherited run
+    sys.exit(0)
+os.waitpid(ended, 0)
+if (lingering := os.fork()) == 0:  # a data-loader worker that outlives its parent
+    time.sleep(60)
+    os._exit(0)
+print(lingering, flush=True)
+with mon.step(1):
+    pass
+time.sleep(0.5)
+os.kill(os.getpid(), signal.SIGKILL)  # the job is killed: no stop event
+"""
+
+
+def test_a_forked_child_never_speaks_for_its_parent_nor_hides_its_death(sidecar: SidecarProcess) -> None:
+    job = subprocess.Popen(
+        [sys.executable, "-c", FORKING_JOB, str(sidecar.socket)], stdout=subprocess.PIPE, text=True
+    )  # not run(): the lingering worker holds the output pipe open
+    assert job.stdout is not None
+    lingering = int(job.stdout.readline())
+    try:
+        assert job.wait(30) == -signal.SIGKILL
+        w = {"workload": "forky"}
+        scrape = wait_for(sidecar.url, lambda s: s.value(catalog.WORKLOAD_FAILURES.name, reason="vanished", **w) >= 1)
+        assert os.path.exists(f"/proc/{lingering}"), "the worker was to outlive its parent"
+        assert scrape.value(catalog.STEPS.name, **w) == 2
+        # The parent's death is seen while its worker lives, and the ended worker's exit was no clean stop.
+        assert scrape.value(catalog.WORKLOAD_FAILURES.name, reason="vanished", **w) == 1
+    finally:
+        os.kill(lingering, signal.SIGKILL)

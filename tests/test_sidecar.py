@@ -14,6 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from conftest import wait_for
 
 from tpuscope import catalog, events
 from tpuscope.scrape import Scrape
@@ -215,3 +216,31 @@ def test_connected_processes_per_workload_come_and_go(sidecar: SidecarProcess) -
     second.close()
     gone = scrape_when(sidecar.url, lambda s: not s.has(processes, workload="pair"))
     assert gone.has(INGEST, result="accepted")  # the sidecar serves on: only the workload's series went
+
+
+def test_out_of_file_descriptors_a_connection_is_refused_counted_and_the_ingest_goes_on(short_tmp: Path) -> None:
+    """EMFILE on accept() must not end the ingest thread: once descriptors are free again, jobs are heard."""
+    with SidecarProcess(short_tmp / "fd.sock", "127.0.0.1:0", "--collectors=none") as sidecar:
+        in_use = len(os.listdir(f"/proc/{sidecar.proc.pid}/fd"))
+        limit = in_use + 4
+        subprocess.run(["prlimit", f"--pid={sidecar.proc.pid}", f"--nofile={limit}:"], check=True)
+        jobs = []
+        for _ in range(12):  # more connections than the sidecar has descriptors left
+            job = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            job.connect(str(sidecar.socket))
+            jobs.append(job)
+        time.sleep(1.5)
+        for job in jobs:
+            job.close()
+        subprocess.run(["prlimit", f"--pid={sidecar.proc.pid}", "--nofile=1024:"], check=True)
+        with Monitor("after-emfile", socket=sidecar.socket, traces=False, jax_compiles=False) as mon:
+            for n in range(3):
+                with mon.step(n):
+                    pass
+        w = {"workload": "after-emfile"}
+        scrape = wait_for(sidecar.url, lambda s: s.value(catalog.STEPS.name, **w) == 3)
+        assert scrape.value(catalog.STEPS.name, **w) == 3, sidecar.log()
+        assert scrape.value(catalog.INGEST_CONNECTION_ERRORS.name, reason="accept") > 0
+        with urllib.request.urlopen(sidecar.url.replace("/metrics", "/healthz"), timeout=5) as r:
+            assert r.status == 200
+        assert "cannot accept a job's connection" in sidecar.log()

@@ -512,6 +512,14 @@ INGEST_INVALID_EVENTS = _metric(
     Label.REASON,
     group=HEALTH_GROUP,
 )
+INGEST_CONNECTION_ERRORS = _metric(
+    "ingest_connection_errors_total",
+    Kind.COUNTER,
+    "Job connections the sidecar could not take or read, by reason: accept (accept() failed, as when the "
+    "sidecar is out of file descriptors), refused (past its connection limit), receive (a read failed).",
+    Label.REASON,
+    group=HEALTH_GROUP,
+)
 COLLECTOR_UP = _metric(
     "collector_up",
     Kind.GAUGE,

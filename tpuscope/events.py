@@ -17,7 +17,9 @@ any other change bumps :data:`VERSION`.
 from __future__ import annotations
 
 import errno
+import functools
 import itertools
+import operator
 import os
 import socket
 import tempfile
@@ -39,15 +41,16 @@ SOCKET_ENV = "TPUSCOPE_SOCKET"
 
 # --- field types -------------------------------------------------------------
 # A label value: bounded length and a safe alphabet, because it becomes a
-# Prometheus label. Free text (function names) is bounded but never a label.
-LabelValue = Annotated[str, msgspec.Meta(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.:/-]*$")]
+# Prometheus label. Free text (function names) is bounded but never a label. The patterns end in \Z, not $:
+# $ also matches before a final newline, and "llm\n" would be a second workload beside "llm".
+LabelValue = Annotated[str, msgspec.Meta(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.:/-]*\Z")]
 Text = Annotated[str, msgspec.Meta(max_length=256)]
 # A week bounds any duration we report; NaN fails the check, infinity too.
 Seconds = Annotated[float, msgspec.Meta(ge=0.0, le=7 * 86400.0)]
 Count = Annotated[int, msgspec.Meta(ge=0, le=2**63 - 1)]
 Flops = Annotated[float, msgspec.Meta(ge=0.0, le=1e30)]
 # A W3C trace id in lowercase hex, or empty: the step's spans were not kept.
-TraceId = Annotated[str, msgspec.Meta(pattern=r"^([0-9a-f]{32})?$")]
+TraceId = Annotated[str, msgspec.Meta(pattern=r"^([0-9a-f]{32})?\Z")]
 
 PHASES = ("compute", "sync", "io", "other")
 Phase = Literal["compute", "sync", "io", "other"]
@@ -180,6 +183,58 @@ class InvalidEvent(ValueError):
 
 _encoder = msgspec.msgpack.Encoder()
 _decoder: msgspec.msgpack.Decoder[AnyEvent] = msgspec.msgpack.Decoder(AnyEvent)
+
+
+# The types the encoder takes as they are; a field holding anything else goes through plain_fields first.
+PLAIN_TYPES = frozenset({int, float, str, bool, list, type(None)})
+
+
+def as_int(value: object) -> int:
+    """What int() reads from a whole number of any kind: a NumPy integer, a JAX step counter (a 0-d array),
+    a float that is whole. Raises TypeError or ValueError for anything else (an array of several values)."""
+    try:
+        return operator.index(value)  # type: ignore[arg-type]
+    except TypeError:
+        number = float(value)  # type: ignore[arg-type]
+        if not number.is_integer():
+            raise ValueError(f"{value!r} is not a whole number") from None
+        return int(number)
+
+
+def plain_fields(record: type[Event], fields: dict[str, object]) -> dict[str, object]:
+    """``fields`` with each NumPy or JAX number (scalar or 0-d array) made the Python int, float or bool its
+    field holds, as int(), float() and bool() read it: the encoder takes nothing else. Raises TypeError or
+    ValueError for a value that is no such number."""
+    hints = _field_types(record)
+    plain: dict[str, object] = {}
+    for name, value in fields.items():
+        kind = hints.get(name)
+        if kind is list:
+            plain[name] = [v if type(v) in (int, float) else float(v) for v in value]  # type: ignore[attr-defined]
+        elif type(value) in PLAIN_TYPES:
+            plain[name] = value
+        elif kind is int:
+            plain[name] = as_int(value)
+        elif kind is float:
+            plain[name] = float(value)  # type: ignore[arg-type]
+        elif kind is bool:
+            plain[name] = bool(value)
+        else:
+            raise TypeError(f"{name}={value!r}: a {type(value).__name__} where a {kind} is expected")
+    return plain
+
+
+@functools.cache
+def _field_types(record: type[Event]) -> dict[str, type | None]:
+    """Each field's Python type (int, float, bool, list, str), its annotations and Literals set aside."""
+    kinds: dict[str, type | None] = {}
+    for name, hint in typing.get_type_hints(record).items():
+        origin = typing.get_origin(hint)
+        if origin is Literal:
+            kinds[name] = type(typing.get_args(hint)[0])
+        else:
+            kinds[name] = origin if origin is not None else hint
+    return kinds
 
 
 def encode(event: AnyEvent) -> bytes:

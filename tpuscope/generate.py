@@ -14,6 +14,7 @@ from functools import partial
 from pathlib import Path
 
 from tpuscope import alerts, catalog, dashboards, events, kubernetes
+from tpuscope.exporter.aggregator import CONNECTION_ERRORS
 from tpuscope.exporter.collectors import COLLECTORS
 from tpuscope.exporter.collectors import base as collector_base
 from tpuscope.generator_config import GeneratorConfig
@@ -50,7 +51,8 @@ def metrics_markdown() -> str:
         f"- `phase`: {', '.join(events.PHASES)}. `other` is the part of a step no measured phase claims.",
         "- `result`: `ok` or `error` (checkpoints), `hit` or `miss` (compile cache), "
         "`accepted`, `invalid` or `dropped` (ingest).",
-        f"- `reason` on `{catalog.INGEST_INVALID_EVENTS.name}`: {', '.join(events.REJECT_REASONS)}.",
+        f"- `reason` on `{catalog.INGEST_INVALID_EVENTS.name}`: {', '.join(events.REJECT_REASONS)}. "
+        f"On `{catalog.INGEST_CONNECTION_ERRORS.name}`: {', '.join(CONNECTION_ERRORS)}.",
         "- `source` on device series: `workload` when the job reported it, `libtpu` or `nvml` when a collector "
         "sampled it.",
         f"- `collector`: {', '.join(COLLECTORS)}. `reason` on `{catalog.COLLECTOR_ERRORS.name}`: "

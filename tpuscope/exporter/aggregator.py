@@ -29,6 +29,7 @@ from tpuscope.goodput import GoodputLedger
 log = logging.getLogger("tpuscope.exporter")
 
 INGEST_RESULTS = ("accepted", "invalid", "dropped")
+CONNECTION_ERRORS = ("accept", "refused", "receive")  # reasons of catalog.INGEST_CONNECTION_ERRORS
 # Weight of the newest step in the MFU average: about the last 20 steps count.
 MFU_SMOOTHING = 0.1
 # The SampleStore owner of the device memory that workloads report: one for all jobs.
@@ -75,6 +76,8 @@ class Aggregator:
         self._ingest = {result: ingest.labels(result) for result in INGEST_RESULTS}
         invalid = self.metrics[catalog.INGEST_INVALID_EVENTS]
         self._invalid = {reason: invalid.labels(reason) for reason in events.REJECT_REASONS}
+        errors = self.metrics[catalog.INGEST_CONNECTION_ERRORS]
+        self._connection_errors = {reason: errors.labels(reason) for reason in CONNECTION_ERRORS}
         self.metrics[catalog.BUILD_INFO].labels(__version__).set(1)
         values, overflow = self.metrics[catalog.LABEL_VALUES], self.metrics[catalog.LABEL_OVERFLOW]
         self._limiter = LabelLimiter(
@@ -168,6 +171,10 @@ class Aggregator:
     def reject(self, reason: str) -> None:
         self._ingest["invalid"].inc()
         self._invalid[reason].inc()
+
+    def connection_error(self, reason: str) -> None:
+        """A job connection the sidecar could not take or read (one of CONNECTION_ERRORS)."""
+        self._connection_errors[reason].inc()
 
     # --- one handler per event type ----------------------------------------------------
     def _step(self, e: events.Step) -> None:

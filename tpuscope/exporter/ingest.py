@@ -43,6 +43,10 @@ MAX_CONNECTIONS = 256
 BATCH = 256
 # Seconds between expiry checks; also the longest the thread waits in select() when idle.
 EXPIRY_CHECK_INTERVAL = 1.0
+# After a failed accept() (out of file descriptors: the pending connection stays, and the listener would read
+# as ready at once again), how long to stop accepting before trying again, and how often to say so.
+ACCEPT_PAUSE_SECONDS = 1.0
+ACCEPT_WARN_SECONDS = 60.0
 
 
 class SocketError(RuntimeError):
@@ -114,6 +118,8 @@ class IngestLoop:
         self._connections_lock = threading.Lock()  # the host collector reads them from its own thread
         self._buffer = bytearray(events.MAX_DATAGRAM_BYTES + 1)
         self._thread = threading.Thread(target=self._run, name="tpuscope-ingest", daemon=True)
+        self._accepting_again = 0.0  # monotonic time to listen again after a failed accept(); 0: listening
+        self._next_accept_warning = 0.0
 
     def start(self) -> None:
         self._thread.start()
@@ -125,7 +131,15 @@ class IngestLoop:
                 if key.data is None:
                     self._accept()
                 elif isinstance(key.data, Connection):
-                    self._drain(key.data)
+                    try:
+                        self._drain(key.data)
+                    except Exception:  # a bug of ours, or of one connection: that job's loss, not every job's
+                        log.exception("job pid %d: reading its events failed; its connection is closed", key.data.pid)
+                        self._aggregator.connection_error("receive")
+                        self._close(key.data)
+            if self._accepting_again and time.monotonic() >= self._accepting_again:
+                self._accepting_again = 0.0
+                self._selector.register(self._listener, selectors.EVENT_READ, None)
             if (now := time.monotonic()) >= next_expiry:
                 next_expiry = now + EXPIRY_CHECK_INTERVAL
                 try:
@@ -134,20 +148,42 @@ class IngestLoop:
                     log.exception("failed to expire idle workloads")
 
     def _accept(self) -> None:
-        with contextlib.suppress(BlockingIOError):
+        try:
             sock, _ = self._listener.accept()
-            if len(self._connections) >= MAX_CONNECTIONS:
-                log.warning("refusing a job connection: %d connections already open", MAX_CONNECTIONS)
-                sock.close()
-                return
+        except BlockingIOError:
+            return
+        except OSError as e:  # EMFILE, ENFILE, ENOBUFS: the job's connection waits in the backlog
+            self._aggregator.connection_error("accept")
+            if (now := time.monotonic()) >= self._next_accept_warning:
+                self._next_accept_warning = now + ACCEPT_WARN_SECONDS
+                log.warning(
+                    "cannot accept a job's connection: %s; trying again every %g s (said again in %g s if it lasts)",
+                    e.strerror or e,
+                    ACCEPT_PAUSE_SECONDS,
+                    ACCEPT_WARN_SECONDS,
+                )
+            self._selector.unregister(self._listener)
+            self._accepting_again = time.monotonic() + ACCEPT_PAUSE_SECONDS
+            return
+        if len(self._connections) >= MAX_CONNECTIONS:
+            log.warning("refusing a job connection: %d connections already open", MAX_CONNECTIONS)
+            self._aggregator.connection_error("refused")
+            sock.close()
+            return
+        try:
             sock.setblocking(False)
             creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
             pid = struct.unpack("3i", creds)[0]
             conn = Connection(sock, pid)
             self._selector.register(sock, selectors.EVENT_READ, conn)
-            with self._connections_lock:
-                self._connections.add(conn)
-            log.debug("job pid %d connected", pid)
+        except OSError as e:
+            log.warning("cannot take a job's connection: %s", e)
+            self._aggregator.connection_error("accept")
+            sock.close()
+            return
+        with self._connections_lock:
+            self._connections.add(conn)
+        log.debug("job pid %d connected", pid)
 
     def _drain(self, conn: Connection) -> None:
         """Handle up to BATCH waiting events from one job; close the connection at its end."""
@@ -161,6 +197,7 @@ class IngestLoop:
                 return
             except OSError as e:
                 log.warning("job pid %d: receive failed: %s", conn.pid, e)
+                self._aggregator.connection_error("receive")
                 size = 0
             if size == 0:
                 if self._hung_up(conn):

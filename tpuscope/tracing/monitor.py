@@ -34,6 +34,7 @@ import re
 import sys
 import time
 import warnings
+import weakref
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from types import TracebackType
@@ -78,6 +79,20 @@ class _UncaughtException:
 
 
 _uncaught = _UncaughtException()
+
+# Every open Monitor, for the fork hook below (weak: a Monitor the job dropped is not kept alive by it).
+_open_monitors: weakref.WeakSet[Monitor] = weakref.WeakSet()
+
+
+def _forget_in_forked_child() -> None:
+    """A forked child (a multiprocessing data-loader worker) inherits the parent's Monitors, their connection
+    to the sidecar and their atexit hook: none may speak for the parent (a stop or failure at the child's
+    exit) nor keep the parent's connection open (the sidecar would not see the parent die while it lives)."""
+    for monitor in list(_open_monitors):
+        monitor._forget_parent()
+
+
+os.register_at_fork(after_in_child=_forget_in_forked_child)
 
 
 def sanitize_label(value: str) -> str:
@@ -132,6 +147,7 @@ class Monitor:
         self._watch_jax_if_imported()
         _uncaught.install()
         atexit.register(self._close_at_exit)
+        _open_monitors.add(self)
 
     # --- the step loop ---------------------------------------------------------
     def step(self, number: int) -> StepTimer:
@@ -335,6 +351,9 @@ class Monitor:
 
     def _event(self, record: type[events.AnyEvent], **fields: object) -> events.AnyEvent | None:
         try:
+            # NumPy and JAX numbers made Python ones (StepTimer does it for steps, at less cost per step).
+            if record is not events.Step and not all(type(v) in events.PLAIN_TYPES for v in fields.values()):
+                fields = events.plain_fields(record, fields)
             return record(workload=self.workload, **fields)  # type: ignore[arg-type]
         except Exception as e:  # e.g. phases longer than the step: drop, count, carry on
             self._sidecar.drop(f"invalid {record.__name__}: {e}")
@@ -353,6 +372,7 @@ class Monitor:
         self.lifecycle("failure" if failed else "stop", reason="exception" if failed else "none")
         self._closed = True
         atexit.unregister(self._close_at_exit)
+        _open_monitors.discard(self)
         if self._sidecar.dropped:
             log.warning(
                 "tpuscope: %d of %d events were not delivered to the sidecar (last: %s)",
@@ -367,6 +387,15 @@ class Monitor:
                 log.debug("tpuscope sink %r failed to close", sink, exc_info=True)
         if self.spans is not None:
             self.spans.close()
+
+    def _forget_parent(self) -> None:
+        """In a forked child: silent from now on, the inherited connection closed, nothing sent at exit."""
+        self._closed = True
+        atexit.unregister(self._close_at_exit)
+        self._sidecar.close()  # closes this process's copy of the socket; the parent's stays open
+        self.sinks = ()  # nor does it write into the parent's recording
+        self.spans = None  # the exporter's threads did not survive the fork; the parent exports its spans
+        _open_monitors.discard(self)
 
     def _close_at_exit(self) -> None:
         """Close a Monitor the job never closed, as a failure if an uncaught exception is ending the job
@@ -450,6 +479,12 @@ class StepTimer:
     def __exit__(self, *_: object) -> None:
         end = time.perf_counter()
         duration = end - self._start
+        if type(self.number) is not int or type(self.flops) is not float:  # a JAX step counter, np.float32 FLOPs
+            try:
+                self.number, self.flops = events.as_int(self.number), float(self.flops)
+            except (TypeError, ValueError) as e:
+                self._monitor._sidecar.drop(f"invalid Step: {type(e).__name__}: {e}")
+                return
         trace_id = ""
         if self._intervals is not None and (spans := self._monitor.spans) is not None:
             try:

@@ -70,7 +70,12 @@ class SocketSink:
             self.drop(self._connect_error)
             return
         try:
-            sock.send(events.encode(event), socket.MSG_NOSIGNAL)
+            datagram = events.encode(event)
+        except (TypeError, ValueError, OverflowError) as e:  # a field the Monitor did not check: counted
+            self.drop(f"invalid {type(event).__name__}: {type(e).__name__}: {e}")
+            return
+        try:
+            sock.send(datagram, socket.MSG_NOSIGNAL)
         except BlockingIOError:
             self.drop("sidecar busy: send buffer full")
             return
@@ -90,14 +95,24 @@ class SocketSink:
         if self._closed or now < self._next_connect:
             return None
         self._next_connect = now + RECONNECT_SECONDS
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:  # out of file descriptors, socket() itself fails
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        except OSError as e:
+            self._connect_error = f"cannot open a socket: {e.strerror}"
+            return None
+        # Non-blocking before the connect: a stopped sidecar (SIGSTOP, a debugger) with a full listen backlog
+        # would hold a blocking connect, and with it Monitor() or the step that reconnects, for ever.
+        sock.setblocking(False)
         try:
             sock.connect(self.path)
+        except BlockingIOError:
+            sock.close()
+            self._connect_error = f"the sidecar at {self.path} does not accept connections (its backlog is full)"
+            return None
         except OSError as e:
             sock.close()
             self._connect_error = f"no sidecar at {self.path}: {e.strerror}"
             return None
-        sock.setblocking(False)
         with contextlib.suppress(OSError):
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SEND_BUFFER_BYTES)
         self._sock = sock
