@@ -295,3 +295,27 @@ def test_a_forked_child_never_speaks_for_its_parent_nor_hides_its_death(sidecar:
         assert scrape.value(catalog.WORKLOAD_FAILURES.name, reason="vanished", **w) == 1
     finally:
         os.kill(lingering, signal.SIGKILL)
+
+
+OUT_OF_DESCRIPTORS_JOB = """
+import os, resource, sys
+from tpuscope.tracing import Monitor
+
+_, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+resource.setrlimit(resource.RLIMIT_NOFILE, (len(os.listdir("/proc/self/fd")) - 1, hard))  # listdir held one
+mon = Monitor("no-fds", socket=sys.argv[1], traces=False, jax_compiles=False)
+for n in range(3):
+    with mon.step(n):
+        pass
+print(mon.sent, mon.dropped, mon._sidecar.last_error)
+"""
+
+
+def test_out_of_file_descriptors_each_event_is_a_counted_drop(sidecar: SidecarProcess) -> None:
+    run = subprocess.run(
+        [sys.executable, "-c", OUT_OF_DESCRIPTORS_JOB, str(sidecar.socket)], capture_output=True, text=True, timeout=60
+    )
+    assert run.returncode == 0, run.stderr
+    sent, dropped, why = run.stdout.split(maxsplit=2)
+    assert (int(sent), int(dropped)) == (0, 4), run.stdout  # the start event and three steps
+    assert "cannot open a socket" in why
