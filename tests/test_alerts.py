@@ -154,6 +154,8 @@ def test_thresholds_and_webhooks_come_from_a_yaml_file(tmp_path: Path) -> None:
         ({"thresholds": {"stall_secs": 1}}, "unknown thresholds: stall_secs"),
         ({"thresholds": {"stall_seconds": "soon"}}, "must be numbers"),
         ({"pager": "x"}, "unknown settings pager"),
+        # The latency SLI counts a histogram bucket: an objective between buckets would match no series.
+        ({"thresholds": {"inference_latency_seconds": 0.3}}, "inference_latency_seconds must be one of (0.005"),
     ],
 )
 def test_a_bad_config_file_is_a_clear_error(content: dict[str, Any], complaint: str, tmp_path: Path) -> None:
