@@ -260,9 +260,10 @@ def step_directory(root: Any, step: int) -> Any | None:
 
 
 def tree_bytes(path: Any) -> int:
-    """The bytes of the files under ``path``, an ``etils.epath.Path`` as Orbax's (a local directory or a bucket's)."""
+    """The bytes of the files under ``path``: a local directory or a bucket's, as Orbax's ``etils.epath.Path``
+    or any path ``epath.Path`` takes."""
     total = 0
-    for folder, _, files in path.walk():
+    for folder, _, files in _epath(path).walk():
         for name in files:
             with contextlib.suppress(FileNotFoundError):  # removed while read: max_to_keep let the step go
                 total += (folder / name).stat().length

@@ -3,21 +3,17 @@
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
 from tpuscope.tracing import Monitor
+from tpuscope.tracing.orbax_checkpoints import tree_bytes
 
 
 class InjectedCheckpointFailure(OSError):
     """The ``ckpt-fail`` fault: what a full disk or a lost bucket looks like to the job."""
-
-
-def directory_bytes(path: Path) -> int:
-    return sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(path) for f in files)
 
 
 class Checkpointer:
@@ -52,7 +48,7 @@ class Checkpointer:
         abstract = jax.tree.map(self._ocp.utils.to_shape_dtype_struct, like)
         with self._monitor.checkpoint("restore", step=step) as ckpt:
             state = self._manager.restore(step, args=self._ocp.args.StandardRestore(abstract))
-            ckpt.bytes = directory_bytes(self.directory / str(step))
+            ckpt.bytes = tree_bytes(self.directory / str(step))
         return state, step
 
     def due(self, step: int) -> bool:
@@ -73,7 +69,7 @@ class Checkpointer:
         try:
             with self._monitor.checkpoint("save", step=step) as ckpt:
                 self._save(step, state)
-                ckpt.bytes = directory_bytes(self.directory / str(step))
+                ckpt.bytes = tree_bytes(self.directory / str(step))
         except Exception as e:  # a failed save is reported and survived, as a real job would
             logging.getLogger("tpuscope.bench").warning("checkpoint at step %d failed: %s", step, e)
 
@@ -88,7 +84,7 @@ class Checkpointer:
     def _finish(self, step: int, started: float) -> None:
         try:
             self._manager.wait_until_finished()
-            ok, size = True, directory_bytes(self.directory / str(step))
+            ok, size = True, tree_bytes(self.directory / str(step))
         except Exception:
             ok, size = False, 0
         self._monitor.record_checkpoint("save", time.perf_counter() - started, ok=ok, bytes=size, step=step)
