@@ -11,14 +11,55 @@ from dataclasses import dataclass, field
 
 from tpuscope import catalog as c
 from tpuscope.conventions import AlertName
+from tpuscope.promql import SIDECAR_START
 
-HOST = {"job": "tpuscope", "instance": "h:9478"}
+HOST = {"job": "tpuscope", "instance": "h:9478"}  # the scrape target's labels
+PLACE = {"slice": "0", "worker": "0"}  # the host's place in its job, on every series its sidecar serves
 
 
-def s(metric: c.Metric, suffix: str = "", **labels: str) -> str:
-    """A series name with labels, as promtool's input_series wants it."""
+def s(metric: c.Metric | str, suffix: str = "", **labels: str) -> str:
+    """A series name with labels, as promtool's input_series wants it (a sidecar's, unless ``metric`` is a
+    name: Prometheus' own ``up``, kube-state-metrics')."""
+    if isinstance(metric, str):
+        return metric + "{" + ", ".join(f'{k}="{v}"' for k, v in labels.items()) + "}"
     name = metric.series(suffix) if suffix else metric.name
-    return name + "{" + ", ".join(f'{k}="{v}"' for k, v in {**HOST, **labels}.items()) + "}"
+    return name + "{" + ", ".join(f'{k}="{v}"' for k, v in {**HOST, **PLACE, **labels}.items()) + "}"
+
+
+def sidecar(
+    minutes: int, started: int = 0, gap: range = range(0), instance: str = "h:9478", worker: str = "0"
+) -> dict[str, str]:
+    """A sidecar's ``up`` and start time (what the rules' count of rare events reads), scraped from minute
+    ``started`` to ``minutes``, none of it during ``gap`` (Prometheus was down)."""
+    return {
+        s("up", **{**HOST, "instance": instance}): values(1, minutes, started, gap),
+        s(SIDECAR_START, **{**HOST, **PLACE, "instance": instance, "worker": worker}): values(
+            started * 60, minutes, started, gap
+        ),
+    }
+
+
+def generations(counter: c.Metric, workers: int, every: int, until: int, **labels: str) -> dict[str, str]:
+    """A job of ``workers`` hosts restarted every ``every`` minutes, each time in new pods (a JobSet with
+    restartPolicy Never): each generation's sidecars are new targets whose ``counter`` is born at 1."""
+    result: dict[str, str] = {}
+    for start in range(0, until, every):
+        end = until if start + every >= until else start + every - 1
+        for worker in map(str, range(workers)):
+            instance = f"g{start}-{worker}:9478"
+            result |= sidecar(end, start, instance=instance, worker=worker)
+            if start:  # the first generation started the job; each later one is a restart
+                result[s(counter, instance=instance, worker=worker, **labels)] = values(1, end, start)
+    return result
+
+
+GAP = range(35, 44)  # Prometheus down for 9 minutes, an hour before the 100th minute
+
+
+def values(value: float, minutes: int, start: int = 0, gap: range = range(0)) -> str:
+    """A constant series in promtool's notation, sampled each minute from ``start`` to ``minutes``, with no
+    sample during ``gap``."""
+    return " ".join("_" if minute < start or minute in gap else f"{value:g}" for minute in range(minutes + 1))
 
 
 W = {"workload": "w"}
@@ -62,33 +103,51 @@ def goodput(productive: int, io_wait: int, minutes: int) -> dict[str, str]:
     }
 
 
-def latency(slow_percent: int, minutes: int) -> dict[str, str]:
+def latency(slow_percent: int, minutes: int, good_before: int = 0, per_minute: int = 100) -> dict[str, str]:
+    """A serving workload answering ``per_minute`` requests a minute, ``slow_percent`` of them slow after its
+    first ``good_before`` minutes."""
+    fast = per_minute * (100 - slow_percent) // 100
+    within = f"0+{per_minute}x{good_before} {per_minute * good_before}+{fast}x{minutes - good_before}"
     return {
-        s(c.INFERENCE_REQUEST_DURATION, "bucket", le="0.5", **W): f"0+{100 - slow_percent}x{minutes}",
-        s(c.INFERENCE_REQUEST_DURATION, "count", **W): f"0+100x{minutes}",
+        s(c.INFERENCE_REQUEST_DURATION, "bucket", le="0.5", **W): within if good_before else f"0+{fast}x{minutes}",
+        s(c.INFERENCE_REQUEST_DURATION, "count", **W): f"0+{per_minute}x{minutes}",
     }
 
 
-STALL = {s(c.LAST_STEP, **W): "0x20", s(c.WORKLOAD_PROCESSES, **W): "1x20"}
+def stalling(steps: str, progress: str = "", processes: str = "1x60") -> dict[str, str]:
+    """A workload's last step and last progress (a step, a checkpoint or a compile stage ending: as its steps
+    unless given), its process connected unless ``processes`` is empty (the job finished)."""
+    series = {s(c.LAST_STEP, **W): steps, s(c.LAST_PROGRESS, **W): progress or steps}
+    return {**series, s(c.WORKLOAD_PROCESSES, **W): processes} if processes else series
+
+
+STALLED = (
+    "Workload w has completed no step for 16m 0s, nor any checkpoint or compile stage (counted from the last of "
+    "them, or from its start), while its processes are still connected."
+)
 REGRESSION_STEPS = s(c.STEP_DURATION, "count", **W)
 REGRESSION_SUM = s(c.STEP_DURATION, "sum", **W)
 DEVICE = {"device": "0", "accelerator": "v5e", "source": "libtpu"}
 RUNNING = {s(c.WORKLOAD_PROCESSES, **W): "1x100"}
+JOBSET = {"job": "tpuscope", "namespace": "ml", "jobset": "llm"}
 
 CASES = [
+    # No progress since its start: past 600 s from minute 11, and the for: of 5m more.
+    Case(AlertName.WORKLOAD_STALLED, "critical", "16m", stalling("0x20"), W, STALLED),
+    Case(AlertName.WORKLOAD_STALLED, None, "15m", stalling("0x20")),  # still pending
+    # A save from minute 30 that never ends pages as a stall does (from its last step, the save's beginning).
+    Case(AlertName.WORKLOAD_STALLED, "critical", "46m", stalling("0+60x30 1800x20"), W, STALLED),
+    Case(AlertName.WORKLOAD_STALLED, None, "10m", stalling("0+60x20")),  # stepping
+    Case(AlertName.WORKLOAD_STALLED, None, "10m", stalling("0x20", processes="")),  # finished: no process left
+    # Issue 21: a synchronous save from minute 30 to 42 paged at 41; 12 minutes fit in the 10 and the for: of 5.
+    Case(AlertName.WORKLOAD_STALLED, None, "41m", stalling("0+60x30 1800x11 2520+60x8")),
+    # A save from minute 30 to 40, then a 9-minute compile before the next step: each ending is progress.
     Case(
         AlertName.WORKLOAD_STALLED,
-        "critical",
-        "15m",
-        STALL,
-        W,
-        "Workload w has completed no step for 15m 0s (or not one since it started) while its processes are still "
-        "connected.",
+        None,
+        "48m",
+        stalling("0+60x30 1800x17 2940+60x5", progress="0+60x30 1800x8 2400x8 2940+60x5"),
     ),
-    Case(
-        AlertName.WORKLOAD_STALLED, None, "10m", {s(c.LAST_STEP, **W): "0+60x20", s(c.WORKLOAD_PROCESSES, **W): "1x20"}
-    ),
-    Case(AlertName.WORKLOAD_STALLED, None, "10m", {s(c.LAST_STEP, **W): "0x20"}),  # finished: no process left
     Case(
         AlertName.STEP_TIME_REGRESSION,
         "warning",
@@ -160,11 +219,22 @@ CASES = [
         "Workload w compiled for 20m 0s in the last hour.",
     ),
     Case(AlertName.COMPILE_TIME_HIGH, None, "70m", {s(c.COMPILE_DURATION, "sum", stage="backend", **W): "0+1x70"}),
+    # 20 minutes of compiles long ago, and Prometheus down an hour back: old news, not a new series.
+    Case(
+        AlertName.COMPILE_TIME_HIGH,
+        None,
+        "100m",
+        {s(c.COMPILE_DURATION, "sum", stage="backend", **W): values(1200, 100, gap=GAP), **sidecar(100, gap=GAP)},
+    ),
     Case(
         AlertName.RECOMPILING,
         "warning",
         "90m",
-        {s(c.COMPILE_DURATION, "count", stage="backend", **W): "0x60 1+1x30", s(c.STEPS, **W): "0+100x90"},
+        {
+            s(c.COMPILE_DURATION, "count", stage="backend", **W): "0x60 1+1x30",
+            s(c.STEPS, **W): "0+100x90",
+            **sidecar(90),
+        },
         W,
         "Workload w compiled 30 programs in 30 minutes, an hour after it began stepping.",
     ),
@@ -172,7 +242,49 @@ CASES = [
         AlertName.RECOMPILING,
         None,
         "90m",  # compiles while it warms up: it only began stepping at 60m
-        {s(c.COMPILE_DURATION, "count", stage="backend", **W): "0x60 1+1x30", s(c.STEPS, **W): "_x60 0+100x30"},
+        {
+            s(c.COMPILE_DURATION, "count", stage="backend", **W): "0x60 1+1x30",
+            s(c.STEPS, **W): "_x60 0+100x30",
+            **sidecar(90),
+        },
+    ),
+    # Restarted at 70m in a new pod: its new sidecar's compiles are the warm-up, though the workload (in the
+    # old pod) was stepping an hour ago.
+    Case(
+        AlertName.RECOMPILING,
+        None,
+        "90m",
+        {
+            s(c.STEPS, **W): "0+100x70",
+            s(c.COMPILE_DURATION, "count", stage="backend", **W): "1x70",
+            **sidecar(70),
+            s(c.STEPS, instance="new:9478", **W): "_x70 0+100x20",
+            s(c.COMPILE_DURATION, "count", stage="backend", instance="new:9478", **W): "_x70 1+1x20",
+            s(c.WORKLOAD_RESTARTS, reason="resumed", instance="new:9478", **W): "_x70 1x20",
+            **sidecar(90, started=70, instance="new:9478"),
+        },
+    ),
+    # Restarted at 70m under the same sidecar (a process restarted in place): its compiles are the warm-up.
+    Case(
+        AlertName.RECOMPILING,
+        None,
+        "90m",
+        {
+            s(c.STEPS, **W): "0+100x90",
+            s(c.COMPILE_DURATION, "count", stage="backend", **W): "1x70 2+1x20",
+            s(c.WORKLOAD_RESTARTS, reason="resumed", **W): "_x70 1x20",
+            **sidecar(90),
+        },
+    ),
+    Case(  # Prometheus down half an hour back: 5 compiles long ago are not new
+        AlertName.RECOMPILING,
+        None,
+        "100m",
+        {
+            s(c.STEPS, **W): "0+100x100",
+            s(c.COMPILE_DURATION, "count", stage="backend", **W): values(5, 100, gap=range(65, 74)),
+            **sidecar(100, gap=range(65, 74)),
+        },
     ),
     Case(
         AlertName.COMPILE_CACHE_HIT_RATIO_LOW,
@@ -216,7 +328,7 @@ CASES = [
         "warning",
         "20m",
         {s(c.DEVICE_MEMORY_USED, **DEVICE): "15e9x20", s(c.DEVICE_MEMORY_LIMIT, **DEVICE): "16e9x20"},
-        {**HOST, **DEVICE},
+        {**HOST, **PLACE, **DEVICE},
         "Device 0 (v5e, libtpu) of h:9478 uses 93.75% of its memory.",
     ),
     Case(
@@ -229,9 +341,18 @@ CASES = [
         AlertName.CHECKPOINT_FAILING,
         "warning",
         "20m",
-        {s(c.CHECKPOINT_DURATION, "count", operation="save", result="error", **W): "_x10 1x10"},
+        {s(c.CHECKPOINT_DURATION, "count", operation="save", result="error", **W): "_x10 1x10", **sidecar(20)},
         W,
         "Workload w failed 1 checkpoint saves in the last 30 minutes.",
+    ),
+    Case(  # one failed save long ago, Prometheus down half an hour back
+        AlertName.CHECKPOINT_FAILING,
+        None,
+        "100m",
+        {
+            s(c.CHECKPOINT_DURATION, "count", operation="save", result="error", **W): values(1, 100, gap=range(65, 74)),
+            **sidecar(100, gap=range(65, 74)),
+        },
     ),
     Case(
         AlertName.CHECKPOINT_FAILING,
@@ -304,57 +425,148 @@ CASES = [
         AlertName.WORKLOAD_FAILED,
         "warning",
         "10m",
-        {s(c.WORKLOAD_FAILURES, reason="crash", **W): "_x5 1x5"},
+        {s(c.WORKLOAD_FAILURES, reason="crash", **W): "_x5 1x5", **sidecar(10)},
         W,
         "Workload w failed in the last hour (failures: 1).",
     ),
-    Case(AlertName.WORKLOAD_FAILED, None, "90m", {s(c.WORKLOAD_FAILURES, reason="crash", **W): "1x90"}),  # 90 min ago
+    Case(
+        AlertName.WORKLOAD_FAILED, None, "90m", {s(c.WORKLOAD_FAILURES, reason="crash", **W): "1x90", **sidecar(90)}
+    ),  # 90 min ago
+    # Failed long ago; Prometheus was down an hour back: the series was there all along, not new.
+    Case(
+        AlertName.WORKLOAD_FAILED,
+        None,
+        "100m",
+        {s(c.WORKLOAD_FAILURES, reason="crash", **W): values(1, 100, gap=GAP), **sidecar(100, gap=GAP)},
+    ),
+    Case(  # ... but a failure after the gap counts
+        AlertName.WORKLOAD_FAILED,
+        "warning",
+        "100m",
+        {
+            s(c.WORKLOAD_FAILURES, reason="crash", **W): " ".join(values(1, 100, gap=GAP).split()[:81] + ["2"] * 20),
+            **sidecar(100, gap=GAP),
+        },
+        W,
+        "Workload w failed in the last hour (failures: 1).",
+    ),
     Case(
         AlertName.WORKLOAD_CRASH_LOOPING,
         "critical",
         "10m",
-        {s(c.WORKLOAD_RESTARTS, reason="crash", **W): "_x5 1 2 3x5"},
+        {s(c.WORKLOAD_RESTARTS, reason="crash", **W): "_x5 1 2 3x5", **sidecar(10)},
         W,
         "Workload w restarted 3 times in the last hour, preemptions not counted.",
     ),
-    Case(AlertName.WORKLOAD_CRASH_LOOPING, None, "10m", {s(c.WORKLOAD_RESTARTS, reason="crash", **W): "_x5 1 2x5"}),
+    # A 2-host JobSet with restartPolicy Never restarted 3 times in 40 minutes: 3 generations of new pods,
+    # each sidecar's counter born at 1.
     Case(
-        AlertName.WORKLOAD_CRASH_LOOPING, None, "10m", {s(c.WORKLOAD_RESTARTS, reason="preemption", **W): "_x5 1 2 3x5"}
+        AlertName.WORKLOAD_CRASH_LOOPING,
+        "critical",
+        "40m",
+        generations(c.WORKLOAD_RESTARTS, workers=2, every=10, until=40, reason="crash", **W),
+        W,
+        "Workload w restarted 3 times in the last hour, preemptions not counted.",
+    ),
+    Case(
+        AlertName.WORKLOAD_CRASH_LOOPING,
+        None,
+        "10m",
+        {s(c.WORKLOAD_RESTARTS, reason="crash", **W): "_x5 1 2x5", **sidecar(10)},
+    ),
+    Case(
+        AlertName.WORKLOAD_CRASH_LOOPING,
+        None,
+        "10m",
+        {s(c.WORKLOAD_RESTARTS, reason="preemption", **W): "_x5 1 2 3x5", **sidecar(10)},
     ),
     # One restart of a three-host job, seen by each host's sidecar: one restart, not three.
     Case(
         AlertName.WORKLOAD_CRASH_LOOPING,
         None,
         "10m",
-        {s(c.WORKLOAD_RESTARTS, reason="crash", instance=f"h{i}:9478", **W): "_x5 1x5" for i in range(3)},
+        {
+            k: v
+            for i in range(3)
+            for k, v in {
+                s(c.WORKLOAD_RESTARTS, reason="crash", instance=f"h{i}:9478", worker=str(i), **W): "_x5 1x5",
+                **sidecar(10, instance=f"h{i}:9478", worker=str(i)),
+            }.items()
+        },
+    ),
+    # Crash-looped days ago; Prometheus was down for 9 minutes an hour back: no new restart.
+    Case(
+        AlertName.WORKLOAD_CRASH_LOOPING,
+        None,
+        "100m",
+        {s(c.WORKLOAD_RESTARTS, reason="crash", **W): values(3, 100, gap=GAP), **sidecar(100, gap=GAP)},
     ),
     Case(
         AlertName.COLLECTOR_DOWN,
         "warning",
         "10m",
-        {s(c.COLLECTOR_UP, collector="libtpu"): "0x10"},
-        {**HOST, "collector": "libtpu"},
+        {s(c.COLLECTOR_UP, collector="libtpu"): "0x10", s(c.WORKLOAD_PROCESSES, **W): "1x10"},
+        {**HOST, **PLACE, "collector": "libtpu"},
         "Collector libtpu of h:9478 has failed for 5 minutes.",
     ),
-    Case(AlertName.COLLECTOR_DOWN, None, "10m", {s(c.COLLECTOR_UP, collector="libtpu"): "1x10"}),
+    Case(
+        AlertName.COLLECTOR_DOWN,
+        "warning",
+        "10m",
+        {s(c.COLLECTOR_UP, collector="host"): "0x10"},  # the host's own collector needs no job
+        {**HOST, **PLACE, "collector": "host"},
+        "Collector host of h:9478 has failed for 5 minutes.",
+    ),
+    Case(AlertName.COLLECTOR_DOWN, None, "10m", {s(c.COLLECTOR_UP, collector="libtpu"): "1x10", **RUNNING}),
+    # No job on the host: the TPU runtime whose metrics libtpu reads lives in the job. Never had one ...
+    Case(AlertName.COLLECTOR_DOWN, None, "10m", {s(c.COLLECTOR_UP, collector="libtpu"): "0x10"}),
+    # ... or its job has finished.
+    Case(
+        AlertName.COLLECTOR_DOWN,
+        None,
+        "10m",
+        {s(c.COLLECTOR_UP, collector="libtpu"): "0x10", s(c.WORKLOAD_PROCESSES, **W): "0x10"},
+    ),
+    # A 4-host JobSet lost its node pool: one ticket for the job, not four pages.
     Case(
         AlertName.EXPORTER_DOWN,
-        "critical",
+        "warning",
         "10m",
-        {'up{job="tpuscope", instance="h:9478"}': "0x10"},
-        HOST,
-        "Prometheus has not scraped the sidecar h:9478 for 5 minutes: its workloads are unmonitored.",
+        {s("up", **JOBSET, instance=f"h{i}:9478", pod=f"llm-{i}"): "0x10" for i in range(4)},
+        {"job": "tpuscope", "namespace": "ml", "jobset": "llm"},
+        "100% of the tpuscope sidecars of JobSet llm in namespace ml have not been scraped for 5 minutes: the "
+        "workloads on those hosts are unmonitored.",
     ),
-    Case(AlertName.EXPORTER_DOWN, None, "10m", {'up{job="tpuscope", instance="h:9478"}': "1x10"}),
+    Case(  # 1 host of 20: within the share
+        AlertName.EXPORTER_DOWN,
+        None,
+        "10m",
+        {s("up", **JOBSET, instance=f"h{i}:9478", pod=f"llm-{i}"): "0x10" if i == 0 else "1x10" for i in range(20)},
+    ),
+    Case(AlertName.EXPORTER_DOWN, None, "10m", {s("up", **HOST): "1x10"}),
     Case(
         AlertName.EXPORTER_ABSENT,
         "warning",
         "20m",
-        {'up{job="node", instance="n:9100"}': "1x20"},
-        {},
-        "No target of a job matching tpuscope.* exists: the scrape configuration or the PodMonitor lost the sidecars.",
+        {
+            s("kube_pod_init_container_status_running", namespace="ml", pod="llm-0", container="tpuscope"): "1x20",
+            s("up", job="node", instance="n:9100"): "1x20",
+        },
+        {"namespace": "ml"},
+        "1 pods of namespace ml run a tpuscope sidecar that no target of a job matching tpuscope.* scrapes: the "
+        "scrape configuration or the PodMonitor lost them.",
     ),
-    Case(AlertName.EXPORTER_ABSENT, None, "20m", {'up{job="tpuscope", instance="h:9478"}': "1x20"}),
+    # An idle cluster: no job, so no sidecar to scrape.
+    Case(AlertName.EXPORTER_ABSENT, None, "20m", {s("up", job="node", instance="n:9100"): "1x20"}),
+    Case(
+        AlertName.EXPORTER_ABSENT,
+        None,
+        "20m",
+        {
+            s("kube_pod_init_container_status_running", namespace="ml", pod="llm-0", container="tpuscope"): "1x20",
+            s("up", **JOBSET, instance="h0:9478", pod="llm-0"): "1x20",
+        },
+    ),
     Case(
         AlertName.INGEST_LOSING_EVENTS,
         "warning",
@@ -381,28 +593,29 @@ CASES = [
     Case(
         AlertName.INFERENCE_LATENCY_BUDGET_BURN,
         "critical",
-        "30m",
-        latency(slow_percent=50, minutes=30),
+        "130m",  # older than the hour the fast pair looks at, its last 70 minutes half slow
+        latency(slow_percent=50, minutes=130, good_before=60),
         W,
         "Workload w is burning its latency error budget fast: 50% was bad over the last 1h or 6h, against a "
         "budget of 1.00%.",
-        # A fast burn is a slow one too; Alertmanager's inhibition keeps the ticket quiet while the page fires.
-        also=(
-            (
-                "warning",
-                "Workload w is burning its latency error budget steadily: 50% was bad over the last 1d or 3d, "
-                "against a budget of 1.00%.",
-            ),
-        ),
+    ),
+    # A new workload's slow first 10 minutes: every window is its whole life; an hour has not passed.
+    Case(AlertName.INFERENCE_LATENCY_BUDGET_BURN, None, "10m", latency(slow_percent=50, minutes=10)),
+    # Nearly idle: 30 slow requests of 60 in an hour are no outage.
+    Case(
+        AlertName.INFERENCE_LATENCY_BUDGET_BURN,
+        None,
+        "90m",
+        latency(slow_percent=100, minutes=90, good_before=60, per_minute=1),
     ),
     Case(
         AlertName.INFERENCE_LATENCY_BUDGET_BURN,
         "warning",
-        "180m",
-        latency(slow_percent=5, minutes=180),
+        "1470m",
+        latency(slow_percent=5, minutes=1470),
         W,
         "Workload w is burning its latency error budget steadily: 5% was bad over the last 1d or 3d, against a "
         "budget of 1.00%.",
     ),
-    Case(AlertName.INFERENCE_LATENCY_BUDGET_BURN, None, "180m", latency(slow_percent=0, minutes=180)),
+    Case(AlertName.INFERENCE_LATENCY_BUDGET_BURN, None, "1470m", latency(slow_percent=0, minutes=1470)),
 ]

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 import yaml
-from alert_cases import CASES, Case
+from alert_cases import CASES, REGRESSION_STEPS, REGRESSION_SUM, Case
 from alertmanager import AlertmanagerServer, Webhook
 from conftest import require, wait_until
 
@@ -93,6 +93,18 @@ def test_every_alert_fires_with_exact_labels_and_annotations_and_stays_quiet_whe
     tests.write_text(yaml.safe_dump(promtool_tests(CASES, RULES), sort_keys=False))
     out = run(require("promtool"), "test", "rules", str(tests))
     assert out.returncode == 0, out.stdout[-6000:] + out.stderr[-3000:]
+
+
+def test_a_step_time_baseline_is_three_hours_long_whatever_the_evaluation_interval(tmp_path: Path) -> None:
+    """2.5 hours of history, then steps twice as slow: no baseline yet, at Prometheus' 30 s evaluation
+    interval as at promtool's 1 m (a count of 180 recorded samples was 3 hours at 1 m, 90 minutes at 30 s)."""
+    history = {REGRESSION_STEPS: "0+60x240", REGRESSION_SUM: "0+60x150 9060+120x90"}
+    for interval in ("30s", "1m"):
+        quiet = Case(AlertName.STEP_TIME_REGRESSION, None, "235m", history)
+        tests = tmp_path / f"baseline-{interval}.yaml"
+        tests.write_text(yaml.safe_dump({**promtool_tests([quiet], RULES), "evaluation_interval": interval}))
+        out = run(require("promtool"), "test", "rules", str(tests))
+        assert out.returncode == 0, f"at {interval}: " + out.stdout[-3000:] + out.stderr[-2000:]
 
 
 def test_every_alert_and_severity_has_a_firing_case_and_a_quiet_one() -> None:

@@ -19,6 +19,7 @@ from conftest import require, wait_until
 
 from tpuscope import alerts, catalog, kubernetes
 from tpuscope.generator_config import GeneratorConfig
+from tpuscope.promql import SIDECAR_START
 from tpuscope.testing.prometheus import ServerProcess, target_of
 from tpuscope.workload.sidecar import SidecarProcess
 
@@ -80,7 +81,8 @@ def test_the_scrape_discovers_pods_as_the_podmonitor_does() -> None:
     ((label, value),) = kubernetes.SCRAPE_LABEL.items()
     keeps = {tuple(r["source_labels"]): r["regex"] for r in filters if r["action"] == "keep"}
     assert keeps == {(pod_label(label),): value, ("__meta_kubernetes_pod_container_port_name",): kubernetes.PORT_NAME}
-    assert re.fullmatch(GeneratorConfig().exporter_job, SCRAPE["relabel_configs"][-4]["replacement"])
+    (job,) = (r["replacement"] for r in labels if r["target_label"] == "job")
+    assert re.fullmatch(GeneratorConfig().exporter_job, job)
     assert CONFIG["global"]["scrape_interval"] == "15s" and SCRAPE["metrics_path"] == "/metrics"
 
 
@@ -92,6 +94,7 @@ def test_a_real_prometheus_scrapes_only_the_sidecar_and_labels_it(tmp_path: Path
         "__meta_kubernetes_pod_name": "llm-pretrain-slice-1-2-x7k2p",
         "__meta_kubernetes_namespace": "ml-research",
         "__meta_kubernetes_pod_node_name": "gke-tpu-v5e-pool-1-node-3",
+        "__meta_kubernetes_pod_label_jobset_sigs_k8s_io_jobset_name": "llm-pretrain",
         "__meta_kubernetes_pod_phase": "Running",
     }
     with SidecarProcess(short_tmp / "events.sock") as sidecar:
@@ -124,6 +127,7 @@ def test_a_real_prometheus_scrapes_only_the_sidecar_and_labels_it(tmp_path: Path
                 "pod": pod["__meta_kubernetes_pod_name"],
                 "namespace": pod["__meta_kubernetes_namespace"],
                 "node": pod["__meta_kubernetes_pod_node_name"],
+                "jobset": "llm-pretrain",
             }
             assert len(found["droppedTargets"]) == 3
             build_info = f'{catalog.BUILD_INFO.name}{{job="tpuscope", pod="{pod["__meta_kubernetes_pod_name"]}"}}'
@@ -154,6 +158,8 @@ def test_remote_write_sends_tpuscope_series_and_the_recording_rules_only() -> No
     recorded = [r["record"] for g in alerts.rule_groups(GeneratorConfig()) for r in g["rules"] if "record" in r]
     assert recorded and all(kept(name) for name in recorded), "recording rules' results carry no job"
     assert kept("up", "tpuscope") and not kept("up", "node-exporter")
+    # The rules' count of rare events reads when each sidecar started (tpuscope.promql.grown).
+    assert kept(SIDECAR_START, "tpuscope") and not kept(SIDECAR_START, "node-exporter")
     assert not kept("node_cpu_seconds_total", "node-exporter") and not kept("ALERTS")
     queue = remote["queue_config"]
     assert queue["max_shards"] >= 10 and queue["capacity"] >= queue["max_samples_per_send"]

@@ -70,11 +70,13 @@ def test_ranges_subqueries_and_offsets_are_divided_and_nothing_else() -> None:
         f"avg_over_time({STEP_MEAN}[6h] offset 30m) > 1.3"
         " and max_over_time(x[1h:5m])"
         f' + min_over_time(y{{le="0.5", reason!="preemption"}}[1h:]) + z offset 1h + {BADPUT_RATIO}1h'
+        " and s > time() - 3600 and time() - max(t) > 600"  # a window back from now; a threshold (the config's)
     )
     assert fleet_rules.scale_expr(expr, K) == (
         f"avg_over_time({STEP_MEAN}[36m] offset 3m) > 1.3"
         " and max_over_time(x[6m:30s])"
         f' + min_over_time(y{{le="0.5", reason!="preemption"}}[6m:]) + z offset 6m + {BADPUT_RATIO}1h'
+        " and s > time() - 360 and time() - max(t) > 600"
     )
 
 
@@ -207,9 +209,10 @@ def test_a_small_fleet_names_the_straggler_and_the_stalled_workload(fleet_run: F
     # The alert waits its for: (10m / 30) after the compute mean crossed 1.2x, which takes part of a window (10 s).
     assert 20 <= straggler["time_to_fire_seconds"] <= 20 + 10 + 15
     stall = f["stall"]
-    assert stall["named"] == ["fleet-01"] and stall["threshold_seconds"] == 20
-    # From its last step, which may have ended a step before the stall began, to an evaluation past 20 s.
-    assert 20 - 1.5 <= stall["time_to_fire_seconds"] <= 20 + 10
+    assert stall["named"] == ["fleet-01"] and (stall["threshold_seconds"], stall["for_seconds"]) == (20, 10)
+    # From its last step, which may have ended a step before the stall began, to an evaluation past 20 s and
+    # its for: (5m / 30) after.
+    assert 20 + 10 - 1.5 <= stall["time_to_fire_seconds"] <= 20 + 10 + 10
     assert set(f["alerts_fired"]) <= {AlertName.STRAGGLER, AlertName.WORKLOAD_STALLED, AlertName.SYNC_BOUND}
 
     # The figures: present, and what 8 sidecars of 4 chips scraped every 2 s come to.

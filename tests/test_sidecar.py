@@ -100,6 +100,29 @@ def test_every_event_kind_lands_in_its_metric(sidecar: SidecarProcess) -> None:
     assert scrape.value(catalog.BUILD_INFO.name) == 1
 
 
+def test_a_checkpoint_or_compile_ending_is_progress_as_a_step_is(sidecar: SidecarProcess) -> None:
+    """TpuscopeWorkloadStalled counts from the last progress: a long save or compile after the last step is none."""
+    w = {"workload": "progress"}
+    last_step, progress = catalog.LAST_STEP.name, catalog.LAST_PROGRESS.name
+    with Monitor("progress", socket=sidecar.socket) as mon:
+        started = scrape_when(sidecar.url, lambda s: s.value(progress, **w) > 0)
+        assert started.value(progress, **w) == started.value(last_step, **w)  # the start is progress
+        time.sleep(0.05)
+        with mon.step(0):
+            pass
+        stepped = scrape_when(sidecar.url, lambda s: s.value(last_step, **w) > started.value(last_step, **w))
+        assert stepped.value(progress, **w) == stepped.value(last_step, **w)
+        time.sleep(0.05)
+        mon.compile("backend", 30.0, function="train_step")
+        compiled = scrape_when(sidecar.url, lambda s: s.value(progress, **w) > stepped.value(progress, **w))
+        time.sleep(0.05)
+        with pytest.raises(OSError), mon.checkpoint("save", step=1):  # a failed save too: the job goes on
+            raise OSError("disk full")
+        saved = scrape_when(sidecar.url, lambda s: s.value(progress, **w) > compiled.value(progress, **w))
+    assert saved.value(progress, **w) == pytest.approx(time.time(), abs=60)
+    assert saved.value(last_step, **w) == stepped.value(last_step, **w)  # neither is a step
+
+
 def test_openmetrics_is_served_when_asked_for(sidecar: SidecarProcess) -> None:
     request = urllib.request.Request(sidecar.url, headers={"Accept": "application/openmetrics-text; version=1.0.0"})
     with urllib.request.urlopen(request) as r:

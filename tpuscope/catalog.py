@@ -135,7 +135,17 @@ LAST_STEP = _metric(
     "last_step_timestamp_seconds",
     Kind.GAUGE,
     "Unix time at which the sidecar received the workload's latest step, or its start if it has not "
-    "stepped since (for stall detection).",
+    "stepped since (stall detection reads tpuscope_last_progress_timestamp_seconds).",
+    W,
+    unit="seconds",
+    group=STEPS_GROUP,
+)
+LAST_PROGRESS = _metric(
+    "last_progress_timestamp_seconds",
+    Kind.GAUGE,
+    "Unix time at which the sidecar last saw the workload make progress, for stall detection: a step, its "
+    "start, the end of a checkpoint save or restore (failed ones too), or the end of a compile stage (which "
+    "is when the next stage begins: the lowering's end is the backend compile's start).",
     W,
     unit="seconds",
     group=STEPS_GROUP,

@@ -17,6 +17,12 @@ from tpuscope import catalog as c
 # The sidecar's /metrics port: tpuscope's entry in Prometheus' default port allocations wiki page.
 DEFAULT_PORT = 9478
 
+# The collector that reads the TPU runtime's metrics service. The training process serves it (libtpu runs
+# inside the job), so on a host with no job it has nothing to read, and that is no fault.
+LIBTPU_COLLECTOR = "libtpu"
+# The sidecar's container in the pods tpuscope's manifests write (an init container with restartPolicy Always).
+SIDECAR_CONTAINER = "tpuscope"
+
 ALERT_PREFIX = "Tpuscope"
 # Every alert of tpuscope's rules, and nothing else, matches this: routing an Alertmanager shared with
 # other teams, and the dashboards' and readers' view of "our" alerts.
@@ -80,6 +86,9 @@ MEMORY_USED = f"device:{c.DEVICE_MEMORY_USED.name}:ratio_limit"
 GOODPUT_RATE = f"workload_category:{c.GOODPUT.base_name}:rate5m"
 REQUESTS_FAST_RATE = f"workload:{c.INFERENCE_REQUEST_DURATION.name}_within_objective:rate5m"
 REQUESTS_RATE = f"workload:{c.INFERENCE_REQUEST_DURATION.name}_count:rate5m"
+# The period an SLO's error budget covers: the alerts' burn rates are multiples of the rate that spends the
+# budget in exactly this period (the SRE workbook's), and the dashboards show what is left of it.
+SLO_PERIOD = "30d"
 # The SLO ratios, one rule per window: BADPUT_RATIO + "1h" is the badput ratio over the last hour.
 BADPUT_RATIO = "workload:tpuscope_badput:ratio_rate"
 SLOW_REQUESTS_RATIO = "workload:tpuscope_inference_slow_requests:ratio_rate"

@@ -7,7 +7,16 @@ written once, here.
 
 from __future__ import annotations
 
-from tpuscope.catalog import Metric
+from tpuscope import durations
+from tpuscope.catalog import HOST_LABELS, Metric
+
+# prometheus_client's process collector, in every sidecar's /metrics: when the sidecar started.
+SIDECAR_START = "process_start_time_seconds"
+# A new target's first scrape comes within this of its start: service discovery and one scrape interval,
+# Prometheus' lookback (5 minutes) as the bound.
+FIRST_SCRAPE_SECONDS = 300.0
+# The labels that name one worker of a job for its whole life, across the pods it runs in.
+WORKER = ", ".join(HOST_LABELS)
 
 
 def series(metric: Metric, *matchers: str, suffix: str = "") -> str:
@@ -16,15 +25,49 @@ def series(metric: Metric, *matchers: str, suffix: str = "") -> str:
     return f"{name}{{{', '.join(matchers)}}}" if matchers else name
 
 
-def grown(selector: str, window: str) -> str:
-    """How much the counters ``selector`` picks grew in ``window``, a series' first event included.
+def grown(selector: str, window: str, seconds: str = "") -> str:
+    """How much the counters ``selector`` picks grew in ``window``, per series, a series' first event and a
+    sidecar gone since included.
 
-    A labelled counter comes into being at its first event, already at 1, and ``increase()`` never
-    counts a series' first sample: the first failure of a kind would read 0. A series that did not
-    exist ``window`` ago counts in full (it started from 0); one that went down (the sidecar restarted)
-    counts what it has since.
+    ``increase()`` will not do for rare events: a labelled counter comes into being at its first event,
+    already at 1, and ``increase()`` never counts a series' first sample (the first failure would read 0);
+    nor does it see a sidecar that has gone since (a crashed pod's). So, the first that holds, per series:
+
+    1. it existed ``window`` ago: what it gained since, up to its last sample (a gone sidecar's too);
+    2. its sidecar started inside the window (or so shortly before that it was not yet scraped when the
+       window began): all of it, every count of a new sidecar is new;
+    3. its target was scraped ``window`` ago without it: all of it (it was born since);
+    4. otherwise (Prometheus itself was down ``window`` ago): what it gained between the samples the
+       window holds. A gap in the data never makes an old series count as new.
+
+    A series that went down (its sidecar restarted in place) is taken by 2. ``seconds``: the window in
+    seconds where ``window`` is a variable (Grafana's ``$__range_s``); by default, parsed from it.
     """
-    return f"(({selector} - {selector} offset {window}) >= 0 or {selector})"
+    # How far back a sidecar's start makes its series new: the window, and the time a new target may wait
+    # for its first scrape.
+    if seconds:
+        since = f"({seconds} + {FIRST_SCRAPE_SECONDS:g})"
+    else:
+        since = f"{durations.parse(window) + FIRST_SCRAPE_SECONDS:g}"
+    last = f"max_over_time({selector}[{window}])"
+    before = f"{selector} offset {window}"
+    by_target = "on (job, instance)"  # the labels of a scrape target, on every series it serves
+    return (
+        f"(({last} - {before}) >= 0"
+        f" or {last} and {by_target} max_over_time({SIDECAR_START}[{window}]) > time() - {since}"
+        f" or {last} unless {before} and {by_target} up offset {window} == 1"
+        f" or {last} - min_over_time({selector}[{window}]))"
+    )
+
+
+def each_worker_once(grew: str, by: str = "workload") -> str:
+    """Rare events that every worker of a job reports (a restart, a failure, a recompile), counted once.
+
+    Summed over each worker's successive sidecars (a restarted pod is a new sidecar whose counters start
+    again), then the most any one worker saw: one restart of a 4-host job is 1, not 4, and three restarts
+    seen by three generations of pods are 3, not 1. ``grew``: :func:`grown` of the counters.
+    """
+    return f"max by ({by}) (sum by ({by}, {WORKER}) ({grew}))"
 
 
 def le(bound: float) -> str:

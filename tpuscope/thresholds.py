@@ -26,7 +26,9 @@ class Thresholds:
 
     # --- a workload's health ---
     stall_seconds: float = 600.0
-    """No step for this long (counted from the start, so longer than restoring and compiling take)."""
+    """No progress (a step, a checkpoint save or restore ending, a compile stage ending) for this long, counted
+    from the start; the alert then waits half as long again, so a save or compile that began at a step may
+    last 1.5 times this."""
     checkpoint_age_seconds: float = 3600.0
     """No successful checkpoint for this long: the work since then is at risk."""
     checkpoint_share: float = 0.05
@@ -61,6 +63,11 @@ class Thresholds:
     """Restarts in an hour that make a crash loop (a page); a single failure makes a ticket."""
     ingest_loss_ratio: float = 0.01
     """Share of a sidecar's events dropped or invalid above which its step metrics undercount."""
+    exporter_down_share: float = 0.1
+    """Share of a job's sidecars Prometheus cannot scrape above which their hosts count as unmonitored."""
+    inference_min_requests: float = 100
+    """Requests a serving workload must have answered in a burn-rate window before its latency SLO is judged
+    over it: a few slow requests of a nearly idle service are not an outage."""
 
     def __post_init__(self) -> None:
         for name in ("goodput_objective", "inference_latency_objective"):

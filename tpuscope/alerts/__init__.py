@@ -75,8 +75,9 @@ def alertmanager_file(config: GeneratorConfig) -> str:
     document = {
         "route": {
             "receiver": NOWHERE,
-            # Per-workload alerts have no instance, per-host ones no workload: each groups by what it has.
-            "group_by": ["alertname", "workload", "slice", "instance"],
+            # Per-workload alerts have no instance, per-host ones no workload, per-job ones (sidecars down)
+            # neither: each groups by what it has.
+            "group_by": ["alertname", "workload", "slice", "instance", "namespace", "jobset"],
             "group_wait": "30s",
             "group_interval": "5m",
             "repeat_interval": "4h",
@@ -92,11 +93,6 @@ def alertmanager_file(config: GeneratorConfig) -> str:
             {"name": TICKET, "webhook_configs": [{"url": config.ticket_webhook_url, "send_resolved": True}]},
         ],
         "inhibit_rules": [
-            {  # a sidecar that cannot be scraped: its target's other alerts are stale news
-                "source_matchers": [f'alertname="{AlertName.EXPORTER_DOWN}"'],
-                "target_matchers": [OURS, f'alertname!="{AlertName.EXPORTER_DOWN}"'],
-                "equal": ["job", "instance"],
-            },
             {  # a stalled workload has no step time to speak of
                 "source_matchers": [f'alertname="{AlertName.WORKLOAD_STALLED}"'],
                 "target_matchers": [f'alertname=~"{ALERT_PREFIX}({stall_says_it})"'],

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from tpuscope import catalog as c
+from tpuscope import durations
 from tpuscope.alerts.rules import Alert, new_or_increase
 from tpuscope.conventions import AlertName, DashboardUID
 from tpuscope.generator_config import GeneratorConfig
-from tpuscope.promql import series
+from tpuscope.promql import SIDECAR_START, series
 
 BACKEND = 'stage="backend"'
 HIT = 'result="hit"'
@@ -15,6 +16,12 @@ HIT = 'result="hit"'
 def alerts(config: GeneratorConfig) -> list[Alert]:
     t = config.thresholds
     lookups = new_or_increase(c.COMPILE_CACHE_REQUESTS, "1h")
+    # Each sidecar's compiles count only if it has served the workload's steps for the hour: a restarted
+    # job (a new pod's sidecar, or a new process under the same one) compiles everything again.
+    steady = (
+        f"and on (job, instance, workload) {series(c.STEPS)} offset 1h > 0"
+        f" and on (job, instance) {SIDECAR_START} < time() - {durations.parse('1h'):g}"
+    )
     return [
         Alert(
             AlertName.COMPILE_TIME_HIGH,
@@ -28,8 +35,8 @@ def alerts(config: GeneratorConfig) -> list[Alert]:
         Alert(
             AlertName.RECOMPILING,
             "warning",
-            f"{new_or_increase(c.COMPILE_DURATION, '30m', BACKEND, suffix='count')} > {t.steady_state_compiles:g}"
-            f" and on (workload) sum by (workload) ({series(c.STEPS)} offset 1h) > 0",
+            f"{new_or_increase(c.COMPILE_DURATION, '30m', BACKEND, suffix='count', only=steady)}"
+            f" > {t.steady_state_compiles:g} unless on (workload) {new_or_increase(c.WORKLOAD_RESTARTS, '1h')} > 0",
             "A workload keeps recompiling in its steady state.",
             "Workload {{ $labels.workload }} compiled {{ $value }} programs in 30 minutes, an hour after it began "
             "stepping.",

@@ -22,7 +22,7 @@ from tpuscope import catalog as c
 from tpuscope import durations
 from tpuscope.conventions import AlertName, DashboardUID
 from tpuscope.generator_config import GeneratorConfig
-from tpuscope.promql import grown, series
+from tpuscope.promql import each_worker_once, grown, series
 
 # (long window, short window, burn rate, severity)
 BURN_RATES = (
@@ -65,15 +65,16 @@ class Alert:
         return rule
 
 
-def new_or_increase(counter: c.Metric, window: str, *matchers: str, suffix: str = "") -> str:
+def new_or_increase(counter: c.Metric, window: str, *matchers: str, suffix: str = "", only: str = "") -> str:
     """How much a workload's counter of rare events grew in ``window``, a series born in it counted in
-    full (``increase()`` never counts a series' first sample, so a first failure would read 0).
+    full and a sidecar gone since counted too (:func:`tpuscope.promql.grown`).
 
-    The most any one process saw, not the sum: every worker of a multi-host job reports the same
-    restart, the same recompile.
+    Once per job, not once per host: every worker of a multi-host job reports the same restart, the same
+    recompile, and a restarted pod is a new sidecar (:func:`tpuscope.promql.each_worker_once`). ``only``:
+    a condition on each sidecar's series (``and on (job, instance) ...``).
     """
     grew = grown(series(counter, *matchers, suffix=suffix), window)
-    return f"max by (workload) (sum by (workload, job, instance) {grew})"
+    return each_worker_once(f"{grew} {only}" if only else grew)
 
 
 def per_workload(function: str, selector: str, window: str, by: str = "workload") -> str:
@@ -96,13 +97,16 @@ def burn_rate_alerts(
     runbook: str,
     shortest: str = "5m",
     existed: str = "",
+    volume: tuple[str, float] | None = None,
 ) -> list[Alert]:
     """Page on a fast burn, ticket on a slow one: one alert name, two severities.
 
     ``ratio_rule``: the recorded ratio's name without its window (:data:`tpuscope.conventions.BADPUT_RATIO`).
     ``shortest``: no window shorter than this (goodput is booked at checkpoints, so shorter windows read
     all badput between two). ``existed``: a series the workload must have had a long window ago, so a
-    young workload's start-up is not judged over a window it was not alive for.
+    young workload's start-up is not judged over a window it was not alive for. ``volume``: a recorded
+    per-workload rate of events and the fewest events a long window must hold to be judged (a few slow
+    requests of a nearly idle service are no outage).
     """
     result = []
     for severity in ("critical", "warning"):
@@ -115,6 +119,10 @@ def burn_rate_alerts(
             condition = f"{ratio_rule}{long} > {bound:g} and {ratio_rule}{short} > {bound:g}"
             if existed:
                 condition += f" and on (workload) max by (workload) ({existed} offset {long}) >= 0"
+            if volume:
+                recorded, fewest = volume
+                events = f"avg_over_time({recorded}[{long}]) * {durations.parse(long):g}"
+                condition += f" and on (workload) {events} >= {fewest:g}"
             conditions.append(f"({condition})")
         windows = "1h or 6h" if severity == "critical" else "1d or 3d"
         result.append(

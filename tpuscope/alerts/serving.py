@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from tpuscope import catalog as c
 from tpuscope.alerts.rules import Alert, burn_rate_alerts
-from tpuscope.conventions import SLOW_REQUESTS_RATIO, AlertName, DashboardUID
+from tpuscope.conventions import REQUESTS_RATE, SLOW_REQUESTS_RATIO, AlertName, DashboardUID
 from tpuscope.generator_config import GeneratorConfig
+from tpuscope.promql import series
 
 
 def alerts(config: GeneratorConfig) -> list[Alert]:
@@ -16,4 +18,6 @@ def alerts(config: GeneratorConfig) -> list[Alert]:
         "latency",
         DashboardUID.SERVING,
         "Add replicas or shorten the batching window; check for slow batches.",
+        existed=series(c.INFERENCE_REQUEST_DURATION, suffix="count"),
+        volume=(REQUESTS_RATE, config.thresholds.inference_min_requests),
     )

@@ -4,6 +4,7 @@ collectives, held back by a straggler, leaving its chips idle or far from their 
 from __future__ import annotations
 
 from tpuscope import catalog as c
+from tpuscope import durations
 from tpuscope.alerts.rules import Alert, running
 from tpuscope.conventions import COMPUTE_OVER_MEDIAN, PHASE_SHARE, STEP_MEAN, AlertName, DashboardUID
 from tpuscope.generator_config import GeneratorConfig
@@ -12,23 +13,35 @@ from tpuscope.promql import series
 
 def alerts(config: GeneratorConfig) -> list[Alert]:
     t = config.thresholds
+    stall_for = durations.prometheus(round(t.stall_seconds * 1000 / 2))
     return [
         Alert(
             AlertName.WORKLOAD_STALLED,
             "critical",
-            f"time() - max by (workload) ({series(c.LAST_STEP)}) > {t.stall_seconds:g} {running()}",
-            "A workload has stopped completing steps.",
-            "Workload {{ $labels.workload }} has completed no step for {{ $value | humanizeDuration }} (or not "
-            "one since it started) while its processes are still connected.",
+            f"time() - max by (workload) ({series(c.LAST_PROGRESS)}) > {t.stall_seconds:g} {running()}",
+            "A workload has stopped making progress.",
+            "Workload {{ $labels.workload }} has completed no step for {{ $value | humanizeDuration }}, nor any "
+            "checkpoint or compile stage (counted from the last of them, or from its start), while its processes "
+            "are still connected.",
             DashboardUID.JOB,
-            runbook="A hung collective (one host down or stuck), a dead input pipeline, or a deadlock. Check the job's "
-            "logs on every worker, the On-call dashboard's sidecars and collectors, and the last kept trace.",
+            # The job sends nothing while it saves or compiles, so a save or compile that begins at a step is
+            # timed from that step: waiting half the threshold again lets one last 1.5x the threshold, and a hung
+            # one still pages that long after it began.
+            stall_for,
+            "A hung collective (one host down or stuck), a dead input pipeline, a deadlock, or a checkpoint save "
+            "or restore or a compile that never ends. Progress is a step, the workload's start, a checkpoint save "
+            "or restore ending (failed or not) or a compile stage ending; it pages "
+            f"{durations.human(t.stall_seconds + durations.parse(stall_for))} after the last progress: if the job's "
+            "saves or compiles take that long, raise stall_seconds. Check the job's logs on every worker, "
+            "the On-call dashboard's sidecars and collectors, and the last kept trace.",
         ),
         Alert(
             AlertName.STEP_TIME_REGRESSION,
             "warning",
+            # A baseline of 3 hours at least: the recorded mean existed 3 h before the last 30 minutes. (A
+            # count of samples would depend on the evaluation interval: 180 is 3 h at 1 m, 90 minutes at 30 s.)
             f"{STEP_MEAN} > {t.step_regression_factor:g} * avg_over_time({STEP_MEAN}[6h] offset 30m)"
-            f" and count_over_time({STEP_MEAN}[6h] offset 30m) > 180",  # a baseline of 3 hours at least
+            f" and {STEP_MEAN} offset 3h30m",
             "A workload's steps are slower than its own baseline.",
             "Workload {{ $labels.workload }} takes {{ $value | humanizeDuration }} a step, more than "
             f"{t.step_regression_factor:g}x its mean of the 6 hours before.",

@@ -41,6 +41,7 @@ from typing import Any
 
 from tpuscope import catalog, events
 from tpuscope.bench.verdict import Check, check_lines, write_report
+from tpuscope.promql import SIDECAR_START
 from tpuscope.testing.prometheus import PrometheusServer, target_of
 from tpuscope.workload.sidecar import SidecarProcess
 
@@ -65,7 +66,6 @@ SETTLE_SECONDS = 60.0
 FLOAT_TOLERANCE = 1e-9
 # prometheus_client's process collector, not a catalogue metric: the sidecar's resident memory.
 SIDECAR_RSS = "process_resident_memory_bytes"
-SIDECAR_START = "process_start_time_seconds"
 # The bench's run summary says what the Monitor sent and dropped (the recording cannot: a drop is
 # known only to the socket sink).
 EVENTS_LINE = re.compile(r"^\s*events\s+(?P<sent>\d+) sent to .*, (?P<dropped>\d+) dropped$", re.MULTILINE)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from tpuscope import catalog as c
-from tpuscope.conventions import DashboardUID
+from tpuscope.conventions import GOODPUT_RATE, SLO_PERIOD, DashboardUID
 from tpuscope.dashboards import panels as p
 from tpuscope.dashboards import promql as q
 from tpuscope.thresholds import Thresholds
@@ -20,6 +20,21 @@ DESCRIPTION = "Every workload and chip: utilization, goodput against its objecti
 
 PRICE = f"${q.PRICE}"
 CHIPS = f"count ({q.selector(c.DUTY_CYCLE)})"
+
+
+def mfu() -> str:
+    """Model FLOPs done over the range over the peak FLOPs the chips could have done in the same time.
+
+    Each sidecar reports its own host's FLOPs and peak (the job's process on that host, its devices), so
+    summing a workload's workers gives the job's. The peak is integrated over the range (a subquery, one
+    point per panel interval), not read now: a workload that started or ended within the range is weighed
+    for the time it ran, and the fleet's figure is the workloads' MFUs weighted by their peak FLOP-seconds
+    (two workloads at 50% read 50%, whatever their sizes). Only workloads reporting both halves count.
+    """
+    flops = f"sum by (workload) ({q.increase(c.MODEL_FLOPS, window=q.RANGE)})"
+    peak = f"sum by (workload) ({q.selector(c.PEAK_FLOPS)})"
+    peak_flops = f"sum_over_time(({peak})[{q.RANGE}:{q.INTERVAL}]) * {q.SECONDS[q.INTERVAL]}"
+    return f"sum ({flops} and on (workload) {peak_flops}) / sum ({peak_flops} and on (workload) {flops})"
 
 
 def goodput_ratio(by: str = "", window: str = q.RANGE) -> str:
@@ -61,13 +76,12 @@ def now(t: Thresholds) -> p.Section:
             ),
             p.stat_panel(
                 "Model FLOPs utilization",
-                f"Model FLOP/s achieved over the range, over the chips' peak, across the selected workloads. "
-                f"Below {t.mfu_low:.0%} the chips are busy with something other than the model's math (or "
-                "waiting): compare duty cycle with MFU per workload.",
+                "Model FLOPs the selected workloads did over the range, over what their chips' peak could have "
+                "done while they ran: each workload's MFU over the range, weighted by its chips' peak. Below "
+                f"{t.mfu_low:.0%} the chips are busy with something other than the model's math (or waiting): "
+                "compare duty cycle with MFU per workload.",
                 "percentunit",
-                p.query(
-                    f"sum ({q.rate(c.MODEL_FLOPS, window=q.RANGE)}) / sum ({q.selector(c.PEAK_FLOPS)})", instant=True
-                ),
+                p.query(mfu(), instant=True),
                 limits=p.low_is_bad(t.mfu_low),
                 span=3,
             ),
@@ -97,10 +111,11 @@ def now(t: Thresholds) -> p.Section:
             ),
             p.stat_panel(
                 "Failures over the range",
-                "Workload failures (crashes, errors the job reported) across the selected workloads. Each one "
-                "costs the work since its last checkpoint and a restart.",
+                "Workload failures (crashes, errors the job reported) across the selected workloads, each "
+                "counted once per job however many hosts report it. Each one costs the work since its last "
+                "checkpoint and a restart.",
                 "short",
-                p.query(f"sum ({q.events(c.WORKLOAD_FAILURES, window=q.RANGE)})", instant=True),
+                p.query(f"sum ({q.once_per_job(c.WORKLOAD_FAILURES, window=q.RANGE)})", instant=True),
                 limits=p.high_is_bad(1),
                 span=3,
             ),
@@ -110,7 +125,9 @@ def now(t: Thresholds) -> p.Section:
 
 def goodput(t: Thresholds) -> p.Section:
     badput = f"sum by (category) ({q.rate(c.GOODPUT, q.ne('category', 'productive'), window=q.HOUR)})"
-    budget_left = f"1 - (1 - ({goodput_ratio('workload')})) / {1 - t.goodput_objective:g}"
+    productive = q.slo_period_sum(GOODPUT_RATE, q.eq("category", "productive"), by="workload")
+    wall = q.slo_period_sum(GOODPUT_RATE, by="workload")
+    budget_left = f"1 - (1 - {productive} / {wall}) / {1 - t.goodput_objective:g}"
     return p.Section(
         "Goodput and its objective",
         [
@@ -149,8 +166,9 @@ def goodput(t: Thresholds) -> p.Section:
             p.bar_gauge_panel(
                 "Goodput objective: error budget left",
                 f"The share of the badput budget ({1 - t.goodput_objective:.0%} of wall time) each workload has "
-                "left over the range; below zero the objective is missed. Spend it on deliberate work (new "
-                "compiles, experiments), not on restarts.",
+                f"left over the last {SLO_PERIOD} (the SLO's period, whatever the dashboard's range: the "
+                "burn-rate alerts assume it); below zero the objective is missed. Spend it on deliberate work "
+                "(new compiles, experiments), not on restarts. Read from the recording rules' 5-minute rates.",
                 "percentunit",
                 p.query(budget_left, "{{workload}}", instant=True),
                 limits=p.low_is_bad(0, 0.25),
@@ -196,17 +214,18 @@ def failures() -> p.Section:
         [
             p.timeseries_panel(
                 "Failures, by workload and reason",
-                "Workload failures in each interval, by the reason the job gave. A repeating reason is a bug or "
-                "a bad host, not bad luck.",
+                "Workload failures in each interval, by the reason the job gave, each counted once per job "
+                "however many hosts report it. A repeating reason is a bug or a bad host, not bad luck.",
                 "short",
-                p.query(f"sum by (workload, reason) ({q.events(c.WORKLOAD_FAILURES)})", "{{workload}} {{reason}}"),
+                p.query(q.once_per_job(c.WORKLOAD_FAILURES, by=q.BY_REASON), "{{workload}} {{reason}}"),
             ),
             p.timeseries_panel(
                 "Restarts, by workload and reason",
-                "Workload restarts (preemptions, resumptions after a crash). Each costs init time, compile time "
-                "(less with a warm compilation cache) and the work since the last checkpoint.",
+                "Workload restarts (preemptions, resumptions after a crash), each counted once per job however "
+                "many hosts report it. Each costs init time, compile time (less with a warm compilation cache) "
+                "and the work since the last checkpoint.",
                 "short",
-                p.query(f"sum by (workload, reason) ({q.events(c.WORKLOAD_RESTARTS)})", "{{workload}} {{reason}}"),
+                p.query(q.once_per_job(c.WORKLOAD_RESTARTS, by=q.BY_REASON), "{{workload}} {{reason}}"),
             ),
         ],
     )

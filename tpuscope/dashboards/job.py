@@ -146,22 +146,24 @@ def compiles(t: Thresholds) -> p.Section:
         [
             p.timeseries_panel(
                 "Compile time by stage",
-                "Seconds spent compiling in each interval, by stage (tracing, lowering to MLIR, XLA backend). "
-                "Expected at the start and after each restart; in the steady state it means recompiles: shapes "
-                "or static arguments that change between steps (pad to fixed shapes, mark arguments static "
-                "deliberately).",
+                "Seconds spent compiling in each interval, by stage (tracing, lowering to MLIR, XLA backend): "
+                "the job's own, the longest any one worker took (every worker compiles the same program and "
+                "the others wait for the slowest). Expected at the start and after each restart; in the steady "
+                "state it means recompiles: shapes or static arguments that change between steps (pad to fixed "
+                "shapes, mark arguments static deliberately).",
                 "s",
-                p.query(f"sum by (stage) ({q.events(c.COMPILE_DURATION, suffix='sum')})", "{{stage}}"),
+                p.query(q.once_per_job(c.COMPILE_DURATION, suffix="sum", by="workload, stage"), "{{stage}}"),
                 stacked=True,
                 span=8,
             ),
             p.timeseries_panel(
                 "Compiles",
-                "XLA backend compiles in each interval. A steady trickle after warm-up is a recompiling job; "
-                "each compile stalls every worker for its duration.",
+                "XLA backend compiles of the job in each interval, each counted once however many workers "
+                "compile it (they all compile the same program). A steady trickle after warm-up is a "
+                "recompiling job; each compile stalls every worker for its duration.",
                 "short",
                 p.query(
-                    f"sum by (workload) ({q.events(c.COMPILE_DURATION, q.eq('stage', 'backend'), suffix='count')})",
+                    q.once_per_job(c.COMPILE_DURATION, q.eq("stage", "backend"), suffix="count"),
                     "{{workload}}",
                 ),
                 span=8,

@@ -103,12 +103,13 @@ def workloads(t: Thresholds) -> p.Section:
         "Workloads",
         [
             p.bar_gauge_panel(
-                "Seconds since the last step, by workload",
-                f"Over {t.stall_seconds:g} s a workload is stalled: a hung collective, a dead input pipeline, "
-                "a host gone. Look at the job's logs and at its hosts below; a workload that finished stays "
-                "here until its sidecar forgets it.",
+                "Seconds since the last progress, by workload",
+                "Since the last step, checkpoint save or restore, or compile stage ended (what "
+                f"{AlertName.WORKLOAD_STALLED} reads). Over {t.stall_seconds:g} s a workload is stalled: a hung "
+                "collective, a dead input pipeline, a host gone, a save that never ends. Look at the job's logs and "
+                "at its hosts below; a workload that finished stays here until its sidecar forgets it.",
                 "s",
-                p.query(q.age(c.LAST_STEP), "{{workload}}", instant=True),
+                p.query(q.age(c.LAST_PROGRESS), "{{workload}}", instant=True),
                 limits=p.high_is_bad(t.stall_seconds, t.stall_seconds / 2),
                 span=8,
             ),
@@ -123,15 +124,16 @@ def workloads(t: Thresholds) -> p.Section:
             ),
             p.timeseries_panel(
                 "Failures and restarts in the last hour",
-                "Failures and restarts per workload over a sliding hour. A workload in a crash loop restarts "
-                "without progress: stop it before it burns its chips.",
+                "Failures and restarts per workload over a sliding hour, each counted once per job however "
+                "many hosts report it (as the alerts count them). A workload in a crash loop restarts without "
+                "progress: stop it before it burns its chips.",
                 "short",
                 p.query(
-                    f"sum by (workload, reason) ({q.events(c.WORKLOAD_FAILURES, window=q.HOUR)})",
+                    q.once_per_job(c.WORKLOAD_FAILURES, by=q.BY_REASON, window=q.HOUR),
                     "failure {{workload}} {{reason}}",
                 ),
                 p.query(
-                    f"sum by (workload, reason) ({q.events(c.WORKLOAD_RESTARTS, window=q.HOUR)})",
+                    q.once_per_job(c.WORKLOAD_RESTARTS, by=q.BY_REASON, window=q.HOUR),
                     "restart {{workload}} {{reason}}",
                 ),
                 span=8,

@@ -20,13 +20,16 @@ from tpuscope.catalog import (
     Label,
     Metric,
 )
-from tpuscope.promql import grown, series
+from tpuscope.conventions import SLO_PERIOD
+from tpuscope.promql import each_worker_once, grown, series
 
 # Grafana's interval variables, substituted when a panel runs.
 RATE = "$__rate_interval"  # at least four scrape intervals: a rate always has two samples
 RANGE = "$__range"  # the dashboard's time range: for stats over the whole view
 INTERVAL = "$__interval"  # one point's width: for counts of rare events, each counted on one point
 HOUR = "1h"  # goodput becomes productive only when a checkpoint covers it: shorter windows swing
+# The same windows in seconds, for the queries that compare a time with time() (Grafana has no $__interval_s).
+SECONDS = {RANGE: "$__range_s", INTERVAL: "($__interval_ms / 1000)"}
 
 # Template variable names.
 WORKLOAD = "workload"
@@ -40,6 +43,7 @@ PRICE = "chip_hour_price"
 BY_WORKER = "job, instance, slice, worker"
 WORKER_LEGEND = "{{slice}} {{worker}} {{instance}}"
 BY_DEVICE = "job, instance, accelerator, source, device"
+BY_REASON = "workload, reason"  # failures and restarts
 DEVICE_LEGEND = "{{instance}} {{accelerator}} {{device}} ({{source}})"
 
 
@@ -72,9 +76,29 @@ def increase(metric: Metric, *matchers: str, suffix: str = "", window: str = RAT
 
 
 def events(counter: Metric, *matchers: str, suffix: str = "", window: str = INTERVAL) -> str:
-    """How much a counter of rare events (failures, XID errors, checkpoints) grew in ``window``, the
-    first event included (see :func:`tpuscope.promql.grown`)."""
-    return grown(selector(counter, *matchers, suffix=suffix), window)
+    """How much a counter of rare events (failures, XID errors, checkpoints) grew in ``window``, per
+    series, the first event and a sidecar gone since included (see :func:`tpuscope.promql.grown`)."""
+    return grown(selector(counter, *matchers, suffix=suffix), window, SECONDS.get(window, ""))
+
+
+def once_per_job(
+    counter: Metric, *matchers: str, by: str = "workload", suffix: str = "", window: str = INTERVAL
+) -> str:
+    """:func:`events` of a counter that every worker of a job reports alike (a failure, a restart, a
+    compile of the SPMD program), counted once per job, per ``by`` (which must hold ``workload``):
+    summed over each worker's successive sidecars, then the most one worker saw
+    (:func:`tpuscope.promql.each_worker_once`). A 4-host job's one restart is 1, not 4."""
+    return each_worker_once(events(counter, *matchers, suffix=suffix, window=window), by=by)
+
+
+def slo_period_sum(recorded: str, *matchers: str, by: str = "") -> str:
+    """A recorded per-workload 5-minute rate (``conventions.GOODPUT_RATE``) summed over the SLO's period,
+    per ``by``, as the alerts' long windows sum it: proportional to the period's events, and cheap (a
+    sample per workload and rule evaluation, where a ``rate()`` of the raw counters over 30 days would
+    read every host's every scrape). Filtered by workload only: the recorded series have no host labels."""
+    labels = ", ".join([f'workload=~"${WORKLOAD}"', *matchers])
+    per = f" by ({by})" if by else ""
+    return f"sum{per} (sum_over_time({recorded}{{{labels}}}[{SLO_PERIOD}]))"
 
 
 def quantile(q: float, histogram: Metric, *matchers: str, by: str = "", window: str = RATE, rare: bool = False) -> str:

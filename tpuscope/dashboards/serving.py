@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from tpuscope import catalog as c
-from tpuscope.conventions import DashboardUID
+from tpuscope.conventions import REQUESTS_FAST_RATE, REQUESTS_RATE, SLO_PERIOD, DashboardUID
 from tpuscope.dashboards import panels as p
 from tpuscope.dashboards import promql as q
 from tpuscope.promql import le
@@ -24,6 +24,8 @@ def good_ratio(t: Thresholds, window: str) -> str:
 
 def latency(t: Thresholds) -> p.Section:
     budget = 1 - t.inference_latency_objective
+    # Over the SLO's period, from the recorded rates, as the burn-rate alerts' long windows read them.
+    period_good = f"{q.slo_period_sum(REQUESTS_FAST_RATE)} / {q.slo_period_sum(REQUESTS_RATE)}"
     return p.Section(
         "Latency",
         [
@@ -56,10 +58,12 @@ def latency(t: Thresholds) -> p.Section:
             ),
             p.stat_panel(
                 "Latency error budget left",
-                f"The share of the error budget ({budget:.1%} of requests may be slow) left over the range; "
-                "below zero the objective is missed. When it runs low, freeze risky changes and add capacity.",
+                f"The share of the error budget ({budget:.1%} of requests may be slow) left over the last "
+                f"{SLO_PERIOD} (the SLO's period, whatever the dashboard's range: the burn-rate alerts assume "
+                "it); below zero the objective is missed. When it runs low, freeze risky changes and add "
+                "capacity. Read from the recording rules' 5-minute rates.",
                 "percentunit",
-                p.query(f"1 - (1 - ({good_ratio(t, q.RANGE)})) / {budget:g}"),
+                p.query(f"1 - (1 - {period_good}) / {budget:g}", instant=True),
                 limits=p.low_is_bad(0, 0.25),
                 span=6,
                 height=8,

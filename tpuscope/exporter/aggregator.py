@@ -187,7 +187,9 @@ class Aggregator:
         for phase, seconds in e.phase_seconds():
             phases.labels(e.workload, phase).observe(seconds)
         m[catalog.STEPS].labels(e.workload).inc()
-        m[catalog.LAST_STEP].labels(e.workload).set(time.time())
+        now = time.time()
+        m[catalog.LAST_STEP].labels(e.workload).set(now)
+        m[catalog.LAST_PROGRESS].labels(e.workload).set(now)
         if e.dropped:
             self._ingest["dropped"].inc(e.dropped)
         if e.flops:
@@ -207,6 +209,9 @@ class Aggregator:
 
     def _compile(self, e: events.Compile) -> None:
         self.metrics[catalog.COMPILE_DURATION].labels(e.workload, e.stage).observe(e.duration_s)
+        # JAX reports each stage when it ends, which is when the next one begins: a long backend compile is
+        # timed from the lowering's end, not from the step before it.
+        self._progress(e.workload)
 
     def _compile_cache(self, e: events.CompileCache) -> None:
         self.metrics[catalog.COMPILE_CACHE_REQUESTS].labels(e.workload, "hit" if e.hit else "miss").inc()
@@ -218,6 +223,8 @@ class Aggregator:
         m[catalog.CHECKPOINT_BYTES].labels(e.workload, e.operation).inc(e.bytes)
         if e.ok and e.operation == "save":
             m[catalog.CHECKPOINT_LAST_SUCCESS].labels(e.workload).set(time.time())
+        # Failed ones too: the job came back from it and goes on (CheckpointFailing says the rest).
+        self._progress(e.workload)
 
     def _device_memory(self, e: events.DeviceMemory) -> None:
         # The same families as the libtpu and nvml collectors fill; `source` tells them apart.
@@ -238,13 +245,20 @@ class Aggregator:
             # Create the counters at zero, so Prometheus' rate() and increase() see their first change too.
             self.metrics[catalog.STEPS].labels(e.workload)
             # A (re)start is progress too: stall detection counts from here, not from before a restart.
-            self.metrics[catalog.LAST_STEP].labels(e.workload).set(time.time())
+            now = time.time()
+            self.metrics[catalog.LAST_STEP].labels(e.workload).set(now)
+            self.metrics[catalog.LAST_PROGRESS].labels(e.workload).set(now)
             for category in GOODPUT_CATEGORIES:
                 self.metrics[catalog.GOODPUT].labels(e.workload, category)
         elif e.state == "restart":
             self.metrics[catalog.WORKLOAD_RESTARTS].labels(e.workload, e.reason).inc()
         elif e.state == "failure":
             self.metrics[catalog.WORKLOAD_FAILURES].labels(e.workload, e.reason).inc()
+
+    def _progress(self, workload: str) -> None:
+        """The workload did something besides a step or a start (those set it themselves, with the last step):
+        TpuscopeWorkloadStalled counts from here."""
+        self.metrics[catalog.LAST_PROGRESS].labels(workload).set(time.time())
 
     def _inference_batch(self, e: events.InferenceBatch) -> None:
         m = self.metrics

@@ -30,6 +30,8 @@ from tpuscope.generator_config import GeneratorConfig
 # A range selector or a subquery: [5m], [1h:5m], [1h:].
 _RANGE = re.compile(rf"\[\s*({durations.PROMETHEUS})\s*(?::\s*({durations.PROMETHEUS})?\s*)?\]")
 _OFFSET = re.compile(rf"\boffset(\s+)(-?)({durations.PROMETHEUS})\b")
+# A window in seconds measured back from now ("started in the last hour": time() - 3600).
+_AGO = re.compile(r"\btime\(\) - (\d+(?:\.\d+)?)\b")
 # Thresholds that are lengths of time: a stall of 600 s becomes one of 60 s at K=10. compile_seconds_per_hour
 # is seconds of compiling in a window of an hour: the window shrinks, so does what fits in it.
 TIMED_THRESHOLDS = ("stall_seconds", "checkpoint_age_seconds", "compile_seconds_per_hour")
@@ -44,7 +46,8 @@ def scale_duration(text: str, k: float) -> str:
 
 
 def scale_expr(expr: str, k: float) -> str:
-    """Every range, subquery resolution and offset of a PromQL expression divided by ``k``; nothing else."""
+    """Every range, subquery resolution, offset and ``time() - seconds`` of a PromQL expression divided by
+    ``k``; nothing else."""
 
     def scaled_range(match: re.Match[str]) -> str:
         window, resolution = match[1], match[2]
@@ -53,6 +56,7 @@ def scale_expr(expr: str, k: float) -> str:
         return f"[{scale_duration(window, k)}:{scale_duration(resolution, k) if resolution else ''}]"
 
     expr = _RANGE.sub(scaled_range, expr)
+    expr = _AGO.sub(lambda m: f"time() - {float(m[1]) / k:g}", expr)
     return _OFFSET.sub(lambda m: f"offset{m[1]}{m[2]}{scale_duration(m[3], k)}", expr)
 
 

@@ -255,6 +255,12 @@ def straggler_named(watch: Watch) -> list[dict[str, str]]:
     return [{k: labels.get(k, "") for k in keys} for labels, _ in watch.firings(AlertName.STRAGGLER)]
 
 
+def _for_seconds(groups: list[dict[str, Any]], alertname: str) -> float:
+    """How long ``alertname`` waits (its ``for:``) in these rule groups."""
+    rule = next(rule for group in groups for rule in group["rules"] if rule.get("alert") == alertname)
+    return durations.parse(rule.get("for", "0s"))
+
+
 def stalled_named(watch: Watch) -> list[str]:
     return sorted({labels.get("workload", "") for labels, _ in watch.firings(AlertName.WORKLOAD_STALLED)})
 
@@ -382,6 +388,7 @@ def simulate(s: Settings, config: GeneratorConfig, run_dir: Path, sockets: Path)
     hosts, straggler, stall_workload = layout(s, sockets)
     window = s.scaled(RATE_WINDOW)
     stall_after = fleet_rules.scaled_config(config, s.time_scale).thresholds.stall_seconds
+    stall_for = _for_seconds(groups, AlertName.WORKLOAD_STALLED)
     profile = fleet_profile(s)
     with ExitStack() as stack:
         started = time.monotonic()
@@ -399,7 +406,8 @@ def simulate(s: Settings, config: GeneratorConfig, run_dir: Path, sockets: Path)
         # Faults once every job has compiled and the rate windows hold steady steps.
         begin = time.time()
         faults_at = begin + profile.compile_seconds + window
-        stall_until = faults_at + stall_after + max(4 * s.scrape_interval, stall_after / 2)
+        # Long enough for the alert to fire: its threshold, its for: and a margin for the scrapes.
+        stall_until = faults_at + stall_after + stall_for + max(4 * s.scrape_interval, stall_after / 2)
         plan = Plan(hosts, profile, s.straggler_factor, faults_at, stall_workload, faults_at, stall_until, s.seed)
         jobs = stack.enter_context(jobs_process(plan, run_dir))
         cpu = CpuClock(
@@ -468,6 +476,7 @@ def simulate(s: Settings, config: GeneratorConfig, run_dir: Path, sockets: Path)
             "from_seconds": faults_at - begin,
             "until_seconds": stall_until - begin,
             "threshold_seconds": stall_after,
+            "for_seconds": stall_for,
             "fired": stalled_at is not None,
             "named": stalled_named(watch),
             "time_to_fire_seconds": None if stalled_at is None else stalled_at - faults_at,
@@ -616,7 +625,7 @@ def table(f: dict[str, Any], results: list[Check]) -> str:
             else "did not fire"
         ),
         f"  stall                 {stall['workload']} for {stall['until_seconds'] - stall['from_seconds']:.0f} s "
-        f"(alert from {stall['threshold_seconds']:g} s); "
+        f"(alert from {stall['threshold_seconds']:g} s and {stall['for_seconds']:g} s more); "
         + (f"fired after {stall['time_to_fire_seconds']:.0f} s" if stall["fired"] else "did not fire"),
         "  alerts fired          "
         + ("; ".join(f"{name}: {len(who)}" for name, who in f["alerts_fired"].items()) or "none"),

@@ -23,6 +23,10 @@ from tpuscope.report.window import Window
 from tpuscope.stats import percentile
 from tpuscope.thresholds import DEFAULT as T
 
+# What resets the stall clock: a step, a checkpoint save or restore ending, a compile stage ending (the
+# sidecar's tpuscope_last_progress_timestamp_seconds).
+PROGRESS = (events.Step, events.Checkpoint, events.Compile)
+
 
 @dataclass
 class _Bin:
@@ -72,9 +76,10 @@ def build(path: str | os.PathLike[str], workload: str | None, window: Window) ->
         if t > end:
             break
         increments = ledger.observe(event, t)  # before the window too: the ledger's state carries over
-        if isinstance(event, events.Step):
+        if isinstance(event, PROGRESS):  # as TpuscopeWorkloadStalled counts progress
             if t >= start and last_step_at is not None and t - last_step_at > T.stall_seconds:
-                incidents.append(Incident(f"no step for {duration(t - last_step_at)}", "critical", last_step_at, t))
+                gap = f"no step, checkpoint or compile for {duration(t - last_step_at)}"
+                incidents.append(Incident(gap, "critical", last_step_at, t))
             last_step_at = t
         elif isinstance(event, events.Lifecycle):
             # A stall counts from the start, as TpuscopeWorkloadStalled does; a job that ended is not stalled.
@@ -129,9 +134,9 @@ def build(path: str | os.PathLike[str], workload: str | None, window: Window) ->
     totals.mfu = flops / step_seconds / peak if flops and step_seconds and peak else None
 
     note = (
-        f"What the recording itself shows went wrong: failures, restarts, failing checkpoint saves, and no step "
-        f"for more than {duration(T.stall_seconds)}. Alerts live in Prometheus: make the report with --prometheus "
-        "for the alerts that fired."
+        f"What the recording itself shows went wrong: failures, restarts, failing checkpoint saves, and no step, "
+        f"checkpoint or compile for more than {duration(T.stall_seconds)}. Alerts live in Prometheus: make the "
+        "report with --prometheus for the alerts that fired."
     )
     if unreadable:
         note += f" {len(unreadable)} line(s) of the recording could not be read and were left out ({unreadable[0]})."

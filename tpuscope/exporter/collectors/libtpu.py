@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from tpuscope import catalog
 from tpuscope.accelerators import accelerator_name
+from tpuscope.conventions import LIBTPU_COLLECTOR
 from tpuscope.exporter.collectors.base import (
     DEADLINE,
     ERROR,
@@ -124,7 +125,7 @@ def _stubs() -> tuple[Any, Any, Any]:
 
 
 class LibtpuCollector(Collector):
-    name = "libtpu"
+    name = LIBTPU_COLLECTOR
 
     @classmethod
     def unavailable_here(cls, settings: Settings) -> str | None:
