@@ -6,7 +6,8 @@ queries, taken from the dashboards as Grafana gets them, run against it at one i
 
 - ``train``, a job of 4 hosts (slice 0, workers 0..3), failed and restarted once: its 4 sidecars, each with
   the failure, went away with their pods, and 4 new sidecars (new instances) each report the restart. Every
-  host reports the same compiles: a recompile before the failure, the compile after the restart.
+  host reports the same compiles: a recompile before the failure, the compile after the restart, and the
+  same checkpoint saves (each process saves its part): one before the failure, one after the restart.
 - ``tune``, 2 hosts of another accelerator (another peak), started within the range.
 - Both run at 50% MFU; each sidecar reports its own host's FLOPs and peak, as the job's Monitor sends them.
 - ``train`` lost half a day's goodput 10 days ago and a whole day 35 days ago; ``serve``'s latency SLO
@@ -105,6 +106,9 @@ def fleet(at: int) -> Fleet:
                     count[-3000], total[-3000] = 2, seconds * 1.5
                 f.counter(c.COMPILE_DURATION.series("count"), labels, start, end, count)
                 f.counter(c.COMPILE_DURATION.series("sum"), labels, start, end, total)
+            save = {**host, **train, "operation": "save", "result": "ok"}
+            saved = -2400 if host is first else start + 600  # both within the dashboard's hour
+            f.counter(c.CHECKPOINT_DURATION.series("count"), save, saved, end, {saved: 1})
             running(f, {**host, **train}, "v5e", CHIPS * V5E, start, end)
     for worker in range(2):
         host = f.sidecar(f"tune-{worker}:9478", "0", str(worker), -2400, 0)
@@ -216,6 +220,13 @@ def test_compiles_every_host_reports_count_once(prometheus: tuple[PrometheusAPI,
     assert values(prometheus, JOB, "Compiles", workload="train", by=("workload",)) == {("train",): 2}
     seconds = values(prometheus, JOB, "Compile time by stage", workload="train", by=("stage",))
     assert seconds == {("backend",): 10 + 20, ("tracing",): 1 + 2}
+
+
+def test_a_checkpoint_every_host_saves_a_part_of_counts_once(prometheus: tuple[PrometheusAPI, int]) -> None:
+    """The save of the first pods (gone since) and the save after the restart: 2, not 8."""
+    by = ("workload", "operation", "result")
+    saves = values(prometheus, JOB, "Checkpoints, by result", workload="train", by=by)
+    assert saves == {("train", "save", "ok"): 2}
 
 
 def test_fleet_mfu_of_two_workloads_at_half_their_peaks_is_half(prometheus: tuple[PrometheusAPI, int]) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from tpuscope import catalog as c
-from tpuscope.conventions import DashboardUID
+from tpuscope.conventions import AlertName, DashboardUID
 from tpuscope.dashboards import panels as p
 from tpuscope.dashboards import promql as q
 from tpuscope.thresholds import Thresholds
@@ -267,11 +267,14 @@ def checkpoints(t: Thresholds) -> p.Section:
             ),
             p.timeseries_panel(
                 "Checkpoints, by result",
-                "Checkpoint saves and restores in each interval, ok and error. A failed save leaves the work "
-                "since the last good one at risk: check the storage (quota, permissions, throttling).",
+                "Checkpoint saves and restores in each interval, ok and error, each counted once per job however "
+                "many hosts take part (every process of a multi-host job saves its part of the same checkpoint, "
+                f"as {AlertName.CHECKPOINT_FAILING} counts them). A failed save leaves the work since the last "
+                "good one at risk: check the storage (quota, permissions, throttling).",
                 "short",
                 p.query(
-                    f"sum by ({by}) ({q.events(c.CHECKPOINT_DURATION, suffix='count')})", "{{operation}} {{result}}"
+                    q.once_per_job(c.CHECKPOINT_DURATION, suffix="count", by=f"workload, {by}"),
+                    "{{workload}} {{operation}} {{result}}",
                 ),
                 span=8,
             ),
