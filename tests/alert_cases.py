@@ -76,22 +76,49 @@ class Case:
     also: tuple[tuple[str, str], ...] = ()  # (severity, description) of the same alert firing too
 
 
-def phases(io: int, sync: int) -> dict[str, str]:
+def phases(io: int, sync: int, minutes: int = 40) -> dict[str, str]:
     """One step per second, io and sync taking the given share in hundredths."""
     return {
-        s(c.STEP_DURATION, "sum", **W): "0+60x40",
-        s(c.STEP_PHASE_DURATION, "sum", phase="io", **W): f"0+{io * 60 // 100}x40",
-        s(c.STEP_PHASE_DURATION, "sum", phase="sync", **W): f"0+{sync * 60 // 100}x40",
+        s(c.STEP_DURATION, "sum", **W): f"0+60x{minutes}",
+        s(c.STEP_PHASE_DURATION, "sum", phase="io", **W): f"0+{io * 60 // 100}x{minutes}",
+        s(c.STEP_PHASE_DURATION, "sum", phase="sync", **W): f"0+{sync * 60 // 100}x{minutes}",
     }
 
 
-def workers(slow: float) -> dict[str, str]:
-    """Three workers of one workload; the third computes ``slow`` seconds a step, the others 1."""
+def place(index: int) -> dict[str, str]:
+    """Worker ``index`` of workload w, alone on its host."""
+    return {"instance": f"h{index}:9478", "slice": "0", "worker": str(index), **W}
+
+
+def workers(*compute: float, minutes: int = 30) -> dict[str, str]:
+    """Workers of one workload, worker ``i`` timing ``compute[i]`` seconds of compute a step on the host."""
     result = {}
-    for index, seconds in enumerate((1, 1, slow)):
-        where = {"instance": f"h{index}:9478", "slice": "0", "worker": str(index), **W}
-        result[s(c.STEP_PHASE_DURATION, "sum", phase="compute", **where)] = f"0+{seconds}x30"
-        result[s(c.STEP_PHASE_DURATION, "count", phase="compute", **where)] = "0+1x30"
+    for index, seconds in enumerate(compute):
+        result[s(c.STEP_PHASE_DURATION, "sum", phase="compute", **place(index))] = f"0+{seconds}x{minutes}"
+        result[s(c.STEP_PHASE_DURATION, "count", phase="compute", **place(index))] = f"0+1x{minutes}"
+    return result
+
+
+PROFILED_STEP = 2.5  # seconds: one synchronous step, the same on every worker
+
+
+def profiles(
+    *parts: tuple[float, float], minutes: int = 30, until: int = 10**6, running: bool = True
+) -> dict[str, str]:
+    """Device profiles of workers of one workload, captured every 10 minutes up to minute ``until`` (older
+    ones go stale; their gauges stay): worker ``i`` computes ``parts[i][0]`` seconds of a step, waits
+    ``parts[i][1]`` on collectives that no compute hides and idles the rest. ``running``: its processes
+    are still connected (a finished job's gauges linger too)."""
+    captured = " ".join(f"{min(minute, until) // 10 * 600}" for minute in range(minutes + 1))
+    result = {}
+    for index, (compute, collective) in enumerate(parts):
+        where = place(index)
+        seconds = {"compute": compute, "exposed_collective": collective, "idle": PROFILED_STEP - compute - collective}
+        result |= {s(c.PROFILE_TIME, part=part, **where): f"{value:g}x{minutes}" for part, value in seconds.items()}
+        result[s(c.PROFILE_STEP, **where)] = f"{PROFILED_STEP:g}x{minutes}"
+        result[s(c.PROFILE_LAST_CAPTURE, **where)] = captured
+        if running:
+            result[s(c.WORKLOAD_PROCESSES, **where)] = f"1x{minutes}"
     return result
 
 
@@ -171,20 +198,73 @@ CASES = [
         "warning",
         "30m",
         phases(io=0, sync=50),
-        {**W, "phase": "sync"},
-        "Workload w spends 50% of its step time in collective sync.",
+        {**W, "source": "host"},
+        "Workload w spends 50% of its step time in collective sync, timed on the host.",
     ),
     Case(AlertName.SYNC_BOUND, None, "30m", phases(io=0, sync=20)),
+    # Issue 22: a step jitted whole times no sync on the host; its device profiles show half of it waiting.
+    Case(
+        AlertName.SYNC_BOUND,
+        "warning",
+        "30m",
+        {**phases(io=0, sync=0), **profiles((1, 1.25), (1, 1.25))},
+        {**W, "source": "profile"},
+        "Workload w spends 50% of its step time waiting on collectives that no compute hides, in its sampled "
+        "device profiles.",
+    ),
+    Case(AlertName.SYNC_BOUND, None, "30m", phases(io=0, sync=0)),  # no profiles: nothing to say
+    # Profiles, where there are, are the measure: the host's sync phase is not read beside them.
+    Case(AlertName.SYNC_BOUND, None, "30m", {**phases(io=0, sync=50), **profiles((2, 0.25), (2, 0.25))}),
+    # The last capture was taken at the start, and is stale from the 30th minute ...
+    Case(
+        AlertName.SYNC_BOUND,
+        None,
+        "60m",
+        {**phases(io=0, sync=0, minutes=60), **profiles((1, 1.25), minutes=60, until=0)},
+    ),
+    # ... when the host-timed phases are the measure again.
+    Case(
+        AlertName.SYNC_BOUND,
+        "warning",
+        "60m",
+        {**phases(io=0, sync=50, minutes=60), **profiles((2, 0.25), minutes=60, until=0)},
+        {**W, "source": "host"},
+        "Workload w spends 50% of its step time in collective sync, timed on the host.",
+    ),
+    # A finished job's profile gauges linger in its sidecars.
+    Case(AlertName.SYNC_BOUND, None, "30m", {**phases(io=0, sync=0), **profiles((1, 1.25), running=False)}),
     Case(
         AlertName.STRAGGLER,
         "warning",
         "25m",
-        workers(slow=2),
-        {**W, **HOST, "instance": "h2:9478", "slice": "0", "worker": "2"},
+        workers(1, 1, 2),
+        {**W, **HOST, "instance": "h2:9478", "slice": "0", "worker": "2", "source": "host"},
         "Worker 2 (h2:9478, slice 0) of workload w takes 2.00x its workload's median compute time per step "
-        "(a straggler from 1.2x).",
+        "(a straggler from 1.2x), timed on the host.",
     ),
-    Case(AlertName.STRAGGLER, None, "25m", workers(slow=1.1)),  # within the factor
+    Case(AlertName.STRAGGLER, None, "25m", workers(1, 1, 1.1)),  # within the factor
+    # Issue 22: one fused step times the same on every host. Worker 3's devices compute twice as long as the
+    # others' and it arrives last at each collective: it hardly waits, the others wait for it.
+    Case(
+        AlertName.STRAGGLER,
+        "warning",
+        "25m",
+        {**workers(1, 1, 1, 1), **profiles((1, 1), (1, 1), (1, 1), (2, 0.02))},
+        {**W, **HOST, **place(3), "source": "profile"},
+        "Worker 3 (h3:9478, slice 0) of workload w takes 2.00x its workload's median compute time per step "
+        "(a straggler from 1.2x), in its sampled device profiles, and waits at collectives far less than its "
+        "peers, who wait for it.",
+    ),
+    Case(AlertName.STRAGGLER, None, "25m", workers(1, 1, 1, 1)),  # the same job unprofiled: no sign of it
+    # More compute, but it waits at collectives as long as its peers: it holds nobody back.
+    Case(AlertName.STRAGGLER, None, "25m", {**workers(1, 1, 1, 1), **profiles((1, 1), (1, 1), (1, 1), (1.5, 1))}),
+    # Its last capture is 40 minutes old: stale.
+    Case(
+        AlertName.STRAGGLER,
+        None,
+        "40m",
+        {**workers(1, 1, 1, 1, minutes=40), **profiles((1, 1), (1, 1), (1, 1), (2, 0.02), minutes=40, until=0)},
+    ),
     Case(
         AlertName.LOW_DUTY_CYCLE,
         "warning",

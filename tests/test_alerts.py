@@ -16,10 +16,13 @@ from alertmanager import AlertmanagerServer, Webhook
 from conftest import require, wait_until
 
 from tpuscope import alerts, catalog
-from tpuscope.conventions import ALERT_PREFIX, AlertName
+from tpuscope.alerts import recording
+from tpuscope.conventions import ALERT_PREFIX, PROFILE_FRESH, AlertName
+from tpuscope.fleetsim.rules import scale_expr
 from tpuscope.generator_config import GeneratorConfig
 from tpuscope.testing.prometheus import PrometheusServer, target_of
 from tpuscope.thresholds import Thresholds
+from tpuscope.tracing import profiles
 from tpuscope.workload.sidecar import SidecarProcess
 
 pytestmark = pytest.mark.long
@@ -114,6 +117,15 @@ def test_every_alert_and_severity_has_a_firing_case_and_a_quiet_one() -> None:
     quiet = {case.alert for case in CASES if not case.severity}
     assert needed - firing == set(), "alerts with no case where they fire"
     assert {name for name, _ in needed} - quiet == set(), "alerts with no case where they must stay quiet"
+
+
+def test_a_device_profile_counts_for_three_of_the_jobs_default_periods_in_real_and_simulated_time() -> None:
+    """The rules may not import the in-job library, which sets the period: this ties the two. The fleet
+    simulator compresses the freshness window with the rest of time."""
+    assert recording.PROFILE_FRESH_SECONDS == 3 * profiles.DEFAULT_PERIOD
+    (fresh,) = (rule["expr"] for rule in recording.profile_rules() if rule["record"] == PROFILE_FRESH)
+    assert f"> time() - {recording.PROFILE_FRESH_SECONDS} " in fresh
+    assert f"> time() - {recording.PROFILE_FRESH_SECONDS / 10:g} " in scale_expr(fresh, 10)
 
 
 def test_amtool_accepts_the_configuration_and_routes_pages_and_tickets() -> None:

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from tpuscope import catalog
+from tpuscope import catalog, events
+from tpuscope.workload.summary import RunSummary
 
 
 def test_bench_starts_a_sidecar_and_prints_non_zero_series(short_tmp: Path) -> None:
@@ -90,3 +91,54 @@ def test_trace_cost_benchmark_prints_both_paths() -> None:
     # Every step of every round kept on the sampled path, and all its spans (the step and 3 phases) written.
     assert kept and int(kept[1]) == 2000 * 5 and int(kept[2]) == 2000 * 5 * 4, out.stdout
     assert "dropping" not in out.stderr, out.stderr
+
+
+def test_a_bad_profile_period_is_a_clear_error() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "tpuscope", "bench", "--synthetic", "--profile-period", "often"],
+        capture_output=True,
+        text=True,
+    )
+    assert out.returncode == 2
+    assert "--profile-period" in out.stderr and "expected seconds or a duration" in out.stderr, out.stderr
+
+
+def test_the_run_summary_weighs_the_ok_captures_by_their_steps_and_names_both_splits() -> None:
+    summary = RunSummary()
+    ms = 1e-3
+
+    def step(n: int, profile: events.DeviceProfile | None = None) -> events.Step:
+        return events.Step(workload="w", step=n, duration_s=0.06, compute_s=0.06, profile=profile)
+
+    profiles = [
+        events.DeviceProfile("ok", 1, 8, 60 * ms, 30 * ms, 20 * ms, 5 * ms, 10 * ms, 45 * ms, 0.4, 2_000_000),
+        events.DeviceProfile("error", capture_s=0.1),
+        events.DeviceProfile("ok", 3, 8, 40 * ms, 20 * ms, 10 * ms, 5 * ms, 10 * ms, 25 * ms, 0.5, 2_000_000),
+        events.DeviceProfile("busy"),
+    ]
+    for n in range(20):
+        summary.emit(step(n, profiles[n // 5] if n % 5 == 0 else None))
+    split = summary.json()["profiled"]
+    # Weighted by steps: (60 + 3 * 40) / 4 = 45 ms a step; compute (30 + 60) / 4, exposed (20 + 30) / 4, idle 10.
+    assert split["captures"] == 2 and split["steps"] == 4 and split["devices"] == 8
+    assert split["step_s"] == pytest.approx(45 * ms)
+    assert split["compute"]["seconds"] == pytest.approx(22.5 * ms)
+    assert split["exposed_collective"]["seconds"] == pytest.approx(12.5 * ms)
+    assert split["idle"]["seconds"] == pytest.approx(10 * ms)
+    assert sum(split[p]["share"] for p in ("compute", "exposed_collective", "idle")) == pytest.approx(1)
+    assert split["overlap"] == pytest.approx(5 / (12.5 + 5))  # overlapped over all collective time
+    assert split["imbalance"] == pytest.approx(30 / 22.5)  # slowest device's compute over the mean
+    assert summary.json()["captures"] == {"ok": 2, "busy": 1, "error": 1}
+    assert summary.capture_seconds() == pytest.approx(1.0)
+    lines = "\n".join(summary.lines())
+    assert "(host-timed: the loop's phase timers)" in lines
+    assert re.search(r"device trace  2 captures, 4 profiled steps x 8 devices: step 45\.0 ms = compute 22\.5 ms \(50%\)"
+                     r" \+ exposed collective 12\.5 ms \(28%\) \+ idle 10\.0 ms \(22%\)", lines), lines  # fmt: skip
+    assert re.search(r"captures      2 ok, 1 busy, 1 error; 1\.00 s to stop and parse \(", lines), lines
+
+
+def test_a_run_without_captures_says_so() -> None:
+    summary = RunSummary()
+    summary.emit(events.Step(workload="w", step=0, duration_s=0.01, compute_s=0.01))
+    assert summary.json()["profiled"] is None
+    assert any(line.startswith("device trace  no capture reported") for line in summary.lines())

@@ -38,7 +38,7 @@ Label = catalog.Label
 CLOSED: dict[Label, tuple[str, ...]] = {  # every value the code can give it
     Label.PHASE: events.PHASES,
     Label.STAGE: typing.get_args(events.CompileStage),
-    Label.RESULT: (*INGEST_RESULTS, "hit", "miss", "ok", "error"),
+    Label.RESULT: (*INGEST_RESULTS, "hit", "miss", "ok", "error", *events.PROFILE_RESULTS),
     Label.OPERATION: (
         *typing.get_args(events.CheckpointOperation),
         *(m.operation for m in libtpu.RUNTIME_METRICS if m.operation),
@@ -55,6 +55,7 @@ CLOSED: dict[Label, tuple[str, ...]] = {  # every value the code can give it
         *collector_base.REASONS,
     ),  # the sidecar's own; jobs' are limited
     Label.LABEL: tuple(LIMITED),
+    Label.PART: catalog.PROFILE_PARTS,
 }
 HOST: dict[Label, str] = {  # set by collectors from what this host has, so bounded by it
     Label.CPU: "one value per logical CPU",

@@ -10,6 +10,9 @@ queries, taken from the dashboards as Grafana gets them, run against it at one i
   same checkpoint saves (each process saves its part): one before the failure, one after the restart.
 - ``tune``, 2 hosts of another accelerator (another peak), started within the range.
 - Both run at 50% MFU; each sidecar reports its own host's FLOPs and peak, as the job's Monitor sends them.
+- ``train``'s new pods sample device profiles, all 4 at the same steps, at -20 and -10 min (0.3 s and 360 kB a
+  capture); worker 2 is a straggler: more compute and less collective wait than its peers (who wait for it),
+  in a step as long as theirs (lockstep).
 - ``train`` lost half a day's goodput 10 days ago and a whole day 35 days ago; ``serve``'s latency SLO
   missed by 3% of requests for a day 10 days ago: the error budgets cover the SLO's 30 days, not the
   dashboard's hour, nor anything older.
@@ -17,6 +20,7 @@ queries, taken from the dashboards as Grafana gets them, run against it at one i
 
 from __future__ import annotations
 
+import contextlib
 import math
 import subprocess
 import time
@@ -26,7 +30,7 @@ from pathlib import Path
 import pytest
 import yaml
 from conftest import require
-from test_dashboards import ALL, BOARDS, panel_titled, substitute
+from test_dashboards import ALL, BOARDS, panel_titled, step_values, substitute
 
 from tpuscope import catalog as c
 from tpuscope import conventions, durations
@@ -67,7 +71,7 @@ class Fleet:
         """Samples ``every`` seconds from ``start`` to ``end`` (relative, inclusive); ``value`` of the time."""
         text = ",".join(f'{k}="{v}"' for k, v in labels.items())
         self.families.setdefault(name, []).extend(
-            f"{name}{{{text}}} {value(t):g} {self.at + t}" for t in range(start, end + 1, every)
+            f"{name}{{{text}}} {value(t):.17g} {self.at + t}" for t in range(start, end + 1, every)
         )
 
     def sidecar(self, instance: str, slice_: str, worker: str, start: int, end: int) -> dict[str, str]:
@@ -110,6 +114,7 @@ def fleet(at: int) -> Fleet:
             saved = -2400 if host is first else start + 600  # both within the dashboard's hour
             f.counter(c.CHECKPOINT_DURATION.series("count"), save, saved, end, {saved: 1})
             running(f, {**host, **train}, "v5e", CHIPS * V5E, start, end)
+        profiled(f, {**second, **train}, STRAGGLER_PROFILE if worker == STRAGGLER else PEER_PROFILE)
     for worker in range(2):
         host = f.sidecar(f"tune-{worker}:9478", "0", str(worker), -2400, 0)
         running(f, {**host, **tune}, "v6e", CHIPS * V6E, -2400, 0)
@@ -132,6 +137,37 @@ def running(f: Fleet, labels: dict[str, str], accelerator: str, peak: float, sta
     f.series(c.GOODPUT.name, {**labels, "category": "productive"}, start, end, lambda t: t - start)
 
 
+# Device profiles: seconds per step in each part (compute, exposed_collective, idle), the same step on every worker.
+STRAGGLER = 2
+PEER_PROFILE = {"compute": 0.08, "exposed_collective": 0.05, "idle": 0.01}
+STRAGGLER_PROFILE = {"compute": 0.12, "exposed_collective": 0.01, "idle": 0.01}
+CAPTURES = (-1200, -600)  # when the sidecars received each capture
+CAPTURE_SECONDS, CAPTURE_BYTES = 0.3, 360e3
+
+
+def profiled(f: Fleet, labels: dict[str, str], parts: dict[str, float]) -> None:
+    """A worker's device-profile gauges and capture counters, as its sidecar serves them from the first capture
+    on, and what the recording rules record of them (the straggler rule's ratios to the median)."""
+    first, end = CAPTURES[0], 0
+    for part, seconds in parts.items():
+        f.series(c.PROFILE_TIME.name, {**labels, "part": part}, first, end, lambda t, s=seconds: s)
+        median = sorted([PEER_PROFILE[part]] * 3 + [STRAGGLER_PROFILE[part]])[1:3]
+        over = {**labels, "part": part}
+        f.series(conventions.PROFILE_OVER_MEDIAN, over, first, end, lambda t, s=seconds, m=median: s / (sum(m) / 2))
+    f.series(c.PROFILE_STEP.name, labels, first, end, lambda t: sum(parts.values()))
+    f.series(c.PROFILE_OVERLAP.name, labels, first, end, lambda t: 0.5)
+    f.series(c.PROFILE_IMBALANCE.name, labels, first, end, lambda t: 1.1 if parts is STRAGGLER_PROFILE else 1.0)
+    f.series(c.PROFILE_LAST_CAPTURE.name, labels, first, end, lambda t: f.at + max(k for k in CAPTURES if k <= t))
+    ok = {**labels, "result": "ok"}
+    f.counter(c.PROFILE_CAPTURES.name, ok, first, end, {k: n for n, k in enumerate(CAPTURES, 1)})
+    f.counter(
+        c.PROFILE_CAPTURE_SECONDS.name, labels, first, end, {k: n * CAPTURE_SECONDS for n, k in enumerate(CAPTURES, 1)}
+    )
+    f.counter(
+        c.PROFILE_CAPTURE_BYTES.name, labels, first, end, {k: n * CAPTURE_BYTES for n, k in enumerate(CAPTURES, 1)}
+    )
+
+
 def recorded(f: Fleet) -> None:
     """The recording rules' 5-minute rates over 40 days, one sample every 5 minutes."""
 
@@ -151,28 +187,31 @@ def recorded(f: Fleet) -> None:
     every_5m(conventions.REQUESTS_FAST_RATE, {"workload": "serve"}, lambda t: bad_on(35, bad_on(10, 10, 9.7)(t), 0)(t))
 
 
-@pytest.fixture(scope="module")
-def prometheus(module_tmp: Path) -> Iterator[tuple[PrometheusAPI, int]]:
-    """A Prometheus over the fleet's TSDB, and the instant to evaluate at (the TSDB ends there, an hour ago)."""
-    at = (int(time.time()) // HOUR - 1) * HOUR
-    source = module_tmp / "fleet.om"
-    source.write_text(fleet(at).openmetrics())
-    data = module_tmp / "data"
+@contextlib.contextmanager
+def backfilled(directory: Path, series: Fleet, *flags: str) -> Iterator[PrometheusAPI]:
+    """A Prometheus over a TSDB that promtool wrote from ``series``, with ``flags`` of its own."""
+    source = directory / "fleet.om"
+    source.write_text(series.openmetrics())
+    data = directory / "data"
     # A few blocks for the 40 days, not one per 2 hours (the default): Prometheus starts at once.
     backfill = [require("promtool"), "tsdb", "create-blocks-from", "openmetrics", "--max-block-duration=1000h", "-q"]
     run = subprocess.run([*backfill, str(source), str(data)], capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr
-    config = module_tmp / "prometheus.yml"
+    config = directory / "prometheus.yml"
     config.write_text(yaml.safe_dump({"global": {"scrape_interval": f"{SCRAPE}s"}}))
-    flags = [
-        f"--config.file={config}",
-        f"--storage.tsdb.path={data}",
-        "--storage.tsdb.retention.time=100d",  # the blocks go back 40 days
-        f"--query.lookback-delta={LOOKBACK}",
-    ]
     require("prometheus")
-    with ServerProcess("prometheus", "prometheus", flags, module_tmp) as server:
-        yield PrometheusAPI(server.url, timeout=30), at
+    flags = (f"--config.file={config}", f"--storage.tsdb.path={data}", *flags)
+    with ServerProcess("prometheus", "prometheus", list(flags), directory) as server:
+        yield PrometheusAPI(server.url, timeout=30)
+
+
+@pytest.fixture(scope="module")
+def prometheus(module_tmp: Path) -> Iterator[tuple[PrometheusAPI, int]]:
+    """A Prometheus over the fleet's TSDB, and the instant to evaluate at (the TSDB ends there, an hour ago)."""
+    at = (int(time.time()) // HOUR - 1) * HOUR
+    flags = ("--storage.tsdb.retention.time=100d", f"--query.lookback-delta={LOOKBACK}")  # the blocks go back 40 days
+    with backfilled(module_tmp, fleet(at), *flags) as api:
+        yield api, at
 
 
 def values(
@@ -255,3 +294,46 @@ def test_error_budgets_cover_the_slo_period(prometheus: tuple[PrometheusAPI, int
 def test_the_budget_panels_say_their_period() -> None:
     for board, title in ((FLEET, "Goodput objective: error budget left"), (SERVING, "Latency error budget left")):
         assert f"last {conventions.SLO_PERIOD}" in panel_titled(BOARDS[board], title)["description"], title
+
+
+def test_the_device_profile_tells_the_straggler_apart_in_a_fused_step(prometheus: tuple[PrometheusAPI, int]) -> None:
+    """Every worker's step is as long (lockstep); worker 2 computes 0.12 s where its peers compute 0.08 s, and
+    waits 0.01 s at the collectives where they wait 0.05 s for it."""
+    title = "Device profile: compute and exposed collective per step, by worker"
+    workers = [str(w) for w in range(4)]
+    compute = values(prometheus, JOB, title, "A", workload="train", by=("worker",))
+    waiting = values(prometheus, JOB, title, "B", workload="train", by=("worker",))
+    assert compute == {(w,): STRAGGLER_PROFILE["compute"] if w == "2" else PEER_PROFILE["compute"] for w in workers}
+    assert waiting == {
+        (w,): STRAGGLER_PROFILE["exposed_collective"] if w == "2" else PEER_PROFILE["exposed_collective"]
+        for w in workers
+    }
+    over = values(prometheus, JOB, "Device profile: compute over the workload's median, by worker", by=("worker",))
+    assert over == {(w,): pytest.approx(1.5 if w == "2" else 1.0) for w in workers}
+    slowest = "Device profile: slowest worker of each workload, against the median"
+    assert values(prometheus, ONCALL, slowest, by=("workload", "worker")) == {("train", "2"): pytest.approx(1.5)}
+    assert max(step_values(panel_titled(BOARDS[ONCALL], slowest))) == DEFAULT.straggler_factor
+
+
+def test_the_device_profile_split_and_its_captures(prometheus: tuple[PrometheusAPI, int]) -> None:
+    """The parts as shares of the profiled step over the 4 workers (0.56 s of step): compute 0.36 s, exposed
+    collective 0.16 s, idle 0.04 s; 2 captures of the job (each of its 4 hosts took the same 2), 0.6 s of the
+    costliest host's hour, 360 kB each, the latest 10 minutes old."""
+    split = values(prometheus, JOB, "Device profile: where the step's device time went", workload="train", by=("part",))
+    assert split == {
+        ("compute",): pytest.approx(0.36 / 0.56),
+        ("exposed_collective",): pytest.approx(0.16 / 0.56),
+        ("idle",): pytest.approx(0.04 / 0.56),
+    }
+    exposed = values(prometheus, JOB, "Device profile: exposed collective share", workload="train")
+    assert exposed == {(): pytest.approx(0.16 / 0.56)}
+    assert values(prometheus, JOB, "Device profile captures, by result", workload="train", by=("result",)) == {
+        ("ok",): 2
+    }
+    assert values(prometheus, JOB, "Device profile capture cost", workload="train") == {
+        (): pytest.approx(2 * CAPTURE_SECONDS / RANGE)
+    }
+    assert values(prometheus, JOB, "Device trace size per capture", workload="train") == {(): CAPTURE_BYTES}
+    assert values(prometheus, JOB, "Age of the latest device profile", workload="train") == {(): 600}
+    ((_, overlap),) = values(prometheus, JOB, "Device profile: collective overlap", workload="train").items()
+    assert overlap == pytest.approx(0.5)

@@ -17,7 +17,7 @@ import pytest
 import yaml
 from conftest import require, wait_until
 
-from tpuscope import alerts, catalog, dashboards
+from tpuscope import alerts, catalog, conventions, dashboards
 from tpuscope.alerts.recording import recording_rules
 from tpuscope.dashboards import promql
 from tpuscope.dashboards.panels import panels_of
@@ -114,6 +114,46 @@ def test_step_panels_show_exemplars() -> None:
     assert {"Step time p50 / p95 / p99", "Step time distribution"} <= set(with_exemplars)
 
 
+# The device-profile panels, beside the host-timed phases on the boards that show both.
+PROFILE_PANELS = {
+    "tpuscope-job": {
+        "Device profile: where the step's device time went",
+        "Device profile: exposed collective share",
+        "Device profile: compute and exposed collective per step, by worker",
+        "Device profile: compute over the workload's median, by worker",
+        "Device profile: collective overlap",
+        "Device profile: device imbalance, by worker",
+        "Device profile captures, by result",
+        "Device profile capture cost",
+        "Age of the latest device profile",
+        "Device trace size per capture",
+    },
+    "tpuscope-oncall": {"Device profile: slowest worker of each workload, against the median"},
+}
+PROFILE_METRICS = {m.name for m in catalog.CATALOG if m.group == catalog.PROFILE_GROUP}
+
+
+def test_the_device_profile_is_shown_beside_the_host_timed_phases_and_says_which_is_which() -> None:
+    """Two answers to "where did the step go" sit on one board: each panel says whether it is the host's timing
+    of every step or a sampled device trace (and where its age is); the job board reads every profile metric."""
+    for name, titles in PROFILE_PANELS.items():
+        board = BOARDS[name]
+        for panel in panels_of(board):
+            exprs = " ".join(t["expr"] for t in panel["targets"])
+            reads_profile = any(metric in exprs for metric in PROFILE_METRICS)
+            assert reads_profile == (panel["title"] in titles), panel["title"]
+            if reads_profile:
+                assert "device" in panel["title"].lower(), panel["title"]
+                assert "sampled" in panel["description"].lower(), f"{panel['title']}: say the profile is a sample"
+            elif catalog.STEP_PHASE_DURATION.name in exprs and 'phase="io"' not in exprs:
+                assert "host-timed" in panel["title"].lower(), f"{panel['title']}: say it is the host's timing"
+    job = " ".join(t["expr"] for _, t in targets(BOARDS["tpuscope-job"]))
+    assert {m for m in PROFILE_METRICS if m not in job} == set()
+    # The on-call straggler bar reads what TpuscopeStraggler reads: fresh profiles of running workers only.
+    (target,) = panel_titled(BOARDS["tpuscope-oncall"], sorted(PROFILE_PANELS["tpuscope-oncall"])[0])["targets"]
+    assert conventions.PROFILE_OVER_MEDIAN in target["expr"]
+
+
 def test_the_committed_files_and_configmaps_are_what_the_command_writes(short_tmp: Path) -> None:
     out = tpuscope_dashboards("--out", str(short_tmp))
     assert out.returncode == 0, out.stderr
@@ -131,8 +171,10 @@ def test_the_committed_files_and_configmaps_are_what_the_command_writes(short_tm
 
 # The panels coloured and described by straggler_factor (default 1.2) and goodput_objective (default 0.90).
 STRAGGLER_PANELS = [
-    ("tpuscope-job", "Compute time over the workload's median, by worker"),
-    ("tpuscope-oncall", "Slowest worker of each workload, against the workload's median"),
+    ("tpuscope-job", "Host-timed compute over the workload's median, by worker"),
+    ("tpuscope-job", "Device profile: compute over the workload's median, by worker"),
+    ("tpuscope-oncall", "Host-timed: slowest worker of each workload, against the median"),
+    ("tpuscope-oncall", "Device profile: slowest worker of each workload, against the median"),
 ]
 GOODPUT_PANELS = [
     ("tpuscope-fleet", "Goodput"),
@@ -207,6 +249,7 @@ def bench(socket: Path, run_dir: Path, cache: Path, *faults: str) -> subprocess.
         "--inject=stall=3",
         "--inject=recompile=25",
         "--inject=crash=45",
+        "--profile-period=0.3s",  # device profiles every few steps from step 20: their panels have data
         *faults,
     ]
     return subprocess.run(command, capture_output=True, text=True, timeout=300, env=os.environ.copy())
@@ -269,6 +312,17 @@ def selections(board: dict[str, Any], prom: PrometheusServer) -> Iterator[tuple[
 def grafana_escape(value: str) -> str:
     """How Grafana's Prometheus datasource escapes a multi-value variable's value inside a regex matcher."""
     return re.sub(r"([\\^$*+?.()|{}\[\]])", r"\\\\\1", value)
+
+
+# Instant panels that read only running workers: evaluated after the bench has ended, they are empty, and must be.
+ONLY_WHILE_RUNNING = {"Device profile: slowest worker of each workload, against the median"}
+
+
+def only_while_running(name: str) -> bool:
+    """Whether ``name`` ("tpuscope / On-call / TITLE (A)") is one of :data:`ONLY_WHILE_RUNNING`: the profiled
+    straggler reads the recording rule the straggler alert reads, which keeps fresh profiles of connected
+    workers only, so that a finished job's last capture leaves no straggler behind."""
+    return any(f" / {title}" in name for title in ONLY_WHILE_RUNNING)
 
 
 def test_every_panel_query_returns_data_from_the_workload_the_sidecar_and_prometheus(
@@ -334,9 +388,11 @@ def test_every_panel_query_returns_data_from_the_workload_the_sidecar_and_promet
             failing += [
                 f"{name}\n    " + "\n    ".join(why)
                 for name, why in empty.items()
-                if why[0].startswith("All") or len(why) == runs - 1
+                if (why[0].startswith("All") or len(why) == runs - 1) and not only_while_running(name)
             ]
     assert not failing, "panels without data:\n" + "\n".join(failing)
+    lingering = [name for name, numbers in shown.items() if only_while_running(name) and numbers]
+    assert not lingering, f"a finished job's profile still names a straggler: {lingering}"
     # And the values are right where the faults say what they must be.
     assert shown["tpuscope / Fleet overview / Failures over the range"] == [1], "one crash, counted from the first"
     assert max(shown["tpuscope / Fleet overview / Restarts, by workload and reason"]) == 1
@@ -345,3 +401,6 @@ def test_every_panel_query_returns_data_from_the_workload_the_sidecar_and_promet
     assert 0 < shown["tpuscope / Serving / Requests within the objective"][0] < 1
     assert 0 < shown["tpuscope / Fleet overview / Cost per step, by workload"][0] < 1
     assert shown["tpuscope / Job debug / Time since the last good checkpoint"][0] < range_seconds
+    # The bench samples device profiles (every 5 s by default, tpuscope/workload/runner.py): the split shows.
+    assert 0 < shown["tpuscope / Job debug / Device profile: exposed collective share"][0] < 1
+    assert max(shown["tpuscope / Job debug / Device profile captures, by result"]) >= 1

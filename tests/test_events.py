@@ -76,6 +76,22 @@ def test_fields_a_newer_job_appends_are_ignored() -> None:
     assert events.decode(newer) == VALID[0]
 
 
+def test_a_sidecar_older_than_device_profiles_reads_a_profiled_step() -> None:
+    """Issue 22: the job sends ``Step.profile`` before every sidecar knows it. The sidecar of the release before
+    reads Step as it is today without its last field: decoding with that layout keeps every step field."""
+    old_fields = [(f.name, f.type, f.default) for f in msgspec.structs.fields(events.Step)[1:-1]]  # Event's workload
+    assert [name for name, _, _ in old_fields][-1] == "trace_id"  # profile was the last field, and the only one gone
+    old_step = msgspec.defstruct("Step", old_fields, bases=(events.Event,), tag="step", frozen=True)
+    profile = events.DeviceProfile("ok", steps=4, devices=8, step_s=0.5, compute_s=0.3, exposed_collective_s=0.2)
+    profiled = msgspec.structs.replace(VALID[0], trace_id="ab" * 16, profile=profile)
+    datagram = events.encode(profiled)
+    assert datagram.startswith(events.HEADER)  # the same schema version: an older sidecar takes it
+    read = msgspec.msgpack.Decoder(old_step).decode(datagram[len(events.HEADER) :])
+    fields = msgspec.structs.asdict(profiled)
+    assert fields.pop("profile") == profile
+    assert msgspec.structs.asdict(read) == fields
+
+
 @given(st.binary(max_size=200))
 def test_arbitrary_bytes_decode_or_raise_invalid_event(data: bytes) -> None:
     for datagram in (data, events.HEADER + data):

@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from conftest import require
 
 EXPECTED = (
@@ -29,7 +31,17 @@ EXPECTED = (
     "sidecar CPU, 1,000 steps/s",
     "scrape p99 at",
     "peer: node_exporter scrape p99",
+    "step annotation, no profiler session",
+    "step annotation, during a capture",
+    "device-profile capture: stop and parse, mean",
+    "capture cost share of wall time, default period",
 )
+# Per-step and per-series targets are ratios to a peer measured in the same run, the absolute figures beside.
+RATIOS = {
+    "instrumented step / one OpenTelemetry span": "<= 0.5",
+    "instrumented step / a bare send of its event": "<= 2",
+    "scrape per series / node_exporter's": "<= 0.1",
+}
 
 
 def test_the_benchmark_runs_tiny_and_writes_every_figure_with_its_target(short_tmp: Path) -> None:
@@ -49,8 +61,13 @@ def test_the_benchmark_runs_tiny_and_writes_every_figure_with_its_target(short_t
     for expected in EXPECTED:
         assert any(expected in name for name in names), f"no figure {expected!r} in {names}"
     for figure in figures:
-        assert set(figure) == {"name", "value", "unit", "target", "note", "met"}
+        assert set(figure) == {"name", "value", "unit", "target", "note", "met", "ours", "peer", "absolute_unit"}
         assert isinstance(figure["value"], (int, float)) and math.isfinite(figure["value"]), figure
+        if figure["absolute_unit"]:  # a ratio: both absolute figures, printed beside it
+            assert figure["unit"] == "x" and figure["ours"] > 0 and figure["peer"] > 0, figure
+            assert figure["value"] == pytest.approx(figure["ours"] / figure["peer"]), figure
+        else:
+            assert figure["ours"] is None and figure["peer"] is None, figure
         assert figure["unit"], figure
         if figure["target"]:
             op, bound = figure["target"].split()
@@ -61,4 +78,16 @@ def test_the_benchmark_runs_tiny_and_writes_every_figure_with_its_target(short_t
             assert figure["met"] is None
     # The targets the issue sets, each judged somewhere in the run.
     targets = {f["target"] for f in figures}
-    assert {"<= 10", "<= 0.5", ">= 100000", "<= 0", "<= 80", "<= 1"} <= targets
+    assert {"<= 0.5", "<= 2", "<= 0.1", ">= 100000", "<= 0", "<= 80", "<= 1"} <= targets
+    by_name = {f["name"].strip(): f for f in figures}
+    for name, target in RATIOS.items():
+        assert by_name[name]["target"] == target, by_name[name]
+    headline = out.stdout.split("Ratios to the peers measured in this run")[1]
+    for name in RATIOS:
+        assert re.search(rf"{re.escape(name)} +[\d.]+ x .* [\d.]+ us / [\d.]+ us", headline), headline
+    # The captures on the JAX workload were real: the Monitor parsed at least one.
+    capture = by_name["device-profile capture: stop and parse, mean"]
+    assert capture["value"] > 0 and re.match(r"[1-9]\d* ok, ", capture["note"]), capture
+    assert by_name["capture cost share of wall time, default period"]["target"] == "<= 0.5"
+    # The JSON is printed too.
+    assert '"figures": [' in out.stdout

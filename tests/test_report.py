@@ -15,18 +15,21 @@ import struct
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 from chromium import Chromium
 from conftest import require, wait_until
+from test_dashboard_queries import Fleet, backfilled
 
 from tpuscope import alerts, catalog, events
 from tpuscope.conventions import AlertName
 from tpuscope.generator_config import GeneratorConfig
+from tpuscope.report import prometheus, recording, render
 from tpuscope.report.window import Window, parse_time
 from tpuscope.testing.prometheus import PrometheusServer, target_of
 from tpuscope.tracing import Monitor, read_records
@@ -222,3 +225,121 @@ def test_a_workload_on_two_hosts_is_summed_and_a_restart_counted_once(short_tmp:
     booked = sum(s["values"][-1] for s in data["goodput"])
     each_worker = 40 * 0.01
     assert booked > 2 * each_worker * 0.9, f"both workers' wall time is booked ({booked:.2f} s)"
+
+
+# --- the device profiles, beside the host-timed phases -------------------------------------------------------
+def profile(
+    step: float, compute: float, exposed: float, overlapped: float, slowest: float, cost: float, size: int
+) -> events.DeviceProfile:
+    """A capture that measured ``step`` s a step: ``compute``, ``exposed`` collective and 0.01 s of idle."""
+    return events.DeviceProfile(
+        "ok", 2, 8, step, compute, exposed, overlapped, step - compute - exposed, slowest, cost, size
+    )
+
+
+def recorded(path: Path, profiles: dict[int, events.DeviceProfile]) -> Path:
+    """20 steps of 100 ms a second apart, all compute as the host times them (one fused program); the steps
+    ``profiles`` names carry a capture."""
+    lines = [
+        events.to_record(events.Step("fused", n, 0.1, compute_s=0.1, profile=profiles.get(n)), 1_795_000_000.0 + n)
+        for n in range(20)
+    ]
+    path.write_bytes(b"".join(msgspec.json.encode(line) + b"\n" for line in lines))
+    return path
+
+
+def test_a_recording_with_device_profiles_reports_the_profiled_split_beside_the_phases(tmp_path: Path) -> None:
+    """The mean of the two captures that measured (a busy one and a failed one counted, not averaged): a 110 ms
+    step of 60 ms compute, 40 ms exposed collective and 10 ms idle, though the host timed it all as compute."""
+    captures = {
+        5: profile(0.10, 0.06, 0.03, overlapped=0.03, slowest=0.066, cost=0.3, size=1_000_000),
+        9: events.DeviceProfile("busy"),
+        12: events.DeviceProfile("error", capture_s=0.2),
+        15: profile(0.12, 0.06, 0.05, overlapped=0.0, slowest=0.06, cost=0.5, size=2_000_000),
+    }
+    report = recording.build(recorded(tmp_path / "events.jsonl", captures), None, Window())
+    assert report.profile is not None
+    p = report.profile
+    assert (p.captures, p.busy, p.errors) == (2, 1, 1)
+    assert p.step_seconds == pytest.approx(0.11)
+    assert p.part_seconds == pytest.approx({"compute": 0.06, "exposed_collective": 0.04, "idle": 0.01})
+    assert p.share("exposed_collective") == pytest.approx(0.04 / 0.11)
+    assert p.overlap == pytest.approx((0.5 + 0.0) / 2) and p.imbalance == pytest.approx((1.1 + 1.0) / 2)
+    assert p.capture_seconds == pytest.approx(1.0) and p.trace_bytes == 1_500_000
+    assert p.latest == 1_795_000_015.0
+    assert report.totals.phase_seconds["sync"] == 0  # the host-timed phases stay as the host timed them
+
+    render.write(report, tmp_path / "out")
+    page = (tmp_path / "out" / "index.html").read_text()
+    assert "Where the time went (host-timed phases)</td><td>compute 100.0%, sync 0.0%" in page
+    row = "Where the device time went (sampled device profiles)</td><td>"
+    row += "compute 54.5%, exposed collective 36.4%, idle 9.1%"
+    assert f'<tr class="bad"><td>{row} of a 110 ms profiled step' in page, "over the sync bound: in red"
+    assert "collective overlap 25%, device imbalance 1.05; the mean of 2 captures" in page
+    assert "1 busy (another profiler was running), 1 failed" in page and "1.5 MB of trace each" in page
+    assert '<section id="device-profile"><h2>Device profile: where the step&#x27;s device time went' in page
+    assert "<h2>Host-timed phases: where a step&#x27;s time goes</h2>" in page
+
+
+def test_a_recording_without_device_profiles_shows_none(tmp_path: Path) -> None:
+    report = recording.build(recorded(tmp_path / "events.jsonl", {}), None, Window())
+    assert report.profile is None
+    render.write(report, tmp_path / "out")
+    page = (tmp_path / "out" / "index.html").read_text()
+    assert "device-profile" not in page and "sampled device profiles" not in page
+    assert "Where the time went (host-timed phases)" in page
+
+
+def serve_profiles(fleet: Fleet, labels: dict[str, str], figures: dict[int, dict[str, float]]) -> None:
+    """A sidecar's profile gauges and counters from the first capture on: ``figures`` at each capture's time,
+    0.3 s and 1 MB a capture."""
+    first = min(figures)
+
+    def latest(t: int) -> dict[str, float]:
+        return figures[max(k for k in figures if k <= t)]
+
+    def gauge(metric: catalog.Metric, value: Callable[[int], float], **extra: str) -> None:
+        fleet.series(metric.name, {**labels, **extra}, first, 0, value)
+
+    for part in catalog.PROFILE_PARTS:
+        gauge(catalog.PROFILE_TIME, lambda t, part=part: latest(t)[part], part=part)
+    gauge(catalog.PROFILE_STEP, lambda t: sum(latest(t)[part] for part in catalog.PROFILE_PARTS))
+    gauge(catalog.PROFILE_OVERLAP, lambda t: latest(t)["overlap"])
+    gauge(catalog.PROFILE_IMBALANCE, lambda t: latest(t)["imbalance"])
+    gauge(catalog.PROFILE_LAST_CAPTURE, lambda t: fleet.at + max(k for k in figures if k <= t))
+    ok = {k: n for n, k in enumerate(sorted(figures), 1)}
+    fleet.counter(catalog.PROFILE_CAPTURES.name, {**labels, "result": "ok"}, first, 0, ok)
+    fleet.counter(catalog.PROFILE_CAPTURE_SECONDS.name, labels, first, 0, {k: 0.3 * n for k, n in ok.items()})
+    fleet.counter(catalog.PROFILE_CAPTURE_BYTES.name, labels, first, 0, {k: 1e6 * n for k, n in ok.items()})
+
+
+def test_a_report_from_prometheus_reads_each_capture_of_each_worker_once(short_tmp: Path) -> None:
+    """Two workers' sidecars served their profile gauges for two hours: a capture before the window (left out)
+    and two in it, each read once though its gauges hold for 10 and 30 minutes; worker 0 also skipped one
+    (busy). The mean of the 4 captures: 60 ms compute, 30 ms exposed collective, 10 ms idle of 100 ms."""
+    at = (int(time.time()) // 3600 - 1) * 3600
+    fleet = Fleet(at)
+    before = {"compute": 0.1, "exposed_collective": 0.08, "idle": 0.02, "overlap": 0.9, "imbalance": 2.0}
+    workers = [  # worker -> capture time -> figures
+        {-2400: {"compute": 0.06, "exposed_collective": 0.03, "overlap": 0.5, "imbalance": 1.1}},
+        {-2400: {"compute": 0.05, "exposed_collective": 0.04, "overlap": 0.4, "imbalance": 1.0}},
+    ]
+    workers[0][-600] = {"compute": 0.07, "exposed_collective": 0.02, "overlap": 0.6, "imbalance": 1.2}
+    workers[1][-600] = {"compute": 0.06, "exposed_collective": 0.03, "overlap": 0.5, "imbalance": 1.1}
+    for worker, captures in enumerate(workers):
+        labels = {**fleet.sidecar(f"w{worker}:9478", "0", str(worker), -7200, 0), "workload": "fused"}
+        fleet.counter(catalog.STEPS.name, labels, -7200, 0, {-7200: 1})
+        serve_profiles(fleet, labels, {-4000: before} | {t: {**f, "idle": 0.01} for t, f in captures.items()})
+        if worker == 0:
+            fleet.counter(catalog.PROFILE_CAPTURES.name, {**labels, "result": "busy"}, -1200, 0, {-1200: 1})
+    with backfilled(short_tmp, fleet) as api:
+        report = prometheus.build(api.url, "fused", Window(3600, at))
+    p = report.profile
+    assert p is not None
+    assert (p.captures, p.busy, p.errors) == (4, 1, 0)
+    assert p.step_seconds == pytest.approx(0.1)
+    assert p.part_seconds == pytest.approx({"compute": 0.06, "exposed_collective": 0.03, "idle": 0.01})
+    assert p.overlap == pytest.approx(0.5) and p.imbalance == pytest.approx(1.1)
+    assert p.capture_seconds == pytest.approx(0.6), "the costliest worker's two captures in the window"
+    assert p.trace_bytes == pytest.approx(1e6)
+    assert p.latest == at - 600

@@ -13,6 +13,7 @@ import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
+import msgspec
 import pytest
 from conftest import wait_for
 
@@ -267,3 +268,73 @@ def test_out_of_file_descriptors_a_connection_is_refused_counted_and_the_ingest_
         with urllib.request.urlopen(sidecar.url.replace("/metrics", "/healthz"), timeout=5) as r:
             assert r.status == 200
         assert "cannot accept a job's connection" in sidecar.log()
+
+
+# --- device profiles (issue 22) ---------------------------------------------------------------
+PROFILED = events.DeviceProfile(
+    "ok",
+    steps=4,
+    devices=4,
+    step_s=1.0,
+    compute_s=0.6,
+    exposed_collective_s=0.3,
+    overlapped_collective_s=0.1,
+    idle_s=0.1,
+    slowest_compute_s=0.66,
+    capture_s=2.5,
+    trace_bytes=1000,
+)
+
+
+def profile_series(scrape: Scrape, workload: str) -> dict[tuple[str, str], float]:
+    """The workload's device-profile samples by name and the one label besides workload, slice and worker."""
+    profile = {m.name for m in catalog.CATALOG if m.group == catalog.PROFILE_GROUP}
+    return {
+        (sample.name, sample.labels.get("part") or sample.labels.get("result") or ""): sample.value
+        for sample in scrape.samples
+        if sample.name in profile and sample.labels.get("workload") == workload
+    }
+
+
+def test_a_step_with_a_profile_sets_the_profile_series(sidecar: SidecarProcess) -> None:
+    step = events.Step(workload="prof", step=1, duration_s=1.0, compute_s=1.0, profile=PROFILED)
+    send(sidecar.socket, events.encode(step))
+    scrape = scrape_when(sidecar.url, lambda s: s.value(catalog.STEPS.name, workload="prof") == 1)
+    got = profile_series(scrape, "prof")
+    received = got.pop((catalog.PROFILE_LAST_CAPTURE.name, ""))
+    assert received == pytest.approx(time.time(), abs=60)
+    assert got == pytest.approx(
+        {
+            (catalog.PROFILE_CAPTURES.name, "ok"): 1,
+            (catalog.PROFILE_CAPTURE_SECONDS.name, ""): 2.5,
+            (catalog.PROFILE_CAPTURE_BYTES.name, ""): 1000,
+            (catalog.PROFILE_STEP.name, ""): 1.0,
+            (catalog.PROFILE_TIME.name, "compute"): 0.6,
+            (catalog.PROFILE_TIME.name, "exposed_collective"): 0.3,
+            (catalog.PROFILE_TIME.name, "idle"): 0.1,
+            (catalog.PROFILE_OVERLAP.name, ""): 0.25,  # 0.1 of 0.4 collective seconds hidden
+            (catalog.PROFILE_IMBALANCE.name, ""): 1.1,
+        }
+    )
+    assert scrape.value(catalog.STEP_DURATION.series("count"), workload="prof") == 1  # the step counts as ever
+    # A capture with no collective at all: no overlap to speak of, and the former capture's ratio goes.
+    alone = msgspec.structs.replace(PROFILED, exposed_collective_s=0.0, overlapped_collective_s=0.0, idle_s=0.4)
+    send(sidecar.socket, events.encode(msgspec.structs.replace(step, step=2, profile=alone)))
+    scrape = scrape_when(sidecar.url, lambda s: s.value(catalog.STEPS.name, workload="prof") == 2)
+    assert not scrape.has(catalog.PROFILE_OVERLAP.name, workload="prof")
+    assert scrape.value(catalog.PROFILE_TIME.name, workload="prof", part="idle") == 0.4
+
+
+def test_a_busy_or_failed_capture_is_only_counted(sidecar: SidecarProcess) -> None:
+    """It measured nothing: its attempt and its cost are counted, but no gauge is set, so the rules never read
+    its zeros as a profile."""
+    for step, result, cost in ((1, "busy", 0.0), (2, "error", 0.5), (3, "error", 0.25)):
+        profile = events.DeviceProfile(result, capture_s=cost)
+        send(sidecar.socket, events.encode(events.Step(workload="unprof", step=step, duration_s=1.0, profile=profile)))
+    scrape = scrape_when(sidecar.url, lambda s: s.value(catalog.STEPS.name, workload="unprof") == 3)
+    assert profile_series(scrape, "unprof") == {
+        (catalog.PROFILE_CAPTURES.name, "busy"): 1,
+        (catalog.PROFILE_CAPTURES.name, "error"): 2,
+        (catalog.PROFILE_CAPTURE_SECONDS.name, ""): 0.75,
+        (catalog.PROFILE_CAPTURE_BYTES.name, ""): 0,
+    }

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import re
 import statistics
@@ -47,9 +48,12 @@ def bench(module_sidecar: SidecarProcess, module_tmp: Path) -> Callable[..., Run
 
     def run(workload: str, *args: str, expect: int = 0, warm: bool = True) -> Run:
         """``warm``: compile from the module's shared persistent cache (the baseline and the recompile
-        fault compile cold, as they check what compiling reports), ~6 s of CPU saved a run."""
+        fault compile cold, as they check what compiling reports), ~6 s of CPU saved a run. Device profiles
+        are off unless ``args`` ask for them."""
         if warm and "--compile-cache" not in args:
             args = (*args, "--compile-cache", str(module_tmp / "xla-cache-warm"))
+        if "--profile-period" not in args:  # captures cost CPU; the one test of them asks for them
+            args = (*args, "--profile-period", "off")
         record = module_tmp / f"{workload}.jsonl"
         record.unlink(missing_ok=True)  # the sink appends: each run gets its own recording
         proc = subprocess.run(
@@ -221,11 +225,32 @@ def test_spill_on_the_cpu_says_why_it_cannot_be_injected(bench: Callable[..., Ru
     assert "host memory" in run.output
 
 
-def test_fused_mode_reports_the_program_as_compute(bench: Callable[..., Run]) -> None:
-    run = bench("fused", "--steps", "10", "--checkpoint-every", "0", "--fused")
+def test_fused_mode_reports_the_program_as_compute_and_the_device_trace_splits_it(
+    bench: Callable[..., Run], module_tmp: Path
+) -> None:
+    # A short period: captures from step 10 on, so that a short run has some (a job's default is 10 minutes).
+    run = bench("fused", "--steps", "80", "--checkpoint-every", "0", "--fused", "--profile-period", "1s")
     shares = phase_shares(run.steps[1:])
-    assert shares["sync"] == 0 and shares["compute"] > 0.6, shares
+    assert shares["sync"] == 0 and shares["compute"] > 0.6, shares  # host-timed: the collectives are inside compute
     assert all(s.flops > 0 for s in run.steps)
+    # The device trace splits the same program: the all-reduce's time shows, and the parts make up the step.
+    profiles = [s.profile for s in run.steps if s.profile is not None and s.profile.result == "ok"]
+    assert profiles, [s.profile for s in run.steps if s.profile is not None]
+    for p in profiles:
+        assert p.devices == 8 and p.steps >= 1 and p.capture_s > 0 and p.trace_bytes > 0, p
+        assert abs(p.compute_s + p.exposed_collective_s + p.idle_s - p.step_s) <= 0.05 * p.step_s, p
+    summary = json.loads((module_tmp / "fused" / "summary.json").read_text())
+    split = summary["profiled"]
+    assert split["captures"] == len(profiles) and split["devices"] == 8, split
+    parts = {part: split[part]["seconds"] for part in ("compute", "exposed_collective", "idle")}
+    assert parts["exposed_collective"] > 0 and parts["compute"] > 0, split
+    assert abs(sum(parts.values()) / split["step_s"] - 1) <= 0.05, split
+    assert summary["captures"]["ok"] == len(profiles) and summary["capture_s"] > 0, summary
+    assert summary["host_phases"]["sync"]["seconds"] == 0
+    # The printed summary names each split for what it is.
+    assert re.search(r"^  phase shares  compute \d+%, sync 0%.*\(host-timed", run.output, re.MULTILINE), run.output
+    assert re.search(r"^  device trace  \d+ captures, .* exposed collective [\d.]+ ms", run.output, re.MULTILINE)
+    assert re.search(r"^  captures      \d+ ok, \d+ busy, \d+ error; [\d.]+ s to stop and parse", run.output, re.M)
 
 
 def test_the_overhead_benchmark_runs_and_reports_both_measurements(bench: Callable[..., Run]) -> None:
@@ -236,7 +261,7 @@ def test_the_overhead_benchmark_runs_and_reports_both_measurements(bench: Callab
     assert figures and float(figures[1]) > 0, run.output
     assert re.search(r"A/B difference\s+[+-]\d+ us \([+-][\d.]+%\) \+- \d+ us", run.output), run.output
     probe_steps = [e for e in run.steps if e.workload != "overhead"]
-    assert not probe_steps and len(run.steps) == 25, "the probe's empty steps stay out of the workload"
+    assert not probe_steps and len(run.steps) == 20, "the probe's empty steps stay out of the workload"
 
 
 def test_async_checkpoints_report_when_durable(bench: Callable[..., Run], module_sidecar: SidecarProcess) -> None:

@@ -50,6 +50,7 @@ class Label(enum.StrEnum):
     LABEL = "label"
     SLICE = "slice"
     WORKER = "worker"
+    PART = "part"
 
 
 # Where in a multi-host job the sidecar runs: every series it serves carries these two
@@ -241,6 +242,84 @@ CHECKPOINT_LAST_SUCCESS = _metric(
     W,
     unit="seconds",
     group=CHECKPOINT_GROUP,
+)
+
+# --- Device profiles --------------------------------------------------------------
+# From the device traces the job samples (tpuscope.tracing.profiles): where a fused step's time goes on
+# the devices, which host-side timers cannot see (collectives overlap compute inside one program).
+PROFILE_GROUP = "Device profiles (sampled from device traces)"
+# The parts a profiled step's window splits into: they add up to tpuscope_profile_step_seconds.
+PROFILE_PARTS = ("compute", "exposed_collective", "idle")
+PROFILE_STEP = _metric(
+    "profile_step_seconds",
+    Kind.GAUGE,
+    "A step's time on the devices in the latest device-profile capture: the mean over its steps (the first "
+    "left out) and this host's devices.",
+    W,
+    unit="seconds",
+    group=PROFILE_GROUP,
+)
+PROFILE_TIME = _metric(
+    "profile_time_seconds",
+    Kind.GAUGE,
+    "Where a profiled step's time went on this host's devices (mean per step and device, latest capture): "
+    "compute (the union of non-collective ops), exposed_collective (collective ops no compute covers: waiting "
+    "for the other devices and hosts), idle (no op at all: waiting for the host, the input, the next "
+    "dispatch). The parts add up to tpuscope_profile_step_seconds.",
+    W,
+    Label.PART,
+    unit="seconds",
+    group=PROFILE_GROUP,
+)
+PROFILE_OVERLAP = _metric(
+    "profile_collective_overlap_ratio",
+    Kind.GAUGE,
+    "Share of the collective ops' time that compute covered, in the latest capture (1: every collective "
+    "hidden behind compute).",
+    W,
+    unit="ratio",
+    group=PROFILE_GROUP,
+)
+PROFILE_IMBALANCE = _metric(
+    "profile_device_imbalance_ratio",
+    Kind.GAUGE,
+    "The compute of this host's busiest device over its devices' mean, in the latest capture (1: balanced).",
+    W,
+    unit="ratio",
+    group=PROFILE_GROUP,
+)
+PROFILE_CAPTURES = _metric(
+    "profile_captures_total",
+    Kind.COUNTER,
+    "Device-profile captures the job attempted, by result: ok, busy (a profiler of the user's was running: "
+    "skipped), error.",
+    W,
+    Label.RESULT,
+    group=PROFILE_GROUP,
+)
+PROFILE_CAPTURE_SECONDS = _metric(
+    "profile_capture_seconds_total",
+    Kind.COUNTER,
+    "What the captures cost the job: stopping the trace and parsing it (off the training thread).",
+    W,
+    unit="seconds",
+    group=PROFILE_GROUP,
+)
+PROFILE_CAPTURE_BYTES = _metric(
+    "profile_capture_bytes_total",
+    Kind.COUNTER,
+    "Bytes of the serialized device traces captured (parsed in memory, never written).",
+    W,
+    unit="bytes",
+    group=PROFILE_GROUP,
+)
+PROFILE_LAST_CAPTURE = _metric(
+    "profile_last_capture_timestamp_seconds",
+    Kind.GAUGE,
+    "Unix time at which the sidecar received the latest device-profile capture that measured something.",
+    W,
+    unit="seconds",
+    group=PROFILE_GROUP,
 )
 
 # --- Utilization and goodput ---------------------------------------------------

@@ -83,6 +83,12 @@ COMPUTE_PER_WORKER = f"worker:{c.STEP_PHASE_DURATION.name}:compute_mean5m"
 COMPUTE_MEDIAN = f"workload:{c.STEP_PHASE_DURATION.name}:compute_median5m"
 COMPUTE_OVER_MEDIAN = f"worker:{c.STEP_PHASE_DURATION.name}:compute_over_median5m"
 MEMORY_USED = f"device:{c.DEVICE_MEMORY_USED.name}:ratio_limit"
+# From the sampled device profiles (issue 22), fresh captures of running workers only: each part's time per
+# worker, its median over the workload, each worker's over that median, and each part's share of the step.
+PROFILE_FRESH = f"worker_part:{c.PROFILE_TIME.name}:fresh"
+PROFILE_MEDIAN = f"workload_part:{c.PROFILE_TIME.name}:median"
+PROFILE_OVER_MEDIAN = f"worker_part:{c.PROFILE_TIME.name}:over_median"
+PROFILE_SHARE = f"workload_part:{c.PROFILE_TIME.name}:share"
 GOODPUT_RATE = f"workload_category:{c.GOODPUT.base_name}:rate5m"
 REQUESTS_FAST_RATE = f"workload:{c.INFERENCE_REQUEST_DURATION.name}_within_objective:rate5m"
 REQUESTS_RATE = f"workload:{c.INFERENCE_REQUEST_DURATION.name}_count:rate5m"

@@ -59,6 +59,38 @@ CheckpointOperation = Literal["save", "restore"]
 LifecycleState = Literal["start", "stop", "failure", "restart"]
 
 
+# What became of one device-profile capture (tpuscope.tracing.profiles): measured; skipped because a
+# profiler (the user's) was already running; failed (the capture or its parse).
+PROFILE_RESULTS = ("ok", "busy", "error")
+ProfileResult = Literal["ok", "busy", "error"]
+
+
+class DeviceProfile(msgspec.Struct, array_like=True, frozen=True):
+    """Where the device time of a few sampled steps went, from a device trace the job took in-process.
+
+    Each figure is a mean per step and per local device over the captured steps (the first of a capture
+    left out): ``compute_s`` is the union of the non-collective ops' time, ``exposed_collective_s`` the
+    collective ops' time that no compute covers, ``overlapped_collective_s`` the rest of it, ``idle_s`` the
+    step minus every op (waiting for the host, the input, the next dispatch). ``compute_s +
+    exposed_collective_s + idle_s == step_s``. ``slowest_compute_s``: the compute of the local device with
+    the most. ``capture_s``: what the capture cost this process (stopping the trace and parsing it, off the
+    training thread); ``trace_bytes``: the serialized trace's size. A capture that measured nothing
+    (``result`` busy or error) has zeros.
+    """
+
+    result: ProfileResult
+    steps: Count = 0
+    devices: Count = 0
+    step_s: Seconds = 0.0
+    compute_s: Seconds = 0.0
+    exposed_collective_s: Seconds = 0.0
+    overlapped_collective_s: Seconds = 0.0
+    idle_s: Seconds = 0.0
+    slowest_compute_s: Seconds = 0.0
+    capture_s: Seconds = 0.0
+    trace_bytes: Count = 0
+
+
 class Event(msgspec.Struct, array_like=True, frozen=True, tag_field="k"):
     """Base of every record; ``workload`` names the job that sent it."""
 
@@ -72,7 +104,9 @@ class Step(Event, tag="step", frozen=True):
     last successful send, so the sidecar sees the job's losses too. ``flops`` is
     the model FLOPs the step did on all the job's devices (0: unknown), for MFU.
     ``trace_id`` names the trace of the step's spans when they were kept, so the
-    sidecar can attach it to the step-duration histogram as an exemplar.
+    sidecar can attach it to the step-duration histogram as an exemplar. ``profile``: the
+    latest device-profile capture, on the first step sent after it was parsed (a trailing
+    field: a sidecar older than it reads the step and ignores the profile, counting no error).
     """
 
     step: Count
@@ -84,6 +118,7 @@ class Step(Event, tag="step", frozen=True):
     dropped: Count = 0
     flops: Flops = 0.0
     trace_id: TraceId = ""
+    profile: DeviceProfile | None = None
 
     def __post_init__(self) -> None:
         measured = self.compute_s + self.sync_s + self.io_s + self.other_s

@@ -23,6 +23,10 @@ from tpuscope.conventions import (
     GOODPUT_RATE,
     MEMORY_USED,
     PHASE_SHARE,
+    PROFILE_FRESH,
+    PROFILE_MEDIAN,
+    PROFILE_OVER_MEDIAN,
+    PROFILE_SHARE,
     REQUESTS_FAST_RATE,
     REQUESTS_RATE,
     SLOW_REQUESTS_RATIO,
@@ -37,10 +41,14 @@ WORKER = "job, instance, slice, worker"
 COMPUTE = 'phase="compute"'
 PRODUCTIVE = 'category="productive"'
 RAW_UP_TO = "1h"  # SLO windows up to this read the raw counters; longer ones the recorded 5m rates
+# A worker's device profile counts this long after the sidecar received it: three of the job's default periods
+# (tpuscope.tracing.profiles.DEFAULT_PERIOD, which this room may not import; a test ties the two), so one
+# busy or failed capture does not drop a worker, and a worker that stopped capturing drops out.
+PROFILE_FRESH_SECONDS = 1800
 
 
 def recording_rules(config: GeneratorConfig) -> list[dict[str, str]]:
-    return step_rules() + slo_rules(config)
+    return step_rules() + profile_rules() + slo_rules(config)
 
 
 def step_rules() -> list[dict[str, str]]:
@@ -85,6 +93,39 @@ def step_rules() -> list[dict[str, str]]:
         {
             "record": MEMORY_USED,
             "expr": f"{series(c.DEVICE_MEMORY_USED)} / {series(c.DEVICE_MEMORY_LIMIT)}",
+        },
+    ]
+
+
+def profile_rules() -> list[dict[str, str]]:
+    """What the sampled device profiles say of each workload and worker: the measures of a fused step, whose
+    host-timed phases cannot split compute from collectives (issue 22).
+
+    The profile gauges hold the latest capture until the next, and linger in the sidecar of a finished job:
+    only a capture younger than :data:`PROFILE_FRESH_SECONDS` of a worker whose process is connected counts.
+    A median of 0 (no worker waits on collectives at all) divides nothing: a ratio to it would be NaN or
+    infinite, so the worker has none.
+    """
+    fresh = (
+        f"{series(c.PROFILE_LAST_CAPTURE)} > time() - {PROFILE_FRESH_SECONDS} and {series(c.WORKLOAD_PROCESSES)} > 0"
+    )
+    return [
+        {
+            "record": PROFILE_FRESH,
+            "expr": f"{series(c.PROFILE_TIME)} and on (workload, {WORKER}) ({fresh})",
+        },
+        {
+            "record": PROFILE_MEDIAN,
+            "expr": f"quantile by (workload, part) (0.5, {PROFILE_FRESH})",
+        },
+        {  # the profiled straggler's measures: far more compute than its peers, far less waiting on them
+            "record": PROFILE_OVER_MEDIAN,
+            "expr": f"{PROFILE_FRESH} / on (workload, part) group_left () ({PROFILE_MEDIAN} > 0)",
+        },
+        {  # the mean over workers of each one's share: a worker's parts add up to its profiled step
+            "record": PROFILE_SHARE,
+            "expr": f"avg by (workload, part) ({PROFILE_FRESH} / ignoring (part) group_left ()"
+            f" ({series(c.PROFILE_STEP)} > 0))",
         },
     ]
 

@@ -6,9 +6,34 @@ from __future__ import annotations
 from tpuscope import catalog as c
 from tpuscope import durations
 from tpuscope.alerts.rules import Alert, running
-from tpuscope.conventions import COMPUTE_OVER_MEDIAN, PHASE_SHARE, STEP_MEAN, AlertName, DashboardUID
+from tpuscope.conventions import (
+    COMPUTE_OVER_MEDIAN,
+    PHASE_SHARE,
+    PROFILE_OVER_MEDIAN,
+    PROFILE_SHARE,
+    STEP_MEAN,
+    AlertName,
+    DashboardUID,
+)
 from tpuscope.generator_config import GeneratorConfig
 from tpuscope.promql import series
+
+# Where a measure comes from, a label of the alerts that have two: the workload's fresh device profiles, or
+# the phases the job times on the host (tpuscope.alerts.recording.profile_rules).
+SOURCE = "source"
+
+
+def from_profiles_else_host(profiled: str, host: str) -> str:
+    """``profiled`` for the workloads with fresh device profiles, ``host`` for the others; never both for one."""
+    return (
+        f'label_replace({profiled}, "{SOURCE}", "profile", "", "")'
+        f' or label_replace({host} unless on (workload) {PROFILE_SHARE}, "{SOURCE}", "host", "", "")'
+    )
+
+
+def by_source(profile: str, host: str) -> str:
+    """Description text that depends on the firing expression's source."""
+    return f'{{{{ if eq $labels.{SOURCE} "profile" }}}}{profile}{{{{ else }}}}{host}{{{{ end }}}}'
 
 
 def alerts(config: GeneratorConfig) -> list[Alert]:
@@ -64,26 +89,52 @@ def alerts(config: GeneratorConfig) -> list[Alert]:
         Alert(
             AlertName.SYNC_BOUND,
             "warning",
-            f'{PHASE_SHARE}{{phase="sync"}} > {t.sync_share:g}',
+            from_profiles_else_host(
+                f'max by (workload) ({PROFILE_SHARE}{{part="exposed_collective"}}) > {t.sync_share:g}',
+                f'max by (workload) ({PHASE_SHARE}{{phase="sync"}}) > {t.sync_share:g}',
+            ),
             "A workload spends much of its steps in collectives.",
-            "Workload {{ $labels.workload }} spends {{ $value | humanizePercentage }} of its step time in "
-            "collective sync.",
+            "Workload {{ $labels.workload }} spends {{ $value | humanizePercentage }} of its step time "
+            + by_source(
+                "waiting on collectives that no compute hides, in its sampled device profiles",
+                "in collective sync, timed on the host",
+            )
+            + ".",
             DashboardUID.JOB,
             "15m",
-            f"Look for a straggler first ({AlertName.STRAGGLER}); then the interconnect and the sharding.",
+            "The share comes from the workload's device profiles where it has fresh ones (the `source` label says "
+            "`profile`): the collective time no compute overlaps, averaged over the workers; otherwise from its "
+            'host-timed sync phase (`source="host"`), which reads 0 for a step jitted whole, where collectives run '
+            f"inside the program. Look for a straggler first ({AlertName.STRAGGLER}); then the interconnect, the "
+            "sharding, and what keeps the compiler from overlapping the collectives with compute.",
         ),
         Alert(
             AlertName.STRAGGLER,
             "warning",
-            f"{COMPUTE_OVER_MEDIAN} > {t.straggler_factor:g}",
+            from_profiles_else_host(
+                # The straggler computes longest and so arrives last at each collective: it waits least there,
+                # while the others wait for it. Both together tell it from a worker that merely computes more.
+                f'max without (part) ({PROFILE_OVER_MEDIAN}{{part="compute"}}) > {t.straggler_factor:g}'
+                f' and ignoring (part) {PROFILE_OVER_MEDIAN}{{part="exposed_collective"}} < 1 / {t.straggler_factor:g}',
+                f"{COMPUTE_OVER_MEDIAN} > {t.straggler_factor:g}",
+            ),
             "One worker is much slower than the rest of its workload.",
             "Worker {{ $labels.worker }} ({{ $labels.instance }}, slice {{ $labels.slice }}) of workload "
             '{{ $labels.workload }} takes {{ printf "%.2f" $value }}x its workload\'s median compute time per '
-            f"step (a straggler from {t.straggler_factor:g}x).",
+            f"step (a straggler from {t.straggler_factor:g}x), "
+            + by_source(
+                "in its sampled device profiles, and waits at collectives far less than its peers, who wait for it",
+                "timed on the host",
+            )
+            + ".",
             DashboardUID.JOB,
             "10m",
-            "Every worker waits for it at each collective. Check the host: thermal throttling, a failing chip, a "
-            "noisy neighbour. Cordon it and restart the job on a healthy host.",
+            "Every worker waits for it at each collective. Where the workload has fresh device profiles "
+            "(`source=\"profile\"`) the worker's profiled compute is over the factor times its workload's median "
+            'and its exposed collective time under the median divided by the factor; otherwise (`source="host"`) '
+            "its host-timed compute phase is over the factor times the median (a step jitted whole times the same "
+            "on every worker, so only profiles find its straggler). Check the host: thermal throttling, a failing "
+            "chip, a noisy neighbour. Cordon it and restart the job on a healthy host.",
         ),
         Alert(
             AlertName.LOW_DUTY_CYCLE,

@@ -3,6 +3,12 @@
 For the ML engineer whose job is slow, and the SRE paged for it: step time and
 its distribution (exemplars link to traces), the phase breakdown, the straggler
 view, compiles, memory, checkpoints and the host that feeds the chips.
+
+Two views of where a step's time goes sit side by side, and every title says which it is: the
+host-timed phases (every step, timed around the programs the job runs) and the device profile
+(a few steps sampled from a device trace every so often). In a job that runs one fused program a
+step, the host sees one block of compute (sync reads 0); only the device trace splits it into
+compute, collectives no compute hides, and idle time.
 """
 
 from __future__ import annotations
@@ -16,7 +22,10 @@ from tpuscope.dashboards import promql as q
 from tpuscope.thresholds import Thresholds
 
 TITLE = "tpuscope / Job debug"
-DESCRIPTION = "One workload's steps, phases, stragglers, compiles, memory, checkpoints and host."
+DESCRIPTION = (
+    "One workload's steps, host-timed phases and sampled device profiles, stragglers, compiles, memory, "
+    "checkpoints and host."
+)
 
 PER_WORKER = f"workload, {q.BY_WORKER}"
 WORKER = "{{workload}} " + q.WORKER_LEGEND
@@ -55,11 +64,13 @@ def steps(t: Thresholds) -> p.Section:
                 p.query(f"sum by (le) ({q.rate(c.STEP_DURATION, suffix='bucket')})", buckets=True, exemplar=True),
             ),
             p.timeseries_panel(
-                "Where a step's time goes",
-                "Mean seconds per step in each phase: compute, sync (collectives), io (waiting for input and "
-                "copying it to the devices) and other (what no phase claims: the loop's own Python). The stack "
-                "is the mean step time. A growing io band means an input-bound job (more loader workers, "
-                "prefetch); a growing sync band, a slow interconnect or a straggler (see Stragglers).",
+                "Host-timed phases: where a step's time goes",
+                "Mean seconds per step in each phase, as the job times them on the host around every step: "
+                "compute, sync (collectives), io (waiting for input and copying it to the devices) and other "
+                "(what no phase claims: the loop's own Python). The stack is the mean step time. A growing io "
+                "band means an input-bound job (more loader workers, prefetch); a growing sync band, a slow "
+                "interconnect or a straggler (see Stragglers). A job that runs one fused program a step reports "
+                "its collectives inside compute (sync 0): the device profile below splits them.",
                 "s",
                 p.query(phase_seconds, "{{phase}}"),
                 stacked=True,
@@ -74,9 +85,10 @@ def steps(t: Thresholds) -> p.Section:
                 span=6,
             ),
             p.stat_panel(
-                "Collective sync share",
-                f"The sync phase's share of step time over the range. Above {t.sync_share:.0%} the job is bound "
-                "by collectives: check for a straggler (below), the interconnect, or the sharding.",
+                "Host-timed sync share",
+                f"The host-timed sync phase's share of step time over the range. Above {t.sync_share:.0%} the "
+                "job is bound by collectives: check for a straggler (below), the interconnect, or the sharding. "
+                "0 in a fused step: read the device profile's exposed collective share instead.",
                 "percentunit",
                 p.query(phase_share("sync"), instant=True),
                 limits=p.high_is_bad(t.sync_share, t.sync_share / 2),
@@ -103,23 +115,167 @@ def steps(t: Thresholds) -> p.Section:
     )
 
 
+# What every device-profile panel must say: where its figures come from and how old they may be.
+SAMPLED = (
+    "Sampled: from the device traces the job takes of a few steps every 10 minutes by default (the same steps "
+    "on every host), each worker's latest capture, so a figure holds until the next one (Age of the latest "
+    "device profile says how old it is)."
+)
+
+
+def device_profile(t: Thresholds) -> p.Section:
+    parts = f"sum by (workload, part) ({q.selector(c.PROFILE_TIME)})"
+    step = f"sum by (workload) ({q.selector(c.PROFILE_STEP)})"
+
+    def over_range(metric: c.Metric, *matchers: str) -> str:
+        return f"sum (avg_over_time({q.selector(metric, *matchers)}[{q.RANGE}]))"
+
+    exposed_share = q.share(over_range(c.PROFILE_TIME, q.eq("part", "exposed_collective")), over_range(c.PROFILE_STEP))
+    capture_cost = f"{q.once_per_job(c.PROFILE_CAPTURE_SECONDS, window=q.RANGE)} / {q.SECONDS[q.RANGE]}"
+    trace_bytes = (
+        f"sum ({q.events(c.PROFILE_CAPTURE_BYTES, window=q.RANGE)})"
+        f" / sum ({q.events(c.PROFILE_CAPTURES, q.eq('result', 'ok'), window=q.RANGE)})"
+    )
+    return p.Section(
+        "Device profile (sampled device traces)",
+        [
+            p.timeseries_panel(
+                "Device profile: where the step's device time went",
+                "Each part's share of a profiled step on the devices: compute (the union of the non-collective "
+                "ops), exposed collective (collective ops no compute hides: waiting for the other devices and "
+                "hosts) and idle (no op at all: waiting for the host, the input, the next dispatch), stacked to "
+                "100%, over the workload's workers. Unlike the host-timed phases above, this splits one fused "
+                f"program's time. {SAMPLED} A wide exposed collective band: a straggler (below), the "
+                "interconnect or the sharding; a wide idle band: the host or the input do not keep up.",
+                "percentunit",
+                p.query(q.share(parts, step, ignoring="part"), "{{part}}"),
+                stacked=True,
+                max_value=1,
+                span=8,
+            ),
+            p.stat_panel(
+                "Device profile: exposed collective share",
+                "The share of the profiled step the devices spent in collectives no compute hid, over the range "
+                f"(the device-trace counterpart of the host-timed sync share). {SAMPLED} Above "
+                f"{t.sync_share:.0%} the job is bound by collectives: a straggler, the interconnect, or the "
+                "sharding.",
+                "percentunit",
+                p.query(exposed_share, instant=True),
+                limits=p.high_is_bad(t.sync_share, t.sync_share / 2),
+                span=4,
+                height=8,
+            ),
+            p.timeseries_panel(
+                "Device profile: compute and exposed collective per step, by worker",
+                "Each worker's profiled compute and exposed collective seconds per step (mean over its "
+                "devices). Every worker of a synchronous step takes as long as the slowest, so a straggler "
+                "shows as the one worker with more compute and less collective wait than its peers, who wait "
+                f"for it at each collective. {SAMPLED}",
+                "s",
+                p.query(q.profiled("compute"), "compute " + WORKER),
+                p.query(q.profiled("exposed_collective"), "exposed collective " + WORKER),
+                span=12,
+            ),
+            p.timeseries_panel(
+                "Device profile: compute over the workload's median, by worker",
+                "Each worker's profiled compute per step divided by its workload's median worker's: the "
+                "straggler view that holds in a fused step, where the host-timed compute of every worker "
+                f"includes the wait for the slowest. Above {t.straggler_factor:g} the worker is a straggler "
+                f"(as {AlertName.STRAGGLER} reads it, with less collective wait than its peers): cordon or replace "
+                f"its host. {SAMPLED} Only recent captures of running workers count, so a finished job's last "
+                "profile leaves no straggler behind.",
+                "none",
+                p.query(q.profiled_compute_over_median(), WORKER),
+                limits=p.high_is_bad(t.straggler_factor, 1 + (t.straggler_factor - 1) / 2),
+                min_value=None,
+                span=8,
+            ),
+            p.timeseries_panel(
+                "Device profile: collective overlap",
+                "The share of the collective ops' time that compute covered, averaged over the workload's "
+                "workers (1: every collective hidden behind compute). Falling overlap with a rising exposed "
+                f"collective share: the collectives no longer fit behind the compute (a larger model, a "
+                f"smaller batch per device, another sharding). {SAMPLED}",
+                "percentunit",
+                p.query(f"avg by (workload) ({q.selector(c.PROFILE_OVERLAP)})", "{{workload}}"),
+                max_value=1,
+                span=8,
+            ),
+            p.timeseries_panel(
+                "Device profile: device imbalance, by worker",
+                "The compute of each worker's busiest local device over its devices' mean (1: balanced). Above "
+                f"{t.straggler_factor:g} (the straggler bound, for devices of one host) one chip does more "
+                f"work or runs slower than its neighbours: uneven sharding, or a failing chip. {SAMPLED}",
+                "none",
+                p.query(f"max by ({PER_WORKER}) ({q.selector(c.PROFILE_IMBALANCE)})", WORKER),
+                limits=p.high_is_bad(t.straggler_factor, 1 + (t.straggler_factor - 1) / 2),
+                min_value=None,
+                span=8,
+            ),
+            p.timeseries_panel(
+                "Device profile captures, by result",
+                "The sampled device traces the job tried to capture in each interval, each counted once however many "
+                "workers take it (every host captures the same steps): ok, busy (a profiler of the user's was "
+                "running, so the job left it alone) and error (the capture or its parse failed: the job's log "
+                "says why). No ok capture for long: the figures above are old.",
+                "short",
+                p.query(q.once_per_job(c.PROFILE_CAPTURES, by="workload, result"), "{{result}}"),
+                span=12,
+            ),
+            p.stat_panel(
+                "Device profile capture cost",
+                "What the sampled device traces cost over the range, as a share of wall time: the seconds the "
+                "costliest worker spent stopping traces and parsing them (off the training thread). The job widens its "
+                "sampling period by itself when a capture costs too much.",
+                "percentunit",
+                p.query(capture_cost, instant=True),
+                span=4,
+                height=8,
+            ),
+            p.stat_panel(
+                "Age of the latest device profile",
+                "Seconds since the oldest of the workers' latest captures that measured something: how old the "
+                "sampled device-profile figures may be. A capture comes every 10 minutes by default (longer where the "
+                "job widened its period); much older, the job stopped profiling: busy or failing captures "
+                "(see Device profile captures), or profiles turned off.",
+                "s",
+                p.query(f"time() - min by (workload) ({q.selector(c.PROFILE_LAST_CAPTURE)})", "{{workload}}"),
+                span=4,
+                height=8,
+            ),
+            p.stat_panel(
+                "Device trace size per capture",
+                "Bytes of a sampled device trace, serialized, per capture that measured something, on one host "
+                "over the range. The job parses it in memory and writes nothing; the size grows with the steps "
+                "captured and the ops per step.",
+                "bytes",
+                p.query(trace_bytes, instant=True),
+                span=4,
+                height=8,
+            ),
+        ],
+    )
+
+
 def stragglers(t: Thresholds) -> p.Section:
     compute = q.mean(c.STEP_PHASE_DURATION, q.eq("phase", "compute"), by=PER_WORKER)
     return p.Section(
         "Stragglers",
         [
             p.timeseries_panel(
-                "Compute time per step, by worker",
-                "Mean compute phase of each worker. In a synchronous job every worker waits for the slowest at "
-                "the next collective, so one line above the others slows them all: that host is the straggler "
-                "(thermal throttling, a noisy neighbour, a failing chip).",
+                "Host-timed compute per step, by worker",
+                "Mean host-timed compute phase of each worker. In a synchronous job every worker waits for the "
+                "slowest at the next collective, so one line above the others slows them all: that host is the "
+                "straggler (thermal throttling, a noisy neighbour, a failing chip). In a fused step every worker's "
+                "compute holds the wait for the slowest, so all read alike: see the device profile's per-worker "
+                "split.",
                 "s",
                 p.query(compute, WORKER),
                 span=8,
             ),
             p.timeseries_panel(
-                "Compute time over the workload's median, by worker",
-                f"Each worker's compute time divided by its workload's median worker. Above "
+                "Host-timed compute over the workload's median, by worker",
+                f"Each worker's host-timed compute time divided by its workload's median worker. Above "
                 f"{t.straggler_factor:g} the worker is a straggler: cordon or replace its host.",
                 "none",
                 p.query(q.compute_over_median(), WORKER),
@@ -127,8 +283,8 @@ def stragglers(t: Thresholds) -> p.Section:
                 span=8,
             ),
             p.timeseries_panel(
-                "Sync time per step, by worker",
-                "Mean sync phase of each worker: the time spent in collectives, most of it waiting for the "
+                "Host-timed sync per step, by worker",
+                "Mean host-timed sync phase of each worker: the time spent in collectives, most of it waiting for the "
                 "others. A straggler shows here inverted: little sync on itself, much on everyone else.",
                 "s",
                 p.query(q.mean(c.STEP_PHASE_DURATION, q.eq("phase", "sync"), by=PER_WORKER), WORKER),
@@ -387,5 +543,5 @@ def host(t: Thresholds) -> p.Section:
 
 
 def dashboard(t: Thresholds) -> dict[str, Any]:
-    sections = [steps(t), stragglers(t), compiles(t), memory(t), checkpoints(t), goodput(t), host(t)]
+    sections = [steps(t), device_profile(t), stragglers(t), compiles(t), memory(t), checkpoints(t), goodput(t), host(t)]
     return p.build(DashboardUID.JOB, TITLE, DESCRIPTION, sections, p.variables(c.STEPS, one_workload=True))

@@ -27,6 +27,7 @@ UP = f'up{{job=~"${q.JOB}"}}'
 ALERTS = f'ALERTS{{alertstate="firing", alertname=~"{ALERT_PREFIX}.*"}}'
 LOST = 'result=~"dropped|invalid"'
 UP_DOWN = [("1", "up", p.GOOD), ("0", "down", p.BAD)]
+STRAGGLER_LEGEND = "{{workload}}: slice {{slice}} worker {{worker}} ({{instance}})"
 
 
 def monitoring() -> p.Section:
@@ -139,19 +140,30 @@ def workloads(t: Thresholds) -> p.Section:
                 span=8,
             ),
             p.bar_gauge_panel(
-                "Slowest worker of each workload, against the workload's median",
-                "For each workload, the worker with the longest compute phase per step, as a multiple of its "
-                f"workload's median worker. Over {t.straggler_factor:g} it is a straggler ({AlertName.STRAGGLER}): "
-                "every other worker waits for it at each collective. The bar names its slice, worker and host: "
-                "cordon that host and restart the job elsewhere. Needs three workers or more to be sharp.",
+                "Host-timed: slowest worker of each workload, against the median",
+                "For each workload, the worker with the longest host-timed compute phase per step, as a multiple "
+                f"of its workload's median worker. Over {t.straggler_factor:g} it is a straggler "
+                f"({AlertName.STRAGGLER}): every other worker waits for it at each collective. The bar names its "
+                "slice, worker and host: cordon that host and restart the job elsewhere. Needs three workers or "
+                "more to be sharp. A job that runs one fused program a step reads alike on every worker here "
+                "(each one's compute holds the wait for the slowest): read the device profile beside it.",
                 "none",
-                p.query(
-                    f"topk by (workload) (1, {q.compute_over_median()})",
-                    "{{workload}}: slice {{slice}} worker {{worker}} ({{instance}})",
-                    instant=True,
-                ),
+                p.query(f"topk by (workload) (1, {q.compute_over_median()})", STRAGGLER_LEGEND, instant=True),
                 limits=p.high_is_bad(t.straggler_factor, 1 + (t.straggler_factor - 1) / 2),
-                span=24,
+                span=12,
+            ),
+            p.bar_gauge_panel(
+                "Device profile: slowest worker of each workload, against the median",
+                "For each workload, the worker with the most compute per step in its latest sampled device "
+                "profile (a device trace of a few steps, every 10 minutes by default; Job debug shows its age), "
+                f"as a multiple of its workload's median worker. Over {t.straggler_factor:g} it is the straggler "
+                "the others wait for, told apart even inside one fused program: it computes longer and waits "
+                f"less at the collectives ({AlertName.STRAGGLER} reads the same). Cordon its host. Only recent "
+                "captures of running workers count; empty for jobs that do not profile.",
+                "none",
+                p.query(f"topk by (workload) (1, {q.profiled_compute_over_median()})", STRAGGLER_LEGEND, instant=True),
+                limits=p.high_is_bad(t.straggler_factor, 1 + (t.straggler_factor - 1) / 2),
+                span=12,
             ),
         ],
     )

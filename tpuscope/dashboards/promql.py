@@ -16,11 +16,12 @@ from tpuscope.catalog import (
     DEVICE_MEMORY_USED,
     HOST_LABELS,
     LAST_STEP,
+    PROFILE_TIME,
     STEP_PHASE_DURATION,
     Label,
     Metric,
 )
-from tpuscope.conventions import SLO_PERIOD
+from tpuscope.conventions import PROFILE_OVER_MEDIAN, SLO_PERIOD
 from tpuscope.promql import each_worker_once, grown, series
 
 # Grafana's interval variables, substituted when a panel runs.
@@ -125,6 +126,22 @@ def compute_over_median(window: str = RATE) -> str:
     waits for the slowest at the next collective: one far above 1 is the straggler slowing them all."""
     compute = mean(STEP_PHASE_DURATION, eq("phase", "compute"), by=f"workload, {BY_WORKER}", window=window)
     return f"({compute}) / on (workload) group_left () quantile by (workload) (0.5, {compute})"
+
+
+def profiled(part: str) -> str:
+    """Each worker's seconds per step in one part of its latest device profile (compute, exposed_collective,
+    idle): the sampled gauge, one series per workload and worker."""
+    return f"max by (workload, {BY_WORKER}) ({selector(PROFILE_TIME, eq('part', part))})"
+
+
+def profiled_compute_over_median() -> str:
+    """:func:`compute_over_median` from the device profiles: where one fused program runs the whole step,
+    every worker's host-timed compute is the same step (the wait for the straggler is inside it), while
+    the device trace tells the straggler's compute from its peers' collective wait. The recording rule
+    :data:`~tpuscope.conventions.PROFILE_OVER_MEDIAN` that the straggler alert reads: fresh captures of
+    running workers only, so a finished job's last profile does not linger as a straggler."""
+    matchers = [f'workload=~"${WORKLOAD}"', *(f'{label}=~"${label}"' for label in HOST_LABELS), eq("part", "compute")]
+    return f"max without (part) ({PROFILE_OVER_MEDIAN}{{{', '.join(matchers)}}})"
 
 
 def age(timestamp: Metric, by: str = "workload") -> str:

@@ -192,6 +192,8 @@ class Aggregator:
         m[catalog.LAST_PROGRESS].labels(e.workload).set(now)
         if e.dropped:
             self._ingest["dropped"].inc(e.dropped)
+        if e.profile is not None:
+            self._profile(e.workload, e.profile)
         if e.flops:
             m[catalog.MODEL_FLOPS].labels(e.workload).inc(e.flops)
             state = self._workload(e.workload)
@@ -201,6 +203,33 @@ class Aggregator:
                     return
                 state.mfu = achieved if state.mfu is None else state.mfu + MFU_SMOOTHING * (achieved - state.mfu)
                 m[catalog.MFU].labels(e.workload).set(state.mfu)
+
+    def _profile(self, workload: str, p: events.DeviceProfile) -> None:
+        """A device-profile capture, riding on a step. Every attempt is counted with its cost; only one that
+        measured sets the gauges and their timestamp: a busy or failed capture leaves the last reading, whose
+        age the rules judge it by."""
+        m = self.metrics
+        m[catalog.PROFILE_CAPTURES].labels(workload, p.result).inc()
+        m[catalog.PROFILE_CAPTURE_SECONDS].labels(workload).inc(p.capture_s)
+        m[catalog.PROFILE_CAPTURE_BYTES].labels(workload).inc(p.trace_bytes)
+        if p.result != "ok":
+            return
+        m[catalog.PROFILE_STEP].labels(workload).set(p.step_s)
+        parts = m[catalog.PROFILE_TIME]
+        for part in catalog.PROFILE_PARTS:  # each part is the profile's field of its name: compute -> compute_s
+            parts.labels(workload, part).set(getattr(p, f"{part}_s"))
+        # A ratio with nothing to divide (no collective, no compute) is undefined: no series rather than
+        # a 0 that reads "nothing hidden" or a former capture's value.
+        collective = p.overlapped_collective_s + p.exposed_collective_s
+        self._ratio(catalog.PROFILE_OVERLAP, workload, p.overlapped_collective_s, collective)
+        self._ratio(catalog.PROFILE_IMBALANCE, workload, p.slowest_compute_s, p.compute_s)
+        m[catalog.PROFILE_LAST_CAPTURE].labels(workload).set(time.time())
+
+    def _ratio(self, metric: catalog.Metric, workload: str, part: float, whole: float) -> None:
+        if whole > 0:
+            self.metrics[metric].labels(workload).set(part / whole)
+        else:
+            self.metrics[metric].remove(workload)
 
     def _hardware(self, e: events.Hardware) -> None:
         self._workload(e.workload).peak_flops_per_second = e.peak_flops_per_second

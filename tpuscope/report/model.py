@@ -65,6 +65,27 @@ class Totals:
 
 
 @dataclass
+class Profile:
+    """Where a step's device time went, from the device profiles the job sampled in the window: the mean of
+    the captures that measured something (``captures``; from Prometheus, each worker's own), beside the
+    host-timed phases of every step (:attr:`Totals.phase_seconds`), which cannot split one fused program."""
+
+    captures: int  # that measured something (result ok); from Prometheus, each worker's counted apart
+    busy: int = 0  # skipped: a profiler of the user's was running
+    errors: int = 0  # failed: the capture or its parse
+    step_seconds: float = 0.0  # a profiled step on the devices; the parts add up to it
+    part_seconds: dict[str, float] = field(default_factory=dict)  # compute, exposed_collective, idle
+    overlap: float | None = None  # the share of the collective ops' time that compute covered
+    imbalance: float | None = None  # the busiest local device's compute over the devices' mean
+    capture_seconds: float = 0.0  # what the captures cost one process (from Prometheus, the costliest worker)
+    trace_bytes: float = 0.0  # serialized trace per capture that measured something
+    latest: float | None = None  # when the latest capture that measured something arrived
+
+    def share(self, part: str) -> float:
+        return self.part_seconds.get(part, 0.0) / self.step_seconds if self.step_seconds else 0.0
+
+
+@dataclass
 class Report:
     workload: str
     source: str  # where it was read from, in words
@@ -79,6 +100,7 @@ class Report:
     incidents: list[Incident]
     incidents_note: str  # what the incident list covers (alerts from Prometheus, or the recording's own)
     totals: Totals
+    profile: Profile | None = None  # None: no device profile in the window (the job did not sample any)
 
 
 class ReportError(RuntimeError):

@@ -5,7 +5,9 @@ finer than the scrape interval), rates over Grafana's ``$__rate_interval`` (four
 scrapes, or a point and a scrape); counters of rare events (compiles,
 checkpoints, failures) are read with :func:`tpuscope.promql.grown`, so the first
 one of a kind counts. The alerts are Prometheus' own ``ALERTS`` series: those of
-the workload, and those of the hosts it ran on.
+the workload, and those of the hosts it ran on. The device profiles are gauges that
+hold each worker's latest capture: each capture is read once, at the first point
+after it arrived (a capture's gauges change together with its timestamp's).
 """
 
 from __future__ import annotations
@@ -19,8 +21,8 @@ from tpuscope import durations, events
 from tpuscope.conventions import OUR_ALERTS
 from tpuscope.goodput import CATEGORIES
 from tpuscope.prometheus_api import PrometheusAPI, PrometheusError
-from tpuscope.promql import grown, series
-from tpuscope.report.model import QUANTILES, Incident, Mark, Report, ReportError, Series, Totals
+from tpuscope.promql import each_worker_once, grown, series
+from tpuscope.report.model import QUANTILES, Incident, Mark, Profile, Report, ReportError, Series, Totals
 from tpuscope.report.window import Window
 
 DEFAULT_SCRAPE_INTERVAL = 15.0  # Prometheus' and Grafana's own default, when the targets do not say
@@ -69,6 +71,7 @@ class _Reader:
             incidents_note="The tpuscope alerts that fired in the window, for this workload and for the hosts it "
             "ran on, as Prometheus evaluated them (its ALERTS series).",
             totals=self.totals(),
+            profile=self.profile(),
         )
 
     # --- the charts ---------------------------------------------------------------------------------
@@ -163,6 +166,53 @@ class _Reader:
             restarts=self.by(once.format(label="reason", grew=grew(c.WORKLOAD_RESTARTS)), "reason"),
             mfu=self.instant(f"avg (avg_over_time({series(c.MFU, self.w)}[{self.whole}]))"),
         )
+
+    def profile(self) -> Profile | None:
+        """The mean of the device-profile captures that arrived in the window, each worker's own, and what
+        they cost; None when the workload sampled none."""
+        grew = self.grew_in_window
+        results = self.by(f"sum by (result) {grew(c.PROFILE_CAPTURES)}", "result")
+        if not any(results.values()):
+            return None
+        host = ("job", "instance", str(c.Label.SLICE), str(c.Label.WORKER))
+
+        def by_host(metric: c.Metric, label: str = "") -> dict[tuple[str, ...], dict[float, float]]:
+            """Each worker's samples of a gauge (and of each ``label`` value: the worker key ends with it)."""
+            found: dict[tuple[str, ...], dict[float, float]] = {}
+            for r in self.range(series(metric, self.w)):
+                key = tuple(r["metric"].get(name, "") for name in (*host, label) if name)
+                found[key] = {float(t): float(v) for t, v in r["values"] if not math.isnan(float(v))}
+            return found
+
+        step, parts = by_host(c.PROFILE_STEP), by_host(c.PROFILE_TIME, str(c.Label.PART))
+        overlap, imbalance = by_host(c.PROFILE_OVERLAP), by_host(c.PROFILE_IMBALANCE)
+        samples: list[tuple[float, tuple[str, ...], float]] = []  # (arrived, worker, the first point after)
+        for worker, received in by_host(c.PROFILE_LAST_CAPTURE).items():
+            seen: set[float] = set()
+            for t, arrived in sorted(received.items()):
+                if arrived >= self.start and arrived not in seen and t in step.get(worker, {}):
+                    seen.add(arrived)
+                    samples.append((arrived, worker, t))
+
+        def mean(gauge: dict[tuple[str, ...], dict[float, float]], suffix: tuple[str, ...] = ()) -> float | None:
+            values = [v for _, w, t in samples if (v := gauge.get(w + suffix, {}).get(t)) is not None]
+            return sum(values) / len(values) if values else None
+
+        profile = Profile(
+            captures=len(samples),
+            busy=round(results.get("busy", 0.0)),
+            errors=round(results.get("error", 0.0)),
+            step_seconds=mean(step) or 0.0,
+            part_seconds={part: mean(parts, (part,)) or 0.0 for part in c.PROFILE_PARTS},
+            overlap=mean(overlap),
+            imbalance=mean(imbalance),
+            capture_seconds=self.instant(each_worker_once(grew(c.PROFILE_CAPTURE_SECONDS))) or 0.0,
+            latest=max((arrived for arrived, _, _ in samples), default=None),
+        )
+        trace_bytes = self.instant(f"sum {grew(c.PROFILE_CAPTURE_BYTES)}")
+        if trace_bytes and results.get("ok"):
+            profile.trace_bytes = trace_bytes / results["ok"]
+        return profile
 
     # --- queries ----------------------------------------------------------------------------------------
     def grew_in_window(self, counter: c.Metric, suffix: str = "") -> str:

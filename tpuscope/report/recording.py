@@ -2,7 +2,8 @@
 :class:`~tpuscope.tracing.RecordSink`): no Prometheus, no sidecar.
 
 A recording holds every step, so the step-time chart shows each one and the
-quantiles are exact. Goodput is booked by the sidecar's own ledger
+quantiles are exact, and every device profile the job sampled (each rides on a
+step). Goodput is booked by the sidecar's own ledger
 (:class:`~tpuscope.goodput.GoodputLedger`), fed the whole recording so that work
 pending before the window is still booked right inside it. Alert state lives in
 Prometheus, not in a recording: the incidents listed are what the events
@@ -16,9 +17,10 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 from tpuscope import events
+from tpuscope.catalog import PROFILE_PARTS
 from tpuscope.durations import human as duration
 from tpuscope.goodput import CATEGORIES, GoodputLedger
-from tpuscope.report.model import QUANTILES, Incident, Mark, Report, ReportError, Series, Totals
+from tpuscope.report.model import QUANTILES, Incident, Mark, Profile, Report, ReportError, Series, Totals
 from tpuscope.report.window import Window
 from tpuscope.stats import percentile
 from tpuscope.thresholds import DEFAULT as T
@@ -60,6 +62,7 @@ def build(path: str | os.PathLike[str], workload: str | None, window: Window) ->
     compiles: list[Mark] = []
     checkpoints: list[Mark] = []
     incidents: list[Incident] = []
+    profiles: list[tuple[float, events.DeviceProfile]] = []
     flops = step_seconds = peak = 0.0
     last_step_at: float | None = None
 
@@ -103,6 +106,8 @@ def build(path: str | os.PathLike[str], workload: str | None, window: Window) ->
                 totals.phase_seconds[phase] += seconds
             flops += event.flops
             step_seconds += event.duration_s
+            if event.profile is not None:
+                profiles.append((t, event.profile))
         elif isinstance(event, events.Compile):
             compiles.append(Mark(t, event.stage, event.duration_s, detail=event.function))
         elif isinstance(event, events.CompileCache):
@@ -154,7 +159,37 @@ def build(path: str | os.PathLike[str], workload: str | None, window: Window) ->
         incidents=sorted(incidents, key=lambda incident: incident.start),
         incidents_note=note,
         totals=totals,
+        profile=_profile(profiles),
     )
+
+
+def _profile(captures: list[tuple[float, events.DeviceProfile]]) -> Profile | None:
+    """The mean of the captures that measured something; None when the job sampled none in the window. A ratio
+    with nothing to divide (no collective, no compute) leaves its capture out of that mean, as the sidecar
+    serves no ratio for it."""
+    if not captures:
+        return None
+    ok = [profile for _, profile in captures if profile.result == "ok"]
+    profile = Profile(
+        captures=len(ok),
+        busy=sum(p.result == "busy" for _, p in captures),
+        errors=sum(p.result == "error" for _, p in captures),
+        capture_seconds=sum(p.capture_s for _, p in captures),
+        latest=max((t for t, p in captures if p.result == "ok"), default=None),
+    )
+    if ok:
+        profile.step_seconds = sum(p.step_s for p in ok) / len(ok)
+        profile.part_seconds = {part: sum(getattr(p, f"{part}_s") for p in ok) / len(ok) for part in PROFILE_PARTS}
+        profile.trace_bytes = sum(p.trace_bytes for p in ok) / len(ok)
+        overlaps = [
+            p.overlapped_collective_s / (p.overlapped_collective_s + p.exposed_collective_s)
+            for p in ok
+            if p.overlapped_collective_s + p.exposed_collective_s > 0
+        ]
+        imbalances = [p.slowest_compute_s / p.compute_s for p in ok if p.compute_s > 0]
+        profile.overlap = sum(overlaps) / len(overlaps) if overlaps else None
+        profile.imbalance = sum(imbalances) / len(imbalances) if imbalances else None
+    return profile
 
 
 def _one_workload(records: list[tuple[float, events.AnyEvent]], workload: str | None, path: object) -> str:

@@ -26,7 +26,7 @@ from matplotlib.ticker import PercentFormatter
 from tpuscope import __version__, events
 from tpuscope.durations import human as duration
 from tpuscope.goodput import CATEGORIES
-from tpuscope.report.model import Incident, Mark, Report, Series
+from tpuscope.report.model import Incident, Mark, Profile, Report, Series
 from tpuscope.report.window import utc
 from tpuscope.stats import percentile
 from tpuscope.thresholds import DEFAULT as T
@@ -87,12 +87,27 @@ def _sections(report: Report) -> Iterable[tuple[str, str, str, Draw | None, str]
     )
     yield (
         "phases",
-        "Where a step's time goes",
-        "Each phase's share of the step time in each interval, stacked to 100%. A growing io band is an "
-        "input-bound job; a growing sync band, slow collectives or a straggler; other is what no phase claims.",
+        "Host-timed phases: where a step's time goes",
+        "Each phase's share of the step time in each interval, stacked to 100%, as the job times every step on "
+        "the host. A growing io band is an input-bound job; a growing sync band, slow collectives or a "
+        "straggler; other is what no phase claims. A step jitted whole runs its collectives inside compute "
+        "(sync 0): the device profile, where the job sampled one, splits them.",
         _phases,
         "",
     )
+    if report.profile is not None:
+        yield (
+            "device-profile",
+            "Device profile: where the step's device time went",
+            "Sampled, not timed on every step: from the device traces the job took of a few steps every so often, "
+            "the mean of the captures in the window (from Prometheus, each worker's). Compute is the union of "
+            "the non-collective ops, exposed collective the collective ops no compute hid (waiting for the "
+            "other devices and hosts: a straggler, the interconnect, the sharding), idle the time with no op "
+            "at all (waiting for the host, the input, the next dispatch). Unlike the host-timed phases above, "
+            "this splits one fused program.",
+            None,
+            _profile_table(report.profile),
+        )
     yield (
         "goodput",
         "Wall time by category",
@@ -348,7 +363,11 @@ def _summary(report: Report) -> str:
         rows.append(("Step time", f"{quantiles} ({how})"))
     if phase_total := sum(t.phase_seconds.values()):
         shares = ", ".join(f"{p} {t.phase_seconds.get(p, 0.0) / phase_total:.1%}" for p in events.PHASES)
-        rows.append(("Where the time went", shares))
+        rows.append(("Where the time went (host-timed phases)", f"{shares} of every step, timed on the host"))
+    if report.profile is not None:
+        rows.append((PROFILE_ROW, _profile_summary(report.profile, report)))
+        if report.profile.share("exposed_collective") > T.sync_share:  # as TpuscopeSyncBound reads it
+            wrong.add(PROFILE_ROW)
     booked = {s.name: s.values[-1] if s.values else 0.0 for s in report.goodput}
     if total := sum(booked.values()):
         badput = ", ".join(f"{c} {booked[c] / total:.1%}" for c in CATEGORIES if c != "productive" and booked[c])
@@ -383,6 +402,47 @@ def _summary(report: Report) -> str:
     if report.incidents:
         wrong.add("Alerts and incidents")
     return _table(("measure", "in the window"), rows, lambda row: row[0] in wrong)
+
+
+PROFILE_ROW = "Where the device time went (sampled device profiles)"
+
+
+def _part(part: str) -> str:
+    return part.replace("_", " ")
+
+
+def _profile_summary(profile: Profile, report: Report) -> str:
+    others = f"{profile.busy} busy (another profiler was running), {profile.errors} failed"
+    if not profile.captures:
+        return f"no capture measured anything: {others}"
+    split = ", ".join(f"{_part(part)} {profile.share(part):.1%}" for part in profile.part_seconds)
+    text = f"{split} of a {duration(profile.step_seconds)} profiled step"
+    ratios = []
+    if profile.overlap is not None:
+        ratios.append(f"collective overlap {profile.overlap:.0%}")
+    if profile.imbalance is not None:
+        ratios.append(f"device imbalance {profile.imbalance:.2f}")
+    if ratios:
+        text += f"; {', '.join(ratios)}"
+    text += f"; the mean of {profile.captures} captures"
+    if profile.latest is not None:
+        text += f", the latest at {utc(profile.latest)}"
+    text += f" ({others})"
+    cost = profile.capture_seconds / (report.end - report.start)
+    text += f"; the captures cost {duration(profile.capture_seconds)} ({cost:.2%} of the window's wall time)"
+    if profile.trace_bytes:
+        text += f", {profile.trace_bytes / 1e6:.1f} MB of trace each"
+    return text
+
+
+def _profile_table(profile: Profile) -> str:
+    if not profile.captures:
+        return ""
+    rows = [
+        (_part(part), duration(seconds), f"{profile.share(part):.1%}") for part, seconds in profile.part_seconds.items()
+    ]
+    rows.append(("the profiled step", duration(profile.step_seconds), "100%"))
+    return _table(("part", "seconds per step", "share of the profiled step"), rows)
 
 
 def _checkpoint_summary(marks: list[Mark]) -> str:

@@ -28,6 +28,7 @@ slow call, made once: it may compile the step, and on a CPU measure its peak.)
 from __future__ import annotations
 
 import atexit
+import importlib.util
 import logging
 import os
 import re
@@ -41,6 +42,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal
 
 from tpuscope import events
+from tpuscope.tracing import profiles
 from tpuscope.tracing.sinks import Sink, SocketSink
 
 if TYPE_CHECKING:
@@ -95,6 +97,24 @@ def _forget_in_forked_child() -> None:
 os.register_at_fork(after_in_child=_forget_in_forked_child)
 
 
+def _profile_period(value: float | str | None) -> float | None:
+    """The device-profile period, or None (off). A bad value is said at once and turns profiles off: the
+    Monitor never raises."""
+    try:
+        period = profiles.parse_period(value)
+    except ValueError as e:
+        log.warning("tpuscope: device profiles are off: %s (profile_period or $%s)", e, profiles.PERIOD_ENV)
+        return None
+    try:
+        installed = importlib.util.find_spec("jax") is not None
+    except (ImportError, ValueError, OSError):  # ValueError: sys.modules["jax"] is None, as where jax is blocked
+        installed = False
+    if period is not None and not installed:
+        log.info("tpuscope: device profiles are off: jax is not installed")
+        return None
+    return period
+
+
 def sanitize_label(value: str) -> str:
     """Make ``value`` a valid label value (as the wire schema demands) instead of failing the job."""
     clean = re.sub(r"[^A-Za-z0-9_.:/-]", "_", str(value))[:64].lstrip("_.:/-")
@@ -115,6 +135,10 @@ class Monitor:
     ``jax_compiles``: report JAX's compiles (:meth:`watch_jax_compiles`) as soon
     as jax is imported in the process, here or at a later step. The Monitor never
     imports jax itself: a job without JAX pays nothing for it.
+
+    ``profile_period``: how often to sample a device profile of a few steps, in
+    seconds or a duration (``"10m"``), or ``"off"``; default ``$TPUSCOPE_PROFILE_PERIOD``,
+    else 10 minutes (see tracing/profiles.py). Profiles start once jax is imported.
     """
 
     def __init__(
@@ -128,6 +152,7 @@ class Monitor:
         sample_every: int = 100,
         slow_factor: float = 1.2,
         jax_compiles: bool = True,
+        profile_period: float | str | None = None,
     ) -> None:
         self.workload = sanitize_label(workload)
         if self.workload != workload:
@@ -143,6 +168,8 @@ class Monitor:
         self.spans: SpanRecorder | None = None
         if traces:
             self.spans = _span_recorder(self.workload, spans_file, sample_every, slow_factor)
+        self._profiler: profiles.DeviceProfiler | None = None
+        self._profile_period = _profile_period(profile_period)
         self.lifecycle("start")
         self._watch_jax_if_imported()
         _uncaught.install()
@@ -152,8 +179,8 @@ class Monitor:
     # --- the step loop ---------------------------------------------------------
     def step(self, number: int) -> StepTimer:
         """Time one training step: ``with mon.step(n) as s: ...``."""
-        if self._jax_pending:  # a job that created its Monitor before importing jax
-            self._watch_jax_if_imported()
+        if self._jax_pending or (self._profiler is None and self._profile_period is not None):
+            self._watch_jax_if_imported()  # a job that created its Monitor before importing jax
         return StepTimer(self, number)
 
     def checkpoint(self, operation: Literal["save", "restore"] = "save", *, step: int = 0) -> CheckpointTimer:
@@ -296,8 +323,12 @@ class Monitor:
 
     def _watch_jax_if_imported(self) -> None:
         # sys.modules, not an import: a job that does not use JAX must not load it for the Monitor's sake.
-        if self._jax_pending and "jax" in sys.modules:
+        if "jax" not in sys.modules:
+            return
+        if self._jax_pending:
             self.watch_jax_compiles()
+        if self._profile_period is not None and self._profiler is None and not self._closed:
+            self._profiler = profiles.DeviceProfiler(self._profile_period)
 
     def _ignoring_compiles(self) -> AbstractContextManager[None]:
         return self._jax_watcher.ignoring() if self._jax_watcher is not None else nullcontext()
@@ -369,6 +400,8 @@ class Monitor:
             return
         if self._jax_watcher is not None:
             self._jax_watcher.uninstall()
+        if self._profiler is not None:
+            self._profiler.close()
         self.lifecycle("failure" if failed else "stop", reason="exception" if failed else "none")
         self._closed = True
         atexit.unregister(self._close_at_exit)
@@ -395,6 +428,7 @@ class Monitor:
         self._sidecar.close()  # closes this process's copy of the socket; the parent's stays open
         self.sinks = ()  # nor does it write into the parent's recording
         self.spans = None  # the exporter's threads did not survive the fork; the parent exports its spans
+        self._profiler = None  # nor did the profiler's; the parent profiles
         _open_monitors.discard(self)
 
     def _close_at_exit(self) -> None:
@@ -457,7 +491,7 @@ class StepTimer:
     add up to its duration.
     """
 
-    __slots__ = ("_intervals", "_monitor", "_phases", "_start", "flops", "number")
+    __slots__ = ("_annotation", "_intervals", "_monitor", "_phases", "_start", "flops", "number")
 
     def __init__(self, monitor: Monitor, number: int) -> None:
         self._monitor = monitor
@@ -467,8 +501,17 @@ class StepTimer:
         # (phase, start, end) of each phase, for the step's spans should it be kept; None without spans.
         self._intervals: list[tuple[str, float, float]] | None = [] if monitor.spans is not None else None
         self._start = 0.0
+        self._annotation: Any = None  # a device-profile capture's step annotation, while one runs
 
     def __enter__(self) -> StepTimer:
+        if (profiler := self._monitor._profiler) is not None:
+            number = self.number
+            if type(number) is not int:  # a JAX step counter: captures start at whole step numbers
+                try:
+                    number = events.as_int(number)
+                except (TypeError, ValueError):
+                    number = -1
+            self._annotation = profiler.step_started(number)
         self._start = time.perf_counter()
         return self
 
@@ -479,6 +522,10 @@ class StepTimer:
     def __exit__(self, *_: object) -> None:
         end = time.perf_counter()
         duration = end - self._start
+        profile = None
+        if (profiler := self._monitor._profiler) is not None:
+            profiler.step_ended(self.number, duration, self._annotation)
+            profile = profiler.take()
         if type(self.number) is not int or type(self.flops) is not float:  # a JAX step counter, np.float32 FLOPs
             try:
                 self.number, self.flops = events.as_int(self.number), float(self.flops)
@@ -504,6 +551,7 @@ class StepTimer:
             other_s=other,
             flops=self.flops,
             trace_id=trace_id,
+            profile=profile,
         )
 
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -14,6 +16,7 @@ from tpuscope import catalog, events
 from tpuscope.conventions import DEFAULT_PORT
 from tpuscope.scrape import Scrape
 from tpuscope.tracing import Monitor, RecordSink, Sink
+from tpuscope.tracing.profiles import PERIOD_ENV, parse_period
 from tpuscope.workload import synthetic
 from tpuscope.workload.faults import FaultError, Faults
 from tpuscope.workload.sidecar import SidecarProcess
@@ -36,6 +39,8 @@ SNAPSHOT = (
     catalog.HOST_CPU_IOWAIT,
 )
 CRASHED = 3  # the exit code of a run stopped by the injected crash
+# Short, so that a default run (200 steps, some seconds) captures a few device profiles; a job's default is 10 minutes.
+PROFILE_PERIOD = "5s"
 # A benchmark's replacement for the training loop: the flags, the faults, the monitor the run opened.
 Body = Callable[[argparse.Namespace, Faults, Monitor], None]
 
@@ -74,6 +79,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--linger", type=float, default=0.0, help="keep a sidecar bench started serving this many seconds after the run"
     )
     jax_flags = parser.add_argument_group("the JAX workload")
+    jax_flags.add_argument(
+        "--profile-period",
+        type=_profile_period,
+        default=os.environ.get(PERIOD_ENV) or PROFILE_PERIOD,
+        metavar="DURATION",
+        help=f"how often the Monitor captures a device profile of a few steps (seconds, a duration such as 30s, or "
+        f"off); default ${PERIOD_ENV}, else {PROFILE_PERIOD}, short for a demo (a job's default is 10 minutes)",
+    )
     jax_flags.add_argument("--fused", action="store_true", help="run each step as one program, as a TPU job would")
     jax_flags.add_argument("--d-model", type=int, default=64, help="model width (default %(default)s)")
     jax_flags.add_argument("--layers", type=int, default=2, help="transformer layers (default %(default)s)")
@@ -131,7 +144,13 @@ def run(args: argparse.Namespace, body: Body | None = None) -> int:
             print(f"tpuscope bench: cannot write --record {args.record}: {e.strerror or e}", file=sys.stderr)
             return 2
         try:
-            with Monitor(args.workload, socket=socket, sinks=sinks, spans_file=args.run_dir / "spans.jsonl") as monitor:
+            with Monitor(
+                args.workload,
+                socket=socket,
+                sinks=sinks,
+                spans_file=args.run_dir / "spans.jsonl",
+                profile_period=args.profile_period,
+            ) as monitor:
                 if body:
                     body(args, faults, monitor)
                 elif args.synthetic:
@@ -152,12 +171,32 @@ def run(args: argparse.Namespace, body: Body | None = None) -> int:
                 spans = monitor.spans
                 kept = f"1 in {spans.sampler.every} steps and the slow ones ({spans.kept} kept)"
                 print(f"  spans         {kept}, compiles, checkpoints -> {spans.destination}")
+            _write_summary(args.run_dir / "summary.json", summary)
         if url:
             _print_snapshot(url, monitor.sent)
             if args.linger > 0:
                 print(f"\nThe sidecar serves {url} for {args.linger:g} s more (Ctrl-C to stop).")
                 time.sleep(args.linger)
     return 0
+
+
+def _profile_period(value: str) -> str:
+    """The flag's value, checked here so that a typo is an error now rather than a warning and no profiles."""
+    try:
+        parse_period(value)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return value
+
+
+def _write_summary(path: Path, summary: RunSummary) -> None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(summary.json(), indent=2) + "\n")
+    except OSError as e:
+        print(f"  summary JSON  not written: {path}: {e.strerror or e}")
+        return
+    print(f"  summary JSON  {path}")
 
 
 def _run_jax(args: argparse.Namespace, faults: Faults, monitor: Monitor, progress: Callable[[int], None]) -> None:

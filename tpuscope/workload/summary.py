@@ -1,9 +1,17 @@
-"""The run summary ``tpuscope bench`` prints: a Monitor sink that keeps what it sees."""
+"""The run summary ``tpuscope bench`` prints and writes as JSON: a Monitor sink that keeps what it sees.
+
+Two splits of a step sit side by side and are named apart: the host-timed phases (what the loop's
+``step.phase`` timers saw; a fused step's collectives run inside its one program, so there ``sync``
+reads 0) and the profiled split, from the device traces the Monitor sampled (``Step.profile``): compute,
+exposed collective and idle, which add up to the profiled step. Only what the events carried is counted:
+a capture parsed after the last step rides on no step and is not in the summary.
+"""
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from tpuscope import events
 from tpuscope.goodput import CATEGORIES, GoodputLedger
@@ -25,6 +33,7 @@ class RunSummary:
     peak_flops_per_second: float = 0.0
     ledger: GoodputLedger = field(default_factory=GoodputLedger)
     goodput: dict[str, float] = field(default_factory=lambda: dict.fromkeys(CATEGORIES, 0.0))
+    profiles: list[events.DeviceProfile] = field(default_factory=list)  # every capture the steps carried
 
     def emit(self, event: events.AnyEvent) -> None:
         for category, seconds in self.ledger.observe(event, time.time()):
@@ -34,6 +43,8 @@ class RunSummary:
             self.flops += event.flops
             for phase, seconds in event.phase_seconds():
                 self.phase_seconds[phase] += seconds
+            if event.profile is not None:
+                self.profiles.append(event.profile)
         elif isinstance(event, events.Checkpoint) and event.operation == "save":
             self.checkpoint_seconds.append(event.duration_s)
             self.checkpoint_failures += not event.ok
@@ -63,6 +74,85 @@ class RunSummary:
             return None
         return self.flops / step_time / self.peak_flops_per_second
 
+    def profiled(self) -> ProfiledSplit | None:
+        """The split of the ok captures' steps, each capture weighted by its steps; None without one."""
+        ok = [p for p in self.profiles if p.result == "ok" and p.steps]
+        if not ok:
+            return None
+        steps = sum(p.steps for p in ok)
+
+        def mean(part: str) -> float:
+            return float(sum(getattr(p, part) * p.steps for p in ok)) / steps
+
+        return ProfiledSplit(
+            captures=len(ok),
+            steps=steps,
+            devices=max(p.devices for p in ok),
+            step_s=mean("step_s"),
+            compute_s=mean("compute_s"),
+            exposed_collective_s=mean("exposed_collective_s"),
+            overlapped_collective_s=mean("overlapped_collective_s"),
+            idle_s=mean("idle_s"),
+            slowest_compute_s=mean("slowest_compute_s"),
+        )
+
+    def captures(self) -> dict[str, int]:
+        counts = dict.fromkeys(events.PROFILE_RESULTS, 0)
+        for p in self.profiles:
+            counts[p.result] += 1
+        return counts
+
+    def capture_seconds(self) -> float:
+        """What the captures cost the job: stopping and parsing the traces, off the training thread."""
+        return sum(p.capture_s for p in self.profiles)
+
+    def profile_lines(self) -> list[str]:
+        if not self.profiles:
+            return ["device trace  no capture reported (--profile-period off, or the run too short for one)"]
+        lines = []
+        if split := self.profiled():
+            step = split.step_s or 1e-9
+            lines += [
+                f"device trace  {split.captures} captures, {split.steps} profiled steps x {split.devices} devices: "
+                f"step {split.step_s * 1e3:.1f} ms = compute {split.compute_s * 1e3:.1f} ms "
+                f"({split.compute_s / step:.0%}) + exposed collective {split.exposed_collective_s * 1e3:.1f} ms "
+                f"({split.exposed_collective_s / step:.0%}) + idle {split.idle_s * 1e3:.1f} ms "
+                f"({split.idle_s / step:.0%})",
+                f"              overlap {split.overlap():.0%} of collective time hidden under compute "
+                f"({split.overlapped_collective_s * 1e3:.1f} ms); imbalance: the slowest device's compute "
+                f"{split.imbalance():.2f}x the mean",
+            ]
+        counts = ", ".join(f"{n} {result}" for result, n in self.captures().items())
+        cost = self.capture_seconds()
+        wall = self.wall_seconds()
+        lines.append(f"captures      {counts}; {cost:.2f} s to stop and parse ({cost / wall:.1%} of {wall:.1f} s wall)")
+        return lines
+
+    def json(self) -> dict[str, Any]:
+        """What :meth:`lines` says, as numbers (``tpuscope bench`` writes it to RUN_DIR/summary.json)."""
+        total = sum(self.step_seconds) or 1.0
+        split = self.profiled()
+        mfu = self.mfu()
+        return {
+            "steps": self.steps,
+            "steps_per_second": self.steps_per_second(),
+            "wall_s": self.wall_seconds(),
+            "step_p50_s": percentile(self.step_seconds, 0.5) if self.step_seconds else None,
+            "step_p95_s": percentile(self.step_seconds, 0.95) if self.step_seconds else None,
+            "host_phases": {
+                phase: {"seconds": seconds, "share": seconds / total} for phase, seconds in self.phase_seconds.items()
+            },
+            "profiled": split.json() if split else None,
+            "captures": self.captures(),
+            "capture_s": self.capture_seconds(),
+            "capture_share_of_wall": self.capture_seconds() / self.wall_seconds(),
+            "compile_s": self.compile_seconds,
+            "compile_cache": {"hits": self.cache[True], "misses": self.cache[False]},
+            "mfu": mfu,
+            "checkpoints": {"saved": len(self.checkpoint_seconds), "failed": self.checkpoint_failures},
+            "goodput_s": dict(self.goodput),
+        }
+
     def lines(self) -> list[str]:
         total = sum(self.step_seconds) or 1.0
         shares = ", ".join(f"{phase} {seconds / total:.0%}" for phase, seconds in self.phase_seconds.items())
@@ -78,7 +168,8 @@ class RunSummary:
             f"steps         {self.steps} ({self.steps_per_second():.2f} steps/s)",
             f"step time     p50 {percentile(self.step_seconds, 0.5) * 1e3:.1f} ms, "
             f"p95 {percentile(self.step_seconds, 0.95) * 1e3:.1f} ms",
-            f"phase shares  {shares}",
+            f"phase shares  {shares} (host-timed: the loop's phase timers)",
+            *self.profile_lines(),
             f"compile       {self.compile_seconds:.2f} s; cache {self.cache[True]} hits, {self.cache[False]} misses",
             f"MFU           {mfu:.2%} over every step (the sidecar's gauge averages about the last 20)"
             if mfu is not None
@@ -87,3 +178,48 @@ class RunSummary:
             f"goodput       {self.goodput['productive'] / booked:.1%} of {booked:.1f} s wall"
             + (f"; badput: {badput}" if badput else ""),
         ]
+
+
+@dataclass(frozen=True)
+class ProfiledSplit:
+    """The ok captures' split, a mean per profiled step and per device, in seconds."""
+
+    captures: int
+    steps: int
+    devices: int
+    step_s: float
+    compute_s: float
+    exposed_collective_s: float
+    overlapped_collective_s: float
+    idle_s: float
+    slowest_compute_s: float
+
+    def overlap(self) -> float:
+        """The share of collective time that compute hides."""
+        collective = self.exposed_collective_s + self.overlapped_collective_s
+        return self.overlapped_collective_s / collective if collective else 0.0
+
+    def imbalance(self) -> float:
+        """The slowest device's compute over the mean device's: 1 when the devices are even."""
+        return self.slowest_compute_s / self.compute_s if self.compute_s else 1.0
+
+    def json(self) -> dict[str, Any]:
+        step = self.step_s or 1e-9
+        return {
+            "captures": self.captures,
+            "steps": self.steps,
+            "devices": self.devices,
+            "step_s": self.step_s,
+            **{
+                part: {"seconds": seconds, "share": seconds / step}
+                for part, seconds in (
+                    ("compute", self.compute_s),
+                    ("exposed_collective", self.exposed_collective_s),
+                    ("idle", self.idle_s),
+                )
+            },
+            "overlapped_collective_s": self.overlapped_collective_s,
+            "overlap": self.overlap(),
+            "slowest_compute_s": self.slowest_compute_s,
+            "imbalance": self.imbalance(),
+        }

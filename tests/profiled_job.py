@@ -1,0 +1,103 @@
+"""A fused data-parallel training job on 8 CPU devices that a Monitor profiles: tests/test_profiles.py runs it.
+
+    python tests/profiled_job.py STEPS PERIOD [--user-trace-at N ...] [--user-traces-during-captures N]
+
+One jitted step (forward, backward, update) over a batch sharded across the devices, the parameters
+replicated: XLA inserts the gradients' all-reduce inside the program, as in any data-parallel job. It
+prints one JSON line: the profiles the Monitor sent, the captures it counted, and what each of the
+user's own traces left on disk.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
+
+import jax
+import jax.numpy as jnp
+import msgspec
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from tpuscope import events
+from tpuscope.bench.perf import ProfileSink
+from tpuscope.tracing import Monitor
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("steps", type=int)
+    parser.add_argument("period")
+    parser.add_argument("--user-trace-at", type=int, action="append", default=[])
+    # The user starts a trace at a step while a capture of the Monitor's is running, this many times.
+    parser.add_argument("--user-traces-during-captures", type=int, default=0)
+    args = parser.parse_args()
+
+    mesh = Mesh(jax.devices(), ("data",))
+    replicated, sharded = NamedSharding(mesh, P()), NamedSharding(mesh, P("data"))
+    key = jax.random.PRNGKey(0)
+    params = {
+        "w1": jax.device_put(jax.random.normal(key, (256, 512)) * 0.02, replicated),
+        "w2": jax.device_put(jax.random.normal(key, (512, 256)) * 0.02, replicated),
+    }
+    batch = jax.device_put(jnp.ones((8 * 64, 256)), sharded)
+
+    def loss(p: dict[str, jax.Array], x: jax.Array) -> jax.Array:
+        return jnp.mean((jnp.tanh(x @ p["w1"]) @ p["w2"] - x) ** 2)
+
+    @jax.jit
+    def step(p: dict[str, jax.Array], x: jax.Array) -> tuple[dict[str, jax.Array], jax.Array]:
+        value, grads = jax.value_and_grad(loss)(p, x)
+        return jax.tree.map(lambda w, g: w - 0.01 * g, p, grads), value
+
+    recorder = ProfileSink()
+    user_traces: list[dict[str, object]] = []
+    monitor = Monitor(
+        "profiled",
+        socket=Path(tempfile.mkdtemp()) / "none.sock",
+        sinks=[recorder],
+        traces=False,
+        profile_period=args.period,
+    )
+    during = args.user_traces_during_captures
+    for n in range(args.steps):
+        capturing = monitor._profiler is not None and monitor._profiler._capture is not None
+        if n in args.user_trace_at or (capturing and during > 0):
+            during -= capturing
+            directory = tempfile.mkdtemp(prefix="user-trace-")
+            try:
+                with jax.profiler.trace(directory), monitor.step(n):
+                    params, value = step(params, batch)
+                    float(value)
+                files = [str(f) for f in Path(directory).rglob("*.xplane.pb")]
+                user_traces.append({"step": n, "ok": True, "files": files, "during_capture": capturing})
+            except Exception as e:
+                user_traces.append({"step": n, "ok": False, "error": f"{type(e).__name__}: {e}"})
+            continue
+        with monitor.step(n):
+            params, value = step(params, batch)
+            float(value)  # waits: the step ends when its work does
+    monitor.close()
+    profiler = monitor._profiler
+    print(
+        json.dumps(
+            {
+                "profiles": [list(msgspec.structs.astuple(p)) for p in recorder.profiles],
+                "fields": list(events.DeviceProfile.__struct_fields__),
+                "captures": profiler.captures if profiler is not None else None,
+                "every": profiler.every if profiler is not None else None,
+                "user_traces": user_traces,
+            }
+        )
+    )
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,108 @@
+"""Sampled device profiles in a real fused data-parallel job on 8 CPU devices: measured, and never in the
+way of the user's own profiler."""
+
+from __future__ import annotations
+
+import json
+import logging
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tpuscope import events
+from tpuscope.tracing import Monitor
+from tpuscope.tracing.profiles import DEFAULT_PERIOD, PERIOD_ENV, parse_period
+
+JOB = Path(__file__).with_name("profiled_job.py")
+
+
+def run_job(steps: int, period: str, *flags: str) -> dict[str, Any]:
+    out = subprocess.run(
+        [sys.executable, str(JOB), str(steps), period, *flags], capture_output=True, text=True, timeout=240
+    )
+    assert out.returncode == 0, out.stderr[-4000:]
+    result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
+    result["profiles"] = [dict(zip(result["fields"], p, strict=True)) for p in result["profiles"]]
+    result["stderr"] = out.stderr
+    return result
+
+
+def test_a_fused_step_profiled_splits_into_compute_exposed_collective_and_idle() -> None:
+    job = run_job(80, "0.5")
+    ok = [p for p in job["profiles"] if p["result"] == "ok"]
+    assert ok, job
+    assert job["captures"]["error"] == 0 and job["captures"]["busy"] == 0
+    for p in ok:
+        assert p["devices"] == 8 and p["steps"] >= 1
+        parts = p["compute_s"] + p["exposed_collective_s"] + p["idle_s"]
+        assert parts == pytest.approx(p["step_s"], rel=0.05)
+        assert p["exposed_collective_s"] > 0, "the gradients' all-reduce waits for the slowest device"
+        assert p["compute_s"] > 0 and p["capture_s"] > 0 and p["trace_bytes"] > 0
+        assert p["slowest_compute_s"] >= p["compute_s"]
+    # K is a power of two: every host that captures at a step captures the same steps
+    assert job["every"] & (job["every"] - 1) == 0
+
+
+def test_a_users_trace_during_a_capture_works_and_so_do_the_next() -> None:
+    """The user's trace starts while the Monitor traces (the capture gives way, counted busy), another at
+    the next step, and one far from any capture: each writes its trace; captures go on after them."""
+    job = run_job(150, "0.3", "--user-traces-during-captures", "1", "--user-trace-at", "140")
+    traces = job["user_traces"]
+    assert len(traces) == 2 and traces[0]["during_capture"] and traces[1]["step"] == 140, traces
+    assert all(t["ok"] and t["files"] for t in traces), traces
+    assert job["captures"]["busy"] >= 1, "the capture gave way"
+    assert job["captures"]["ok"] >= 1 and job["captures"]["error"] == 0, job["captures"]
+
+
+def test_a_bad_period_turns_profiles_off_said_at_once(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING, logger="tpuscope"):
+        monitor = Monitor("bad-period", socket="/nonexistent/x.sock", traces=False, profile_period="every tuesday")
+    monitor.close()
+    assert monitor._profile_period is None
+    assert "device profiles are off" in caplog.text and "every tuesday" in caplog.text
+
+
+def test_without_jax_the_monitor_works_and_says_once_that_profiles_are_off(tmp_path: Path) -> None:
+    program = (
+        "import logging, sys; sys.modules['jax'] = None; logging.basicConfig(level=logging.INFO)\n"
+        "from tpuscope.tracing import Monitor\n"
+        f"m = Monitor('nojax', socket={str(tmp_path / 'x.sock')!r}, traces=False)\n"
+        "for n in range(30):\n"
+        "    with m.step(n): pass\n"
+        "m.close(); print('steps', m.dropped)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "steps 32"  # 30 steps, start and stop: no sidecar, each counted
+    assert out.stderr.count("device profiles are off: jax is not installed") == 1
+
+
+@pytest.mark.parametrize(
+    ("value", "seconds"),
+    [(None, DEFAULT_PERIOD), ("off", None), ("OFF", None), (0, None), ("10m", 600.0), ("90", 90.0), (2.5, 2.5)],
+)
+def test_the_period_from_an_argument_or_the_environment(value: object, seconds: float | None) -> None:
+    assert parse_period(value) == seconds  # type: ignore[arg-type]
+
+
+def test_the_environment_sets_the_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(PERIOD_ENV, "off")
+    assert parse_period(None) is None
+    monkeypatch.setenv(PERIOD_ENV, "2m")
+    assert parse_period(None) == 120.0
+    assert parse_period("30s") == 30.0  # the argument wins
+
+
+@pytest.mark.parametrize("value", ["sometimes", "-5", "nan"])
+def test_a_bad_period_is_refused(value: str) -> None:
+    with pytest.raises(ValueError):
+        parse_period(value)
+
+
+def test_a_profile_rides_on_a_step_event() -> None:
+    profile = events.DeviceProfile("ok", 2, 8, 0.089, 0.049, 0.018, 0.004, 0.022, 0.051, 0.35, 720_000)
+    step = events.Step("w", 3, 0.1, profile=profile)
+    assert events.decode(events.encode(step)) == step
