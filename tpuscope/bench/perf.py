@@ -42,7 +42,7 @@ from tpuscope.scrape import Scrape
 from tpuscope.stats import percentile
 from tpuscope.testing.prometheus import free_port
 from tpuscope.tracing import Monitor
-from tpuscope.tracing.profiles import COST_BUDGET, DEFAULT_PERIOD
+from tpuscope.tracing.profiles import CAPTURED_STEPS, COST_BUDGET, DEFAULT_PERIOD
 from tpuscope.workload.sidecar import SidecarProcess
 
 
@@ -357,7 +357,12 @@ def annotation_cost(report: Report, size: Size, workdir: Path) -> None:
         jax.profiler.stop_trace()  # type: ignore[no-untyped-call]
     report.add(
         Figure("step annotation, no profiler session", idle * 1e6, "us", note="outside a capture no step enters one"),
-        Figure("step annotation, during a capture", tracing * 1e6, "us", note="on each of a capture's 3 traced steps"),
+        Figure(
+            "step annotation, during a capture",
+            tracing * 1e6,
+            "us",
+            note=f"on each of a capture's {CAPTURED_STEPS} traced steps",
+        ),
     )
 
 

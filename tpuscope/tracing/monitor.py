@@ -517,7 +517,8 @@ class StepTimer:
 
     def phase(self, name: str) -> PhaseTimer:
         """Time a phase of this step: ``"io"``, ``"compute"`` or ``"sync"``. Phases must not nest."""
-        return PhaseTimer(self._phases, self._monitor._phase_name(name), self._intervals)
+        known = name if name in _MEASURED_PHASES else self._monitor._phase_name(name)
+        return PhaseTimer(self._phases, known, self._intervals)
 
     def __exit__(self, *_: object) -> None:
         end = time.perf_counter()
@@ -539,20 +540,18 @@ class StepTimer:
             except Exception:  # telemetry must never fail the step
                 log.debug("tpuscope: step span failed", exc_info=True)
         p = self._phases
+        compute, sync, io = p["compute"], p["sync"], p["io"]
         # "other" is whatever the measured phases leave; an explicit or unknown phase is part of it.
-        other = max(0.0, duration - p["compute"] - p["sync"] - p["io"])
-        self._monitor._send(
-            events.Step,
-            step=self.number,
-            duration_s=duration,
-            compute_s=p["compute"],
-            sync_s=p["sync"],
-            io_s=p["io"],
-            other_s=other,
-            flops=self.flops,
-            trace_id=trace_id,
-            profile=profile,
-        )
+        other = max(0.0, duration - compute - sync - io)
+        monitor = self._monitor
+        try:  # positionally, in the schema's order: the hot path of every step
+            event = events.Step(
+                monitor.workload, self.number, duration, compute, sync, io, other, 0, self.flops, trace_id, profile
+            )
+        except Exception as e:  # phases longer than the step (phases run outside it): drop, count, carry on
+            monitor._sidecar.drop(f"invalid Step: {e}")
+            return
+        monitor._deliver(event)
 
 
 class PhaseTimer:
