@@ -11,9 +11,9 @@ parses it (:mod:`tpuscope.tracing.xspace`); the result rides on the next step's 
   they choose the same K; where one chose twice another's (near a power-of-two boundary, or after
   widening its period), its captures are still a subset of the other's: every host that captures at a
   step captures the same steps.
-- **What it costs.** Starting the trace is the only work on the training thread (tens of microseconds on
-  the CPU), plus a step annotation on each captured step; stopping and parsing run on the profiler's
-  thread, and are measured each time. A capture costing more than :data:`COST_BUDGET` of its period's
+- **What it costs.** A step annotation on each captured step is all the training thread does (about a
+  microsecond); starting, stopping and parsing the trace run on the profiler's thread, and are measured
+  each time. A capture costing more than :data:`COST_BUDGET` of its period's
   wall time doubles K.
 - **The user's profiler comes first.** A capture is skipped (counted ``busy``) while a profiling session
   or a profiler server of the user's is active. A ``jax.profiler.start_trace`` (``trace()``) called
@@ -46,9 +46,10 @@ log = logging.getLogger("tpuscope")
 
 PERIOD_ENV = "TPUSCOPE_PROFILE_PERIOD"
 DEFAULT_PERIOD = 600.0  # seconds: a capture every 10 minutes of steps
-# Steps annotated per capture: the first holds the trace's start and is left out; the last only ends the
-# window of the one before it (a step's window runs from its start to the next step's).
-CAPTURED_STEPS = 4
+# Steps annotated per capture. The session starts on the profiler's thread while the first runs, so the
+# first may be missing from the trace; the first step in the trace holds the trace's start and is left out;
+# the last only ends the window of the one before it (a step's window runs from its start to the next's).
+CAPTURED_STEPS = 5
 WARMUP_STEPS = 10  # steps before this compile: no capture, and their time does not count
 COST_BUDGET = 0.005  # the most of its period's wall time a capture may cost before the period widens
 STOP_TIMEOUT = 60.0  # the most close() waits for the last capture to be stopped and parsed
@@ -75,10 +76,11 @@ def parse_period(value: float | str | None) -> float | None:
 
 @dataclass
 class _Capture:
-    first: int  # the first traced step
-    last: int  # the last traced step
-    session: Any  # the profiler's session, until stopped
-    started_s: float  # its cost on the training thread
+    first: int  # the first annotated step
+    last: int  # the last annotated step
+    session: Any = None  # the profiler's session, from its start (on the worker) until stopped
+    started_s: float = 0.0  # what starting it cost
+    busy: str = ""  # why it did not start: a profiler of the user's
     yielded: bool = False  # stopped for a user's trace: nothing to measure
 
 
@@ -97,7 +99,8 @@ class DeviceProfiler:
         self._capture: _Capture | None = None
         self._ready: events.DeviceProfile | None = None
         self._lock = threading.Lock()  # the capture's session: the training thread, the worker, a user's trace
-        self._work: queue.SimpleQueue[_Capture | None] = queue.SimpleQueue()
+        # ("start" | "stop", capture), or None to end the worker.
+        self._work: queue.SimpleQueue[tuple[str, _Capture] | None] = queue.SimpleQueue()
         self._stopping = False  # a capture handed to the worker is not stopped and parsed yet
         self._worker: threading.Thread | None = None
         self._said: set[str] = set()
@@ -111,7 +114,7 @@ class DeviceProfiler:
             if capture is None:
                 # Not while the last capture is still being stopped: JAX allows one session at a time.
                 if self.every and number >= WARMUP_STEPS and number % self.every == 0 and not self._stopping:
-                    capture = self._start(number)
+                    capture = self._request(number)
                 if capture is None:
                     return None
             if capture.first <= number <= capture.last and not capture.yielded:
@@ -137,7 +140,7 @@ class DeviceProfiler:
             if capture is not None and number >= capture.last:
                 self._capture = None
                 self._stopping = True
-                self._work.put(capture)
+                self._work.put(("stop", capture))
         except Exception as e:
             self._say("error", f"a device-profile capture failed: {type(e).__name__}: {e}")
 
@@ -151,7 +154,7 @@ class DeviceProfiler:
         capture, self._capture = self._capture, None
         if capture is not None:
             self._stopping = True
-            self._work.put(capture)
+            self._work.put(("stop", capture))
         if self._worker is not None:
             self._work.put(None)
             self._worker.join(timeout=STOP_TIMEOUT)
@@ -161,30 +164,28 @@ class DeviceProfiler:
         steps = max(seconds / max(self._step_time, 1e-6), CAPTURED_STEPS + 1)
         return 1 << max(0, round(math.log2(steps)))
 
-    def _start(self, number: int) -> _Capture | None:
-        api = self._jax_api()
-        began = time.perf_counter()
-        with self._lock:
-            if busy := api.busy():
-                self._count("busy", events.DeviceProfile(result="busy"))
-                self._say("busy", f"a device-profile capture was skipped: {busy} (counted as busy)")
-                return None
-            session = api.start()
-        capture = _Capture(number, number + CAPTURED_STEPS - 1, session, time.perf_counter() - began)
+    def _request(self, number: int) -> _Capture:
+        """Begin a capture at step ``number``: the profiler's thread starts the session, so the training
+        thread only annotates its steps (an annotation before the session started is not in the trace,
+        which is why a capture annotates more steps than it measures)."""
+        capture = _Capture(number, number + CAPTURED_STEPS - 1)
         self._capture = capture
         _GIVE_WAY.add(self)
         if self._worker is None:
             self._worker = threading.Thread(target=self._run, name="tpuscope-profiles", daemon=True)
             self._worker.start()
+        self._work.put(("start", capture))
         return capture
 
     def give_way(self) -> None:
         """A user's start_trace is about to run: end our capture first (JAX allows one session)."""
         capture = self._capture
-        with self._lock:
-            if capture is None or capture.session is None:
+        with self._lock:  # held by the worker while it starts a session: it is then stopped here
+            if capture is None:
                 return
             session, capture.session, capture.yielded = capture.session, None, True
+        if session is None:  # not started yet, and now it will not be
+            return
         try:
             self._jax_api().stop(session)
         except Exception:
@@ -192,22 +193,41 @@ class DeviceProfiler:
 
     # --- the profiler's thread ----------------------------------------------------------------
     def _run(self) -> None:
-        while (capture := self._work.get()) is not None:
+        while (work := self._work.get()) is not None:
+            action, capture = work
             try:
-                self._finish(capture)
+                if action == "start":
+                    self._start(capture)
+                else:
+                    self._finish(capture)
             except Exception as e:
-                self._count("error", events.DeviceProfile(result="error"))
+                if action == "stop":
+                    self._count("error", events.DeviceProfile(result="error"))
                 self._say("error", f"a device-profile capture failed: {type(e).__name__}: {e}")
             finally:
-                self._stopping = False
+                if action == "stop":
+                    self._stopping = False
+
+    def _start(self, capture: _Capture) -> None:
+        api = self._jax_api()
+        began = time.perf_counter()
+        with self._lock:
+            if capture.yielded:  # a user's trace began before this one could
+                return
+            if busy := api.busy():
+                capture.busy = busy
+                return
+            capture.session = api.start()
+        capture.started_s = time.perf_counter() - began
 
     def _finish(self, capture: _Capture) -> None:
         began = time.perf_counter()
         with self._lock:
             session, capture.session = capture.session, None
-        if session is None:  # a user's trace took its place
+        if session is None:  # a profiler of the user's was running, or a user's trace took its place
             self._count("busy", events.DeviceProfile(result="busy"))
-            self._say("busy", "a device-profile capture gave way to a user's trace (counted as busy)")
+            why = capture.busy or "it gave way to a user's trace"
+            self._say(f"busy {why}", f"a device-profile capture was skipped: {why} (counted as busy)")
             return
         trace = self._jax_api().stop(session)
         from tpuscope.tracing.xspace import split_steps
