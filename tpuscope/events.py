@@ -90,6 +90,15 @@ class DeviceProfile(msgspec.Struct, array_like=True, frozen=True):
     capture_s: Seconds = 0.0
     trace_bytes: Count = 0
 
+    def overlap(self) -> float | None:
+        """The share of the collective ops' time that compute covered; None without collective ops."""
+        collective = self.overlapped_collective_s + self.exposed_collective_s
+        return self.overlapped_collective_s / collective if collective > 0 else None
+
+    def imbalance(self) -> float | None:
+        """The busiest local device's compute over the devices' mean; None without compute."""
+        return self.slowest_compute_s / self.compute_s if self.compute_s > 0 else None
+
 
 class Event(msgspec.Struct, array_like=True, frozen=True, tag_field="k"):
     """Base of every record; ``workload`` names the job that sent it."""

@@ -220,14 +220,13 @@ class Aggregator:
             parts.labels(workload, part).set(getattr(p, f"{part}_s"))
         # A ratio with nothing to divide (no collective, no compute) is undefined: no series rather than
         # a 0 that reads "nothing hidden" or a former capture's value.
-        collective = p.overlapped_collective_s + p.exposed_collective_s
-        self._ratio(catalog.PROFILE_OVERLAP, workload, p.overlapped_collective_s, collective)
-        self._ratio(catalog.PROFILE_IMBALANCE, workload, p.slowest_compute_s, p.compute_s)
+        self._ratio(catalog.PROFILE_OVERLAP, workload, p.overlap())
+        self._ratio(catalog.PROFILE_IMBALANCE, workload, p.imbalance())
         m[catalog.PROFILE_LAST_CAPTURE].labels(workload).set(time.time())
 
-    def _ratio(self, metric: catalog.Metric, workload: str, part: float, whole: float) -> None:
-        if whole > 0:
-            self.metrics[metric].labels(workload).set(part / whole)
+    def _ratio(self, metric: catalog.Metric, workload: str, value: float | None) -> None:
+        if value is not None:
+            self.metrics[metric].labels(workload).set(value)
         else:
             self.metrics[metric].remove(workload)
 

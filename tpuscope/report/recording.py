@@ -181,12 +181,8 @@ def _profile(captures: list[tuple[float, events.DeviceProfile]]) -> Profile | No
         profile.step_seconds = sum(p.step_s for p in ok) / len(ok)
         profile.part_seconds = {part: sum(getattr(p, f"{part}_s") for p in ok) / len(ok) for part in PROFILE_PARTS}
         profile.trace_bytes = sum(p.trace_bytes for p in ok) / len(ok)
-        overlaps = [
-            p.overlapped_collective_s / (p.overlapped_collective_s + p.exposed_collective_s)
-            for p in ok
-            if p.overlapped_collective_s + p.exposed_collective_s > 0
-        ]
-        imbalances = [p.slowest_compute_s / p.compute_s for p in ok if p.compute_s > 0]
+        overlaps = [overlap for p in ok if (overlap := p.overlap()) is not None]
+        imbalances = [imbalance for p in ok if (imbalance := p.imbalance()) is not None]
         profile.overlap = sum(overlaps) / len(overlaps) if overlaps else None
         profile.imbalance = sum(imbalances) / len(imbalances) if imbalances else None
     return profile

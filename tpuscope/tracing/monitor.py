@@ -28,6 +28,7 @@ slow call, made once: it may compile the step, and on a CPU measure its peak.)
 from __future__ import annotations
 
 import atexit
+import contextlib
 import importlib.util
 import logging
 import os
@@ -495,6 +496,9 @@ class StepTimer:
 
     def __init__(self, monitor: Monitor, number: int) -> None:
         self._monitor = monitor
+        if type(number) is not int:  # a JAX step counter, an np.int64: what int() reads; anything else drops at exit
+            with contextlib.suppress(TypeError, ValueError):
+                number = events.as_int(number)
         self.number = number
         self.flops = monitor.step_flops  # the step's model FLOPs, for MFU (Monitor.flops_of sets the default)
         self._phases = {"compute": 0.0, "sync": 0.0, "io": 0.0, "other": 0.0}
@@ -504,14 +508,8 @@ class StepTimer:
         self._annotation: Any = None  # a device-profile capture's step annotation, while one runs
 
     def __enter__(self) -> StepTimer:
-        if (profiler := self._monitor._profiler) is not None:
-            number = self.number
-            if type(number) is not int:  # a JAX step counter: captures start at whole step numbers
-                try:
-                    number = events.as_int(number)
-                except (TypeError, ValueError):
-                    number = -1
-            self._annotation = profiler.step_started(number)
+        if (profiler := self._monitor._profiler) is not None:  # captures start at whole step numbers
+            self._annotation = profiler.step_started(self.number if type(self.number) is int else -1)
         self._start = time.perf_counter()
         return self
 
@@ -525,9 +523,9 @@ class StepTimer:
         duration = end - self._start
         profile = None
         if (profiler := self._monitor._profiler) is not None:
-            profiler.step_ended(self.number, duration, self._annotation)
+            profiler.step_ended(self.number if type(self.number) is int else -1, duration, self._annotation)
             profile = profiler.take()
-        if type(self.number) is not int or type(self.flops) is not float:  # a JAX step counter, np.float32 FLOPs
+        if type(self.number) is not int or type(self.flops) is not float:  # np.float32 FLOPs, or an unreadable step
             try:
                 self.number, self.flops = events.as_int(self.number), float(self.flops)
             except (TypeError, ValueError) as e:

@@ -168,6 +168,7 @@ class DeviceProfiler:
         """Begin a capture at step ``number``: the profiler's thread starts the session, so the training
         thread only annotates its steps (an annotation before the session started is not in the trace,
         which is why a capture annotates more steps than it measures)."""
+        self._jax_api()  # here, once: the worker and this thread would race to make it
         capture = _Capture(number, number + CAPTURED_STEPS - 1)
         self._capture = capture
         _GIVE_WAY.add(self)

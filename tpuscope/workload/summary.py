@@ -84,8 +84,8 @@ class RunSummary:
         def mean(part: str) -> float:
             return float(sum(getattr(p, part) * p.steps for p in ok)) / steps
 
-        return ProfiledSplit(
-            captures=len(ok),
+        mean_profile = events.DeviceProfile(
+            "ok",
             steps=steps,
             devices=max(p.devices for p in ok),
             step_s=mean("step_s"),
@@ -95,6 +95,7 @@ class RunSummary:
             idle_s=mean("idle_s"),
             slowest_compute_s=mean("slowest_compute_s"),
         )
+        return ProfiledSplit(len(ok), mean_profile)
 
     def captures(self) -> dict[str, int]:
         counts = dict.fromkeys(events.PROFILE_RESULTS, 0)
@@ -111,15 +112,16 @@ class RunSummary:
             return ["device trace  no capture reported (--profile-period off, or the run too short for one)"]
         lines = []
         if split := self.profiled():
-            step = split.step_s or 1e-9
+            p = split.mean
+            step = p.step_s or 1e-9
             lines += [
-                f"device trace  {split.captures} captures, {split.steps} profiled steps x {split.devices} devices: "
-                f"step {split.step_s * 1e3:.1f} ms = compute {split.compute_s * 1e3:.1f} ms "
-                f"({split.compute_s / step:.0%}) + exposed collective {split.exposed_collective_s * 1e3:.1f} ms "
-                f"({split.exposed_collective_s / step:.0%}) + idle {split.idle_s * 1e3:.1f} ms "
-                f"({split.idle_s / step:.0%})",
+                f"device trace  {split.captures} captures, {p.steps} profiled steps x {p.devices} devices: "
+                f"step {p.step_s * 1e3:.1f} ms = compute {p.compute_s * 1e3:.1f} ms "
+                f"({p.compute_s / step:.0%}) + exposed collective {p.exposed_collective_s * 1e3:.1f} ms "
+                f"({p.exposed_collective_s / step:.0%}) + idle {p.idle_s * 1e3:.1f} ms "
+                f"({p.idle_s / step:.0%})",
                 f"              overlap {split.overlap():.0%} of collective time hidden under compute "
-                f"({split.overlapped_collective_s * 1e3:.1f} ms); imbalance: the slowest device's compute "
+                f"({p.overlapped_collective_s * 1e3:.1f} ms); imbalance: the slowest device's compute "
                 f"{split.imbalance():.2f}x the mean",
             ]
         counts = ", ".join(f"{n} {result}" for result, n in self.captures().items())
@@ -182,44 +184,40 @@ class RunSummary:
 
 @dataclass(frozen=True)
 class ProfiledSplit:
-    """The ok captures' split, a mean per profiled step and per device, in seconds."""
+    """The ok captures' split: how many, and their mean per profiled step and per device (``mean.steps``:
+    the profiled steps of them all, ``mean.devices``: the most devices one measured)."""
 
     captures: int
-    steps: int
-    devices: int
-    step_s: float
-    compute_s: float
-    exposed_collective_s: float
-    overlapped_collective_s: float
-    idle_s: float
-    slowest_compute_s: float
+    mean: events.DeviceProfile
 
     def overlap(self) -> float:
-        """The share of collective time that compute hides."""
-        collective = self.exposed_collective_s + self.overlapped_collective_s
-        return self.overlapped_collective_s / collective if collective else 0.0
+        """The share of collective time that compute hides (0 without collectives)."""
+        overlap = self.mean.overlap()
+        return overlap if overlap is not None else 0.0
 
     def imbalance(self) -> float:
-        """The slowest device's compute over the mean device's: 1 when the devices are even."""
-        return self.slowest_compute_s / self.compute_s if self.compute_s else 1.0
+        """The slowest device's compute over the mean device's: 1 when the devices are even (or idle)."""
+        imbalance = self.mean.imbalance()
+        return imbalance if imbalance is not None else 1.0
 
     def json(self) -> dict[str, Any]:
-        step = self.step_s or 1e-9
+        p = self.mean
+        step = p.step_s or 1e-9
         return {
             "captures": self.captures,
-            "steps": self.steps,
-            "devices": self.devices,
-            "step_s": self.step_s,
+            "steps": p.steps,
+            "devices": p.devices,
+            "step_s": p.step_s,
             **{
                 part: {"seconds": seconds, "share": seconds / step}
                 for part, seconds in (
-                    ("compute", self.compute_s),
-                    ("exposed_collective", self.exposed_collective_s),
-                    ("idle", self.idle_s),
+                    ("compute", p.compute_s),
+                    ("exposed_collective", p.exposed_collective_s),
+                    ("idle", p.idle_s),
                 )
             },
-            "overlapped_collective_s": self.overlapped_collective_s,
+            "overlapped_collective_s": p.overlapped_collective_s,
             "overlap": self.overlap(),
-            "slowest_compute_s": self.slowest_compute_s,
+            "slowest_compute_s": p.slowest_compute_s,
             "imbalance": self.imbalance(),
         }
