@@ -401,6 +401,6 @@ def test_every_panel_query_returns_data_from_the_workload_the_sidecar_and_promet
     assert 0 < shown["tpuscope / Serving / Requests within the objective"][0] < 1
     assert 0 < shown["tpuscope / Fleet overview / Cost per step, by workload"][0] < 1
     assert shown["tpuscope / Job debug / Time since the last good checkpoint"][0] < range_seconds
-    # The bench samples device profiles (every 5 s by default, tpuscope/workload/runner.py): the split shows.
+    # The bench samples device profiles (every 0.3 s of steps here, see bench() above): the split shows.
     assert 0 < shown["tpuscope / Job debug / Device profile: exposed collective share"][0] < 1
     assert max(shown["tpuscope / Job debug / Device profile captures, by result"]) >= 1

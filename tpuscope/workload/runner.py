@@ -40,7 +40,7 @@ SNAPSHOT = (
 )
 CRASHED = 3  # the exit code of a run stopped by the injected crash
 # Short, so that a default run (200 steps, some seconds) captures a few device profiles; a job's default is 10 minutes.
-PROFILE_PERIOD = "5s"
+PROFILE_PERIOD = "1s"
 # A benchmark's replacement for the training loop: the flags, the faults, the monitor the run opened.
 Body = Callable[[argparse.Namespace, Faults, Monitor], None]
 
