@@ -119,6 +119,26 @@ def test_phases_add_up_and_other_takes_the_rest() -> None:
     assert [e.state for e in recorder.events if isinstance(e, events.Lifecycle)] == ["start", "stop"]
 
 
+def test_a_phase_run_twice_adds_up_and_one_begun_inside_another_is_timed_apart() -> None:
+    """A step reuses one phase timer for phases that follow each other; a phase begun inside another (misuse:
+    phases must not nest) gets a timer of its own instead of corrupting the outer one's. (Nested phases count
+    twice, so a long one makes the step invalid, counted and dropped; this one stays within the slack.)"""
+    recorder = Recorder()
+    monitor = Monitor("phases", socket="/nonexistent/x.sock", sinks=[recorder], traces=False)
+    with monitor.step(1) as step:
+        for _ in range(2):
+            with step.phase("io"):
+                time.sleep(0.01)
+        with step.phase("compute"):
+            time.sleep(0.01)
+            with step.phase("sync"):
+                time.sleep(0.0005)
+    monitor.close()
+    (event,) = [e for e in recorder.events if isinstance(e, events.Step)]
+    assert 0.02 <= event.io_s < 0.03
+    assert 0.0105 <= event.compute_s < 0.02 and 0.0005 <= event.sync_s < 0.005  # the outer holds the inner too
+
+
 def test_misuse_warns_or_counts_but_never_raises() -> None:
     recorder = Recorder()
     with pytest.warns(UserWarning, match="reported as"):
@@ -177,6 +197,38 @@ def test_the_first_lost_event_is_said_at_once_then_reminded_then_the_recovery(
         step_until_delivered(monitor, first=51)
         assert f"tpuscope: events reach the sidecar at {path} again ({monitor.dropped} lost in all)" in caplog.text
         monitor.close()
+
+
+def test_a_sidecar_falling_behind_now_and_then_is_said_once_not_at_each_flap(
+    short_tmp: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Three times the sidecar's buffer fills (losses) and drains (a recovery): a loss and its recovery are said
+    once, not three pairs of lines (a flood job said a pair every few milliseconds)."""
+    path = short_tmp / "slow.sock"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as server:
+        server.bind(str(path))
+        server.listen(1)
+        sink = sinks.SocketSink(path)
+        event = events.Lifecycle(workload="flaps", state="start")
+        sink.emit(event)
+        connection, _ = server.accept()
+        connection.setblocking(False)
+        with connection:
+            for flap in range(3):
+                while sink.dropped == flap:  # until the buffer is full: one loss
+                    sink.emit(event)
+                while True:  # the sidecar catches up
+                    try:
+                        connection.recv(65536)
+                    except BlockingIOError:
+                        break
+                sent = sink.sent
+                sink.emit(event)
+                assert sink.sent == sent + 1  # the recovery
+            sink.close()
+    said = [r.getMessage() for r in caplog.records if "tpuscope: events" in r.getMessage()]
+    assert len(said) == 2 and "not reaching" in said[0] and "(1 lost in all)" in said[1], said
+    assert sink.dropped == 3
 
 
 def test_numpy_and_jax_numbers_are_sent_as_the_numbers_they_hold(sidecar: SidecarProcess) -> None:

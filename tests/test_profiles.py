@@ -14,7 +14,7 @@ import pytest
 
 from tpuscope import events
 from tpuscope.tracing import Monitor
-from tpuscope.tracing.profiles import DEFAULT_PERIOD, PERIOD_ENV, parse_period
+from tpuscope.tracing.profiles import DEFAULT_PERIOD, NEVER, PERIOD_ENV, DeviceProfiler, parse_period
 
 JOB = Path(__file__).with_name("profiled_job.py")
 
@@ -106,3 +106,18 @@ def test_a_profile_rides_on_a_step_event() -> None:
     profile = events.DeviceProfile("ok", 2, 8, 0.089, 0.049, 0.018, 0.004, 0.022, 0.051, 0.35, 720_000)
     step = events.Step("w", 3, 0.1, profile=profile)
     assert events.decode(events.encode(step)) == step
+
+
+@pytest.mark.parametrize("first", [0, 5000])
+def test_k_follows_the_warm_steps_this_process_ran_whatever_their_numbers(first: int) -> None:
+    """A resumed job's first step is numbered 5000 and compiles for a minute: K must not follow it (at 60 s a
+    step, a 10-minute period would be K=8, a capture every 8 steps)."""
+    profiler = DeviceProfiler(DEFAULT_PERIOD)
+    for n in range(first, first + 19):
+        assert profiler.step_started(n) is None
+        profiler.step_ended(n, 60.0 if n == first else 0.1, None)
+        assert profiler.every == NEVER and profiler.watching
+    profiler.step_ended(first + 19, 0.1, None)
+    assert profiler.every == 8192  # the power of two nearest 600 s / 0.1 s
+    assert not profiler.watching  # from now on a step between captures does not call the profiler
+    profiler.close()

@@ -174,6 +174,16 @@ def test_the_first_steps_compile_and_do_not_set_the_slowness_threshold() -> None
     assert sampler.threshold == pytest.approx(0.1 * 1.2)
 
 
+def test_a_tiny_steps_jitter_is_not_slow_and_a_slower_regime_keeps_a_short_burst() -> None:
+    """Steps of 5 us whose jitter doubles them keep nothing (a span tree of 10 us tells nothing); when steps
+    become 50 ms slower for good, the slow ones are kept until the p99 follows, a few dozen steps, not for ever."""
+    sampler = TrainingSampler(every=10**9, slow_factor=1.2)
+    kept = [n for n in range(1, 3000) if sampler.keep(n, 5e-6 * (2 if n % 200 == 0 else 1))]
+    assert kept == []
+    kept = [n for n in range(3000, 6000) if sampler.keep(n, 0.05 if n % 2 else 0.1)]
+    assert 10 <= len(kept) <= 40, kept
+
+
 def test_close_waits_a_bounded_time_for_a_collector_that_never_answers(
     monkeypatch: pytest.MonkeyPatch, short_tmp: Path
 ) -> None:

@@ -36,7 +36,7 @@ from typing import Any
 import psutil
 
 from tpuscope import catalog, events
-from tpuscope.bench.overhead import ab_test, best_seconds_per_call, direct_cost
+from tpuscope.bench.overhead import ab_test, best_seconds_per_call, direct_cost, paced_seconds_per_call
 from tpuscope.bench.scrape_latency import scrape_once
 from tpuscope.scrape import Scrape
 from tpuscope.stats import percentile
@@ -71,11 +71,12 @@ TINY = Size(
     scrapes=5,
     settle_seconds=0.5,
     annotations=500,
-    capture_steps=80,  # K is chosen at step 20 (16, 32, or 64 on a loaded machine): a capture by step 69
+    capture_steps=80,  # K is chosen after 20 steps (16, 32, or 64 on a loaded machine): a capture by step 69
 )
 # The capture run's period, in steps of the split workload (the fused one is a little faster). K, the steps
-# between captures, is chosen at step 20 from the warm steps' time: 16 or 32. Each capture costs more than
-# COST_BUDGET of so short a period, so K doubles after each: captures at 32, then 64, 128 and 256, or so.
+# between captures, is chosen after the Monitor's 20th step from the warm steps' time: 16 or 32. Each capture
+# costs more than COST_BUDGET of so short a period, so K doubles after each: captures at 32, then 64, 128 and
+# 256, or so.
 CAPTURE_PERIOD_STEPS = 24
 
 
@@ -173,15 +174,17 @@ def job_side(report: Report, size: Size, sidecar: SidecarProcess, workdir: Path)
     )
     step, instrumented, datagram = per_step(report, size, sidecar, workdir)
     calls = max(200, size.emits // 4)  # as many as the instrumented step was timed over, the same way
-    with otel_tracer(calls) as tracer:
-
-        def spans_of_steps() -> None:
-            for _ in range(calls):
-                tracer.start_span("step").end()
-
-        span = best_seconds_per_call(spans_of_steps, calls)
-    floor, would_block = bare_send(datagram, calls, workdir)
+    with otel_tracer(3 * calls) as tracer:  # three rounds
+        span = paced_seconds_per_call(lambda i: tracer.start_span("step").end(), calls)
+    floor, would_block = bare_send(datagram, calls, sidecar)
+    least = least_step(calls, sidecar)
     report.add(
+        Figure(
+            "  peer: the least such a step costs in Python",
+            least * 1e6,
+            "us",
+            note="four with-blocks reading the clock, one step event made, encoded and sent, timed as ours",
+        ),
         ratio(
             "instrumented step / one OpenTelemetry span",
             instrumented * 1e6,
@@ -196,12 +199,51 @@ def job_side(report: Report, size: Size, sidecar: SidecarProcess, workdir: Path)
             floor * 1e6,
             "us",
             "<= 2",
-            f"the same {len(datagram)} bytes on a SOCK_SEQPACKET socket to a process draining it"
+            f"the same {len(datagram)} bytes on the same SOCK_SEQPACKET socket to the same sidecar"
             + (f" ({would_block:,} sends found the buffer full)" if would_block else ""),
         ),
     )
     annotation_cost(report, size, workdir)
     capture_cost(report, size, sidecar, workdir, step)
+
+
+class _Clocked:
+    """A with-block that reads the clock as it begins and ends, and does nothing else."""
+
+    __slots__ = ("began",)
+
+    def __enter__(self) -> _Clocked:
+        self.began = time.perf_counter()
+        return self
+
+    def __exit__(self, kind: object, value: object, tb: object) -> None:
+        time.perf_counter()
+
+
+def least_step(calls: int, sidecar: SidecarProcess) -> float:
+    """Seconds per step of the least this API can cost in Python (a step and three phases as with-blocks that
+    read the clock, one event made, encoded and sent to the same sidecar), timed as the Monitor's step is: what
+    is left of ours above it is what tpuscope's Python does beyond the API's shape."""
+    block = _Clocked()
+    with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as sock:
+        sock.connect(str(sidecar.socket))
+        sock.setblocking(False)
+
+        def step(i: int) -> None:
+            with block:
+                with block:
+                    pass
+                with block:
+                    pass
+                with block:
+                    pass
+            event = events.Step("perf-least", i + 1, 1e-3, 1e-4, 1e-4, 1e-4, 1e-4)
+            try:  # noqa: SIM105 - not contextlib.suppress: its with-block would be timed too
+                sock.send(events.encode(event), socket.MSG_NOSIGNAL)
+            except BlockingIOError:
+                pass
+
+        return paced_seconds_per_call(step, calls)
 
 
 class LastStep:
@@ -287,50 +329,23 @@ def otel_tracer(spans: int) -> Iterator[Any]:
         provider.shutdown()
 
 
-def drain(path: str) -> None:
-    """The bare send's receiver: accept one connection and read until it closes."""
-    with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as server:
-        server.bind(path)
-        server.listen(1)
-        connection, _ = server.accept()
-        with connection:
-            while connection.recv(65536):
-                pass
+def bare_send(datagram: bytes, calls: int, sidecar: SidecarProcess) -> tuple[float, int]:
+    """Seconds per ``send`` of ``datagram`` as the Monitor's socket sends it (non-blocking, to the same sidecar,
+    which must wake for it as for the Monitor's), and how many sends found the buffer full (dropped, as the
+    Monitor would)."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as sock:
+        sock.connect(str(sidecar.socket))
+        sock.setblocking(False)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 << 20)  # as the Monitor's sink asks
+        full = [0]
 
+        def send(i: int) -> None:
+            try:
+                sock.send(datagram, socket.MSG_NOSIGNAL)
+            except BlockingIOError:
+                full[0] += 1
 
-def bare_send(datagram: bytes, calls: int, workdir: Path) -> tuple[float, int]:
-    """Seconds per ``send`` of ``datagram`` as the Monitor's socket sends it (non-blocking, to a process that
-    drains it), and how many sends found the buffer full (dropped, as the Monitor would)."""
-    path = str(workdir / "floor.sock")
-    receiver = multiprocessing.get_context("spawn").Process(target=drain, args=(path,), daemon=True)
-    receiver.start()
-    try:
-        with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as sock:
-            deadline = time.monotonic() + 30
-            while True:
-                try:
-                    sock.connect(path)
-                    break
-                except OSError:
-                    if time.monotonic() > deadline or not receiver.is_alive():
-                        raise
-                    time.sleep(0.05)
-            sock.setblocking(False)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 << 20)  # as the Monitor's sink asks
-            full = [0]
-
-            def sends() -> None:
-                for _ in range(calls):
-                    try:
-                        sock.send(datagram, socket.MSG_NOSIGNAL)
-                    except BlockingIOError:
-                        full[0] += 1
-
-            return best_seconds_per_call(sends, calls), full[0]
-    finally:
-        receiver.join(10)
-        if receiver.is_alive():
-            receiver.kill()
+        return paced_seconds_per_call(send, calls), full[0]
 
 
 def annotation_cost(report: Report, size: Size, workdir: Path) -> None:

@@ -39,6 +39,7 @@ import warnings
 import weakref
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
+from time import perf_counter
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -489,10 +490,11 @@ class StepTimer:
     """Times one step and its phases; sends one event when the step ends.
 
     The time no phase claims is reported as ``other``, so a step's phases always
-    add up to its duration.
+    add up to its duration. This and :class:`PhaseTimer` are the hot path of every
+    step: what they do per step is kept to attribute reads and one event.
     """
 
-    __slots__ = ("_annotation", "_intervals", "_monitor", "_phases", "_start", "flops", "number")
+    __slots__ = ("_annotation", "_intervals", "_monitor", "_phase", "_phases", "_start", "flops", "number")
 
     def __init__(self, monitor: Monitor, number: int) -> None:
         self._monitor = monitor
@@ -504,45 +506,60 @@ class StepTimer:
         self._phases = {"compute": 0.0, "sync": 0.0, "io": 0.0, "other": 0.0}
         # (phase, start, end) of each phase, for the step's spans should it be kept; None without spans.
         self._intervals: list[tuple[str, float, float]] | None = [] if monitor.spans is not None else None
+        self._phase: PhaseTimer | None = None  # made at the first phase, then reused: phases follow each other
         self._start = 0.0
         self._annotation: Any = None  # a device-profile capture's step annotation, while one runs
 
     def __enter__(self) -> StepTimer:
-        if (profiler := self._monitor._profiler) is not None:  # captures start at whole step numbers
-            self._annotation = profiler.step_started(self.number if type(self.number) is int else -1)
-        self._start = time.perf_counter()
+        # The profiler is called only at a capture's steps (and the few before its K is chosen).
+        profiler = self._monitor._profiler
+        number = self.number
+        if profiler is not None and type(number) is int and (profiler.watching or not number % profiler.every):
+            self._annotation = profiler.step_started(number)
+        self._start = perf_counter()
         return self
 
     def phase(self, name: str) -> PhaseTimer:
         """Time a phase of this step: ``"io"``, ``"compute"`` or ``"sync"``. Phases must not nest."""
-        known = name if name in _MEASURED_PHASES else self._monitor._phase_name(name)
-        return PhaseTimer(self._phases, known, self._intervals)
+        if name not in _MEASURED_PHASES:
+            name = self._monitor._phase_name(name)
+        timer = self._phase
+        if timer is None or timer._start:  # the first phase, or one begun inside another: a timer of its own
+            timer = PhaseTimer(self._phases, name, self._intervals)
+            if self._phase is None:
+                self._phase = timer
+            return timer
+        timer.name = name
+        return timer
 
-    def __exit__(self, *_: object) -> None:
-        end = time.perf_counter()
+    def __exit__(self, kind: object, value: object, tb: object) -> None:  # no *args: a tuple a step
+        end = perf_counter()
         duration = end - self._start
+        monitor = self._monitor
         profile = None
-        if (profiler := self._monitor._profiler) is not None:
-            profiler.step_ended(self.number if type(self.number) is int else -1, duration, self._annotation)
-            profile = profiler.take()
+        profiler = monitor._profiler
+        if profiler is not None and (profiler.watching or self._annotation is not None) and type(self.number) is int:
+            profile = profiler.step_ended(self.number, duration, self._annotation)
         if type(self.number) is not int or type(self.flops) is not float:  # np.float32 FLOPs, or an unreadable step
             try:
                 self.number, self.flops = events.as_int(self.number), float(self.flops)
             except (TypeError, ValueError) as e:
-                self._monitor._sidecar.drop(f"invalid Step: {type(e).__name__}: {e}")
+                monitor._sidecar.drop(f"invalid Step: {type(e).__name__}: {e}")
                 return
         trace_id = ""
-        if self._intervals is not None and (spans := self._monitor.spans) is not None:
+        if self._intervals is not None and (spans := monitor.spans) is not None:
             try:
-                trace_id = spans.step(self.number, self._start, end, self._intervals)
+                if spans.sampler.keep(self.number, duration):  # most steps: no span is made
+                    trace_id = spans.step(self.number, self._start, end, self._intervals)
             except Exception:  # telemetry must never fail the step
                 log.debug("tpuscope: step span failed", exc_info=True)
         p = self._phases
         compute, sync, io = p["compute"], p["sync"], p["io"]
         # "other" is whatever the measured phases leave; an explicit or unknown phase is part of it.
-        other = max(0.0, duration - compute - sync - io)
-        monitor = self._monitor
-        try:  # positionally, in the schema's order: the hot path of every step
+        other = duration - compute - sync - io
+        if other < 0.0:
+            other = 0.0
+        try:  # positionally, in the schema's order
             event = events.Step(
                 monitor.workload, self.number, duration, compute, sync, io, other, 0, self.flops, trace_id, profile
             )
@@ -553,25 +570,28 @@ class StepTimer:
 
 
 class PhaseTimer:
-    __slots__ = ("_intervals", "_name", "_phases", "_start")
+    """Times one phase into its step's totals. A step reuses one for the phases that follow each other."""
+
+    __slots__ = ("_intervals", "_phases", "_start", "name")
 
     def __init__(
         self, phases: dict[str, float], name: str, intervals: list[tuple[str, float, float]] | None = None
     ) -> None:
         self._phases = phases
-        self._name = name
+        self.name = name
         self._intervals = intervals
-        self._start = 0.0
+        self._start = 0.0  # while it runs, when it began (perf_counter is never 0)
 
     def __enter__(self) -> PhaseTimer:
-        self._start = time.perf_counter()
+        self._start = perf_counter()
         return self
 
-    def __exit__(self, *_: object) -> None:
-        end = time.perf_counter()
-        self._phases[self._name] += end - self._start
+    def __exit__(self, kind: object, value: object, tb: object) -> None:
+        end = perf_counter()
+        self._phases[self.name] += end - self._start
         if self._intervals is not None:
-            self._intervals.append((self._name, self._start, end))
+            self._intervals.append((self.name, self._start, end))
+        self._start = 0.0
 
 
 class CheckpointTimer:

@@ -50,10 +50,11 @@ DEFAULT_PERIOD = 600.0  # seconds: a capture every 10 minutes of steps
 # first may be missing from the trace; the first step in the trace holds the trace's start and is left out;
 # the last only ends the window of the one before it (a step's window runs from its start to the next's).
 CAPTURED_STEPS = 5
-WARMUP_STEPS = 10  # steps before this compile: no capture, and their time does not count
+WARMUP_STEPS = 10  # a process's first steps compile: no capture, and their time does not count
 COST_BUDGET = 0.005  # the most of its period's wall time a capture may cost before the period widens
 STOP_TIMEOUT = 60.0  # the most close() waits for the last capture to be stopped and parsed
 STEP_TIME_SMOOTHING = 0.1  # weight of the newest step in the mean step time that K follows
+NEVER = 1 << 62  # K until it is chosen: no step number the profiler is given is a multiple of it, but 0
 
 # Every profiler's "a user's trace is starting: give way", called by the wrapped jax.profiler.start_trace.
 _GIVE_WAY: weakref.WeakSet[DeviceProfiler] = weakref.WeakSet()
@@ -87,17 +88,23 @@ class _Capture:
 class DeviceProfiler:
     """Decides which steps to trace, traces them and hands the parsed profile to the next step's event.
 
-    The Monitor calls :meth:`step_started` and :meth:`step_ended` around every step and :meth:`take` for
-    the profile a finished capture left; all three are cheap outside a capture and never raise.
+    The Monitor's step reads two attributes: it calls :meth:`step_started` when the step number is a
+    multiple of ``every`` (K) or ``watching`` is set, and :meth:`step_ended` when ``watching`` is set: while
+    K is not chosen yet, while a capture runs and while a profile waits for the next step's event. Outside
+    them a step costs the profiler nothing more. Neither method raises.
     """
 
     def __init__(self, period: float) -> None:
         self.period = period
-        self.every = 0  # K: 0 until the step time is known
-        self._step_time = 0.0
+        self.every = NEVER  # K, once the step time is known
+        self.watching = True  # whether the next step's end concerns the profiler (see the class's docstring)
+        self._seen = 0  # steps timed so far, until K is chosen
+        self._step_time = 0.0  # seconds: the warm steps' mean, then measured between two captures' first steps
+        self._last_request: tuple[int, float] | None = None  # the latest capture's first step and when it began
         self._jax: _Jax | None = None
         self._capture: _Capture | None = None
         self._ready: events.DeviceProfile | None = None
+        self._handoff = threading.Lock()  # _ready and watching: set by the worker, taken by the training thread
         self._lock = threading.Lock()  # the capture's session: the training thread, the worker, a user's trace
         # ("start" | "stop", capture), or None to end the worker.
         self._work: queue.SimpleQueue[tuple[str, _Capture] | None] = queue.SimpleQueue()
@@ -113,10 +120,9 @@ class DeviceProfiler:
             capture = self._capture
             if capture is None:
                 # Not while the last capture is still being stopped: JAX allows one session at a time.
-                if self.every and number >= WARMUP_STEPS and number % self.every == 0 and not self._stopping:
-                    capture = self._request(number)
-                if capture is None:
+                if self.every == NEVER or number % self.every or self._stopping:
                     return None
+                capture = self._request(number)
             if capture.first <= number <= capture.last and not capture.yielded:
                 annotation = self._jax_api().step_annotation(number)
                 annotation.__enter__()
@@ -126,16 +132,13 @@ class DeviceProfiler:
             self._say("error", f"a device-profile capture failed to start: {type(e).__name__}: {e}")
         return None
 
-    def step_ended(self, number: int, seconds: float, annotation: Any) -> None:
+    def step_ended(self, number: int, seconds: float, annotation: Any) -> events.DeviceProfile | None:
+        """End a traced step's annotation and a capture's last step; returns a finished capture's profile, once."""
         try:
             if annotation is not None:
                 annotation.__exit__(None, None, None)
-            if number >= WARMUP_STEPS:  # the steps before compile: their time is no step's
-                if not self._step_time:
-                    self._step_time = seconds
-                self._step_time += STEP_TIME_SMOOTHING * (seconds - self._step_time)
-            if not self.every and number >= 2 * WARMUP_STEPS:  # K from the mean of the warm steps
-                self.every = self._steps_per(self.period)
+            if self.every == NEVER:
+                self._warm_step(seconds)
             capture = self._capture
             if capture is not None and number >= capture.last:
                 self._capture = None
@@ -143,11 +146,26 @@ class DeviceProfiler:
                 self._work.put(("stop", capture))
         except Exception as e:
             self._say("error", f"a device-profile capture failed: {type(e).__name__}: {e}")
+        return self.take()
 
     def take(self) -> events.DeviceProfile | None:
         """The latest finished capture's profile, once."""
-        ready, self._ready = self._ready, None
+        with self._handoff:
+            ready, self._ready = self._ready, None
+            self.watching = self._capture is not None or self.every == NEVER
         return ready
+
+    def _warm_step(self, seconds: float) -> None:
+        """K from the mean time of this process's warm steps: counted, not read from step numbers, since a
+        resumed job's first step (which compiles) may be numbered 5000."""
+        self._seen += 1
+        if self._seen <= WARMUP_STEPS:
+            return
+        if not self._step_time:
+            self._step_time = seconds
+        self._step_time += STEP_TIME_SMOOTHING * (seconds - self._step_time)
+        if self._seen >= 2 * WARMUP_STEPS:
+            self.every = self._steps_per(self.period)
 
     def close(self) -> None:
         """Stop a capture still running and the worker; what was measured is kept for :meth:`take`."""
@@ -169,8 +187,13 @@ class DeviceProfiler:
         thread only annotates its steps (an annotation before the session started is not in the trace,
         which is why a capture annotates more steps than it measures)."""
         self._jax_api()  # here, once: the worker and this thread would race to make it
+        now = time.perf_counter()
+        if self._last_request is not None and number > self._last_request[0]:  # the step time as it is now
+            self._step_time = (now - self._last_request[1]) / (number - self._last_request[0])
+        self._last_request = (number, now)
         capture = _Capture(number, number + CAPTURED_STEPS - 1)
         self._capture = capture
+        self.watching = True
         _GIVE_WAY.add(self)
         if self._worker is None:
             self._worker = threading.Thread(target=self._run, name="tpuscope-profiles", daemon=True)
@@ -260,7 +283,9 @@ class DeviceProfiler:
 
     def _count(self, result: str, profile: events.DeviceProfile) -> None:
         self.captures[result] += 1
-        self._ready = profile
+        with self._handoff:
+            self._ready = profile
+            self.watching = True
 
     # --- JAX ------------------------------------------------------------------------------------
     def _jax_api(self) -> _Jax:

@@ -23,7 +23,8 @@ from tpuscope import events
 log = logging.getLogger("tpuscope")
 
 # While events are being lost, how often to say so again: the first loss is said at once, a job pointed at
-# the wrong socket should not learn it from one line at exit.
+# the wrong socket should not learn it from one line at exit. It is also the most often a loss is said at all:
+# a sidecar that falls behind now and then (losses, a recovery, losses) is not said twice a flap.
 REMIND_SECONDS = 60.0
 # How long to wait before trying to reach an absent sidecar again. Until then
 # events are dropped at the cost of one clock read, not a system call.
@@ -31,6 +32,7 @@ RECONNECT_SECONDS = 1.0
 # Ask for a big send buffer: it is where events wait while the sidecar is
 # busy. The kernel caps it at net.core.wmem_max (8 MiB here holds ~10k events).
 SEND_BUFFER_BYTES = 4 << 20
+_NOSIGNAL = socket.MSG_NOSIGNAL  # a sidecar gone away is an error to count, never a SIGPIPE in the job
 
 
 class Sink(Protocol):
@@ -60,22 +62,18 @@ class SocketSink:
         self._connect_error = "no sidecar"
         self._closed = False
         self._losing_since: float | None = None  # monotonic time of the first loss of the current run of losses
-        self._next_reminder = 0.0
+        self._run_said = False  # whether the current run of losses was said (and so its end will be)
+        self._next_say = 0.0  # monotonic time before which no loss is said
 
     def emit(self, event: events.AnyEvent) -> None:
-        if isinstance(event, events.Step) and self.unreported_drops:
+        if self.unreported_drops and isinstance(event, events.Step):
             event = msgspec.structs.replace(event, dropped=self.unreported_drops)  # rare: only after a drop
-        sock = self._sock or self._connect()
-        if sock is None:
+        sock = self._sock
+        if sock is None and (sock := self._connect()) is None:
             self.drop(self._connect_error)
             return
         try:
-            datagram = events.encode(event)
-        except (TypeError, ValueError, OverflowError) as e:  # a field the Monitor did not check: counted
-            self.drop(f"invalid {type(event).__name__}: {type(e).__name__}: {e}")
-            return
-        try:
-            sock.send(datagram, socket.MSG_NOSIGNAL)
+            sock.send(events.encode(event), _NOSIGNAL)
         except BlockingIOError:
             self.drop("sidecar busy: send buffer full")
             return
@@ -83,12 +81,16 @@ class SocketSink:
             self._disconnect()
             self.drop(f"{type(e).__name__}: {e}")
             return
+        except (TypeError, ValueError, OverflowError) as e:  # a field the Monitor did not check: counted
+            self.drop(f"invalid {type(event).__name__}: {type(e).__name__}: {e}")
+            return
         self.sent += 1
-        if isinstance(event, events.Step):
+        if self.unreported_drops and isinstance(event, events.Step):
             self.unreported_drops = 0
         if self._losing_since is not None:
             self._losing_since = None
-            log.warning("tpuscope: events reach the sidecar at %s again (%d lost in all)", self.path, self.dropped)
+            if self._run_said:
+                log.warning("tpuscope: events reach the sidecar at %s again (%d lost in all)", self.path, self.dropped)
 
     def _connect(self) -> socket.socket | None:
         now = time.monotonic()
@@ -132,15 +134,19 @@ class SocketSink:
             return  # the close says what was lost
         now = time.monotonic()
         if self._losing_since is None:
-            self._losing_since, self._next_reminder = now, now + REMIND_SECONDS
+            self._losing_since, self._run_said = now, False
+        if now < self._next_say:
+            return
+        self._next_say = now + REMIND_SECONDS
+        if not self._run_said:
+            self._run_said = True
             log.warning(
                 "tpuscope: events are not reaching the sidecar (%s); the job goes on, counting them, and this is "
                 "said again every %g s while it lasts",
                 why,
                 REMIND_SECONDS,
             )
-        elif now >= self._next_reminder:
-            self._next_reminder = now + REMIND_SECONDS
+        else:
             log.warning(
                 "tpuscope: still no events reaching the sidecar after %.0f s: %d lost so far (last: %s)",
                 now - self._losing_since,

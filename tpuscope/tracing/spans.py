@@ -16,6 +16,7 @@ import logging
 import os
 import threading
 import time
+from collections import deque
 from collections.abc import Sequence
 
 from opentelemetry import trace
@@ -31,38 +32,63 @@ CLOSE_TIMEOUT_SECONDS = 2.0
 
 
 class TrainingSampler:
-    """Keep 1 in ``every`` steps, and every step slower than the recent p99 times ``slow_factor``."""
+    """Keep 1 in ``every`` steps, and every step slower than the recent p99 times ``slow_factor`` (and by at
+    least :attr:`MIN_EXCESS_SECONDS`).
+
+    A step only appends its time to a list; the window and its p99 are brought up to date every
+    :attr:`REFRESH` steps, which is what keeps this cheap enough for every step.
+    """
 
     WINDOW = 1024  # recent step times the p99 is taken over
-    REFRESH = 64  # steps between two p99 computations (sorting 1024 floats costs ~50 us; 1 us a step)
+    # Steps between two p99 computations: sorting the window costs ~30-50 us, 0.1-0.2 us a step at this rate.
+    REFRESH = 256
+    # ... or sooner, after this many slow steps: when a job's steps become slower for good, the p99 follows
+    # once 1% of the window is slow, so the span burst of a new regime is a few dozen steps, not REFRESH.
+    REFRESH_SLOW = 8
     # The first steps compile (often twice: JAX recompiles when donated buffers change layout), and
     # taking them into a short window would set the threshold at compile time for a hundred steps.
     SKIP = 8
     WARMUP = 32  # steps in the window before slowness is judged at all
+    # A slow step is also this much over the p99: a few microseconds of a tiny step's jitter make no trace
+    # worth looking at (and would make a loop of sub-millisecond steps keep a span tree per step).
+    MIN_EXCESS_SECONDS = 100e-6
 
     def __init__(self, every: int = 100, slow_factor: float = 1.2) -> None:
         self.every = max(1, every)
         self.slow_factor = slow_factor
-        self._recent: list[float] = []
-        self._next = 0
-        self._seen = 0
+        self._window: deque[float] = deque(maxlen=self.WINDOW)
+        self._pending: list[float] = []  # step times since the last refresh
+        self._skip = self.SKIP  # of the first steps still to be left out of the window
+        self._refresh_after = self.SKIP + self.WARMUP  # pending steps that make the next refresh
+        self._slow = 0  # slow steps since the last refresh
         self.threshold = float("inf")
 
     def keep(self, step: int, seconds: float) -> bool:
         slow = seconds > self.threshold
-        self._seen += 1
-        if self._seen <= self.SKIP:
-            return step % self.every == 0
-        if len(self._recent) < self.WINDOW:
-            self._recent.append(seconds)
-        else:
-            self._recent[self._next] = seconds
-            self._next = (self._next + 1) % self.WINDOW
-        judged = self._seen - self.SKIP  # steps in the window so far
-        if judged >= self.WARMUP and (judged - self.WARMUP) % self.REFRESH == 0:
-            ordered = sorted(self._recent)
-            self.threshold = ordered[int(0.99 * (len(ordered) - 1))] * self.slow_factor
+        pending = self._pending
+        pending.append(seconds)
+        if slow:
+            self._slow += 1
+        if len(pending) >= self._refresh_after or self._slow >= self.REFRESH_SLOW:
+            self._refresh()
         return slow or step % self.every == 0
+
+    def _refresh(self) -> None:
+        pending = self._pending
+        if self._skip:
+            skipped = min(self._skip, len(pending))
+            del pending[:skipped]
+            self._skip -= skipped
+        self._window.extend(pending)
+        pending.clear()
+        self._slow = 0
+        if len(self._window) < self.WARMUP:
+            self._refresh_after = self.WARMUP - len(self._window)
+            return
+        ordered = sorted(self._window)
+        p99 = ordered[int(0.99 * (len(ordered) - 1))]
+        self.threshold = max(p99 * self.slow_factor, p99 + self.MIN_EXCESS_SECONDS)
+        self._refresh_after = self.REFRESH
 
 
 class SpanRecorder:
@@ -88,9 +114,7 @@ class SpanRecorder:
         return int((perf_seconds + self._epoch_offset) * 1e9)
 
     def step(self, number: int, start: float, end: float, phases: Sequence[tuple[str, float, float]]) -> str:
-        """The trace id of the step's spans, or "" when the sampler leaves it out."""
-        if not self.sampler.keep(number, end - start):
-            return ""
+        """Spans for a step the sampler kept (the Monitor asks it first); returns their trace id."""
         attributes: dict[str, str | int] = {
             "tpuscope.step": number,
             "tpuscope.workload": self._workload,
