@@ -35,6 +35,8 @@ EXPECTED = (
     "step annotation, during a capture",
     "device-profile capture: stop and parse, mean",
     "capture cost share of wall time, default period",
+    "peer: the least such a step costs in Python",
+    "instrumented step / the least such a step costs in Python",
 )
 # Per-step and per-series targets are ratios to a peer measured in the same run, the absolute figures beside.
 RATIOS = {

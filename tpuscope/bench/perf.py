@@ -194,6 +194,13 @@ def job_side(report: Report, size: Size, sidecar: SidecarProcess, workdir: Path)
             "a step with three phases and its event, against a span started and ended (batch processor)",
         ),
         ratio(
+            "instrumented step / the least such a step costs in Python",
+            instrumented * 1e6,
+            least * 1e6,
+            "us",
+            note="what tpuscope's Python adds to the API's shape (no target: read beside the bare send's)",
+        ),
+        ratio(
             "instrumented step / a bare send of its event",
             instrumented * 1e6,
             floor * 1e6,

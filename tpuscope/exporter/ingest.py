@@ -13,6 +13,14 @@ events. What the thread cannot keep up with waits in the connection's buffer;
 when that is full the job's send fails at once and the job counts the drop.
 The same thread expires idle workloads (:meth:`Aggregator.expire`) between
 events, so expiry never races with an event's handling.
+
+The thread polls the jobs' connections rather than sleeping until one is
+readable: a job's send that finds its receiver asleep pays to wake it, more
+than the send itself (4.2 against 1.9 us on this project's machine), and it
+pays it on the training thread at every step. So connections are read every
+:data:`MIN_POLL_SECONDS` while events come, backing off to
+:data:`MAX_POLL_SECONDS` when none do; only new connections wake the thread.
+An event waits at most that long, and a job's buffer holds thousands.
 """
 
 from __future__ import annotations
@@ -41,8 +49,12 @@ MAX_CONNECTIONS = 256
 # Events handled from one connection before looking at the others, so one busy
 # job cannot starve the rest.
 BATCH = 256
-# Seconds between expiry checks; also the longest the thread waits in select() when idle.
+# Seconds between expiry checks; also the longest the thread waits in select() with no job connected.
 EXPIRY_CHECK_INTERVAL = 1.0
+# How often the connections are read: soon again after a round that found events, backing off (doubling) to
+# the longest wait when rounds find none. Idle, with jobs connected: 50 rounds a second, each a recv per job.
+MIN_POLL_SECONDS = 0.001
+MAX_POLL_SECONDS = 0.02
 # After a failed accept() (out of file descriptors: the pending connection stays, and the listener would read
 # as ready at once again), how long to stop accepting before trying again, and how often to say so.
 ACCEPT_PAUSE_SECONDS = 1.0
@@ -126,17 +138,24 @@ class IngestLoop:
 
     def _run(self) -> None:
         next_expiry = time.monotonic() + EXPIRY_CHECK_INTERVAL
+        wait = MAX_POLL_SECONDS
         while not self._stopping.is_set():
-            for key, _ in self._selector.select(EXPIRY_CHECK_INTERVAL):
+            for key, _ in self._selector.select(wait if self._connections else EXPIRY_CHECK_INTERVAL):
                 if key.data is None:
                     self._accept()
-                elif isinstance(key.data, Connection):
-                    try:
-                        self._drain(key.data)
-                    except Exception:  # a bug of ours, or of one connection: that job's loss, not every job's
-                        log.exception("job pid %d: reading its events failed; its connection is closed", key.data.pid)
-                        self._aggregator.connection_error("receive")
-                        self._close(key.data)
+            received = full = 0
+            for conn in list(self._connections):
+                try:
+                    handled = self._drain(conn)
+                except Exception:  # a bug of ours, or of one connection: that job's loss, not every job's
+                    log.exception("job pid %d: reading its events failed; its connection is closed", conn.pid)
+                    self._aggregator.connection_error("receive")
+                    self._close(conn)
+                    continue
+                received += handled
+                full += handled == BATCH
+            # A job with more waiting than one batch: at once. Events in this round: soon. None: back off.
+            wait = 0.0 if full else MIN_POLL_SECONDS if received else min(2 * wait, MAX_POLL_SECONDS)
             if self._accepting_again and time.monotonic() >= self._accepting_again:
                 self._accepting_again = 0.0
                 self._selector.register(self._listener, selectors.EVENT_READ, None)
@@ -175,7 +194,6 @@ class IngestLoop:
             creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
             pid = struct.unpack("3i", creds)[0]
             conn = Connection(sock, pid)
-            self._selector.register(sock, selectors.EVENT_READ, conn)
         except OSError as e:
             log.warning("cannot take a job's connection: %s", e)
             self._aggregator.connection_error("accept")
@@ -185,16 +203,16 @@ class IngestLoop:
             self._connections.add(conn)
         log.debug("job pid %d connected", pid)
 
-    def _drain(self, conn: Connection) -> None:
-        """Handle up to BATCH waiting events from one job; close the connection at its end."""
+    def _drain(self, conn: Connection) -> int:
+        """Handle up to BATCH waiting events from one job, and return how many; close the connection at its end."""
         view = memoryview(self._buffer)
-        for _ in range(BATCH):
+        for handled in range(BATCH):
             try:
                 # MSG_TRUNC: the return value is the message's real length, even past
                 # the buffer, so an oversized event is recognised, not cut.
                 size = conn.sock.recv_into(self._buffer, len(self._buffer), socket.MSG_TRUNC)
             except BlockingIOError:
-                return
+                return handled
             except OSError as e:
                 log.warning("job pid %d: receive failed: %s", conn.pid, e)
                 self._aggregator.connection_error("receive")
@@ -202,12 +220,13 @@ class IngestLoop:
             if size == 0:
                 if self._hung_up(conn):
                     self._close(conn)
-                    return
+                    return handled
                 # An empty message (SEQPACKET keeps them) reads like a hang-up: tell them apart
                 # by the socket's state, and count it as the bad event it is.
                 self._aggregator.reject("malformed")
                 continue
             self._handle(conn, view[:size])
+        return BATCH
 
     @staticmethod
     def _hung_up(conn: Connection) -> bool:
@@ -239,7 +258,6 @@ class IngestLoop:
             conn.said_goodbye = event.state in ("stop", "failure")
 
     def _close(self, conn: Connection) -> None:
-        self._selector.unregister(conn.sock)
         conn.sock.close()
         with self._connections_lock:
             self._connections.discard(conn)
@@ -266,6 +284,9 @@ class IngestLoop:
         for key in list(self._selector.get_map().values()):
             key.fileobj.close()  # type: ignore[union-attr]
         self._selector.close()
+        with self._connections_lock:
+            for conn in self._connections:
+                conn.sock.close()
         self._wake_w.close()
         with contextlib.suppress(OSError):
             if os.lstat(self.path).st_ino == self._inode:
