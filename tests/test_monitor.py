@@ -122,7 +122,7 @@ def test_phases_add_up_and_other_takes_the_rest() -> None:
 def test_a_phase_run_twice_adds_up_and_one_begun_inside_another_is_timed_apart() -> None:
     """A step reuses one phase timer for phases that follow each other; a phase begun inside another (misuse:
     phases must not nest) gets a timer of its own instead of corrupting the outer one's. (Nested phases count
-    twice, so a long one makes the step invalid, counted and dropped; this one stays within the slack.)"""
+    twice, so a long one makes the step invalid, counted and dropped; this empty one stays within the slack.)"""
     recorder = Recorder()
     monitor = Monitor("phases", socket="/nonexistent/x.sock", sinks=[recorder], traces=False)
     with monitor.step(1) as step:
@@ -132,11 +132,11 @@ def test_a_phase_run_twice_adds_up_and_one_begun_inside_another_is_timed_apart()
         with step.phase("compute"):
             time.sleep(0.01)
             with step.phase("sync"):
-                time.sleep(0.0005)
+                pass
     monitor.close()
     (event,) = [e for e in recorder.events if isinstance(e, events.Step)]
     assert 0.02 <= event.io_s < 0.03
-    assert 0.0105 <= event.compute_s < 0.02 and 0.0005 <= event.sync_s < 0.005  # the outer holds the inner too
+    assert event.compute_s >= 0.01 and 0 < event.sync_s < 0.001  # the outer holds the inner too
 
 
 def test_misuse_warns_or_counts_but_never_raises() -> None:

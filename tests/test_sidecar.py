@@ -42,6 +42,24 @@ def scrape_when(url: str, ready: Callable[[Scrape], bool], timeout: float = 5.0)
     return scrape
 
 
+def test_an_event_read_late_is_filed_at_the_time_it_was_sent(sidecar: SidecarProcess) -> None:
+    """The sidecar reads its jobs' connections on a timer; here it is stopped for 1.5 s after a step is sent, and
+    still files the step (the last-step timestamp, what TpuscopeWorkloadStalled counts from) at the kernel's
+    stamp of the send, not at the time it read it."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as job:
+        job.connect(str(sidecar.socket))
+        time.sleep(0.2)  # accepted (the stamp is asked for on the accepted socket)
+        os.kill(sidecar.proc.pid, signal.SIGSTOP)
+        try:
+            sent = time.time()
+            job.send(events.encode(events.Step(workload="late", step=1, duration_s=0.1, compute_s=0.1)))
+            time.sleep(1.5)
+        finally:
+            os.kill(sidecar.proc.pid, signal.SIGCONT)
+        scrape = scrape_when(sidecar.url, lambda s: s.value(catalog.LAST_STEP.name, workload="late") > 0)
+    assert abs(scrape.value(catalog.LAST_STEP.name, workload="late") - sent) < 0.3
+
+
 def test_bad_datagrams_are_counted_by_reason_and_the_daemon_keeps_serving(sidecar: SidecarProcess) -> None:
     step = events.encode(events.Step(workload="ok", step=1, duration_s=0.1, compute_s=0.1))
     bad = {

@@ -57,6 +57,7 @@ class Aggregator:
         workload_expiry: float = 3600.0,
     ) -> None:
         self.metrics = metrics
+        self._now = 0.0  # Unix time of the event being folded in (apply sets it)
         self._store = store
         self._expiry = workload_expiry
         self._handlers: dict[type, Callable[[Any], None]] = {
@@ -108,14 +109,18 @@ class Aggregator:
             # The expiry clock starts when the last process leaves, even if its last event is older.
             self._workload(workload).last_seen = time.monotonic()
 
-    def accept(self, event: events.AnyEvent) -> str:
-        """A valid event from a job; the workload it was filed under (``_overflow`` past the cap)."""
-        workload = self.apply(event)
+    def accept(self, event: events.AnyEvent, at: float | None = None) -> str:
+        """A valid event from a job, sent at ``at`` (Unix time; default: now); the workload it was filed under
+        (``_overflow`` past the cap)."""
+        workload = self.apply(event, at)
         self._ingest["accepted"].inc()
         return workload
 
-    def apply(self, event: events.AnyEvent) -> str:
+    def apply(self, event: events.AnyEvent, at: float | None = None) -> str:
         """Fold an event into the metrics without counting it as received (the sidecar's own inferences)."""
+        # When it happened, for the timestamps and the goodput ledger: the ingest reads the kernel's stamp of
+        # the send, since it polls its connections and receives an event up to tens of milliseconds later.
+        self._now = time.time() if at is None else at
         # The common case, a step of a known workload, costs two look-ups here: a workload with a state
         # is one the limiter holds (or _overflow). Only an event with a new workload or with other
         # labels goes through the limiter, and is copied only if a value overflows.
@@ -127,7 +132,7 @@ class Aggregator:
         state.last_seen = time.monotonic()
         self._handlers[type(event)](event)
         goodput = self.metrics[catalog.GOODPUT]
-        for category, seconds in state.goodput.observe(event, time.time()):
+        for category, seconds in state.goodput.observe(event, self._now):
             goodput.labels(event.workload, category).inc(seconds)
         return event.workload
 
@@ -187,9 +192,8 @@ class Aggregator:
         for phase, seconds in e.phase_seconds():
             phases.labels(e.workload, phase).observe(seconds)
         m[catalog.STEPS].labels(e.workload).inc()
-        now = time.time()
-        m[catalog.LAST_STEP].labels(e.workload).set(now)
-        m[catalog.LAST_PROGRESS].labels(e.workload).set(now)
+        m[catalog.LAST_STEP].labels(e.workload).set(self._now)
+        m[catalog.LAST_PROGRESS].labels(e.workload).set(self._now)
         if e.dropped:
             self._ingest["dropped"].inc(e.dropped)
         if e.profile is not None:
@@ -222,7 +226,7 @@ class Aggregator:
         # a 0 that reads "nothing hidden" or a former capture's value.
         self._ratio(catalog.PROFILE_OVERLAP, workload, p.overlap())
         self._ratio(catalog.PROFILE_IMBALANCE, workload, p.imbalance())
-        m[catalog.PROFILE_LAST_CAPTURE].labels(workload).set(time.time())
+        m[catalog.PROFILE_LAST_CAPTURE].labels(workload).set(self._now)
 
     def _ratio(self, metric: catalog.Metric, workload: str, value: float | None) -> None:
         if value is not None:
@@ -250,7 +254,7 @@ class Aggregator:
         m[catalog.CHECKPOINT_DURATION].labels(e.workload, e.operation, result).observe(e.duration_s)
         m[catalog.CHECKPOINT_BYTES].labels(e.workload, e.operation).inc(e.bytes)
         if e.ok and e.operation == "save":
-            m[catalog.CHECKPOINT_LAST_SUCCESS].labels(e.workload).set(time.time())
+            m[catalog.CHECKPOINT_LAST_SUCCESS].labels(e.workload).set(self._now)
         # Failed ones too: the job came back from it and goes on (CheckpointFailing says the rest).
         self._progress(e.workload)
 
@@ -273,9 +277,8 @@ class Aggregator:
             # Create the counters at zero, so Prometheus' rate() and increase() see their first change too.
             self.metrics[catalog.STEPS].labels(e.workload)
             # A (re)start is progress too: stall detection counts from here, not from before a restart.
-            now = time.time()
-            self.metrics[catalog.LAST_STEP].labels(e.workload).set(now)
-            self.metrics[catalog.LAST_PROGRESS].labels(e.workload).set(now)
+            self.metrics[catalog.LAST_STEP].labels(e.workload).set(self._now)
+            self.metrics[catalog.LAST_PROGRESS].labels(e.workload).set(self._now)
             for category in GOODPUT_CATEGORIES:
                 self.metrics[catalog.GOODPUT].labels(e.workload, category)
         elif e.state == "restart":
@@ -286,7 +289,7 @@ class Aggregator:
     def _progress(self, workload: str) -> None:
         """The workload did something besides a step or a start (those set it themselves, with the last step):
         TpuscopeWorkloadStalled counts from here."""
-        self.metrics[catalog.LAST_PROGRESS].labels(workload).set(time.time())
+        self.metrics[catalog.LAST_PROGRESS].labels(workload).set(self._now)
 
     def _inference_batch(self, e: events.InferenceBatch) -> None:
         m = self.metrics

@@ -20,7 +20,8 @@ than the send itself (4.2 against 1.9 us on this project's machine), and it
 pays it on the training thread at every step. So connections are read on a
 timer, as often as every :data:`MIN_POLL_SECONDS` while events come, backing off to
 :data:`MAX_POLL_SECONDS` when none do; only new connections wake the thread.
-An event waits at most that long, and a job's buffer holds hundreds to thousands.
+An event waits at most that long, and a job's buffer holds hundreds to thousands;
+it is filed at the kernel's stamp of its send, so its time is the job's, not the poll's.
 """
 
 from __future__ import annotations
@@ -51,6 +52,11 @@ MAX_CONNECTIONS = 256
 BATCH = 256
 # Seconds between expiry checks; also the longest the thread waits in select() with no job connected.
 EXPIRY_CHECK_INTERVAL = 1.0
+# The kernel stamps each event as the job sends it (SO_TIMESTAMP, a struct timeval; Python names no constant for
+# it, 29 on Linux): the sidecar receives it up to a poll later, but files it at the time it happened.
+SO_TIMESTAMP = getattr(socket, "SO_TIMESTAMP", 29)
+_TIMEVAL = struct.Struct("@ll")
+_STAMP_SPACE = socket.CMSG_SPACE(_TIMEVAL.size)
 # How often the connections are read: the wait halves after a round that found events (down to the shortest),
 # and doubles after one that found none (up to the longest). Idle with jobs connected: 20 rounds a second, each
 # a recv per job (0.1-0.2 % of a core here); a job sending 20 events a second: about as many.
@@ -64,6 +70,16 @@ ACCEPT_WARN_SECONDS = 60.0
 
 class SocketError(RuntimeError):
     """The event socket cannot be bound; the message says why and what to do."""
+
+
+def _sent_at(stamps: list[tuple[int, int, bytes]]) -> float | None:
+    """The Unix time the kernel stamped on a received event, or None (no stamp: the sidecar's clock then)."""
+    for level, kind, data in stamps:
+        if level == socket.SOL_SOCKET and kind == SO_TIMESTAMP and len(data) >= _TIMEVAL.size:
+            seconds, microseconds = _TIMEVAL.unpack_from(data)
+            stamp: float = seconds + microseconds / 1e6
+            return stamp
+    return None
 
 
 def bind_event_socket(path: Path, mode: int) -> socket.socket:
@@ -197,6 +213,8 @@ class IngestLoop:
             return
         try:
             sock.setblocking(False)
+            with contextlib.suppress(OSError):  # without it, an event is filed when it is received
+                sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMP, 1)
             creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
             pid = struct.unpack("3i", creds)[0]
             conn = Connection(sock, pid)
@@ -216,13 +234,13 @@ class IngestLoop:
             try:
                 # MSG_TRUNC: the return value is the message's real length, even past
                 # the buffer, so an oversized event is recognised, not cut.
-                size = conn.sock.recv_into(self._buffer, len(self._buffer), socket.MSG_TRUNC)
+                size, stamps, _, _ = conn.sock.recvmsg_into([self._buffer], _STAMP_SPACE, socket.MSG_TRUNC)
             except BlockingIOError:
                 return handled
             except OSError as e:
                 log.warning("job pid %d: receive failed: %s", conn.pid, e)
                 self._aggregator.connection_error("receive")
-                size = 0
+                size, stamps = 0, []
             if size == 0:
                 if self._hung_up(conn):
                     self._close(conn)
@@ -231,7 +249,7 @@ class IngestLoop:
                 # by the socket's state, and count it as the bad event it is.
                 self._aggregator.reject("malformed")
                 continue
-            self._handle(conn, view[:size])
+            self._handle(conn, view[:size], _sent_at(stamps))
         return BATCH
 
     @staticmethod
@@ -241,7 +259,7 @@ class IngestLoop:
         poller.register(conn.sock, select.POLLIN | select.POLLRDHUP)
         return any(mask & (select.POLLRDHUP | select.POLLHUP | select.POLLERR) for _, mask in poller.poll(0))
 
-    def _handle(self, conn: Connection, message: memoryview) -> None:
+    def _handle(self, conn: Connection, message: memoryview, sent_at: float | None) -> None:
         try:
             event = events.decode(message)
         except events.InvalidEvent as e:
@@ -250,7 +268,7 @@ class IngestLoop:
             return
         try:
             # The workload as filed: _overflow past --max-label-values, so the per-process series stay bounded too.
-            workload = self._aggregator.accept(event)
+            workload = self._aggregator.accept(event, sent_at)
         except Exception:  # a bug of ours: count it against the event, keep serving
             log.exception("failed to aggregate %r", event)
             self._aggregator.reject("invalid_field")
