@@ -21,7 +21,8 @@ pays it on the training thread at every step. So connections are read on a
 timer, as often as every :data:`MIN_POLL_SECONDS` while events come, backing off to
 :data:`MAX_POLL_SECONDS` when none do; only new connections wake the thread.
 An event waits at most that long, and a job's buffer holds hundreds to thousands;
-it is filed at the kernel's stamp of its send, so its time is the job's, not the poll's.
+one read after a wait is filed at the kernel's stamp of its send, so its time is the job's, not the
+poll's.
 """
 
 from __future__ import annotations
@@ -57,6 +58,9 @@ EXPIRY_CHECK_INTERVAL = 1.0
 SO_TIMESTAMP = getattr(socket, "SO_TIMESTAMP", 29)
 _TIMEVAL = struct.Struct("@ll")
 _STAMP_SPACE = socket.CMSG_SPACE(_TIMEVAL.size)
+# Reading the stamp costs a tenth of the ingest's throughput. After a wait shorter than this, an event read is
+# that recent (or waited in a backlog, as before polling): it is filed at the sidecar's clock.
+STAMPED_AFTER_SECONDS = 0.002
 # How often the connections are read: the wait halves after a round that found events (down to the shortest),
 # and doubles after one that found none (up to the longest). Idle with jobs connected: 20 rounds a second, each
 # a recv per job (0.1-0.2 % of a core here); a job sending 20 events a second: about as many.
@@ -161,9 +165,10 @@ class IngestLoop:
                 if key.data is None:
                     self._accept()
             received = full = 0
+            stamped = wait >= STAMPED_AFTER_SECONDS
             for conn in list(self._connections):
                 try:
-                    handled = self._drain(conn)
+                    handled = self._drain(conn, stamped)
                 except Exception:  # a bug of ours, or of one connection: that job's loss, not every job's
                     log.exception("job pid %d: reading its events failed; its connection is closed", conn.pid)
                     self._aggregator.connection_error("receive")
@@ -227,14 +232,19 @@ class IngestLoop:
             self._connections.add(conn)
         log.debug("job pid %d connected", pid)
 
-    def _drain(self, conn: Connection) -> int:
-        """Handle up to BATCH waiting events from one job, and return how many; close the connection at its end."""
+    def _drain(self, conn: Connection, stamped: bool) -> int:
+        """Handle up to BATCH waiting events from one job, and return how many; close the connection at its end.
+        ``stamped``: file each at the kernel's stamp of its send."""
         view = memoryview(self._buffer)
+        stamps: list[tuple[int, int, bytes]] = []
         for handled in range(BATCH):
             try:
                 # MSG_TRUNC: the return value is the message's real length, even past
                 # the buffer, so an oversized event is recognised, not cut.
-                size, stamps, _, _ = conn.sock.recvmsg_into([self._buffer], _STAMP_SPACE, socket.MSG_TRUNC)
+                if stamped:
+                    size, stamps, _, _ = conn.sock.recvmsg_into([self._buffer], _STAMP_SPACE, socket.MSG_TRUNC)
+                else:
+                    size = conn.sock.recv_into(self._buffer, len(self._buffer), socket.MSG_TRUNC)
             except BlockingIOError:
                 return handled
             except OSError as e:
@@ -249,7 +259,7 @@ class IngestLoop:
                 # by the socket's state, and count it as the bad event it is.
                 self._aggregator.reject("malformed")
                 continue
-            self._handle(conn, view[:size], _sent_at(stamps))
+            self._handle(conn, view[:size], _sent_at(stamps) if stamped else None)
         return BATCH
 
     @staticmethod
