@@ -102,6 +102,36 @@ def test_compiles_during_a_checkpoint_are_not_counted_twice() -> None:
     assert totals["checkpoint"] == pytest.approx(0.6)
 
 
+def test_a_compile_before_the_first_step_is_start_up_not_the_first_steps_compute() -> None:
+    """start at 0; the job compiles its step ahead of the loop for 5 s (flops_of, AOT); step 0 takes 1 s and
+    compiles nothing (compile_s=0): its second is productive, and init is the 0.5 s before it that nothing
+    else claims. (Taking every compile since the start from step 0 booked it 0 s productive, 1.5 s init.)"""
+    compiled = events.Compile(workload=W, stage="backend", duration_s=5.0)
+    first = events.Step(workload=W, step=0, duration_s=1.0, compute_s=1.0, compile_s=0.0)
+    timeline: list[tuple[float, events.AnyEvent]] = [
+        (0.0, events.Lifecycle(workload=W, state="start")),
+        (5.0, compiled),
+        (6.5, first),
+        (6.5, events.Lifecycle(workload=W, state="stop")),
+    ]
+    assert feed(GoodputLedger(), timeline) == pytest.approx({"compile": 5.0, "init": 0.5, "productive": 1.0})
+    # A compile inside the step (its first call) is the step's: taken from it, and not from init.
+    inside = events.Step(workload=W, step=0, duration_s=6.0, compute_s=6.0, compile_s=5.0)
+    timeline = [(0.0, timeline[0][1]), (6.0, compiled), (6.5, inside), (6.5, timeline[3][1])]
+    assert feed(GoodputLedger(), timeline) == pytest.approx({"compile": 5.0, "init": 0.5, "productive": 1.0})
+
+
+def test_a_restore_after_compiles_is_booked_as_checkpoint_time() -> None:
+    """A restore of 2 s that follows 3 s of compiles and compiles nothing itself is 2 s of checkpoint time (it
+    was booked 0 s: the compiles before it were taken from it)."""
+    timeline: list[tuple[float, events.AnyEvent]] = [
+        (0.0, events.Lifecycle(workload=W, state="start")),
+        (3.0, events.Compile(workload=W, stage="backend", duration_s=3.0)),
+        (5.0, events.Checkpoint(workload=W, operation="restore", duration_s=2.0, ok=True, step=7, compile_s=0.0)),
+    ]
+    assert feed(GoodputLedger(), timeline) == pytest.approx({"compile": 3.0, "checkpoint": 2.0})
+
+
 @given(st.lists(st.tuples(st.sampled_from(["step", "save", "back", "overflow"]), st.integers(0, 50)), max_size=300))
 def test_pending_steps_agree_with_a_plain_dict(operations: list[tuple[str, int]]) -> None:
     """The compact pending store gives the seconds a dict in step order would, through every operation."""

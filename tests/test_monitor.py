@@ -139,6 +139,25 @@ def test_a_phase_run_twice_adds_up_and_one_begun_inside_another_is_timed_apart()
     assert event.compute_s >= 0.01 and 0 < event.sync_s < 0.001  # the outer holds the inner too
 
 
+def test_a_step_and_a_checkpoint_carry_the_compiles_reported_while_they_ran() -> None:
+    recorder = Recorder()
+    monitor = Monitor("compiles", socket="/nonexistent/x.sock", sinks=[recorder], traces=False, jax_compiles=False)
+    monitor.compile("backend", 4.0, "before_the_loop")
+    with monitor.step(0):
+        monitor.compile("backend", 0.001, "first_call")
+        time.sleep(0.002)
+    with monitor.step(1):
+        pass
+    with monitor.checkpoint("save", step=1):
+        monitor.compile("backend", 0.001, "orbax_copy")
+        time.sleep(0.002)
+    monitor.close()
+    steps = [e for e in recorder.events if isinstance(e, events.Step)]
+    assert [s.compile_s for s in steps] == [pytest.approx(0.001), 0.0]
+    (save,) = [e for e in recorder.events if isinstance(e, events.Checkpoint)]
+    assert save.compile_s == pytest.approx(0.001)
+
+
 def test_misuse_warns_or_counts_but_never_raises() -> None:
     recorder = Recorder()
     with pytest.warns(UserWarning, match="reported as"):

@@ -116,6 +116,8 @@ class Step(Event, tag="step", frozen=True):
     sidecar can attach it to the step-duration histogram as an exemplar. ``profile``: the
     latest device-profile capture, on the first step sent after it was parsed (a trailing
     field: a sidecar older than it reads the step and ignores the profile, counting no error).
+    ``compile_s``: the compile seconds the job reported while the step ran (part of its
+    duration, booked as compile and not as productive); None from a job older than the field.
     """
 
     step: Count
@@ -128,6 +130,7 @@ class Step(Event, tag="step", frozen=True):
     flops: Flops = 0.0
     trace_id: TraceId = ""
     profile: DeviceProfile | None = None
+    compile_s: Seconds | None = None
 
     def __post_init__(self) -> None:
         measured = self.compute_s + self.sync_s + self.io_s + self.other_s
@@ -154,13 +157,15 @@ class CompileCache(Event, tag="cache", frozen=True):
 
 
 class Checkpoint(Event, tag="ckpt", frozen=True):
-    """A finished checkpoint save or restore."""
+    """A finished checkpoint save or restore. ``compile_s``: the compile seconds reported while it ran (Orbax
+    compiles its copies on the first save), when the job measured them; None: unknown."""
 
     operation: CheckpointOperation
     duration_s: Seconds
     ok: bool
     bytes: Count = 0
     step: Count = 0
+    compile_s: Seconds | None = None
 
 
 class DeviceMemory(Event, tag="devmem", frozen=True):

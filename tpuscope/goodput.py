@@ -98,7 +98,10 @@ class GoodputLedger:
     def _step(self, e: events.Step, now: float) -> Increments:
         out: Increments = [("io_wait", e.io_s)] if e.io_s else []
         compute_time = max(0.0, e.duration_s - e.io_s)
-        compile_in_step = min(self.compile_since_step, compute_time)  # compiled on this step's first call
+        # The compiles that ran inside this step, as the job measured them; from a job too old to say, all those
+        # since the last step (which books compiles that ran before the first step against it).
+        compiled = e.compile_s if e.compile_s is not None else self.compile_since_step
+        compile_in_step = min(compiled, compute_time)
         if self.started_at is not None:
             accounted_before_step = self.accounted_since_start - compile_in_step
             init = now - e.duration_s - self.started_at - accounted_before_step
@@ -115,9 +118,11 @@ class GoodputLedger:
         return out
 
     def _checkpoint(self, e: events.Checkpoint) -> Increments:
-        # Compiles during the checkpoint (Orbax jits its copies on the first save) are compile time already.
-        compile_in_checkpoint = min(self.compile_since_step, e.duration_s)
-        self.compile_since_step -= compile_in_checkpoint
+        # Compiles during the checkpoint (Orbax jits its copies on the first save) are compile time already: as the
+        # job measured them, else (an async save, an older job) those since the last step.
+        compiled = e.compile_s if e.compile_s is not None else self.compile_since_step
+        compile_in_checkpoint = min(compiled, e.duration_s)
+        self.compile_since_step = max(0.0, self.compile_since_step - compile_in_checkpoint)
         seconds = e.duration_s - compile_in_checkpoint
         out: Increments = [("checkpoint", seconds)] if seconds else []
         if self.started_at is not None:

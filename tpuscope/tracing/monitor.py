@@ -165,6 +165,8 @@ class Monitor:
         self._jax_watcher: JaxCompileWatcher | None = None
         self._jax_pending = jax_compiles  # to watch JAX's compiles once jax is imported
         self.step_flops = 0.0  # each step's model FLOPs unless the step sets its own (flops_of sets it)
+        # Compile seconds reported so far: a step or checkpoint reports those reported while it ran.
+        self.compile_seconds = 0.0
         self._hardware_sent = False
         self._closed = False
         self.spans: SpanRecorder | None = None
@@ -254,18 +256,30 @@ class Monitor:
         bytes: int = 0,
         step: int = 0,
         blocking_seconds: float | None = None,
+        compile_seconds: float | None = None,
     ) -> None:
         """Report a checkpoint timed elsewhere (an async save that finished on another thread).
 
         ``blocking_seconds``: how much of ``seconds`` held the job (an async save's call). The sidecar's event
-        has one duration, the checkpoint's; this part goes into its span.
+        has one duration, the checkpoint's; this part goes into its span. ``compile_seconds``: the compiles
+        reported while it ran (the difference of :attr:`compile_seconds` across it), if known.
         """
-        event = self._event(events.Checkpoint, operation=operation, duration_s=seconds, ok=ok, bytes=bytes, step=step)
+        event = self._event(
+            events.Checkpoint,
+            operation=operation,
+            duration_s=seconds,
+            ok=ok,
+            bytes=bytes,
+            step=step,
+            compile_s=compile_seconds,
+        )
         if event is not None:
             self._span(event, blocking_seconds)
             self._deliver(event)
 
     def compile(self, stage: events.CompileStage, seconds: float, function: str = "") -> None:
+        with contextlib.suppress(TypeError, ValueError):  # a bad value is the event's to drop, below
+            self.compile_seconds += float(seconds)
         self._send(events.Compile, stage=stage, duration_s=seconds, function=function[:256])
 
     def compile_cache(self, hit: bool) -> None:
@@ -494,7 +508,17 @@ class StepTimer:
     step: what they do per step is kept to attribute reads and one event.
     """
 
-    __slots__ = ("_annotation", "_intervals", "_monitor", "_phase", "_phases", "_start", "flops", "number")
+    __slots__ = (
+        "_annotation",
+        "_compiled_before",
+        "_intervals",
+        "_monitor",
+        "_phase",
+        "_phases",
+        "_start",
+        "flops",
+        "number",
+    )
 
     def __init__(self, monitor: Monitor, number: int) -> None:
         self._monitor = monitor
@@ -508,6 +532,7 @@ class StepTimer:
         self._intervals: list[tuple[str, float, float]] | None = [] if monitor.spans is not None else None
         self._phase: PhaseTimer | None = None  # made at the first phase, then reused: phases follow each other
         self._start = 0.0
+        self._compiled_before = 0.0  # the Monitor's compile seconds as the step began
         self._annotation: Any = None  # a device-profile capture's step annotation, while one runs
 
     def __enter__(self) -> StepTimer:
@@ -516,6 +541,7 @@ class StepTimer:
         number = self.number
         if profiler is not None and type(number) is int and (profiler.watching or not number % profiler.every):
             self._annotation = profiler.step_started(number)
+        self._compiled_before = self._monitor.compile_seconds
         self._start = perf_counter()
         return self
 
@@ -560,8 +586,22 @@ class StepTimer:
         if other < 0.0:
             other = 0.0
         try:  # positionally, in the schema's order
+            compiled = monitor.compile_seconds - self._compiled_before
+            # A compile on another thread may overrun the step; 0 as an int is 1 byte on the wire, 0.0 is 9.
+            compiled = min(compiled, duration) if compiled else 0
             event = events.Step(
-                monitor.workload, self.number, duration, compute, sync, io, other, 0, self.flops, trace_id, profile
+                monitor.workload,
+                self.number,
+                duration,
+                compute,
+                sync,
+                io,
+                other,
+                0,
+                self.flops,
+                trace_id,
+                profile,
+                compiled,
             )
         except Exception as e:  # phases longer than the step (phases run outside it): drop, count, carry on
             monitor._sidecar.drop(f"invalid Step: {e}")
@@ -597,7 +637,7 @@ class PhaseTimer:
 class CheckpointTimer:
     """Times a checkpoint; set ``bytes`` inside the block to report its size."""
 
-    __slots__ = ("_monitor", "_start", "bytes", "operation", "step")
+    __slots__ = ("_compiled_before", "_monitor", "_start", "bytes", "operation", "step")
 
     def __init__(self, monitor: Monitor, operation: Literal["save", "restore"], step: int) -> None:
         self._monitor = monitor
@@ -605,8 +645,10 @@ class CheckpointTimer:
         self.step = step
         self.bytes = 0
         self._start = 0.0
+        self._compiled_before = 0.0
 
     def __enter__(self) -> CheckpointTimer:
+        self._compiled_before = self._monitor.compile_seconds
         self._start = time.perf_counter()
         return self
 
@@ -614,4 +656,7 @@ class CheckpointTimer:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         seconds = time.perf_counter() - self._start
-        self._monitor.record_checkpoint(self.operation, seconds, ok=exc_type is None, bytes=self.bytes, step=self.step)
+        compiled = min(self._monitor.compile_seconds - self._compiled_before, seconds)
+        self._monitor.record_checkpoint(
+            self.operation, seconds, ok=exc_type is None, bytes=self.bytes, step=self.step, compile_seconds=compiled
+        )

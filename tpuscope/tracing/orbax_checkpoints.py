@@ -100,6 +100,7 @@ class OrbaxCheckpoints:
         step it read. A failed restore is reported, then raised."""
         directory = kwargs.get("directory", args[2] if len(args) > 2 else None)  # (step, items, kwargs, directory)
         number = step if step is not None else self._latest_step(directory)
+        compiled_before = self._monitor.compile_seconds
         started = time.perf_counter()
         try:
             restored = self.manager.restore(step, *args, **kwargs)
@@ -107,8 +108,9 @@ class OrbaxCheckpoints:
             self._report("restore", number, time.perf_counter() - started, ok=False)
             raise
         seconds = time.perf_counter() - started
+        compiled = min(self._monitor.compile_seconds - compiled_before, seconds)
         # Read here, not on a thread: the restore has just held the job for far longer than a listing takes.
-        self._report("restore", number, seconds, ok=True, bytes=self._step_bytes(number, directory))
+        self._report("restore", number, seconds, ok=True, bytes=self._step_bytes(number, directory), compiled=compiled)
         return restored
 
     def wait_until_finished(self) -> None:
@@ -186,10 +188,11 @@ class OrbaxCheckpoints:
         ok: bool,
         bytes: int = 0,
         blocking: float | None = None,
+        compiled: float | None = None,
     ) -> None:
         try:
             self._monitor.record_checkpoint(
-                operation, seconds, ok=ok, bytes=bytes, step=step, blocking_seconds=blocking
+                operation, seconds, ok=ok, bytes=bytes, step=step, blocking_seconds=blocking, compile_seconds=compiled
             )
         except Exception as e:
             self._failed(e)
