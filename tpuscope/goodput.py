@@ -98,10 +98,7 @@ class GoodputLedger:
     def _step(self, e: events.Step, now: float) -> Increments:
         out: Increments = [("io_wait", e.io_s)] if e.io_s else []
         compute_time = max(0.0, e.duration_s - e.io_s)
-        # The compiles that ran inside this step, as the job measured them; from a job too old to say, all those
-        # since the last step (which books compiles that ran before the first step against it).
-        compiled = e.compile_s if e.compile_s is not None else self.compile_since_step
-        compile_in_step = min(compiled, compute_time)
+        compile_in_step = min(self._compiled_in(e.compile_s), compute_time)
         if self.started_at is not None:
             accounted_before_step = self.accounted_since_start - compile_in_step
             init = now - e.duration_s - self.started_at - accounted_before_step
@@ -118,10 +115,8 @@ class GoodputLedger:
         return out
 
     def _checkpoint(self, e: events.Checkpoint) -> Increments:
-        # Compiles during the checkpoint (Orbax jits its copies on the first save) are compile time already: as the
-        # job measured them, else (an async save, an older job) those since the last step.
-        compiled = e.compile_s if e.compile_s is not None else self.compile_since_step
-        compile_in_checkpoint = min(compiled, e.duration_s)
+        # Compiles during the checkpoint (Orbax jits its copies on the first save) are compile time already.
+        compile_in_checkpoint = min(self._compiled_in(e.compile_s), e.duration_s)
         self.compile_since_step = max(0.0, self.compile_since_step - compile_in_checkpoint)
         seconds = e.duration_s - compile_in_checkpoint
         out: Increments = [("checkpoint", seconds)] if seconds else []
@@ -135,6 +130,12 @@ class GoodputLedger:
             out += self._lose(after=e.step)
             self.last_step = e.step
         return out
+
+    def _compiled_in(self, measured: float | None) -> float:
+        """The compile seconds that ran inside a step or checkpoint: as the job measured them (``compile_s``);
+        from a job too old to say, or an async save, all those since the last step (which books a compile that
+        ran before the first step against it)."""
+        return measured if measured is not None else self.compile_since_step
 
     def _lifecycle(self, e: events.Lifecycle, now: float) -> Increments:
         if e.state == "start":

@@ -149,7 +149,7 @@ def workloads(t: Thresholds) -> p.Section:
                 "(each one's compute holds the wait for the slowest): read the device profile beside it.",
                 "none",
                 p.query(f"topk by (workload) (1, {q.compute_over_median()})", STRAGGLER_LEGEND, instant=True),
-                limits=p.high_is_bad(t.straggler_factor, 1 + (t.straggler_factor - 1) / 2),
+                limits=p.ratio_high_is_bad(t.straggler_factor),
                 span=12,
             ),
             p.bar_gauge_panel(
@@ -162,7 +162,7 @@ def workloads(t: Thresholds) -> p.Section:
                 "captures of running workers count; empty for jobs that do not profile.",
                 "none",
                 p.query(f"topk by (workload) (1, {q.profiled_compute_over_median()})", STRAGGLER_LEGEND, instant=True),
-                limits=p.high_is_bad(t.straggler_factor, 1 + (t.straggler_factor - 1) / 2),
+                limits=p.ratio_high_is_bad(t.straggler_factor),
                 span=12,
             ),
         ],

@@ -62,6 +62,12 @@ def high_is_bad(bad: float, warn: float | None = None) -> ThresholdsConfig:
     return thresholds(*steps, (bad, BAD))
 
 
+def ratio_high_is_bad(bad: float) -> ThresholdsConfig:
+    """For a ratio whose healthy value is 1 (a worker over its peers' median): red above ``bad``, orange halfway
+    there."""
+    return high_is_bad(bad, 1 + (bad - 1) / 2)
+
+
 def low_is_bad(bad: float, warn: float | None = None) -> ThresholdsConfig:
     """Red below ``bad``, orange below ``warn``, green above."""
     steps: list[tuple[float | None, str]] = [(None, BAD)]

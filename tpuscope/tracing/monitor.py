@@ -277,6 +277,13 @@ class Monitor:
             self._span(event, blocking_seconds)
             self._deliver(event)
 
+    def compiled_since(self, before: float, within: float) -> float:
+        """The compile seconds reported since :attr:`compile_seconds` read ``before``, at most ``within`` (the
+        duration of what ran meanwhile: a compile on another thread may overrun it). An exact 0 is an int: one
+        byte on the wire, where 0.0 takes nine."""
+        compiled = self.compile_seconds - before
+        return min(compiled, within) if compiled else 0
+
     def compile(self, stage: events.CompileStage, seconds: float, function: str = "") -> None:
         with contextlib.suppress(TypeError, ValueError):  # a bad value is the event's to drop, below
             self.compile_seconds += float(seconds)
@@ -586,8 +593,8 @@ class StepTimer:
         if other < 0.0:
             other = 0.0
         try:  # positionally, in the schema's order
+            # Monitor.compiled_since, written out: a call costs the hot path more than the subtraction.
             compiled = monitor.compile_seconds - self._compiled_before
-            # A compile on another thread may overrun the step; 0 as an int is 1 byte on the wire, 0.0 is 9.
             compiled = min(compiled, duration) if compiled else 0
             event = events.Step(
                 monitor.workload,
@@ -656,7 +663,7 @@ class CheckpointTimer:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         seconds = time.perf_counter() - self._start
-        compiled = min(self._monitor.compile_seconds - self._compiled_before, seconds)
+        compiled = self._monitor.compiled_since(self._compiled_before, seconds)
         self._monitor.record_checkpoint(
             self.operation, seconds, ok=exc_type is None, bytes=self.bytes, step=self.step, compile_seconds=compiled
         )

@@ -108,7 +108,7 @@ class OrbaxCheckpoints:
             self._report("restore", number, time.perf_counter() - started, ok=False)
             raise
         seconds = time.perf_counter() - started
-        compiled = min(self._monitor.compile_seconds - compiled_before, seconds)
+        compiled = self._monitor.compiled_since(compiled_before, seconds)
         # Read here, not on a thread: the restore has just held the job for far longer than a listing takes.
         self._report("restore", number, seconds, ok=True, bytes=self._step_bytes(number, directory), compiled=compiled)
         return restored
