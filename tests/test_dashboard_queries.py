@@ -135,6 +135,7 @@ def running(f: Fleet, labels: dict[str, str], accelerator: str, peak: float, sta
     f.series(c.PEAK_FLOPS.name, {**labels, "accelerator": accelerator}, start, end, lambda t: peak)
     f.series(c.MODEL_FLOPS.name, labels, start, end, lambda t: MFU * peak * (t - start))
     f.series(c.GOODPUT.name, {**labels, "category": "productive"}, start, end, lambda t: t - start)
+    f.series(c.GOODPUT_WALL.name, labels, start, end, lambda t: t - start)
 
 
 # Device profiles: seconds per step in each part (compute, exposed_collective, idle), the same step on every worker.
@@ -183,6 +184,7 @@ def recorded(f: Fleet) -> None:
     rate = conventions.GOODPUT_RATE
     every_5m(rate, {"workload": "train", "category": "productive"}, productive)
     every_5m(rate, {"workload": "train", "category": "lost"}, lambda t: 4 - productive(t))
+    every_5m(conventions.WALL_RATE, {"workload": "train"}, lambda t: 4)
     every_5m(conventions.REQUESTS_RATE, {"workload": "serve"}, lambda t: 10)
     every_5m(conventions.REQUESTS_FAST_RATE, {"workload": "serve"}, lambda t: bad_on(35, bad_on(10, 10, 9.7)(t), 0)(t))
 

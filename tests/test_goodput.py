@@ -2,20 +2,24 @@
 
 from __future__ import annotations
 
+from collections.abc import Hashable
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from tpuscope import events
-from tpuscope.goodput import GoodputLedger, PendingSteps
+from tpuscope.goodput import PendingSteps, WorkloadGoodput
 
 W = "job"
 
 
-def feed(ledger: GoodputLedger, timeline: list[tuple[float, events.AnyEvent]]) -> dict[str, float]:
+def feed(
+    book: WorkloadGoodput, timeline: list[tuple[float, events.AnyEvent]], source: Hashable = None
+) -> dict[str, float]:
     totals: dict[str, float] = {}
     for now, event in timeline:
-        for category, seconds in ledger.observe(event, now):
+        for category, seconds in book.observe(event, now, source):
             assert seconds > 0, (category, seconds)
             totals[category] = totals.get(category, 0.0) + seconds
     return totals
@@ -25,14 +29,19 @@ def step(n: int, duration: float, io: float = 0.0) -> events.Step:
     return events.Step(workload=W, step=n, duration_s=duration, io_s=io, compute_s=duration - io)
 
 
-def save(n: int, duration: float, ok: bool = True) -> events.Checkpoint:
-    return events.Checkpoint(workload=W, operation="save", duration_s=duration, ok=ok, step=n)
+def save(n: int, duration: float, ok: bool = True, blocking: float | None = None) -> events.Checkpoint:
+    return events.Checkpoint(workload=W, operation="save", duration_s=duration, ok=ok, step=n, blocking_s=blocking)
+
+
+START = events.Lifecycle(workload=W, state="start")
+STOP = events.Lifecycle(workload=W, state="stop")
+FAILURE = events.Lifecycle(workload=W, state="failure", reason="crash")
 
 
 def test_categories_add_up_to_wall_time() -> None:
     """start at 0; 1 s of init; step 0 compiles for 2 s; checkpoint; clean stop at 10.5."""
     timeline: list[tuple[float, events.AnyEvent]] = [
-        (0.0, events.Lifecycle(workload=W, state="start")),
+        (0.0, START),
         (3.0, events.Compile(workload=W, stage="backend", duration_s=2.0)),
         (4.0, step(0, 3.0, io=0.5)),  # init 1 s, io 0.5, compile 2, productive 0.5
         (5.0, step(1, 1.0)),
@@ -40,66 +49,149 @@ def test_categories_add_up_to_wall_time() -> None:
         (7.0, save(2, 1.0)),
         (8.0, step(3, 1.0)),
         (10.5, step(4, 2.5, io=1.0)),
-        (10.5, events.Lifecycle(workload=W, state="stop")),
+        (11.0, STOP),  # half a second after the last step that no event claims
     ]
-    totals = feed(GoodputLedger(), timeline)
+    book = WorkloadGoodput()
+    totals = feed(book, timeline)
     assert totals == pytest.approx(
-        {"init": 1.0, "io_wait": 1.5, "compile": 2.0, "checkpoint": 1.0, "productive": 0.5 + 1 + 1 + 1 + 1.5}
+        {"init": 1.0, "io_wait": 1.5, "compile": 2.0, "checkpoint": 1.0, "productive": 5.0, "other": 0.5}
     )
-    assert sum(totals.values()) == pytest.approx(10.5)
+    assert sum(totals.values()) == pytest.approx(11.0) == pytest.approx(book.wall)
 
 
-def test_work_after_the_last_checkpoint_is_lost_on_failure_and_not_counted_again() -> None:
-    ledger = GoodputLedger()
+def test_work_after_the_last_checkpoint_is_lost_and_the_gap_until_the_restart_is_downtime() -> None:
+    """The reference's "wasted progress" and "infrastructure recovery": the crashed process's unsaved steps, then
+    the 5.5 s nobody ran until the next start."""
+    book = WorkloadGoodput()
     first_run = feed(
-        ledger,
+        book,
         [
-            (0.0, events.Lifecycle(workload=W, state="start")),
+            (0.0, START),
             (1.0, step(0, 1.0)),
             (2.0, step(1, 1.0)),
             (2.5, save(1, 0.5)),
             (3.5, step(2, 1.0)),
             (4.5, step(3, 1.0)),
-            (4.5, events.Lifecycle(workload=W, state="failure", reason="crash")),
+            (4.5, FAILURE),
         ],
     )
-    assert first_run["productive"] == pytest.approx(2.0)
-    assert first_run["lost"] == pytest.approx(2.0)
+    assert first_run == pytest.approx({"productive": 2.0, "checkpoint": 0.5, "lost": 2.0})
+    assert book.down_since == 4.5
+    assert dict(book.tick(7.0)) == pytest.approx({"downtime": 2.5})  # it grows while the workload is down
     rerun = feed(
-        ledger,
+        book,
         [
-            (10.0, events.Lifecycle(workload=W, state="start")),
+            (10.0, START),
             (10.2, events.Checkpoint(workload=W, operation="restore", duration_s=0.2, ok=True, step=1)),
             (11.2, step(2, 1.0)),
-            (11.2, events.Lifecycle(workload=W, state="stop")),
+            (11.2, STOP),
         ],
     )
-    assert "lost" not in rerun
-    assert rerun["productive"] == pytest.approx(1.0)
+    assert rerun == pytest.approx({"downtime": 3.0, "checkpoint": 0.2, "productive": 1.0})
+    assert book.down_since is None
+    assert sum(first_run.values()) + 2.5 + sum(rerun.values()) == pytest.approx(11.2) == pytest.approx(book.wall)
 
 
-def test_repeated_step_numbers_lose_the_unsaved_steps() -> None:
-    """A restart the sidecar was not told about: the step numbers go back."""
-    ledger = GoodputLedger()
-    totals = feed(ledger, [(float(n), step(n, 1.0)) for n in range(5)] + [(6.0, step(3, 1.0))])
-    assert totals["lost"] == pytest.approx(2.0)  # steps 3 and 4 are being redone
+def test_a_process_that_vanishes_from_a_recording_went_down_after_its_last_event() -> None:
+    """One stream (a recording) has no connection to close: a start while a process is live means that process
+    went without a word, at its last event."""
+    book = WorkloadGoodput()
+    totals = feed(book, [(0.0, START), (1.0, step(0, 1.0)), (2.0, step(1, 1.0)), (9.0, START), (10.0, step(2, 1.0))])
+    assert totals == pytest.approx({"lost": 2.0, "downtime": 7.0})
+    assert dict(book.vanished(None, 10.0)) == pytest.approx({"lost": 1.0})
+    assert book.down_since == 10.0
 
 
-def test_failed_checkpoints_make_nothing_durable() -> None:
-    ledger = GoodputLedger()
-    totals = feed(ledger, [(1.0, step(0, 1.0)), (2.0, save(0, 0.5, ok=False))])
-    assert "productive" not in totals and totals["checkpoint"] == 0.5
-    assert feed(ledger, [(3.0, events.Lifecycle(workload=W, state="failure"))]) == {"lost": 1.0}
+@pytest.mark.parametrize(
+    "numbers",
+    [[0, 0, 1, 1, 2, 2, 3, 3], [0, 1, 0, 2, 1, 3, 2, 3], [0, 1, 2, 3, 0, 1, 2, 3]],
+    ids=["two threads in step", "two threads one behind", "numbered per epoch"],
+)
+def test_step_numbers_that_go_back_within_one_process_lose_nothing(numbers: list[int]) -> None:
+    """Two threads stepping one Monitor, or a job numbering its steps per epoch: one process, no restart. (The old
+    ledger read a number going back as a restart and booked the steps after it as lost.)"""
+    timeline: list[tuple[float, events.AnyEvent]] = [(0.0, START)]
+    timeline += [(1.0 + i, step(n, 1.0)) for i, n in enumerate(numbers)]
+    timeline += [(9.0, save(3, 0.0)), (9.5, step(4, 0.5)), (10.0, STOP)]
+    totals = feed(WorkloadGoodput(), timeline)
+    assert totals == pytest.approx({"productive": 8.5, "other": 1.5})  # 8 to 9, 9.5 to 10
 
 
-def test_compiles_during_a_checkpoint_are_not_counted_twice() -> None:
-    ledger = GoodputLedger()
-    totals = feed(
-        ledger,
-        [(1.0, step(0, 1.0)), (1.5, events.Compile(workload=W, stage="backend", duration_s=0.4)), (2.0, save(0, 1.0))],
+def test_two_processes_of_one_workload_each_book_their_own_steps() -> None:
+    """One process per GPU: rank B's step n after rank A's is no restart, and A's stop settles only A's steps. (The
+    old ledger booked 2 clean ranks of 20 steps as 1.05 s productive, 0.95 s lost.)"""
+    book = WorkloadGoodput()
+    a, b = object(), object()
+    totals: dict[str, float] = {}
+    order = [(0.0, START, a), (0.0, START, b)]
+    for n in range(20):
+        order += [(0.1 * (n + 1), step(n, 0.1), a), (0.1 * (n + 1), step(n, 0.1), b)]
+    order += [(2.0, STOP, a), (3.0, step(20, 1.0), b), (3.0, STOP, b)]
+    for now, event, source in order:
+        for category, seconds in book.observe(event, now, source):
+            totals[category] = totals.get(category, 0.0) + seconds
+    assert totals == pytest.approx({"productive": 5.0})
+    assert book.wall == pytest.approx(5.0)  # 2 s of A and 3 s of B
+
+
+def test_an_async_save_books_only_what_it_blocked_and_makes_only_its_steps_durable() -> None:
+    """An async save of step 1 holds the loop 0.2 s, and is durable 3 s later while steps 2 to 4 ran: 0.2 s of
+    checkpoint time (not 3 s, which overlapped the steps: a 3.0 s job booked 4.5 s), steps 0 and 1 productive."""
+    timeline: list[tuple[float, events.AnyEvent]] = [
+        (0.0, START),
+        (1.0, step(0, 1.0)),
+        (2.0, step(1, 1.0)),
+        (3.2, step(2, 1.0)),  # the save's 0.2 s went before this step
+        (4.2, step(3, 1.0)),
+        (5.2, save(1, 3.0, blocking=0.2)),
+        (5.2, step(4, 1.0)),
+    ]
+    book = WorkloadGoodput()
+    totals = feed(book, timeline)
+    assert totals == pytest.approx({"checkpoint": 0.2, "productive": 2.0})
+    assert dict(book.vanished(None, 5.2)) == pytest.approx({"lost": 3.0})
+    assert book.wall == pytest.approx(5.2)
+
+
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["start", "step", "compile", "save", "async", "restore", "stop", "fail", "vanish", "tick"]),
+            st.sampled_from([0, 1]),
+            st.floats(0.0, 2.0),
+        ),
+        max_size=60,
     )
-    assert totals["compile"] == pytest.approx(0.4)
-    assert totals["checkpoint"] == pytest.approx(0.6)
+)
+def test_the_categories_never_add_up_to_more_than_wall_time(operations: list[tuple[str, int, float]]) -> None:
+    """Any sequence of events of two processes: at every point the categories booked are at most the wall time;
+    once every process has ended and every gap is booked, exactly it."""
+    book, now, booked = WorkloadGoodput(), 100.0, 0.0
+    for n, (operation, source, seconds) in enumerate(operations):
+        now += seconds
+        event: events.AnyEvent | None = {
+            "start": START,
+            "stop": STOP,
+            "fail": FAILURE,
+            "step": step(n, seconds, io=seconds / 4),
+            "compile": events.Compile(workload=W, stage="backend", duration_s=seconds / 2),
+            "save": save(n, seconds / 2),
+            "async": save(n, 4 * seconds, blocking=seconds / 3),
+            "restore": events.Checkpoint(workload=W, operation="restore", duration_s=seconds, ok=True, step=n),
+        }.get(operation)
+        if event is not None:
+            increments = book.observe(event, now, source)
+        elif operation == "vanish":
+            increments = book.vanished(source, now)
+        else:
+            increments = book.tick(now)
+        assert all(seconds >= 0 for _, seconds in increments)
+        booked += sum(seconds for _, seconds in increments)
+        assert booked <= book.wall + 1e-6
+    for source in list(book.processes):
+        booked += sum(seconds for _, seconds in book.observe(STOP, now, source))
+    booked += sum(seconds for _, seconds in book.tick(now))
+    assert booked == pytest.approx(book.wall, abs=1e-6)
 
 
 def test_a_compile_before_the_first_step_is_start_up_not_the_first_steps_compute() -> None:
@@ -108,31 +200,44 @@ def test_a_compile_before_the_first_step_is_start_up_not_the_first_steps_compute
     else claims. (Taking every compile since the start from step 0 booked it 0 s productive, 1.5 s init.)"""
     compiled = events.Compile(workload=W, stage="backend", duration_s=5.0)
     first = events.Step(workload=W, step=0, duration_s=1.0, compute_s=1.0, compile_s=0.0)
-    timeline: list[tuple[float, events.AnyEvent]] = [
-        (0.0, events.Lifecycle(workload=W, state="start")),
-        (5.0, compiled),
-        (6.5, first),
-        (6.5, events.Lifecycle(workload=W, state="stop")),
-    ]
-    assert feed(GoodputLedger(), timeline) == pytest.approx({"compile": 5.0, "init": 0.5, "productive": 1.0})
+    timeline: list[tuple[float, events.AnyEvent]] = [(0.0, START), (5.0, compiled), (6.5, first), (6.5, STOP)]
+    assert feed(WorkloadGoodput(), timeline) == pytest.approx({"compile": 5.0, "init": 0.5, "productive": 1.0})
     # A compile inside the step (its first call) is the step's: taken from it, and not from init.
     inside = events.Step(workload=W, step=0, duration_s=6.0, compute_s=6.0, compile_s=5.0)
-    timeline = [(0.0, timeline[0][1]), (6.0, compiled), (6.5, inside), (6.5, timeline[3][1])]
-    assert feed(GoodputLedger(), timeline) == pytest.approx({"compile": 5.0, "init": 0.5, "productive": 1.0})
+    timeline = [(0.0, START), (6.0, compiled), (6.5, inside), (6.5, STOP)]
+    assert feed(WorkloadGoodput(), timeline) == pytest.approx({"compile": 5.0, "init": 0.5, "productive": 1.0})
 
 
 def test_a_restore_after_compiles_is_booked_as_checkpoint_time() -> None:
     """A restore of 2 s that follows 3 s of compiles and compiles nothing itself is 2 s of checkpoint time (it
     was booked 0 s: the compiles before it were taken from it)."""
     timeline: list[tuple[float, events.AnyEvent]] = [
-        (0.0, events.Lifecycle(workload=W, state="start")),
+        (0.0, START),
         (3.0, events.Compile(workload=W, stage="backend", duration_s=3.0)),
         (5.0, events.Checkpoint(workload=W, operation="restore", duration_s=2.0, ok=True, step=7, compile_s=0.0)),
     ]
-    assert feed(GoodputLedger(), timeline) == pytest.approx({"compile": 3.0, "checkpoint": 2.0})
+    assert feed(WorkloadGoodput(), timeline) == pytest.approx({"compile": 3.0, "checkpoint": 2.0})
 
 
-@given(st.lists(st.tuples(st.sampled_from(["step", "save", "back", "overflow"]), st.integers(0, 50)), max_size=300))
+def test_failed_checkpoints_make_nothing_durable() -> None:
+    book = WorkloadGoodput()
+    totals = feed(book, [(0.0, START), (1.0, step(0, 1.0)), (2.0, save(0, 0.5, ok=False))])
+    assert "productive" not in totals and totals["checkpoint"] == 0.5
+    assert feed(book, [(3.0, FAILURE)]) == pytest.approx({"lost": 1.0, "other": 1.5})
+
+
+def test_compiles_during_a_checkpoint_are_not_counted_twice() -> None:
+    timeline: list[tuple[float, events.AnyEvent]] = [
+        (1.0, step(0, 1.0)),
+        (1.5, events.Compile(workload=W, stage="backend", duration_s=0.4)),
+        (2.0, save(0, 1.0)),
+    ]
+    totals = feed(WorkloadGoodput(), timeline)
+    assert totals["compile"] == pytest.approx(0.4)
+    assert totals["checkpoint"] == pytest.approx(0.6)
+
+
+@given(st.lists(st.tuples(st.sampled_from(["step", "save", "overflow"]), st.integers(0, 50)), max_size=300))
 def test_pending_steps_agree_with_a_plain_dict(operations: list[tuple[str, int]]) -> None:
     """The compact pending store gives the seconds a dict in step order would, through every operation."""
     pending, reference, step = PendingSteps(), {}, 0
@@ -146,11 +251,6 @@ def test_pending_steps_agree_with_a_plain_dict(operations: list[tuple[str, int]]
             expected = sum(v for s, v in reference.items() if s <= upto)
             reference = {s: v for s, v in reference.items() if s > upto}
             assert pending.pop_oldest(up_to_step=upto) == pytest.approx(expected)
-        elif operation == "back":  # the job went back n steps
-            step = max(0, step - n)
-            expected = sum(v for s, v in reference.items() if s > step)
-            reference = {s: v for s, v in reference.items() if s <= step}
-            assert pending.pop_after(step) == pytest.approx(expected)
         elif reference:  # the oldest, when too many are pending
             oldest = min(reference)
             assert pending.pop_oldest(count=1) == pytest.approx(reference.pop(oldest))
@@ -164,6 +264,6 @@ def test_pending_steps_drop_their_dead_front_and_keep_their_order() -> None:
         pending.append(step, 1.0)
     assert pending.pop_oldest(up_to_step=7_999) == 8_000  # past 4096 and half: the front is dropped
     assert len(pending) == 2_000
-    assert pending.pop_after(8_999) == 1_000
-    pending.append(9_000, 0.5)
+    assert pending.pop_oldest(up_to_step=8_999) == 1_000
+    pending.append(10_000, 0.5)
     assert pending.pop_all() == 1_000.5 and len(pending) == 0

@@ -360,10 +360,23 @@ MFU = _metric(
 GOODPUT = _metric(
     "goodput_seconds_total",
     Kind.COUNTER,
-    "Wall time by category: productive (step time that reached a checkpoint or the end of the run), "
-    "compile, io_wait, checkpoint, init (start to first step), lost (steps redone after a failure or restart).",
+    "Wall time by category (docs/goodput.md): productive (step compute that reached a checkpoint or a clean "
+    "end), compile, io_wait, checkpoint (what held the loop), init (start to first step), lost (step compute "
+    "of a process that failed, vanished or restored before a checkpoint covered it), downtime (a failed "
+    "process's gap until the workload's next start, as it grows), other (the rest of a process's time, booked "
+    "when it ends).",
     W,
     Label.CATEGORY,
+    unit="seconds",
+    group=UTILIZATION_GROUP,
+)
+GOODPUT_WALL = _metric(
+    "goodput_wall_seconds_total",
+    Kind.COUNTER,
+    "Wall time of the workload as it grows: each process from its start to its end, and each gap from a "
+    "failure to the next start. The goodput categories add up to it once settled; it is the denominator of "
+    "goodput and of its SLO.",
+    W,
     unit="seconds",
     group=UTILIZATION_GROUP,
 )
@@ -388,6 +401,33 @@ WORKLOAD_PROCESSES = _metric(
 )
 WORKLOAD_FAILURES = _metric(
     "workload_failures_total", Kind.COUNTER, "Workload failures, by reason.", W, Label.REASON, group=LIFECYCLE_GROUP
+)
+WORKLOAD_START_TIME = _metric(
+    "workload_start_time_seconds",
+    Kind.GAUGE,
+    "Unix time of the workload's first start this sidecar saw. A restarted sidecar sees a later one: the "
+    "recording rules keep the earliest, the start of the wall time goodput is measured against.",
+    W,
+    unit="seconds",
+    group=LIFECYCLE_GROUP,
+)
+WORKLOAD_END_TIME = _metric(
+    "workload_end_time_seconds",
+    Kind.GAUGE,
+    "Unix time at which the workload ended cleanly: its last process stopped and none is down. The end of "
+    "the wall time goodput is measured against; absent while it runs or is down, gone at its next start.",
+    W,
+    unit="seconds",
+    group=LIFECYCLE_GROUP,
+)
+WORKLOAD_DOWN_SINCE = _metric(
+    "workload_down_since_timestamp_seconds",
+    Kind.GAUGE,
+    "Unix time at which a process of the workload failed or vanished, while the workload has not started "
+    "again: the ongoing downtime is time() minus this. Absent while the workload is up or ended cleanly.",
+    W,
+    unit="seconds",
+    group=LIFECYCLE_GROUP,
 )
 
 # --- Serving ------------------------------------------------------------------

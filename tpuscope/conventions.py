@@ -13,6 +13,7 @@ from __future__ import annotations
 import enum
 
 from tpuscope import catalog as c
+from tpuscope.goodput import PROMPT_BADPUT
 
 # The sidecar's /metrics port: tpuscope's entry in Prometheus' default port allocations wiki page.
 DEFAULT_PORT = 9478
@@ -41,6 +42,7 @@ class AlertName(enum.StrEnum):
     LOW_DUTY_CYCLE = f"{ALERT_PREFIX}LowDutyCycle"
     LOW_MFU = f"{ALERT_PREFIX}LowMFU"
     WORKLOAD_FAILED = f"{ALERT_PREFIX}WorkloadFailed"
+    WORKLOAD_DOWN = f"{ALERT_PREFIX}WorkloadDown"
     WORKLOAD_CRASH_LOOPING = f"{ALERT_PREFIX}WorkloadCrashLooping"
     # compile and memory
     COMPILE_TIME_HIGH = f"{ALERT_PREFIX}CompileTimeHigh"
@@ -90,6 +92,18 @@ PROFILE_MEDIAN = f"workload_part:{c.PROFILE_TIME.name}:median"
 PROFILE_OVER_MEDIAN = f"worker_part:{c.PROFILE_TIME.name}:over_median"
 PROFILE_SHARE = f"workload_part:{c.PROFILE_TIME.name}:share"
 GOODPUT_RATE = f"workload_category:{c.GOODPUT.base_name}:rate5m"
+WALL_RATE = f"workload:{c.GOODPUT_WALL.base_name}:rate5m"
+# Per worker (workload, slice, worker), the wall time no sidecar booked: its pod went, sidecar and all.
+UNBOOKED_RATE = f"worker:{c.GOODPUT_WALL.base_name}_unbooked:rate5m"
+# How long Prometheus remembers a worker nothing serves any more (its pod gone, sidecar and all): the sidecar's
+# default --workload-expiry, after which the sidecar forgets a workload too.
+RUN_MEMORY = "1h"
+# Per worker, since when it has been down: its sidecar's gauge, or its last step when its pod went with it.
+DOWN_SINCE = f"worker:{c.WORKLOAD_DOWN_SINCE.name}:last"
+# The goodput SLO's bad time, a matcher on the category label: the categories booked as they happen. Productive
+# time is booked when a checkpoint covers it and other when a process ends: over a window with neither, counting
+# them would read all time bad (tpuscope.goodput.PROMPT_BADPUT).
+BADPUT_CATEGORIES = f'category=~"{"|".join(PROMPT_BADPUT)}"'
 REQUESTS_FAST_RATE = f"workload:{c.INFERENCE_REQUEST_DURATION.name}_within_objective:rate5m"
 REQUESTS_RATE = f"workload:{c.INFERENCE_REQUEST_DURATION.name}_count:rate5m"
 # The period an SLO's error budget covers: the alerts' burn rates are multiples of the rate that spends the

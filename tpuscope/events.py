@@ -158,7 +158,8 @@ class CompileCache(Event, tag="cache", frozen=True):
 
 class Checkpoint(Event, tag="ckpt", frozen=True):
     """A finished checkpoint save or restore. ``compile_s``: the compile seconds reported while it ran (Orbax
-    compiles its copies on the first save), when the job measured them; None: unknown."""
+    compiles its copies on the first save), when the job measured them; None: unknown. ``blocking_s``: of an
+    async save, the seconds it held the training loop (``duration_s`` runs until it is durable); None: all."""
 
     operation: CheckpointOperation
     duration_s: Seconds
@@ -166,6 +167,7 @@ class Checkpoint(Event, tag="ckpt", frozen=True):
     bytes: Count = 0
     step: Count = 0
     compile_s: Seconds | None = None
+    blocking_s: Seconds | None = None
 
 
 class DeviceMemory(Event, tag="devmem", frozen=True):

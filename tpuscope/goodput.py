@@ -1,34 +1,45 @@
 """Goodput accounting: where a workload's wall time went, from its events.
 
-The sidecar keeps one ledger per workload (it outlives the job's restarts, so it
-sees work that a restart throws away); ``tpuscope bench`` keeps one for its own
-summary. Both feed it the same events and get back seconds per category.
+The denominator is wall time, all of it: each process of the workload from its start to its end, and each gap
+from a process's failure (or disappearance) to the next start of the workload. Every second of it lands in
+one category once it is settled, so the categories add up to the wall time and goodput is
+``productive / wall``, as in the reference definition (``ml-goodput-measurement``; docs/goodput.md compares
+the two category by category).
 
-Step time counts as ``productive`` only once it is durable: when a checkpoint
-covering the step is saved, or the run stops cleanly. Until then it is
-pending, and it becomes ``lost`` if the job fails, restores an older
-checkpoint, or is seen repeating step numbers (it restarted from an earlier
-step). Counters never go down, so this is the only way to report lost work
-without counting it twice.
+- :class:`GoodputLedger` books one process: the sidecar keeps one per connection, so two processes of one
+  workload (one per GPU) or two threads of one Monitor never read as each other's restart.
+- :class:`WorkloadGoodput` books a workload: its processes, and the downtime between them. The sidecar keeps
+  one per workload (it outlives the job's restarts, so it sees the gap and the work a failure throws away);
+  ``tpuscope bench`` and ``tpuscope report`` keep one for a recording.
+
+Step time counts as ``productive`` only once it is durable: when a checkpoint covering the step is saved, or
+the process stops cleanly. Until then it is pending, and it becomes ``lost`` if the process fails, vanishes
+or restores a checkpoint. Counters never go down, so this is the only way to report lost work without
+counting it twice.
 """
 
 from __future__ import annotations
 
 from array import array
+from collections.abc import Hashable
+from dataclasses import dataclass
 
 from tpuscope import events
 
-CATEGORIES = ("productive", "compile", "io_wait", "checkpoint", "init", "lost")
+CATEGORIES = ("productive", "compile", "io_wait", "checkpoint", "init", "lost", "other", "downtime")
+# Booked when they happen, so a rate over a short window sees them: the numerator of the goodput SLO. The two
+# others are booked in lumps (productive when durable, other when a process ends), so a window without a
+# save or an end would read them as missing.
+PROMPT_BADPUT = ("compile", "io_wait", "checkpoint", "init", "lost", "downtime")
 
 Increments = list[tuple[str, float]]
 
 
 class PendingSteps:
-    """Steps not yet durable and their productive seconds, in step order, 16 bytes a step.
+    """Steps not yet durable and their productive seconds, in the order they ended, 16 bytes a step.
 
     Two flat arrays and the index of the oldest: a job that checkpoints every 100,000 steps keeps
-    1.6 MB here, where a dict of floats would take 15 MB. Steps only grow (going back drops the
-    steps after first), so the oldest are taken from the front and lost work from the back.
+    1.6 MB here, where a dict of floats would take 15 MB. The oldest are taken from the front.
     """
 
     def __init__(self) -> None:
@@ -57,78 +68,96 @@ class PendingSteps:
             self._head = 0
         return total
 
-    def pop_after(self, step: int) -> float:
-        """Remove the steps after ``step`` (they are being redone); their seconds."""
-        total = 0.0
-        while len(self) and self._steps[-1] > step:
-            self._steps.pop()
-            total += self._seconds.pop()
-        return total
-
     def pop_all(self) -> float:
         return self.pop_oldest()
 
 
 class GoodputLedger:
+    """One process, from its start (or its first event, when its start was not seen) to its end."""
+
     # A job that never checkpoints would keep every step pending: past this many
     # steps, the oldest are taken as productive (they are at risk, not lost).
     MAX_PENDING_STEPS = 100_000
 
-    def __init__(self) -> None:
+    def __init__(self, started_at: float, saw_start: bool = True) -> None:
+        self.started_at = started_at  # Unix time
+        self.last_at = started_at  # of its latest event
         self.pending = PendingSteps()
-        self.last_step = -1
+        self.booked = 0.0  # every second booked so far, in any category
         self.compile_since_step = 0.0
-        self.started_at: float | None = None  # set from "start" until the first step
-        self.accounted_since_start = 0.0  # compile and checkpoint seconds between start and first step
+        self._before_first_step = saw_start  # init is booked at the first step, when the start was seen
+        self._accounted_since_start = 0.0  # compile and checkpoint seconds between the start and the first step
 
     def observe(self, event: events.AnyEvent, now: float) -> Increments:
-        """The seconds per category that ``event``, received at ``now`` (Unix time), adds."""
+        """The seconds per category that ``event``, sent at ``now`` (Unix time), adds."""
+        self.last_at = max(self.last_at, now)
         if isinstance(event, events.Step):
-            return self._step(event, now)
+            # A step began no earlier than its process: one that says otherwise (clocks) moves the start.
+            self.started_at = min(self.started_at, now - event.duration_s)
+            return self._book(self._step(event, now))
         if isinstance(event, events.Compile):
             self.compile_since_step += event.duration_s
-            self.accounted_since_start += event.duration_s
-            return [("compile", event.duration_s)]
+            self._accounted_since_start += event.duration_s
+            return self._book([("compile", event.duration_s)])
         if isinstance(event, events.Checkpoint):
-            return self._checkpoint(event)
-        if isinstance(event, events.Lifecycle):
-            return self._lifecycle(event, now)
+            return self._book(self._checkpoint(event))
         return []
+
+    def end(self, now: float, clean: bool) -> Increments:
+        """The process ended at ``now``: cleanly (its pending steps are its result) or not (they are lost); the
+        rest of its time, which no event claimed, is ``other``."""
+        self.last_at = max(now, self.last_at)
+        pending = self.pending.pop_all()
+        out: Increments = [("productive" if clean else "lost", pending)] if pending else []
+        self._book(out)
+        other = self.last_at - self.started_at - self.booked
+        if other > 1e-9:
+            out += self._book([("other", other)])
+        return out
+
+    def _book(self, out: Increments) -> Increments:
+        for _, seconds in out:
+            self.booked += seconds
+        return out
 
     def _step(self, e: events.Step, now: float) -> Increments:
         out: Increments = [("io_wait", e.io_s)] if e.io_s else []
         compute_time = max(0.0, e.duration_s - e.io_s)
         compile_in_step = min(self._compiled_in(e.compile_s), compute_time)
-        if self.started_at is not None:
-            accounted_before_step = self.accounted_since_start - compile_in_step
+        if self._before_first_step:
+            accounted_before_step = self._accounted_since_start - compile_in_step
             init = now - e.duration_s - self.started_at - accounted_before_step
             if init > 0:
                 out.append(("init", init))
-            self.started_at = None
+            self._before_first_step = False
         self.compile_since_step = 0.0
-        if e.step <= self.last_step:  # the job went back: whatever it had not saved is being redone
-            out += self._lose(after=e.step - 1)
-        self.last_step = e.step
+        # No "the step number went back, so it restarted": a restart is a new process, and a job may number its
+        # steps per epoch, or step one Monitor from two threads.
         self.pending.append(e.step, compute_time - compile_in_step)
         if len(self.pending) > self.MAX_PENDING_STEPS:
             out.append(("productive", self.pending.pop_oldest(count=1)))
         return out
 
     def _checkpoint(self, e: events.Checkpoint) -> Increments:
+        # An async save held the loop only for its blocking part; the rest overlapped steps booked themselves.
+        held = e.duration_s if e.blocking_s is None else min(e.blocking_s, e.duration_s)
         # Compiles during the checkpoint (Orbax jits its copies on the first save) are compile time already.
-        compile_in_checkpoint = min(self._compiled_in(e.compile_s), e.duration_s)
+        compile_in_checkpoint = min(self._compiled_in(e.compile_s), held)
         self.compile_since_step = max(0.0, self.compile_since_step - compile_in_checkpoint)
-        seconds = e.duration_s - compile_in_checkpoint
+        seconds = held - compile_in_checkpoint
         out: Increments = [("checkpoint", seconds)] if seconds else []
-        if self.started_at is not None:
-            self.accounted_since_start += seconds
+        if self._before_first_step:
+            self._accounted_since_start += seconds
         if e.ok and e.operation == "save":
-            saved = self.pending.pop_oldest(up_to_step=e.step)
+            # A save that held the loop holds every step before it; an async one the steps up to its own (the
+            # loop went on meanwhile), in the order they ended.
+            saved = self.pending.pop_all() if e.blocking_s is None else self.pending.pop_oldest(up_to_step=e.step)
             if saved:
                 out.append(("productive", saved))
-        elif e.ok and e.operation == "restore":
-            out += self._lose(after=e.step)
-            self.last_step = e.step
+        elif e.ok and e.operation == "restore":  # the process's state is the checkpoint's now
+            lost = self.pending.pop_all()
+            if lost:
+                out.append(("lost", lost))
         return out
 
     def _compiled_in(self, measured: float | None) -> float:
@@ -137,23 +166,90 @@ class GoodputLedger:
         ran before the first step against it)."""
         return measured if measured is not None else self.compile_since_step
 
-    def _lifecycle(self, e: events.Lifecycle, now: float) -> Increments:
-        if e.state == "start":
-            self.started_at = now
-            self.accounted_since_start = 0.0
-            self.compile_since_step = 0.0
-        elif e.state == "stop":  # a clean end: its last steps are its result
-            saved = self.pending.pop_all()
-            return [("productive", saved)] if saved else []
-        elif e.state == "failure":
-            return self._lose(after=-1)
-        return []
 
-    def _lose(self, after: int) -> Increments:
-        """Pending work of steps after ``after`` is gone.
+@dataclass
+class _Gap:
+    """A process that failed or vanished, not yet followed by the workload's next start."""
 
-        ``pending`` is in step order, so the steps to drop are at its end: popping from there costs what
-        is lost, not what is pending (a job that repeats one step number would otherwise pay for all).
-        """
-        lost = self.pending.pop_after(after)
-        return [("lost", lost)] if lost else []
+    since: float  # Unix time it went down
+    booked_until: float  # downtime is booked up to here
+
+
+class WorkloadGoodput:
+    """A workload: a ledger per live process (``source``: the sidecar's connection; one stream, a recording,
+    uses one), the downtime between a failure and the next start, and the wall time of both.
+
+    The wall time grows with each live process and each open gap: the sum of the categories once every
+    process has ended and every gap has closed, and the continuous denominator of the goodput SLO meanwhile.
+    """
+
+    def __init__(self) -> None:
+        self.processes: dict[Hashable, GoodputLedger] = {}
+        self.gaps: list[_Gap] = []  # oldest first: the next start closes the oldest
+        self._settled = 0.0  # wall seconds of the processes that ended and the gaps that closed
+        self._clock = 0.0  # Unix time of the latest event or tick
+
+    @property
+    def wall(self) -> float:
+        """Seconds: every process from its start to its end (or now), every gap from its failure to the next
+        start (or now). It can read less than before when an event sent earlier arrives after a tick; the
+        sidecar's counter waits for it to catch up."""
+        live = sum(self._clock - ledger.started_at for ledger in self.processes.values())
+        return self._settled + live + sum(self._clock - gap.since for gap in self.gaps)
+
+    @property
+    def down_since(self) -> float | None:
+        """When the oldest process not yet replaced went down; None while none is."""
+        return self.gaps[0].since if self.gaps else None
+
+    def observe(self, event: events.AnyEvent, now: float, source: Hashable = None) -> Increments:
+        self._clock = max(self._clock, now)
+        ledger = self.processes.get(source)
+        if isinstance(event, events.Lifecycle) and event.state == "start":
+            out = self._ended(source, ledger.last_at, clean=False) if ledger is not None else []
+            return out + self._started(source, now, saw_start=True)
+        out = []
+        if ledger is None:  # its start was not seen: a sidecar restarted under a running job
+            out = self._started(source, now - _duration(event), saw_start=False)
+        if isinstance(event, events.Lifecycle) and event.state in ("stop", "failure"):
+            return out + self._ended(source, now, clean=event.state == "stop")
+        return out + self.processes[source].observe(event, now)
+
+    def vanished(self, source: Hashable, now: float) -> Increments:
+        """The process behind ``source`` went without a stop or failure (the sidecar saw its connection close)."""
+        if source not in self.processes:
+            return []
+        self._clock = max(self._clock, now)
+        return self._ended(source, now, clean=False)
+
+    def tick(self, now: float) -> Increments:
+        """Bring the wall time and the open gaps' downtime up to ``now``."""
+        self._clock = max(self._clock, now)
+        out: Increments = []
+        for gap in self.gaps:
+            if now > gap.booked_until:
+                out.append(("downtime", now - gap.booked_until))
+                gap.booked_until = now
+        return out
+
+    def _started(self, source: Hashable, at: float, saw_start: bool) -> Increments:
+        self.processes[source] = GoodputLedger(at, saw_start)
+        if not self.gaps:
+            return []
+        gap = self.gaps.pop(0)
+        self._settled += max(at, gap.booked_until) - gap.since  # a tick may have run past a start sent earlier
+        down = at - gap.booked_until
+        return [("downtime", down)] if down > 0 else []
+
+    def _ended(self, source: Hashable, at: float, clean: bool) -> Increments:
+        ledger = self.processes.pop(source)
+        out = ledger.end(at, clean)
+        self._settled += ledger.last_at - ledger.started_at  # end() took the later of `at` and its last event
+        if not clean:
+            self.gaps.append(_Gap(ledger.last_at, ledger.last_at))
+        return out
+
+
+def _duration(event: events.AnyEvent) -> float:
+    """How long before it was sent the event's subject began (a step's or a checkpoint's duration)."""
+    return float(getattr(event, "duration_s", 0.0))

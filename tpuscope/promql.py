@@ -70,6 +70,11 @@ def each_worker_once(grew: str, by: str = "workload") -> str:
     return f"max by ({by}) (sum by ({by}, {WORKER}) ({grew}))"
 
 
+def add(a: str, b: str, on: str = "workload") -> str:
+    """``a + b`` per ``on``, either side standing alone where the other has no series (PromQL's ``+`` drops it)."""
+    return f"(({a} + on ({on}) {b}) or {a} or {b})"
+
+
 def le(bound: float) -> str:
     """A bucket bound as the ``le`` label reads (0.5 -> "0.5", 1 -> "1.0"), for matching one bucket."""
     return repr(float(bound))

@@ -18,7 +18,8 @@ from tpuscope import catalog
 class Thresholds:
     # --- objectives (SLOs) ---
     goodput_objective: float = 0.90
-    """Share of wall time that is productive training (the rest is badput: compile, io wait, checkpoints, lost)."""
+    """Share of wall time that is productive training (the rest is badput: compile, io wait, checkpoints, lost,
+    downtime; docs/goodput.md)."""
     inference_latency_seconds: float = 0.5
     """A request is good when it is answered within this (a bucket bound of the request histogram)."""
     inference_latency_objective: float = 0.99
@@ -59,6 +60,9 @@ class Thresholds:
     """Backend compile time per hour above this is a job that keeps compiling."""
     steady_state_compiles: float = 3
     """Compiles in 30 minutes of a workload that was already stepping an hour earlier: recompiles."""
+    downtime_seconds: float = 900.0
+    """A workload down this long (a process failed or vanished, and none has started since) pages: the time a
+    scheduler may take to put a preempted job back."""
     crash_loop_restarts: float = 3
     """Restarts in an hour that make a crash loop (a page); a single failure makes a ticket."""
     ingest_loss_ratio: float = 0.01

@@ -148,7 +148,7 @@ def workloads_table(source: Source) -> Table:
         compiled = source.latest.value(c.COMPILE_DURATION.series("sum"), stage="backend", **w)
         saved = source.latest.value(c.CHECKPOINT_LAST_SUCCESS.name, **w)
         productive = source.latest.value(c.GOODPUT.name, category="productive", **w)
-        wall = source.latest.value(c.GOODPUT.name, **w)
+        wall = source.latest.value(c.GOODPUT_WALL.name, **w)
         shares = " ".join(f"{p} {phases[p] / (sum(phases.values()) or 1):.0%}" for p in events.PHASES)
         table.add_row(
             workload,

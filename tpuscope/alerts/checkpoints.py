@@ -52,11 +52,12 @@ def alerts(config: GeneratorConfig) -> list[Alert]:
             AlertName.CHECKPOINT_TIME_HIGH,
             "warning",
             f"sum by (workload) (rate({series(c.GOODPUT, CHECKPOINTING)}[1h]))"
-            f" / sum by (workload) (rate({series(c.GOODPUT)}[1h])) > {t.checkpoint_share:g}",
+            f" / sum by (workload) (rate({series(c.GOODPUT_WALL)}[1h])) > {t.checkpoint_share:g}",
             "Checkpointing takes a large share of wall time.",
             "Workload {{ $labels.workload }} spends {{ $value | humanizePercentage }} of its wall time checkpointing.",
             DashboardUID.JOB,
             "30m",
-            "Checkpoint less often, save asynchronously, write only what a restart needs.",
+            "Checkpoint less often, save asynchronously (only the part that holds the loop counts), write only what "
+            "a restart needs.",
         ),
     ]

@@ -1,10 +1,10 @@
-"""Alerts on training time lost: the goodput SLO's error budget burning, a workload failing, crash looping."""
+"""Alerts on training time lost: the goodput SLO's error budget burning, a workload down, failing, crash looping."""
 
 from __future__ import annotations
 
 from tpuscope import catalog as c
 from tpuscope.alerts.rules import Alert, burn_rate_alerts, new_or_increase
-from tpuscope.conventions import BADPUT_RATIO, AlertName, DashboardUID
+from tpuscope.conventions import BADPUT_RATIO, DOWN_SINCE, AlertName, DashboardUID
 from tpuscope.generator_config import GeneratorConfig
 from tpuscope.promql import series
 
@@ -22,8 +22,19 @@ def alerts(config: GeneratorConfig) -> list[Alert]:
             "goodput",
             DashboardUID.FLEET,
             "Find the largest badput category (Fleet overview) and fix it: restarts and lost work first.",
-            shortest="1h",  # productive time is booked when a checkpoint covers it
             existed=series(c.STEPS),
+        ),
+        Alert(
+            AlertName.WORKLOAD_DOWN,
+            "critical",
+            f"time() - min by (workload) ({DOWN_SINCE}) > {t.downtime_seconds:g}",
+            "A workload is down and has not started again.",
+            "Workload {{ $labels.workload }} has been down for {{ $value | humanizeDuration }}: a process failed or "
+            "vanished, or its pod went with its sidecar, and none has started since.",
+            DashboardUID.ONCALL,
+            runbook="Is the job being rescheduled (pending pods, quota, a preempted slice), or did it give up? Every "
+            "minute down is badput (downtime). A workload nothing has served for an hour is forgotten (the "
+            "sidecar's --workload-expiry), and so is its outage.",
         ),
         Alert(
             AlertName.WORKLOAD_FAILED,

@@ -14,12 +14,14 @@ from __future__ import annotations
 
 from tpuscope import catalog as c
 from tpuscope import durations
-from tpuscope.alerts.rules import WINDOWS, per_workload
+from tpuscope.alerts.rules import per_workload, slo_windows
 from tpuscope.conventions import (
+    BADPUT_CATEGORIES,
     BADPUT_RATIO,
     COMPUTE_MEDIAN,
     COMPUTE_OVER_MEDIAN,
     COMPUTE_PER_WORKER,
+    DOWN_SINCE,
     GOODPUT_RATE,
     MEMORY_USED,
     PHASE_SHARE,
@@ -29,17 +31,19 @@ from tpuscope.conventions import (
     PROFILE_SHARE,
     REQUESTS_FAST_RATE,
     REQUESTS_RATE,
+    RUN_MEMORY,
     SLOW_REQUESTS_RATIO,
     STEP_MEAN,
     STEP_P99,
     STEPS_RATE,
+    UNBOOKED_RATE,
+    WALL_RATE,
 )
 from tpuscope.generator_config import GeneratorConfig
-from tpuscope.promql import le, series
+from tpuscope.promql import add, le, series
 
 WORKER = "job, instance, slice, worker"
 COMPUTE = 'phase="compute"'
-PRODUCTIVE = 'category="productive"'
 RAW_UP_TO = "1h"  # SLO windows up to this read the raw counters; longer ones the recorded 5m rates
 # A worker's device profile counts this long after the sidecar received it: three of the job's default periods
 # (tpuscope.tracing.profiles.DEFAULT_PERIOD, which this room may not import; a test ties the two), so one
@@ -47,8 +51,12 @@ RAW_UP_TO = "1h"  # SLO windows up to this read the raw counters; longer ones th
 PROFILE_FRESH_SECONDS = 1800
 
 
+# One worker of a workload: its sidecars come and go with its pods, the worker stays.
+RUN = "workload, slice, worker"
+
+
 def recording_rules(config: GeneratorConfig) -> list[dict[str, str]]:
-    return step_rules() + profile_rules() + slo_rules(config)
+    return step_rules() + profile_rules() + unbooked_rules() + slo_rules(config)
 
 
 def step_rules() -> list[dict[str, str]]:
@@ -130,31 +138,64 @@ def profile_rules() -> list[dict[str, str]]:
     ]
 
 
+def unbooked_rules() -> list[dict[str, str]]:
+    """The wall time no sidecar booked, per worker, as a rate: what Prometheus alone can vouch for.
+
+    A preemption deletes the pod, sidecar and all: from then until the next pod's sidecar sees the job start
+    again, nobody books the workload's downtime. Prometheus still holds the worker's series: a worker seen in
+    the last :data:`RUN_MEMORY` that has not ended cleanly (its end time later than its last step or start)
+    runs on, one second a second, less what its sidecars booked. The 5-minute rate of the booked wall time
+    fades over the 5 minutes after a sidecar goes, so this one rises as it fades: summed over a window, it is
+    the time between. A workload that ended, or that no sidecar served for an hour (expired, given up), stops.
+    """
+    wall, end, last = series(c.GOODPUT_WALL), series(c.WORKLOAD_END_TIME), series(c.LAST_STEP)
+
+    def latest(selector: str) -> str:
+        return f"max by ({RUN}) (last_over_time({selector}[{RUN_MEMORY}]))"
+
+    seen = f"count by ({RUN}) (last_over_time({wall}[{RUN_MEMORY}]))"
+    running = f"({seen} * 0 + 1 unless on ({RUN}) {latest(end)} >= on ({RUN}) {latest(last)})"
+    booked = f"sum by ({RUN}) (rate({wall}[5m]))"
+    served = f"count by ({RUN}) ({wall})"  # a sidecar serves the worker now
+    return [
+        {"record": UNBOOKED_RATE, "expr": f"clamp_min(({running} - on ({RUN}) {booked}) or {running}, 0)"},
+        {  # down: as its sidecar says, or, gone with its pod, since its last step (or start)
+            "record": DOWN_SINCE,
+            "expr": f"max by ({RUN}) ({series(c.WORKLOAD_DOWN_SINCE)})"
+            f" or ({latest(last)} unless on ({RUN}) {served} and on ({RUN}) {running})",
+        },
+    ]
+
+
 def slo_rules(config: GeneratorConfig) -> list[dict[str, str]]:
     """The SLO ratios the burn-rate alerts read, one per window, and the 5-minute rates the long windows sum."""
     slow = f'le="{le(config.thresholds.inference_latency_seconds)}"'
     # Each SLO ratio's inputs: the raw series, and the recorded 5-minute rate that stands for it in the
     # windows over RAW_UP_TO.
     inputs = {
-        "productive": (series(c.GOODPUT, PRODUCTIVE), f"{GOODPUT_RATE}{{{PRODUCTIVE}}}"),
-        "wall": (series(c.GOODPUT), GOODPUT_RATE),
+        "badput": (series(c.GOODPUT, BADPUT_CATEGORIES), f"{GOODPUT_RATE}{{{BADPUT_CATEGORIES}}}"),
+        "wall": (series(c.GOODPUT_WALL), WALL_RATE),
         "within": (series(c.INFERENCE_REQUEST_DURATION, slow, suffix="bucket"), REQUESTS_FAST_RATE),
         "total": (series(c.INFERENCE_REQUEST_DURATION, suffix="count"), REQUESTS_RATE),
     }
     rules = [
-        {"record": GOODPUT_RATE, "expr": per_workload("rate", inputs["wall"][0], "5m", by="workload, category")},
+        {"record": GOODPUT_RATE, "expr": per_workload("rate", series(c.GOODPUT), "5m", by="workload, category")},
+        {"record": WALL_RATE, "expr": per_workload("rate", inputs["wall"][0], "5m")},
         {"record": REQUESTS_FAST_RATE, "expr": per_workload("rate", inputs["within"][0], "5m")},
         {"record": REQUESTS_RATE, "expr": per_workload("rate", inputs["total"][0], "5m")},
     ]
-    for window in WINDOWS:
+    t = config.thresholds
+    for window in slo_windows(1 - t.goodput_objective, 1 - t.inference_latency_objective):
         # Sums, not averages, of the 5-minute rates: a category that began mid-window counts 0 before.
         raw = durations.parse(window) <= durations.parse(RAW_UP_TO)
         x = {
             name: per_workload("rate", selector, window) if raw else per_workload("sum_over_time", recorded, window)
             for name, (selector, recorded) in inputs.items()
         }
+        # The time no sidecar booked is downtime (unbooked_rules): bad, and wall time.
+        unbooked = per_workload("avg_over_time" if raw else "sum_over_time", UNBOOKED_RATE, window)
         rules += [
-            {"record": f"{BADPUT_RATIO}{window}", "expr": f"1 - {x['productive']} / {x['wall']}"},
+            {"record": f"{BADPUT_RATIO}{window}", "expr": f"{add(x['badput'], unbooked)} / {add(x['wall'], unbooked)}"},
             {"record": f"{SLOW_REQUESTS_RATIO}{window}", "expr": f"1 - {x['within']} / {x['total']}"},
         ]
     return rules

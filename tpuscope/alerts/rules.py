@@ -7,10 +7,13 @@ Alerts follow the monitoring-mixin style: CamelCase names with the ``Tpuscope`` 
 
 SLO alerts are multiwindow, multi-burn-rate (the SRE workbook): a long and a
 short window must both burn the error budget faster than 14.4x (1 h / 5 m) or 6x
-(6 h / 30 m) to page, 3x (1 d / 2 h) or 1x (3 d / 6 h) to make a ticket. A budget
-larger than 1/14.4 of the time (goodput's 10 %) cannot burn at 14.4x: the
-threshold is then "nearly all of it" (0.99), so the fast page still means
-something: no goodput at all for an hour.
+(6 h / 30 m) to page, 3x (1 d / 2 h) or 1x (3 d / 6 h) to make a ticket. Each pair
+spends a share of the 30-day budget before it fires (14.4 x 1 h = 2 %, 6 x 6 h = 5 %,
+3 x 1 d = 10 %, 1 x 3 d = 10 %). A burn rate cannot pass 1 / budget (all of the time
+bad): goodput's 10 % budget burns at 10x at most, so its 14.4x pair could never fire.
+Such a pair is stretched (:func:`burn_rates`): both windows times the smallest factor
+k that brings rate / k within reach (at most MOST_BAD of the time bad), which keeps
+the share of the budget it spends: goodput pages at 7.2x over 2 h and 10 m.
 """
 
 from __future__ import annotations
@@ -31,8 +34,28 @@ BURN_RATES = (
     ("1d", "2h", 3, "warning"),
     ("3d", "6h", 1, "warning"),
 )
-# Every window an SLO ratio is recorded over (tpuscope.alerts.recording): those the burn rates read, shortest first.
-WINDOWS = tuple(sorted({window for long, short, _, _ in BURN_RATES for window in (long, short)}, key=durations.parse))
+# A pair needing more than this share of the time bad is out of reach in practice: its windows are stretched.
+MOST_BAD = 0.9
+STRETCH = (1, 2, 3, 4, 6, 8, 12)
+
+
+def burn_rates(budget: float) -> list[tuple[str, str, float, str]]:
+    """The workbook's pairs for an error budget of ``budget`` (a share), each stretched until it can fire."""
+    pairs = []
+    for long, short, rate, severity in BURN_RATES:
+        k = next((k for k in STRETCH if rate / k * budget <= MOST_BAD), None)
+        if k is None:
+            raise ValueError(f"an error budget of {budget:.0%} is too large for a {rate:g}x burn-rate pair")
+        long, short = (durations.prometheus(durations.prometheus_ms(window) * k) for window in (long, short))
+        pairs.append((long, short, rate / k, severity))
+    return pairs
+
+
+def slo_windows(*budgets: float) -> tuple[str, ...]:
+    """Every window an SLO ratio is recorded over (tpuscope.alerts.recording): those the burn rates of SLOs with
+    these budgets read, shortest first."""
+    windows = {window for budget in budgets for long, short, _, _ in burn_rates(budget) for window in (long, short)}
+    return tuple(sorted(windows, key=durations.parse))
 
 
 @dataclass(frozen=True)
@@ -95,15 +118,13 @@ def burn_rate_alerts(
     what: str,
     dashboard: DashboardUID,
     runbook: str,
-    shortest: str = "5m",
     existed: str = "",
     volume: tuple[str, float] | None = None,
 ) -> list[Alert]:
     """Page on a fast burn, ticket on a slow one: one alert name, two severities.
 
     ``ratio_rule``: the recorded ratio's name without its window (:data:`tpuscope.conventions.BADPUT_RATIO`).
-    ``shortest``: no window shorter than this (goodput is booked at checkpoints, so shorter windows read
-    all badput between two). ``existed``: a series the workload must have had a long window ago, so a
+    ``existed``: a series the workload must have had a long window ago, so a
     young workload's start-up is not judged over a window it was not alive for. ``volume``: a recorded
     per-workload rate of events and the fewest events a long window must hold to be judged (a few slow
     requests of a nearly idle service are no outage).
@@ -111,11 +132,10 @@ def burn_rate_alerts(
     result = []
     for severity in ("critical", "warning"):
         conditions = []
-        for long, short, rate, level in BURN_RATES:
+        for long, short, rate, level in burn_rates(budget):
             if level != severity:
                 continue
-            bound = min(0.99, rate * budget)
-            short = max(short, shortest, key=durations.parse)
+            bound = rate * budget
             condition = f"{ratio_rule}{long} > {bound:g} and {ratio_rule}{short} > {bound:g}"
             if existed:
                 condition += f" and on (workload) max by (workload) ({existed} offset {long}) >= 0"
@@ -124,7 +144,7 @@ def burn_rate_alerts(
                 events = f"avg_over_time({recorded}[{long}]) * {durations.parse(long):g}"
                 condition += f" and on (workload) {events} >= {fewest:g}"
             conditions.append(f"({condition})")
-        windows = "1h or 6h" if severity == "critical" else "1d or 3d"
+        windows = " or ".join(long for long, _, _, level in burn_rates(budget) if level == severity)
         result.append(
             Alert(
                 name,

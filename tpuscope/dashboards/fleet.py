@@ -10,9 +10,10 @@ from __future__ import annotations
 from typing import Any
 
 from tpuscope import catalog as c
-from tpuscope.conventions import GOODPUT_RATE, SLO_PERIOD, DashboardUID
+from tpuscope.conventions import BADPUT_CATEGORIES, GOODPUT_RATE, SLO_PERIOD, UNBOOKED_RATE, WALL_RATE, DashboardUID
 from tpuscope.dashboards import panels as p
 from tpuscope.dashboards import promql as q
+from tpuscope.promql import add
 from tpuscope.thresholds import Thresholds
 
 TITLE = "tpuscope / Fleet overview"
@@ -41,7 +42,7 @@ def goodput_ratio(by: str = "", window: str = q.RANGE) -> str:
     """Productive share of wall time over ``window``."""
     per = f" by ({by})" if by else ""
     productive = f"sum{per} ({q.increase(c.GOODPUT, q.eq('category', 'productive'), window=window)})"
-    return f"{productive} / sum{per} ({q.increase(c.GOODPUT, window=window)})"
+    return f"{productive} / sum{per} ({q.increase(c.GOODPUT_WALL, window=window)})"
 
 
 def now(t: Thresholds) -> p.Section:
@@ -125,9 +126,11 @@ def now(t: Thresholds) -> p.Section:
 
 def goodput(t: Thresholds) -> p.Section:
     badput = f"sum by (category) ({q.rate(c.GOODPUT, q.ne('category', 'productive'), window=q.HOUR)})"
-    productive = q.slo_period_sum(GOODPUT_RATE, q.eq("category", "productive"), by="workload")
-    wall = q.slo_period_sum(GOODPUT_RATE, by="workload")
-    budget_left = f"1 - (1 - {productive} / {wall}) / {1 - t.goodput_objective:g}"
+    # The time no sidecar booked (a pod gone, sidecar and all) is downtime: bad, and wall time.
+    unbooked = q.slo_period_sum(UNBOOKED_RATE, by="workload")
+    bad = add(q.slo_period_sum(GOODPUT_RATE, BADPUT_CATEGORIES, by="workload"), unbooked)
+    wall = add(q.slo_period_sum(WALL_RATE, by="workload"), unbooked)
+    budget_left = f"1 - ({bad} / {wall}) / {1 - t.goodput_objective:g}"
     return p.Section(
         "Goodput and its objective",
         [
@@ -145,12 +148,14 @@ def goodput(t: Thresholds) -> p.Section:
             p.timeseries_panel(
                 "Badput by category",
                 "The fleet's wall time over the last hour that was not productive training, as a share of all "
-                "wall time: compile, "
-                "io_wait (input-bound steps), checkpoint, init (start to first step), lost (work redone after "
-                "failures and restarts). The largest band is where the fleet's money goes first.",
+                "wall time: compile, io_wait (input-bound steps), checkpoint, init (start to first step), lost "
+                "(work redone after failures), downtime (from a failure to the next start) and other (the rest "
+                "of a process's time, booked when it ends). The largest band is where the fleet's money goes "
+                "first.",
                 "percentunit",
                 p.query(
-                    q.share(badput, f"sum ({q.rate(c.GOODPUT, window=q.HOUR)})", ignoring="category"), "{{category}}"
+                    q.share(badput, f"sum ({q.rate(c.GOODPUT_WALL, window=q.HOUR)})", ignoring="category"),
+                    "{{category}}",
                 ),
                 stacked=True,
             ),
@@ -181,7 +186,7 @@ def goodput(t: Thresholds) -> p.Section:
 
 def cost() -> p.Section:
     # Chip-seconds: each worker's chips times its wall time (all goodput categories: the job was up).
-    wall = f"sum by (job, instance, workload) ({q.increase(c.GOODPUT, window=q.RANGE)})"
+    wall = f"sum by (job, instance, workload) ({q.increase(c.GOODPUT_WALL, window=q.RANGE)})"
     chip_seconds = f"sum by (workload) ({q.selector(c.WORKLOAD_DEVICES)} * on (job, instance, workload) {wall})"
     steps = f"max by (workload) ({q.increase(c.STEPS, window=q.RANGE)})"
     devices = f"sum by (workload) ({q.selector(c.WORKLOAD_DEVICES)})"

@@ -473,14 +473,15 @@ def goodput(t: Thresholds) -> p.Section:
             p.timeseries_panel(
                 "Wall time by category",
                 "Where the wall time of the last hour went: productive training, compile, io_wait, checkpoint, "
-                "init (start to first step) and lost (work redone after a failure or restart). Step time becomes "
-                "productive only when a checkpoint covers it, so the productive band grows in steps, one "
-                "checkpoint at a time (hence the hour). Time in which the job reports nothing (hung for good) "
-                f"counts nowhere. The objective is {t.goodput_objective:.0%} productive; the largest other band "
-                "is the first thing to fix.",
+                "init (start to first step), lost (work of a process that failed before a checkpoint covered "
+                "it), downtime (from a failure to the next start) and other (the rest of a process's time, "
+                "booked when it ends). Step time becomes productive only when a checkpoint covers it, so the "
+                "productive band grows in steps, one checkpoint at a time (hence the hour); the bands add up to "
+                "the wall time once it is settled. The objective is "
+                f"{t.goodput_objective:.0%} productive; the largest other band is the first thing to fix.",
                 "percentunit",
                 p.query(
-                    q.share(by_category, f"sum ({q.rate(c.GOODPUT, window=q.HOUR)})", ignoring="category"),
+                    q.share(by_category, f"sum ({q.rate(c.GOODPUT_WALL, window=q.HOUR)})", ignoring="category"),
                     "{{category}}",
                 ),
                 stacked=True,

@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,7 +24,7 @@ from tpuscope import __version__, catalog, events
 from tpuscope.exporter.labels import LIMITED, OTHER_LABELS, LabelLimiter
 from tpuscope.exporter.samples import SampleStore
 from tpuscope.goodput import CATEGORIES as GOODPUT_CATEGORIES
-from tpuscope.goodput import GoodputLedger
+from tpuscope.goodput import Increments, WorkloadGoodput
 
 log = logging.getLogger("tpuscope.exporter")
 
@@ -40,7 +40,10 @@ DEVICE_MEMORY_OWNER = "workload"
 class WorkloadState:
     """What the sidecar remembers of one workload between its events."""
 
-    goodput: GoodputLedger = field(default_factory=GoodputLedger)
+    goodput: WorkloadGoodput = field(default_factory=WorkloadGoodput)
+    wall_served: float = 0.0  # of goodput.wall, what the wall counter holds
+    down_served: float | None = None  # what the down-since gauge holds
+    first_start: float | None = None  # Unix time of the first start this sidecar saw
     peak_flops_per_second: float = 0.0
     mfu: float | None = None
     # Monotonic time of its latest event, or of its last process leaving: the expiry clock.
@@ -109,14 +112,14 @@ class Aggregator:
             # The expiry clock starts when the last process leaves, even if its last event is older.
             self._workload(workload).last_seen = time.monotonic()
 
-    def accept(self, event: events.AnyEvent, at: float | None = None) -> str:
-        """A valid event from a job, sent at ``at`` (Unix time; default: now); the workload it was filed under
-        (``_overflow`` past the cap)."""
-        workload = self.apply(event, at)
+    def accept(self, event: events.AnyEvent, at: float | None = None, source: Hashable = None) -> str:
+        """A valid event from a job, sent at ``at`` (Unix time; default: now) by the process behind ``source``
+        (its connection: one goodput ledger each); the workload it was filed under (``_overflow`` past the cap)."""
+        workload = self.apply(event, at, source)
         self._ingest["accepted"].inc()
         return workload
 
-    def apply(self, event: events.AnyEvent, at: float | None = None) -> str:
+    def apply(self, event: events.AnyEvent, at: float | None = None, source: Hashable = None) -> str:
         """Fold an event into the metrics without counting it as received (the sidecar's own inferences)."""
         # When it happened, for the timestamps and the goodput ledger: the ingest reads the kernel's stamp of
         # the send, since it polls its connections and receives an event up to tens of milliseconds later.
@@ -131,10 +134,42 @@ class Aggregator:
             state = self._workload(event.workload)
         state.last_seen = time.monotonic()
         self._handlers[type(event)](event)
-        goodput = self.metrics[catalog.GOODPUT]
-        for category, seconds in state.goodput.observe(event, self._now):
-            goodput.labels(event.workload, category).inc(seconds)
+        increments = state.goodput.observe(event, self._now, source)
+        # Wall time moves with the clock: each second (tick), and at each process's start and end.
+        self._book(event.workload, state, increments, wall=type(event) is events.Lifecycle)
+        if type(event) is events.Lifecycle:
+            self._run_ended(event, state.goodput)
         return event.workload
+
+    def _run_ended(self, e: events.Lifecycle, goodput: WorkloadGoodput) -> None:
+        """The end of the workload's wall time: its last process stopped cleanly and none is down."""
+        end = self.metrics[catalog.WORKLOAD_END_TIME]
+        if e.state == "stop" and not goodput.processes and not goodput.gaps:
+            end.labels(e.workload).set(self._now)
+        elif e.state == "start":
+            end.remove(e.workload)
+
+    def tick(self, now: float | None = None) -> None:
+        """Bring every workload's wall time and ongoing downtime up to ``now`` (Unix time; default: now). The ingest
+        thread calls it every second, so both grow between events, and a job that is down reads so at once."""
+        now = time.time() if now is None else now
+        for workload, state in self._workloads.items():
+            self._book(workload, state, state.goodput.tick(now), wall=True)
+
+    def _book(self, workload: str, state: WorkloadState, increments: Increments, wall: bool) -> None:
+        goodput = self.metrics[catalog.GOODPUT]
+        for category, seconds in increments:
+            goodput.labels(workload, category).inc(seconds)
+        if wall and (grown := state.goodput.wall - state.wall_served) > 0:
+            self.metrics[catalog.GOODPUT_WALL].labels(workload).inc(grown)
+            state.wall_served = state.goodput.wall
+        if (since := state.goodput.down_since) != state.down_served:
+            down = self.metrics[catalog.WORKLOAD_DOWN_SINCE]
+            if since is None:
+                down.remove(workload)
+            else:
+                down.labels(workload).set(since)
+            state.down_served = since
 
     def _workload(self, workload: str) -> WorkloadState:
         if (state := self._workloads.get(workload)) is None:
@@ -281,6 +316,11 @@ class Aggregator:
             self.metrics[catalog.LAST_PROGRESS].labels(e.workload).set(self._now)
             for category in GOODPUT_CATEGORIES:
                 self.metrics[catalog.GOODPUT].labels(e.workload, category)
+            self.metrics[catalog.GOODPUT_WALL].labels(e.workload)
+            state = self._workload(e.workload)
+            if state.first_start is None:
+                state.first_start = self._now
+                self.metrics[catalog.WORKLOAD_START_TIME].labels(e.workload).set(self._now)
         elif e.state == "restart":
             self.metrics[catalog.WORKLOAD_RESTARTS].labels(e.workload, e.reason).inc()
         elif e.state == "failure":

@@ -115,6 +115,15 @@ OPTIONS = (
         "Longer than the alerts' windows over rare events (failures, restarts), so a crash is still seen.",
     ),
     Option(
+        "shutdown_linger",
+        lambda: "25s",
+        "After SIGTERM, keep serving until a scrape has read the final state (no job process connected, and a "
+        "scrape begun after the last one left), for at most this long (a duration; 0: stop at once). A job's "
+        "last booking (its productive time at a clean stop) is otherwise rarely scraped: scrapes are 15 s apart. "
+        "Keep it under the pod's terminationGracePeriodSeconds (30 s by default). It never waits for a sidecar "
+        "nothing has scraped, and a second SIGTERM stops it at once.",
+    ),
+    Option(
         "slice",
         lambda: "",
         "Which slice of a multi-slice job this host is in: the label slice on every series. Default: "
@@ -154,6 +163,7 @@ class ServeConfig:
     web_config_file: Path | None = None  # exporter-toolkit web config: TLS and basic auth
     max_label_values: int = 100  # per job-set label; past it, values fold into _overflow
     workload_expiry: float = 3600.0  # seconds; 0: never
+    shutdown_linger: float = 25.0  # seconds to wait, after SIGTERM, for a scrape of the final state
     slice: str = "0"
     worker: str = "0"
 
@@ -209,6 +219,7 @@ def resolve(flags: argparse.Namespace, environ: Mapping[str, str] = os.environ) 
         web_config_file=Path(raw["web_config_file"][0]) if raw["web_config_file"][0] else None,
         max_label_values=_parse(raw["max_label_values"], _parse_positive_int),
         workload_expiry=_parse(raw["workload_expiry"], parse_expiry),
+        shutdown_linger=_parse(raw["shutdown_linger"], parse_expiry),
         slice=_parse(raw["slice"], _parse_host_label) or _from_environment(environ, placement.SLICE_VARIABLES),
         worker=_parse(raw["worker"], _parse_host_label) or _from_environment(environ, placement.WORKER_VARIABLES),
     )

@@ -8,6 +8,7 @@ import signal
 import socket
 import sys
 import threading
+import time
 from types import FrameType
 from typing import Any
 
@@ -103,9 +104,13 @@ def serve(config: ServeConfig) -> int:
         )
         return 1
 
-    stop = threading.Event()
+    stop, hurry = threading.Event(), threading.Event()
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:
+        if stop.is_set():
+            log.info("received %s again, stopping now", signal.Signals(signum).name)
+            hurry.set()
+            return
         log.info("received %s, shutting down", signal.Signals(signum).name)
         stop.set()
 
@@ -135,6 +140,7 @@ def serve(config: ServeConfig) -> int:
     log.info("serving as slice %s, worker %s", config.slice, config.worker)
     while not stop.wait(1.0):
         pass
+    linger(config.shutdown_linger, http, ingest, hurry)
     for runner in runners:
         runner.stop()
     if pusher:
@@ -143,6 +149,21 @@ def serve(config: ServeConfig) -> int:
     ingest.stop()
     log.info("stopped")
     return 0
+
+
+def linger(seconds: float, http: MetricsServer, ingest: IngestLoop, hurry: threading.Event) -> None:
+    """Serve on after SIGTERM until a scrape has read the final state: no job connected (on Kubernetes the job
+    gets its SIGTERM at the same time, and books its last steps as it stops), and a scrape begun after the last
+    one left. At most ``seconds``; not at all for a sidecar nothing scrapes."""
+    termed = time.monotonic()
+    deadline = termed + seconds
+    if seconds and http.last_scrape:
+        log.info("serving for up to %g s more, until a scrape reads the final state", seconds)
+    while seconds and http.last_scrape and time.monotonic() < deadline and not hurry.is_set():
+        if not ingest.connected() and http.last_scrape > max(ingest.last_left, termed):
+            log.info("the final state was scraped")
+            return
+        hurry.wait(0.1)
 
 
 def collector_runners(

@@ -9,6 +9,7 @@ import socket
 import ssl
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -31,11 +32,18 @@ LANDING_PAGE = b"""<!doctype html><html><head><title>tpuscope</title></head><bod
 """
 
 
-def make_app(registry: CollectorRegistry, host_labels: Mapping[str, str] | None = None) -> WSGIApp:
+def make_app(
+    registry: CollectorRegistry,
+    host_labels: Mapping[str, str] | None = None,
+    on_scrape: Callable[[], None] | None = None,
+) -> WSGIApp:
+    """``on_scrape``: called as each scrape of /metrics begins."""
     writer = Writer(registry, host_labels)
     lock = threading.Lock()  # one scrape renders at a time: the writer's cache is not shared-safe
 
     def metrics(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        if on_scrape is not None:
+            on_scrape()
         openmetrics = "application/openmetrics-text" in environ.get("HTTP_ACCEPT", "")
         with lock:
             body = writer.render(openmetrics)
@@ -133,7 +141,8 @@ class MetricsServer:
     ) -> None:
         """Raises ``WebConfigError`` for a ``web_config`` file it cannot use, before binding anything.
         ``host_labels``: added to every series served (slice and worker)."""
-        app = make_app(registry, host_labels)
+        self.last_scrape = 0.0  # monotonic time the latest scrape of /metrics began; 0: none yet
+        app = make_app(registry, host_labels, self._scraped)
         bases: tuple[type, ...] = (ThreadingWSGIServer,)
         handler: type[WSGIRequestHandler] = _QuietHandler
         web = None
@@ -148,6 +157,9 @@ class MetricsServer:
         self.port: int = self._server.server_port
         self.tls = web is not None and web.config.tls is not None
         self._thread = threading.Thread(target=self._server.serve_forever, name="tpuscope-http", daemon=True)
+
+    def _scraped(self) -> None:
+        self.last_scrape = time.monotonic()
 
     def start(self) -> None:
         self._thread.start()

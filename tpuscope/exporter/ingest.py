@@ -153,6 +153,7 @@ class IngestLoop:
         self._thread = threading.Thread(target=self._run, name="tpuscope-ingest", daemon=True)
         self._accepting_again = 0.0  # monotonic time to listen again after a failed accept(); 0: listening
         self._next_accept_warning = 0.0
+        self.last_left = 0.0  # monotonic time a job's connection last closed
 
     def start(self) -> None:
         self._thread.start()
@@ -190,8 +191,9 @@ class IngestLoop:
                 next_expiry = now + EXPIRY_CHECK_INTERVAL
                 try:
                     self._aggregator.expire(now)
+                    self._aggregator.tick()
                 except Exception:  # a bug of ours must not stop the ingest of every job
-                    log.exception("failed to expire idle workloads")
+                    log.exception("failed to expire idle workloads or book their wall time")
 
     def _accept(self) -> None:
         try:
@@ -278,7 +280,7 @@ class IngestLoop:
             return
         try:
             # The workload as filed: _overflow past --max-label-values, so the per-process series stay bounded too.
-            workload = self._aggregator.accept(event, sent_at)
+            workload = self._aggregator.accept(event, sent_at, conn)
         except Exception:  # a bug of ours: count it against the event, keep serving
             log.exception("failed to aggregate %r", event)
             self._aggregator.reject("invalid_field")
@@ -295,14 +297,21 @@ class IngestLoop:
         conn.sock.close()
         with self._connections_lock:
             self._connections.discard(conn)
+        self.last_left = time.monotonic()
         if conn.workload:
             self._aggregator.process_left(conn.workload)
         if conn.workload and not conn.said_goodbye:
             # It sent events but never stop or failure: killed, or exited without closing its Monitor.
             log.warning("workload %s (pid %d) disconnected without a stop event", conn.workload, conn.pid)
-            self._aggregator.apply(events.Lifecycle(workload=conn.workload, state="failure", reason="vanished"))
+            self._aggregator.apply(
+                events.Lifecycle(workload=conn.workload, state="failure", reason="vanished"), source=conn
+            )
         else:
             log.debug("job pid %d disconnected", conn.pid)
+
+    def connected(self) -> bool:
+        """Whether any job is connected."""
+        return bool(self._connections)
 
     def job_pids(self) -> dict[int, str]:
         """The connected jobs: pid (from the socket's peer credentials) -> workload (once it has said)."""

@@ -18,11 +18,12 @@ from typing import Any
 
 from tpuscope import catalog as c
 from tpuscope import durations, events
-from tpuscope.conventions import OUR_ALERTS
+from tpuscope.conventions import OUR_ALERTS, RUN_MEMORY
 from tpuscope.goodput import CATEGORIES
 from tpuscope.prometheus_api import PrometheusAPI, PrometheusError
 from tpuscope.promql import each_worker_once, grown, series
 from tpuscope.report.model import QUANTILES, Incident, Mark, Profile, Report, ReportError, Series, Totals
+from tpuscope.report.unbooked import Worker
 from tpuscope.report.window import Window
 
 DEFAULT_SCRAPE_INTERVAL = 15.0  # Prometheus' and Grafana's own default, when the targets do not say
@@ -90,7 +91,8 @@ class _Reader:
         return [by_phase.get(phase, Series(phase)) for phase in events.PHASES]
 
     def goodput(self) -> list[Series]:
-        """Wall seconds booked to each category since the window's start, summed over the workers.
+        """Wall seconds booked to each category since the window's start, summed over the workers, and the
+        time no sidecar booked (a pod gone with its sidecar) as downtime.
 
         From each counter's own samples, so a sidecar's restart (its counters start again from 0) loses
         nothing, and a counter born in the window counts from 0. A counter with no sample at a point
@@ -98,19 +100,32 @@ class _Reader:
         grid = self.grid()
         booked = {category: [0.0] * len(grid) for category in CATEGORIES}
         for result in self.range(series(c.GOODPUT, self.w)):
-            points = [(float(t), float(v)) for t, v in result["values"]]
-            born_in_window = points[0][0] > self.start
-            grown_so_far, previous = 0.0, 0.0 if born_in_window else points[0][1]
-            by_time = {}
-            for t, value in points:
-                grown_so_far += value - previous if value >= previous else value
-                previous = value
-                by_time[t] = grown_so_far
-            line, last = booked[result["metric"][c.Label.CATEGORY]], 0.0
-            for i, t in enumerate(grid):
-                last = by_time.get(t, last)
-                line[i] += last
+            _cumulate(result["values"], grid, booked[result["metric"][c.Label.CATEGORY]], self.start)
+        for worker in self.workers().values():
+            for i, seconds in enumerate(worker.unbooked(grid, self.start, durations.parse(RUN_MEMORY))):
+                booked["downtime"][i] += seconds
         return [Series(category, grid, booked[category]) for category in CATEGORIES]
+
+    def workers(self) -> dict[tuple[str, str], Worker]:
+        """Each worker's start, the stretch each of its sidecars served, and its clean end."""
+        workers: dict[tuple[str, str], Worker] = {}
+        starts: dict[tuple[str, ...], float] = {}
+        for result in self.range(series(c.WORKLOAD_START_TIME, self.w)):
+            labels = result["metric"]
+            seen = min(float(v) for _, v in result["values"])
+            starts[_sidecar(labels)] = seen
+            worker = workers.setdefault(_worker(labels), Worker())
+            worker.first_start = min(worker.first_start, seen)
+        # The samples' own times, not the points': a point holds the last sample for a while after its sidecar went.
+        for result in self.range(f"timestamp({series(c.GOODPUT_WALL, self.w)})"):
+            sampled = [float(v) for _, v in result["values"]]
+            served_from = min(starts.get(_sidecar(result["metric"]), sampled[0]), sampled[0])
+            workers.setdefault(_worker(result["metric"]), Worker()).covers.append((served_from, max(sampled)))
+        for result in self.range(series(c.WORKLOAD_END_TIME, self.w)):
+            t, value = result["values"][-1]
+            if float(t) >= self.grid()[-1] and _worker(result["metric"]) in workers:  # still ended at the end
+                workers[_worker(result["metric"])].ended = float(value)
+        return workers
 
     def marks(self, histogram: c.Metric, kind: str) -> list[Mark]:
         """Each interval in which some of ``histogram``'s events ended: how many, and their mean seconds."""
@@ -257,6 +272,30 @@ class _Reader:
 
 def _key(labels: dict[str, str]) -> tuple[tuple[str, str], ...]:
     return tuple(sorted(labels.items()))
+
+
+def _cumulate(values: list[list[Any]], grid: list[float], line: list[float], start: float) -> None:
+    """Add to ``line`` what one counter grew by each point of ``grid``: across its resets, from 0 if it was born
+    in the window, holding its last value where it has no sample."""
+    points = [(float(t), float(v)) for t, v in values]
+    grown_so_far, previous = 0.0, 0.0 if points[0][0] > start else points[0][1]
+    by_time = {}
+    for t, value in points:
+        grown_so_far += value - previous if value >= previous else value
+        previous = value
+        by_time[t] = grown_so_far
+    last = 0.0
+    for i, t in enumerate(grid):
+        last = by_time.get(t, last)
+        line[i] += last
+
+
+def _sidecar(labels: dict[str, str]) -> tuple[str, ...]:
+    return tuple(labels.get(name, "") for name in ("job", "instance", c.Label.SLICE, c.Label.WORKER))
+
+
+def _worker(labels: dict[str, str]) -> tuple[str, str]:
+    return labels.get(c.Label.SLICE, ""), labels.get(c.Label.WORKER, "")
 
 
 def _series(name: str, values: list[list[Any]]) -> Series:

@@ -4,7 +4,7 @@
 A recording holds every step, so the step-time chart shows each one and the
 quantiles are exact, and every device profile the job sampled (each rides on a
 step). Goodput is booked by the sidecar's own ledger
-(:class:`~tpuscope.goodput.GoodputLedger`), fed the whole recording so that work
+(:class:`~tpuscope.goodput.WorkloadGoodput`), fed the whole recording so that work
 pending before the window is still booked right inside it. Alert state lives in
 Prometheus, not in a recording: the incidents listed are what the events
 themselves say went wrong.
@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from tpuscope import events
 from tpuscope.catalog import PROFILE_PARTS
 from tpuscope.durations import human as duration
-from tpuscope.goodput import CATEGORIES, GoodputLedger
+from tpuscope.goodput import CATEGORIES, WorkloadGoodput
 from tpuscope.report.model import QUANTILES, Incident, Mark, Profile, Report, ReportError, Series, Totals
 from tpuscope.report.window import Window
 from tpuscope.stats import percentile
@@ -53,7 +53,7 @@ def build(path: str | os.PathLike[str], workload: str | None, window: Window) ->
             f"it covers {window.describe(mine[0][0], mine[-1][0])}"
         )
 
-    ledger = GoodputLedger()
+    ledger = WorkloadGoodput()
     booked = dict.fromkeys(CATEGORIES, 0.0)
     goodput = [Series(category) for category in CATEGORIES]
     bins: dict[int, _Bin] = defaultdict(_Bin)
@@ -122,6 +122,8 @@ def build(path: str | os.PathLike[str], workload: str | None, window: Window) ->
             severity = "warning" if event.state == "failure" else "info"
             incidents.append(Incident(f"workload {event.state}", severity, t, t, {"reason": event.reason}))
     if booked_bin >= 0:
+        for category, seconds in ledger.tick(end):  # a job still down at the window's end: its downtime so far
+            booked[category] += seconds
         book_goodput(booked_bin)
     incidents += _failing_saves(checkpoints)
 

@@ -39,6 +39,8 @@ CATEGORY_COLOURS = {
     "checkpoint": "#3b7dd8",
     "init": "#9a9a9a",
     "lost": "#d62728",
+    "other": "#c7c7c7",
+    "downtime": "#7f0000",
 }
 SEVERITY_COLOURS = {"critical": "#d62728", "warning": "#ff9f1c", "info": "#3b7dd8"}
 QUANTILE_COLOURS = {"p50": "#1f77b4", "p95": "#ff7f0e", "p99": "#d62728"}

@@ -260,9 +260,9 @@ class Monitor:
     ) -> None:
         """Report a checkpoint timed elsewhere (an async save that finished on another thread).
 
-        ``blocking_seconds``: how much of ``seconds`` held the job (an async save's call). The sidecar's event
-        has one duration, the checkpoint's; this part goes into its span. ``compile_seconds``: the compiles
-        reported while it ran (the difference of :attr:`compile_seconds` across it), if known.
+        ``blocking_seconds``: how much of ``seconds`` held the job (an async save's call): the goodput ledger
+        books only that part as checkpoint time, and it goes into the checkpoint's span. ``compile_seconds``: the
+        compiles reported while it ran (the difference of :attr:`compile_seconds` across it), if known.
         """
         event = self._event(
             events.Checkpoint,
@@ -272,6 +272,7 @@ class Monitor:
             bytes=bytes,
             step=step,
             compile_s=compile_seconds,
+            blocking_s=blocking_seconds,
         )
         if event is not None:
             self._span(event, blocking_seconds)

@@ -63,7 +63,10 @@ class Checkpointer:
             except Exception:
                 self._monitor.record_checkpoint("save", time.perf_counter() - started, ok=False, step=step)
                 return
-            self._waiter = threading.Thread(target=self._finish, args=(step, started), daemon=True)
+            # What held the loop: the call, which copies the state off the devices (the goodput ledger books
+            # only this as checkpoint time; the write overlaps the steps).
+            blocking = time.perf_counter() - started
+            self._waiter = threading.Thread(target=self._finish, args=(step, started, blocking), daemon=True)
             self._waiter.start()
             return
         try:
@@ -81,13 +84,14 @@ class Checkpointer:
         if not self._async:
             self._manager.wait_until_finished()
 
-    def _finish(self, step: int, started: float) -> None:
+    def _finish(self, step: int, started: float, blocking: float) -> None:
         try:
             self._manager.wait_until_finished()
             ok, size = True, tree_bytes(self.directory / str(step))
         except Exception:
             ok, size = False, 0
-        self._monitor.record_checkpoint("save", time.perf_counter() - started, ok=ok, bytes=size, step=step)
+        seconds = time.perf_counter() - started
+        self._monitor.record_checkpoint("save", seconds, ok=ok, bytes=size, step=step, blocking_seconds=blocking)
 
     def _wait(self) -> None:
         if self._waiter is not None:

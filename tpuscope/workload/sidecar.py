@@ -35,6 +35,9 @@ class SidecarProcess:
         # block the sidecar once it filled.
         self.log_path = socket.with_name(socket.name + ".log")
         socket.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        if not any(arg.startswith("--shutdown-linger") for arg in extra):
+            # Whoever started it reads it before stopping it: no scrape to wait for.
+            extra = (*extra, "--shutdown-linger", "0")
         with open(self.log_path, "w") as log:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "tpuscope", "serve", "--listen", listen, "--socket", os.fspath(socket), *extra],

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tpuscope import events
-from tpuscope.goodput import CATEGORIES, GoodputLedger
+from tpuscope.goodput import CATEGORIES, WorkloadGoodput
 from tpuscope.stats import percentile
 
 
@@ -31,7 +31,7 @@ class RunSummary:
     cache: dict[bool, int] = field(default_factory=lambda: {True: 0, False: 0})
     flops: float = 0.0
     peak_flops_per_second: float = 0.0
-    ledger: GoodputLedger = field(default_factory=GoodputLedger)
+    ledger: WorkloadGoodput = field(default_factory=WorkloadGoodput)
     goodput: dict[str, float] = field(default_factory=lambda: dict.fromkeys(CATEGORIES, 0.0))
     profiles: list[events.DeviceProfile] = field(default_factory=list)  # every capture the steps carried
 
@@ -161,8 +161,8 @@ class RunSummary:
         ckpt = f"{len(self.checkpoint_seconds)} saved"
         if self.checkpoint_seconds:
             ckpt += f" ({self.checkpoint_failures} failed), p95 {percentile(self.checkpoint_seconds, 0.95):.2f} s"
-        # Shares of the time the ledger booked, as the sidecar and `tpuscope report` count them: the summary's own
-        # clock also holds the time before the Monitor's start and after its stop, which no category owns.
+        # Shares of the wall time the ledger booked, from the Monitor's start to its stop, as the sidecar and
+        # `tpuscope report` count them: the summary's own clock also holds the time before and after.
         booked = sum(self.goodput.values()) or 1e-9
         badput = ", ".join(f"{c} {s / booked:.1%}" for c, s in self.goodput.items() if c != "productive" and s)
         mfu = self.mfu()

@@ -1,0 +1,121 @@
+"""Goodput as a real sidecar books it: a ledger per process, downtime while a workload is down, the wall time
+as the denominator, and a final scrape after SIGTERM (docs/goodput.md)."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from test_sidecar import scrape_when
+
+from tpuscope import catalog
+from tpuscope.scrape import Scrape
+from tpuscope.tracing import Monitor
+from tpuscope.workload.sidecar import SidecarProcess
+
+GOODPUT, WALL, DOWN = catalog.GOODPUT.name, catalog.GOODPUT_WALL.name, catalog.WORKLOAD_DOWN_SINCE.name
+
+
+def booked(scrape: Scrape, workload: str) -> dict[str, float]:
+    return {s.labels["category"]: s.value for s in scrape.find(GOODPUT, workload=workload) if s.value}
+
+
+def job(socket: Path, workload: str, steps: int, then: str = "") -> str:
+    """A job's source: ``steps`` steps of 20 ms each, its Monitor closed cleanly, then ``then``."""
+    return (
+        "import time\n"
+        "from tpuscope.tracing import Monitor\n"
+        f"mon = Monitor({workload!r}, socket={str(socket)!r}, traces=False)\n"
+        f"for n in range({steps}):\n"
+        "    with mon.step(n):\n"
+        "        time.sleep(0.02)\n"
+        f"{then or 'mon.close()'}\n"
+    )
+
+
+def test_two_processes_of_one_workload_book_no_lost_time(sidecar: SidecarProcess) -> None:
+    """One process per GPU: two ranks of one workload step 20 times each, side by side, and stop cleanly. (One
+    ledger for both read rank B's step n after rank A's as a restart: 2 clean ranks of 20 steps booked 1.05 s
+    productive and 0.95 s lost.)"""
+    source = job(sidecar.socket, "ranks", 20)
+    ranks = [subprocess.Popen([sys.executable, "-c", source]) for _ in range(2)]
+    assert [rank.wait(timeout=60) for rank in ranks] == [0, 0]
+    scrape = scrape_when(sidecar.url, lambda s: s.value(catalog.STEPS.name, workload="ranks") == 40)
+    scrape = scrape_when(sidecar.url, lambda s: not s.has(catalog.WORKLOAD_PROCESSES.name, workload="ranks"))
+    seconds = booked(scrape, "ranks")
+    assert "lost" not in seconds
+    assert seconds["productive"] == pytest.approx(2 * 20 * 0.02, rel=0.5)
+    assert sum(seconds.values()) == pytest.approx(scrape.value(WALL, workload="ranks"), rel=0.02)
+
+
+def test_two_threads_stepping_one_monitor_book_no_lost_time(sidecar: SidecarProcess) -> None:
+    """Two threads step one Monitor with the same step numbers: one process, no restart."""
+    with Monitor("threads", socket=sidecar.socket, traces=False) as mon:
+
+        def loop() -> None:
+            for n in range(20):
+                with mon.step(n):
+                    time.sleep(0.01)
+
+        threads = [threading.Thread(target=loop) for _ in range(2)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    scrape = scrape_when(sidecar.url, lambda s: s.value(GOODPUT, workload="threads", category="productive") > 0)
+    assert scrape.value(catalog.STEPS.name, workload="threads") == 40
+    assert "lost" not in booked(scrape, "threads")
+
+
+def test_a_killed_job_is_down_until_it_starts_again_and_the_gap_is_downtime(sidecar: SidecarProcess) -> None:
+    """SIGKILL: its unsaved steps are lost, the workload is down from the kill, its downtime grows while it
+    lasts, and the next start ends it. Then the categories add up to the wall time."""
+    killed = job(sidecar.socket, "down", 5, then="import os, signal; os.kill(os.getpid(), signal.SIGKILL)")
+    assert subprocess.run([sys.executable, "-c", killed], timeout=60).returncode == -signal.SIGKILL
+    gone = time.time()
+    first = scrape_when(sidecar.url, lambda s: s.has(DOWN, workload="down"))
+    assert first.value(DOWN, workload="down") == pytest.approx(gone, abs=0.5)
+    assert booked(first, "down")["lost"] == pytest.approx(5 * 0.02, rel=0.5)
+    time.sleep(2.5)
+    later = Scrape.fetch(sidecar.url)
+    grew = booked(later, "down")["downtime"] - booked(first, "down").get("downtime", 0.0)
+    assert grew == pytest.approx(2.5, abs=1.1)  # booked every second while it lasts
+    back = time.time()
+    with Monitor("down", socket=sidecar.socket, traces=False) as mon, mon.step(0):
+        time.sleep(0.02)
+    scrape = scrape_when(sidecar.url, lambda s: s.value(GOODPUT, workload="down", category="productive") > 0)
+    scrape = scrape_when(sidecar.url, lambda s: not s.has(catalog.WORKLOAD_PROCESSES.name, workload="down"))
+    assert not scrape.has(DOWN, workload="down")
+    seconds = booked(scrape, "down")
+    assert seconds["downtime"] == pytest.approx(back - gone, abs=0.3)
+    assert sum(seconds.values()) == pytest.approx(scrape.value(WALL, workload="down"), abs=0.05)
+
+
+def test_after_sigterm_the_sidecar_serves_until_a_scrape_reads_the_final_state(short_tmp: Path) -> None:
+    """On Kubernetes the job and its sidecar get SIGTERM together. The sidecar serves on until the job has gone
+    and a scrape has read what it booked last (the steps its clean stop made productive), then exits. (It used
+    to exit about a second after SIGTERM: with scrapes 15 s apart, the final booking was rarely seen.)"""
+    with SidecarProcess(short_tmp / "a.sock", "127.0.0.1:0", "--shutdown-linger", "20s") as sidecar:
+        mon = Monitor("finishing", socket=sidecar.socket, traces=False)
+        with mon.step(0):
+            time.sleep(0.02)
+        scrape = scrape_when(sidecar.url, lambda s: s.value(catalog.STEPS.name, workload="finishing") == 1)
+        assert "productive" not in booked(scrape, "finishing")  # pending until its clean stop
+        sidecar.proc.send_signal(signal.SIGTERM)
+        time.sleep(1.5)
+        assert sidecar.proc.poll() is None, "it stopped with its job still connected"
+        mon.close()
+        final = scrape_when(sidecar.url, lambda s: s.value(GOODPUT, workload="finishing", category="productive") > 0)
+        assert booked(final, "finishing")["productive"] == pytest.approx(0.02, rel=0.5)
+        assert sidecar.proc.wait(timeout=5) == 0
+        assert "the final state was scraped" in sidecar.log()
+    # Nothing scraped this one: it has nothing to wait for.
+    with SidecarProcess(short_tmp / "b.sock", "127.0.0.1:0", "--shutdown-linger", "20s") as unscraped:
+        started = time.monotonic()
+        assert unscraped.stop() == 0
+        assert time.monotonic() - started < 3
