@@ -98,7 +98,7 @@ def test_a_process_that_vanishes_from_a_recording_went_down_after_its_last_event
     book = WorkloadGoodput()
     totals = feed(book, [(0.0, START), (1.0, step(0, 1.0)), (2.0, step(1, 1.0)), (9.0, START), (10.0, step(2, 1.0))])
     assert totals == pytest.approx({"lost": 2.0, "downtime": 7.0})
-    assert dict(book.vanished(None, 10.0)) == pytest.approx({"lost": 1.0})
+    assert dict(book.left(None, 10.0, clean=False)) == pytest.approx({"lost": 1.0})
     assert book.down_since == 10.0
 
 
@@ -115,6 +115,19 @@ def test_step_numbers_that_go_back_within_one_process_lose_nothing(numbers: list
     timeline += [(9.0, save(3, 0.0)), (9.5, step(4, 0.5)), (10.0, STOP)]
     totals = feed(WorkloadGoodput(), timeline)
     assert totals == pytest.approx({"productive": 8.5, "other": 1.5})  # 8 to 9, 9.5 to 10
+
+
+def test_steps_of_two_threads_that_overlap_share_their_process_wall_time() -> None:
+    """Two threads step one Monitor at once, a 1 s step each every second: 10 s of wall time hold 20 steps of
+    1 s. The process's steps are booked up to the time it has been alive, not twice over."""
+    timeline: list[tuple[float, events.AnyEvent]] = [(0.0, START)]
+    for n in range(10):
+        timeline += [(n + 1.0, step(n, 1.0, io=0.25)), (n + 1.0, step(n, 1.0, io=0.25))]
+    book = WorkloadGoodput()
+    totals = feed(book, [*timeline, (10.0, STOP)])
+    assert "lost" not in totals
+    assert totals == pytest.approx({"productive": 7.5, "io_wait": 2.5})
+    assert sum(totals.values()) == pytest.approx(book.wall) == pytest.approx(10.0)
 
 
 def test_two_processes_of_one_workload_each_book_their_own_steps() -> None:
@@ -149,7 +162,7 @@ def test_an_async_save_books_only_what_it_blocked_and_makes_only_its_steps_durab
     book = WorkloadGoodput()
     totals = feed(book, timeline)
     assert totals == pytest.approx({"checkpoint": 0.2, "productive": 2.0})
-    assert dict(book.vanished(None, 5.2)) == pytest.approx({"lost": 3.0})
+    assert dict(book.left(None, 5.2, clean=False)) == pytest.approx({"lost": 3.0})
     assert book.wall == pytest.approx(5.2)
 
 
@@ -182,7 +195,7 @@ def test_the_categories_never_add_up_to_more_than_wall_time(operations: list[tup
         if event is not None:
             increments = book.observe(event, now, source)
         elif operation == "vanish":
-            increments = book.vanished(source, now)
+            increments = book.left(source, now, clean=False)
         else:
             increments = book.tick(now)
         assert all(seconds >= 0 for _, seconds in increments)

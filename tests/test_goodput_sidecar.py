@@ -4,6 +4,7 @@ as the denominator, and a final scrape after SIGTERM (docs/goodput.md)."""
 from __future__ import annotations
 
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -13,7 +14,7 @@ from pathlib import Path
 import pytest
 from test_sidecar import scrape_when
 
-from tpuscope import catalog
+from tpuscope import catalog, events
 from tpuscope.scrape import Scrape
 from tpuscope.tracing import Monitor
 from tpuscope.workload.sidecar import SidecarProcess
@@ -69,7 +70,32 @@ def test_two_threads_stepping_one_monitor_book_no_lost_time(sidecar: SidecarProc
             thread.join()
     scrape = scrape_when(sidecar.url, lambda s: s.value(GOODPUT, workload="threads", category="productive") > 0)
     assert scrape.value(catalog.STEPS.name, workload="threads") == 40
-    assert "lost" not in booked(scrape, "threads")
+    seconds = booked(scrape, "threads")
+    assert "lost" not in seconds
+    # Their steps overlap: booked up to the process's wall time, not twice over.
+    assert sum(seconds.values()) == pytest.approx(scrape.value(WALL, workload="threads"), abs=0.02)
+
+
+def test_a_connection_that_goes_ends_its_ledger_whatever_it_sent_last(sidecar: SidecarProcess) -> None:
+    """A connection that sends a step after its stop, or that takes another workload's name, is a process the
+    sidecar books while it is there, and not after: the wall time stops growing when it goes."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as job:
+        job.connect(str(sidecar.socket))
+        for event in (
+            events.Lifecycle(workload="late", state="start"),
+            events.Lifecycle(workload="late", state="stop"),
+            events.Step(workload="late", step=1, duration_s=0.01, compute_s=0.01),  # after its stop
+            events.Step(workload="renamed", step=2, duration_s=0.01, compute_s=0.01),  # and then another name
+        ):
+            job.send(events.encode(event))
+        scrape_when(sidecar.url, lambda s: s.value(catalog.STEPS.name, workload="renamed") == 1)
+    time.sleep(0.5)  # closed: the ingest sees it go
+    before = Scrape.fetch(sidecar.url)
+    time.sleep(2.5)  # the wall time is booked every second
+    after = Scrape.fetch(sidecar.url)
+    for workload in ("late", "renamed"):
+        assert after.value(WALL, workload=workload) == before.value(WALL, workload=workload), workload
+        assert not after.has(DOWN, workload=workload)
 
 
 def test_a_killed_job_is_down_until_it_starts_again_and_the_gap_is_downtime(sidecar: SidecarProcess) -> None:

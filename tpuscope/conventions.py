@@ -93,11 +93,15 @@ PROFILE_OVER_MEDIAN = f"worker_part:{c.PROFILE_TIME.name}:over_median"
 PROFILE_SHARE = f"workload_part:{c.PROFILE_TIME.name}:share"
 GOODPUT_RATE = f"workload_category:{c.GOODPUT.base_name}:rate5m"
 WALL_RATE = f"workload:{c.GOODPUT_WALL.base_name}:rate5m"
-# Per worker (workload, slice, worker), the wall time no sidecar booked: its pod went, sidecar and all.
-UNBOOKED_RATE = f"worker:{c.GOODPUT_WALL.base_name}_unbooked:rate5m"
+# Per worker (workload, slice, worker), the wall time no sidecar booked, a second a second while none serves it:
+# its pod went, sidecar and all.
+UNBOOKED_RATE = f"worker:{c.GOODPUT_WALL.base_name}_unbooked:rate"
 # How long Prometheus remembers a worker nothing serves any more (its pod gone, sidecar and all): the sidecar's
 # default --workload-expiry, after which the sidecar forgets a workload too.
 RUN_MEMORY = "1h"
+# A worker no sidecar has served for this long, its run not ended, is down since its last step (its pod went
+# with its sidecar): longer than a few failed scrapes, and Prometheus' own lookback.
+DOWN_AFTER = "5m"
 # Per worker, since when it has been down: its sidecar's gauge, or its last step when its pod went with it.
 DOWN_SINCE = f"worker:{c.WORKLOAD_DOWN_SINCE.name}:last"
 # The goodput SLO's bad time, a matcher on the category label: the categories booked as they happen. Productive

@@ -46,6 +46,7 @@ class PendingSteps:
         self._steps = array("q")
         self._seconds = array("d")
         self._head = 0
+        self.seconds = 0.0  # of all the pending steps
 
     def __len__(self) -> int:
         return len(self._steps) - self._head
@@ -53,6 +54,7 @@ class PendingSteps:
     def append(self, step: int, seconds: float) -> None:
         self._steps.append(step)
         self._seconds.append(seconds)
+        self.seconds += seconds
 
     def pop_oldest(self, up_to_step: float = float("inf"), count: int | None = None) -> float:
         """Remove the oldest steps up to ``up_to_step`` (or ``count`` of them); their seconds."""
@@ -62,6 +64,7 @@ class PendingSteps:
             end += 1
         total = sum(self._seconds[self._head : end])
         self._head = end
+        self.seconds = self.seconds - total if len(self) else 0.0  # no rounding left over once empty
         if self._head > 4096 and self._head * 2 > len(self._steps):  # drop the dead front now and then
             del self._steps[: self._head]
             del self._seconds[: self._head]
@@ -94,7 +97,7 @@ class GoodputLedger:
         if isinstance(event, events.Step):
             # A step began no earlier than its process: one that says otherwise (clocks) moves the start.
             self.started_at = min(self.started_at, now - event.duration_s)
-            return self._book(self._step(event, now))
+            return self._step(event, now)  # books as it goes: its room depends on what is booked
         if isinstance(event, events.Compile):
             self.compile_since_step += event.duration_s
             self._accounted_since_start += event.duration_s
@@ -121,21 +124,32 @@ class GoodputLedger:
         return out
 
     def _step(self, e: events.Step, now: float) -> Increments:
-        out: Increments = [("io_wait", e.io_s)] if e.io_s else []
-        compute_time = max(0.0, e.duration_s - e.io_s)
+        out: Increments = []
+        io, compute_time = e.io_s, max(0.0, e.duration_s - e.io_s)
         compile_in_step = min(self._compiled_in(e.compile_s), compute_time)
         if self._before_first_step:
             accounted_before_step = self._accounted_since_start - compile_in_step
             init = now - e.duration_s - self.started_at - accounted_before_step
             if init > 0:
                 out.append(("init", init))
+                self.booked += init
             self._before_first_step = False
         self.compile_since_step = 0.0
+        # Steps of one process that overlap (two threads stepping one Monitor) share its wall time: what does not
+        # fit in the time it has been alive, less what is booked and pending, is not booked twice.
+        room = now - self.started_at - self.booked - self.pending.seconds
+        if io + compute_time - compile_in_step > room:
+            fits = max(0.0, room) / (io + compute_time - compile_in_step)
+            io, compute_time, compile_in_step = io * fits, compute_time * fits, compile_in_step * fits
+        if io:
+            out.append(("io_wait", io))
         # No "the step number went back, so it restarted": a restart is a new process, and a job may number its
         # steps per epoch, or step one Monitor from two threads.
         self.pending.append(e.step, compute_time - compile_in_step)
+        if io:
+            self.booked += io
         if len(self.pending) > self.MAX_PENDING_STEPS:
-            out.append(("productive", self.pending.pop_oldest(count=1)))
+            out += self._book([("productive", self.pending.pop_oldest(count=1))])
         return out
 
     def _checkpoint(self, e: events.Checkpoint) -> Increments:
@@ -215,12 +229,13 @@ class WorkloadGoodput:
             return out + self._ended(source, now, clean=event.state == "stop")
         return out + self.processes[source].observe(event, now)
 
-    def vanished(self, source: Hashable, now: float) -> Increments:
-        """The process behind ``source`` went without a stop or failure (the sidecar saw its connection close)."""
+    def left(self, source: Hashable, now: float, clean: bool) -> Increments:
+        """The process behind ``source`` went without a stop or a failure: its connection closed (``clean``: after
+        it had said goodbye, the ledger of what it sent after that), or it now reports another workload."""
         if source not in self.processes:
             return []
         self._clock = max(self._clock, now)
-        return self._ended(source, now, clean=False)
+        return self._ended(source, now, clean)
 
     def tick(self, now: float) -> Increments:
         """Bring the wall time and the open gaps' downtime up to ``now``."""

@@ -33,8 +33,9 @@ def alerts(config: GeneratorConfig) -> list[Alert]:
             "vanished, or its pod went with its sidecar, and none has started since.",
             DashboardUID.ONCALL,
             runbook="Is the job being rescheduled (pending pods, quota, a preempted slice), or did it give up? Every "
-            "minute down is badput (downtime). A workload nothing has served for an hour is forgotten (the "
-            "sidecar's --workload-expiry), and so is its outage.",
+            "minute down is badput (downtime). A workload that never comes back is forgotten, and its outage with "
+            "it: by its sidecar an hour after its last process left (--workload-expiry), by Prometheus an hour "
+            "after its last series.",
         ),
         Alert(
             AlertName.WORKLOAD_FAILED,

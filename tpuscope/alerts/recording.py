@@ -21,6 +21,7 @@ from tpuscope.conventions import (
     COMPUTE_MEDIAN,
     COMPUTE_OVER_MEDIAN,
     COMPUTE_PER_WORKER,
+    DOWN_AFTER,
     DOWN_SINCE,
     GOODPUT_RATE,
     MEMORY_USED,
@@ -139,14 +140,14 @@ def profile_rules() -> list[dict[str, str]]:
 
 
 def unbooked_rules() -> list[dict[str, str]]:
-    """The wall time no sidecar booked, per worker, as a rate: what Prometheus alone can vouch for.
+    """The wall time no sidecar booked, per worker, and since when a worker is down: what Prometheus alone can
+    vouch for (docs/goodput.md).
 
     A preemption deletes the pod, sidecar and all: from then until the next pod's sidecar sees the job start
     again, nobody books the workload's downtime. Prometheus still holds the worker's series: a worker seen in
     the last :data:`RUN_MEMORY` that has not ended cleanly (its end time later than its last step or start)
-    runs on, one second a second, less what its sidecars booked. The 5-minute rate of the booked wall time
-    fades over the 5 minutes after a sidecar goes, so this one rises as it fades: summed over a window, it is
-    the time between. A workload that ended, or that no sidecar served for an hour (expired, given up), stops.
+    runs on, a second a second for each process it last had. While no sidecar serves it, all of that is
+    unbooked; while one does, none (the rule records 0, so a window's sum counts the time it was served too).
     """
     wall, end, last = series(c.GOODPUT_WALL), series(c.WORKLOAD_END_TIME), series(c.LAST_STEP)
 
@@ -154,48 +155,49 @@ def unbooked_rules() -> list[dict[str, str]]:
         return f"max by ({RUN}) (last_over_time({selector}[{RUN_MEMORY}]))"
 
     seen = f"count by ({RUN}) (last_over_time({wall}[{RUN_MEMORY}]))"
-    running = f"({seen} * 0 + 1 unless on ({RUN}) {latest(end)} >= on ({RUN}) {latest(last)})"
-    booked = f"sum by ({RUN}) (rate({wall}[5m]))"
+    processes = f"({latest(series(c.WORKLOAD_PROCESSES))} or {seen} * 0 + 1)"
+    running = f"({processes} unless on ({RUN}) {latest(end)} >= on ({RUN}) {latest(last)})"
     served = f"count by ({RUN}) ({wall})"  # a sidecar serves the worker now
+    # Served lately: one failed scrape (stale series) is not a pod gone.
+    lately = f"count by ({RUN}) (last_over_time({wall}[{DOWN_AFTER}]))"
     return [
-        {"record": UNBOOKED_RATE, "expr": f"clamp_min(({running} - on ({RUN}) {booked}) or {running}, 0)"},
+        {"record": UNBOOKED_RATE, "expr": f"({running} unless on ({RUN}) {served}) or {running} * 0"},
         {  # down: as its sidecar says, or, gone with its pod, since its last step (or start)
             "record": DOWN_SINCE,
             "expr": f"max by ({RUN}) ({series(c.WORKLOAD_DOWN_SINCE)})"
-            f" or ({latest(last)} unless on ({RUN}) {served} and on ({RUN}) {running})",
+            f" or ({latest(last)} unless on ({RUN}) {lately} and on ({RUN}) {running})",
         },
     ]
 
 
 def slo_rules(config: GeneratorConfig) -> list[dict[str, str]]:
-    """The SLO ratios the burn-rate alerts read, one per window, and the 5-minute rates the long windows sum."""
+    """The SLO ratios the burn-rate alerts read, one per window, and the 5-minute rates they sum."""
     slow = f'le="{le(config.thresholds.inference_latency_seconds)}"'
-    # Each SLO ratio's inputs: the raw series, and the recorded 5-minute rate that stands for it in the
-    # windows over RAW_UP_TO.
-    inputs = {
-        "badput": (series(c.GOODPUT, BADPUT_CATEGORIES), f"{GOODPUT_RATE}{{{BADPUT_CATEGORIES}}}"),
-        "wall": (series(c.GOODPUT_WALL), WALL_RATE),
-        "within": (series(c.INFERENCE_REQUEST_DURATION, slow, suffix="bucket"), REQUESTS_FAST_RATE),
-        "total": (series(c.INFERENCE_REQUEST_DURATION, suffix="count"), REQUESTS_RATE),
-    }
+    within = series(c.INFERENCE_REQUEST_DURATION, slow, suffix="bucket")
+    total = series(c.INFERENCE_REQUEST_DURATION, suffix="count")
     rules = [
         {"record": GOODPUT_RATE, "expr": per_workload("rate", series(c.GOODPUT), "5m", by="workload, category")},
-        {"record": WALL_RATE, "expr": per_workload("rate", inputs["wall"][0], "5m")},
-        {"record": REQUESTS_FAST_RATE, "expr": per_workload("rate", inputs["within"][0], "5m")},
-        {"record": REQUESTS_RATE, "expr": per_workload("rate", inputs["total"][0], "5m")},
+        {"record": WALL_RATE, "expr": per_workload("rate", series(c.GOODPUT_WALL), "5m")},
+        {"record": REQUESTS_FAST_RATE, "expr": per_workload("rate", within, "5m")},
+        {"record": REQUESTS_RATE, "expr": per_workload("rate", total, "5m")},
     ]
     t = config.thresholds
     for window in slo_windows(1 - t.goodput_objective, 1 - t.inference_latency_objective):
-        # Sums, not averages, of the 5-minute rates: a category that began mid-window counts 0 before.
-        raw = durations.parse(window) <= durations.parse(RAW_UP_TO)
-        x = {
-            name: per_workload("rate", selector, window) if raw else per_workload("sum_over_time", recorded, window)
-            for name, (selector, recorded) in inputs.items()
-        }
-        # The time no sidecar booked is downtime (unbooked_rules): bad, and wall time.
-        unbooked = per_workload("avg_over_time" if raw else "sum_over_time", UNBOOKED_RATE, window)
+        # Sums, not averages, of the 5-minute rates: a category that began mid-window counts 0 before. Goodput
+        # sums them in every window, the time no sidecar booked (unbooked_rules: downtime, bad and wall time)
+        # being a rule's alone; the latency SLO reads the raw counters up to RAW_UP_TO, more exact.
+        def summed(recorded: str, window: str = window) -> str:
+            return per_workload("sum_over_time", recorded, window)
+
+        unbooked = summed(UNBOOKED_RATE)
+        bad = add(summed(f"{GOODPUT_RATE}{{{BADPUT_CATEGORIES}}}"), unbooked)
+        wall = add(summed(WALL_RATE), unbooked)
+        if durations.parse(window) <= durations.parse(RAW_UP_TO):
+            fast, requests = per_workload("rate", within, window), per_workload("rate", total, window)
+        else:
+            fast, requests = summed(REQUESTS_FAST_RATE), summed(REQUESTS_RATE)
         rules += [
-            {"record": f"{BADPUT_RATIO}{window}", "expr": f"{add(x['badput'], unbooked)} / {add(x['wall'], unbooked)}"},
-            {"record": f"{SLOW_REQUESTS_RATIO}{window}", "expr": f"1 - {x['within']} / {x['total']}"},
+            {"record": f"{BADPUT_RATIO}{window}", "expr": f"{bad} / {wall}"},
+            {"record": f"{SLOW_REQUESTS_RATIO}{window}", "expr": f"1 - {fast} / {requests}"},
         ]
     return rules

@@ -101,8 +101,12 @@ class Aggregator:
         self._processes[workload] = self._processes.get(workload, 0) + 1
         self.metrics[catalog.WORKLOAD_PROCESSES].labels(workload).set(self._processes[workload])
 
-    def process_left(self, workload: str) -> None:
-        """One of the workload's processes disconnected; the series goes with the last one."""
+    def process_left(self, workload: str, source: Hashable = None) -> None:
+        """One of the workload's processes disconnected, or now reports another workload; the series goes with
+        the last one. Its goodput ledger ends, if a failure (or its vanishing) has not ended it already: what it
+        sent after its stop or failure, or under this workload before it took another name."""
+        if source is not None and (state := self._workloads.get(workload)) is not None:
+            self._book(workload, state, state.goodput.left(source, time.time(), clean=True), wall=True)
         self._processes[workload] -= 1
         if self._processes[workload] > 0:
             self.metrics[catalog.WORKLOAD_PROCESSES].labels(workload).set(self._processes[workload])

@@ -32,18 +32,28 @@ LANDING_PAGE = b"""<!doctype html><html><head><title>tpuscope</title></head><bod
 """
 
 
+class _Body(list[bytes]):
+    """A response body whose ``close()``, which the WSGI server calls once it has written the response, says so."""
+
+    def __init__(self, body: bytes, written: Callable[[], None]) -> None:
+        super().__init__([body])
+        self._written = written
+
+    def close(self) -> None:
+        self._written()
+
+
 def make_app(
     registry: CollectorRegistry,
     host_labels: Mapping[str, str] | None = None,
-    on_scrape: Callable[[], None] | None = None,
+    on_scraped: Callable[[float], None] | None = None,
 ) -> WSGIApp:
-    """``on_scrape``: called as each scrape of /metrics begins."""
+    """``on_scraped``: called once a scrape of /metrics has been written, with the monotonic time it began."""
     writer = Writer(registry, host_labels)
     lock = threading.Lock()  # one scrape renders at a time: the writer's cache is not shared-safe
 
     def metrics(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
-        if on_scrape is not None:
-            on_scrape()
+        begun = time.monotonic()
         openmetrics = "application/openmetrics-text" in environ.get("HTTP_ACCEPT", "")
         with lock:
             body = writer.render(openmetrics)
@@ -52,7 +62,7 @@ def make_app(
             body = gzip.compress(body, compresslevel=1)  # a scrape's text compresses 10x even at level 1
             headers.append(("Content-Encoding", "gzip"))
         start_response("200 OK", headers)
-        return [body]
+        return [body] if on_scraped is None else _Body(body, lambda: on_scraped(begun))
 
     def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
         path = environ.get("PATH_INFO", "/")
@@ -141,7 +151,7 @@ class MetricsServer:
     ) -> None:
         """Raises ``WebConfigError`` for a ``web_config`` file it cannot use, before binding anything.
         ``host_labels``: added to every series served (slice and worker)."""
-        self.last_scrape = 0.0  # monotonic time the latest scrape of /metrics began; 0: none yet
+        self.last_scrape = 0.0  # monotonic time the latest scrape of /metrics written began; 0: none yet
         app = make_app(registry, host_labels, self._scraped)
         bases: tuple[type, ...] = (ThreadingWSGIServer,)
         handler: type[WSGIRequestHandler] = _QuietHandler
@@ -158,8 +168,8 @@ class MetricsServer:
         self.tls = web is not None and web.config.tls is not None
         self._thread = threading.Thread(target=self._server.serve_forever, name="tpuscope-http", daemon=True)
 
-    def _scraped(self) -> None:
-        self.last_scrape = time.monotonic()
+    def _scraped(self, begun: float) -> None:
+        self.last_scrape = max(self.last_scrape, begun)
 
     def start(self) -> None:
         self._thread.start()

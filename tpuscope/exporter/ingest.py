@@ -287,7 +287,7 @@ class IngestLoop:
             return
         if conn.workload != workload:
             if conn.workload:
-                self._aggregator.process_left(conn.workload)
+                self._aggregator.process_left(conn.workload, conn)
             self._aggregator.process_joined(workload)
             conn.workload = workload
         if isinstance(event, events.Lifecycle):
@@ -297,17 +297,16 @@ class IngestLoop:
         conn.sock.close()
         with self._connections_lock:
             self._connections.discard(conn)
-        self.last_left = time.monotonic()
-        if conn.workload:
-            self._aggregator.process_left(conn.workload)
         if conn.workload and not conn.said_goodbye:
             # It sent events but never stop or failure: killed, or exited without closing its Monitor.
             log.warning("workload %s (pid %d) disconnected without a stop event", conn.workload, conn.pid)
-            self._aggregator.apply(
-                events.Lifecycle(workload=conn.workload, state="failure", reason="vanished"), source=conn
-            )
+            vanished = events.Lifecycle(workload=conn.workload, state="failure", reason="vanished")
+            self._aggregator.apply(vanished, source=conn)
         else:
             log.debug("job pid %d disconnected", conn.pid)
+        if conn.workload:
+            self._aggregator.process_left(conn.workload, conn)
+        self.last_left = time.monotonic()  # after what it left is booked: a scrape from now on reads it
 
     def connected(self) -> bool:
         """Whether any job is connected."""

@@ -107,7 +107,7 @@ class _Reader:
         return [Series(category, grid, booked[category]) for category in CATEGORIES]
 
     def workers(self) -> dict[tuple[str, str], Worker]:
-        """Each worker's start, the stretch each of its sidecars served, and its clean end."""
+        """Each worker's start, the stretch each of its sidecars served, its processes, and its clean end."""
         workers: dict[tuple[str, str], Worker] = {}
         starts: dict[tuple[str, ...], float] = {}
         for result in self.range(series(c.WORKLOAD_START_TIME, self.w)):
@@ -121,10 +121,17 @@ class _Reader:
             sampled = [float(v) for _, v in result["values"]]
             served_from = min(starts.get(_sidecar(result["metric"]), sampled[0]), sampled[0])
             workers.setdefault(_worker(result["metric"]), Worker()).covers.append((served_from, max(sampled)))
-        for result in self.range(series(c.WORKLOAD_END_TIME, self.w)):
-            t, value = result["values"][-1]
-            if float(t) >= self.grid()[-1] and _worker(result["metric"]) in workers:  # still ended at the end
-                workers[_worker(result["metric"])].ended = float(value)
+        for result in self.range(series(c.WORKLOAD_PROCESSES, self.w)):
+            if (each := workers.get(_worker(result["metric"]))) is not None:
+                each.processes = max(each.processes, max(float(v) for _, v in result["values"]))
+        # Ended when its end time was still served as a sidecar last served it: not if it started again since.
+        ends = {
+            _sidecar(r["metric"]): float(r["values"][-1][1]) for r in self.range(series(c.WORKLOAD_END_TIME, self.w))
+        }
+        for result in self.range(f"timestamp({series(c.WORKLOAD_END_TIME, self.w)})"):
+            each = workers.get(_worker(result["metric"]))
+            if each is not None and each.covers and float(result["values"][-1][1]) >= each.last_served:
+                each.ended = ends.get(_sidecar(result["metric"]))
         return workers
 
     def marks(self, histogram: c.Metric, kind: str) -> list[Mark]:

@@ -17,7 +17,12 @@ class Worker:
 
     first_start: float = float("inf")  # the earliest start any of its sidecars saw (Unix time)
     covers: list[tuple[float, float]] = field(default_factory=list)  # each sidecar's stretch: [from, to]
-    ended: float | None = None  # when it ended cleanly, if it did (its end time, still served at the end)
+    ended: float | None = None  # when it ended cleanly, if it did (its end time, served until its sidecar went)
+    processes: float = 1.0  # the most it had connected at once: each is a second of wall time a second
+
+    @property
+    def last_served(self) -> float:
+        return max(to for _, to in self.covers)
 
     def unbooked(self, grid: list[float], since: float, memory: float) -> list[float]:
         """Seconds of its run that no sidecar covered, from ``since`` up to each point of ``grid``,
@@ -33,7 +38,7 @@ class Worker:
             until = min(t, end)
             run = max(0.0, until - begin)
             covered = sum(max(0.0, min(b, until) - max(a, begin)) for a, b in covers)
-            out.append(max(run - covered, out[-1] if out else 0.0))
+            out.append(max((run - covered) * self.processes, out[-1] if out else 0.0))
         return out
 
 
