@@ -155,6 +155,10 @@ def test_a_crash_a_gap_and_a_resume_are_booked_by_the_sidecar_prometheus_and_the
         # tpuscope report, from the same Prometheus.
         seconds = report(prom.url, directory, time.time() - started + 5)
         total = sum(seconds.values())
+        print(
+            f"by hand: {hand}, goodput {hand.goodput:.2%}; the sidecar: {booked}, wall {wall:.3f} s; the rules: "
+            f"productive {share('productive'):.2%}, downtime {share('downtime'):.2%}; the report: {seconds}"
+        )
         assert seconds["downtime"] == pytest.approx(hand.gap, abs=0.2)
         assert seconds["productive"] / total == pytest.approx(hand.goodput, abs=POINT)
 
@@ -193,7 +197,10 @@ def test_with_the_sidecar_gone_in_the_gap_prometheus_books_the_time_nobody_did(
             assert seen["down since"] == pytest.approx(crashed_at, abs=1.5), "down since its last step"
             seconds = report(prom.url, directory, time.time() - started + 5)
     total = sum(seconds.values())
-    print(f"by hand: {hand}; the report: {seconds}")
+    print(
+        f"by hand: {hand}, goodput {hand.goodput:.2%};"
+        f" the report: {seconds}, goodput {seconds['productive'] / total:.2%}"
+    )
     # The sidecar books a gap's downtime each second: up to a second of it goes with a sidecar that stops.
     assert total == pytest.approx(hand.wall, abs=1.0)
     assert seconds["downtime"] == pytest.approx(hand.gap, abs=1.0)

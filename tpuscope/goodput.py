@@ -93,10 +93,14 @@ class GoodputLedger:
 
     def observe(self, event: events.AnyEvent, now: float) -> Increments:
         """The seconds per category that ``event``, sent at ``now`` (Unix time), adds."""
-        self.last_at = max(self.last_at, now)
-        if isinstance(event, events.Step):
+        # The sidecar calls this for every step: comparisons rather than max() and min(), type() rather than
+        # isinstance() (the event types are final).
+        if now > self.last_at:
+            self.last_at = now
+        if type(event) is events.Step:
             # A step began no earlier than its process: one that says otherwise (clocks) moves the start.
-            self.started_at = min(self.started_at, now - event.duration_s)
+            if now - event.duration_s < self.started_at:
+                self.started_at = now - event.duration_s
             return self._step(event, now)  # books as it goes: its room depends on what is booked
         if isinstance(event, events.Compile):
             self.compile_since_step += event.duration_s
@@ -125,8 +129,10 @@ class GoodputLedger:
 
     def _step(self, e: events.Step, now: float) -> Increments:
         out: Increments = []
-        io, compute_time = e.io_s, max(0.0, e.duration_s - e.io_s)
-        compile_in_step = min(self._compiled_in(e.compile_s), compute_time)
+        io = e.io_s
+        compute_time = e.duration_s - io if e.duration_s > io else 0.0
+        compiled = e.compile_s if e.compile_s is not None else self.compile_since_step
+        compile_in_step = compiled if compiled < compute_time else compute_time
         if self._before_first_step:
             accounted_before_step = self._accounted_since_start - compile_in_step
             init = now - e.duration_s - self.started_at - accounted_before_step
@@ -137,17 +143,17 @@ class GoodputLedger:
         self.compile_since_step = 0.0
         # Steps of one process that overlap (two threads stepping one Monitor) share its wall time: what does not
         # fit in the time it has been alive, less what is booked and pending, is not booked twice.
+        productive = compute_time - compile_in_step
         room = now - self.started_at - self.booked - self.pending.seconds
-        if io + compute_time - compile_in_step > room:
-            fits = max(0.0, room) / (io + compute_time - compile_in_step)
-            io, compute_time, compile_in_step = io * fits, compute_time * fits, compile_in_step * fits
+        if io + productive > room:
+            fits = max(0.0, room) / (io + productive)
+            io, productive = io * fits, productive * fits
         if io:
             out.append(("io_wait", io))
+            self.booked += io
         # No "the step number went back, so it restarted": a restart is a new process, and a job may number its
         # steps per epoch, or step one Monitor from two threads.
-        self.pending.append(e.step, compute_time - compile_in_step)
-        if io:
-            self.booked += io
+        self.pending.append(e.step, productive)
         if len(self.pending) > self.MAX_PENDING_STEPS:
             out += self._book([("productive", self.pending.pop_oldest(count=1))])
         return out
@@ -217,8 +223,11 @@ class WorkloadGoodput:
         return self.gaps[0].since if self.gaps else None
 
     def observe(self, event: events.AnyEvent, now: float, source: Hashable = None) -> Increments:
-        self._clock = max(self._clock, now)
+        if now > self._clock:
+            self._clock = now
         ledger = self.processes.get(source)
+        if ledger is not None and type(event) is not events.Lifecycle:  # the common case: a live process's step
+            return ledger.observe(event, now)
         if isinstance(event, events.Lifecycle) and event.state == "start":
             out = self._ended(source, ledger.last_at, clean=False) if ledger is not None else []
             return out + self._started(source, now, saw_start=True)

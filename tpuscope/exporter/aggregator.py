@@ -139,10 +139,12 @@ class Aggregator:
         state.last_seen = time.monotonic()
         self._handlers[type(event)](event)
         increments = state.goodput.observe(event, self._now, source)
-        # Wall time moves with the clock: each second (tick), and at each process's start and end.
-        self._book(event.workload, state, increments, wall=type(event) is events.Lifecycle)
         if type(event) is events.Lifecycle:
+            # Wall time moves with the clock: each second (tick), and at each process's start and end.
+            self._book(event.workload, state, increments, wall=True)
             self._run_ended(event, state.goodput)
+        elif increments or state.goodput.gaps or state.down_served is not None:
+            self._book(event.workload, state, increments, wall=False)
         return event.workload
 
     def _run_ended(self, e: events.Lifecycle, goodput: WorkloadGoodput) -> None:
@@ -164,7 +166,10 @@ class Aggregator:
         goodput = self.metrics[catalog.GOODPUT]
         for category, seconds in increments:
             goodput.labels(workload, category).inc(seconds)
-        if wall and (grown := state.goodput.wall - state.wall_served) > 0:
+        if not wall:
+            if not state.goodput.gaps and state.down_served is None:  # a step's: nothing else moved
+                return
+        elif (grown := state.goodput.wall - state.wall_served) > 0:
             self.metrics[catalog.GOODPUT_WALL].labels(workload).inc(grown)
             state.wall_served = state.goodput.wall
         if (since := state.goodput.down_since) != state.down_served:
