@@ -156,7 +156,7 @@ def test_socket_is_private_and_sigterm_removes_it(short_tmp: Path) -> None:
     sidecar = SidecarProcess(path)
     assert stat.S_ISSOCK(os.lstat(path).st_mode)
     assert stat.S_IMODE(os.lstat(path).st_mode) == 0o600
-    assert sidecar.stop() == 0, sidecar.log()  # -9: it did not stop within 10 s of SIGTERM
+    assert sidecar.stop() == 0, sidecar.log()  # -9: it did not stop within 20 s of SIGTERM
     assert not path.exists()
     with SidecarProcess(path, "127.0.0.1:0", "--socket-mode", "0660"):
         assert stat.S_IMODE(os.lstat(path).st_mode) == 0o660

@@ -62,8 +62,9 @@ class SidecarProcess:
         self.proc.kill()
         raise RuntimeError(f"tpuscope serve did not start within {timeout}s")
 
-    def stop(self, timeout: float = 10.0) -> int:
-        """SIGTERM, then wait; returns the exit code."""
+    def stop(self, timeout: float = 20.0) -> int:
+        """SIGTERM, then wait (a sidecar on a machine loaded by JAX compiles can take seconds to join its threads);
+        returns the exit code."""
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
