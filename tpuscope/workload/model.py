@@ -177,6 +177,8 @@ class DataParallelTrainer:
         self.mesh = Mesh(np.array(list(devices) if devices is not None else jax.local_devices()), (AXIS,))
         self.n_devices = self.mesh.size
         self.global_batch = config.batch_per_device * self.n_devices
+        # The rows this process feeds: all of them alone, its devices' share in a job of several (jax.distributed).
+        self.local_batch = config.batch_per_device * len(self.mesh.local_devices)
         self.optimizer = optax.adam(config.learning_rate)
         self._replicated = NamedSharding(self.mesh, REPLICATED)
         self._batch_sharding = NamedSharding(self.mesh, SHARDED)
@@ -280,11 +282,16 @@ class DataParallelTrainer:
         return _ready(state)
 
     def put_batch(self, tokens: np.ndarray) -> jax.Array:
-        """Host to device: int32 tokens of shape (global_batch, L), split over ``"data"`` on axis 0."""
+        """Host to device: int32 tokens of shape (local_batch, L), split over ``"data"`` on axis 0. Alone, that is
+        the whole global batch; in a job of several processes each gives its own rows, for its own devices, and
+        the global batch is theirs in process order."""
         tokens = np.asarray(tokens, dtype=np.int32)
-        if tokens.ndim != 2 or tokens.shape[0] != self.global_batch or tokens.shape[1] < 2:
-            raise ValueError(f"expected tokens of shape ({self.global_batch}, L >= 2), got {tokens.shape}")
-        batch: jax.Array = jax.device_put(tokens, self._batch_sharding)
+        if tokens.ndim != 2 or tokens.shape[0] != self.local_batch or tokens.shape[1] < 2:
+            raise ValueError(f"expected tokens of shape ({self.local_batch}, L >= 2), got {tokens.shape}")
+        if self.local_batch == self.global_batch:
+            batch: jax.Array = jax.device_put(tokens, self._batch_sharding)
+        else:
+            batch = jax.make_array_from_process_local_data(self._batch_sharding, tokens)  # type: ignore[no-untyped-call]
         return _ready(batch)
 
     def grads(self, state: TrainState, batch: jax.Array) -> tuple[Any, jax.Array]:

@@ -124,7 +124,7 @@ class Workload:
             fail="ckpt-fail" in faults,
         )
         latency = options.io_latency + (faults.get("slow-io") if "slow-io" in faults else 0.0)
-        self.data = TokenPipeline(self.trainer.global_batch, options.vocab, latency=latency)
+        self.data = TokenPipeline(self.trainer.local_batch, options.vocab, latency=latency)  # this process's rows
         self._flops: dict[int, float] = {}
         self.resumed_from: int | None = None
 
