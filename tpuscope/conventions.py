@@ -102,6 +102,8 @@ RUN_MEMORY = "1h"
 # A worker no sidecar has served for this long, its run not ended, is down since its last step (its pod went
 # with its sidecar): longer than a few failed scrapes, and Prometheus' own lookback.
 DOWN_AFTER = "5m"
+# Per worker whose run has not ended cleanly (seen in the last RUN_MEMORY): the processes it last had.
+RUNNING = f"worker:{c.WORKLOAD_PROCESSES.name}:running"
 # Per worker, since when it has been down: its sidecar's gauge, or its last step when its pod went with it.
 DOWN_SINCE = f"worker:{c.WORKLOAD_DOWN_SINCE.name}:last"
 # The goodput SLO's bad time, a matcher on the category label: the categories booked as they happen. Productive

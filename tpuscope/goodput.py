@@ -131,8 +131,7 @@ class GoodputLedger:
         out: Increments = []
         io = e.io_s
         compute_time = e.duration_s - io if e.duration_s > io else 0.0
-        compiled = e.compile_s if e.compile_s is not None else self.compile_since_step
-        compile_in_step = compiled if compiled < compute_time else compute_time
+        compile_in_step = min(self._compiled_in(e.compile_s), compute_time)
         if self._before_first_step:
             accounted_before_step = self._accounted_since_start - compile_in_step
             init = now - e.duration_s - self.started_at - accounted_before_step

@@ -33,6 +33,7 @@ from tpuscope.conventions import (
     REQUESTS_FAST_RATE,
     REQUESTS_RATE,
     RUN_MEMORY,
+    RUNNING,
     SLOW_REQUESTS_RATIO,
     STEP_MEAN,
     STEP_P99,
@@ -156,16 +157,19 @@ def unbooked_rules() -> list[dict[str, str]]:
 
     seen = f"count by ({RUN}) (last_over_time({wall}[{RUN_MEMORY}]))"
     processes = f"({latest(series(c.WORKLOAD_PROCESSES))} or {seen} * 0 + 1)"
-    running = f"({processes} unless on ({RUN}) {latest(end)} >= on ({RUN}) {latest(last)})"
     served = f"count by ({RUN}) ({wall})"  # a sidecar serves the worker now
     # Served lately: one failed scrape (stale series) is not a pod gone.
     lately = f"count by ({RUN}) (last_over_time({wall}[{DOWN_AFTER}]))"
     return [
-        {"record": UNBOOKED_RATE, "expr": f"({running} unless on ({RUN}) {served}) or {running} * 0"},
+        {  # recorded once for the two rules below: its hour-long look-backs are the costly part
+            "record": RUNNING,
+            "expr": f"{processes} unless on ({RUN}) {latest(end)} >= on ({RUN}) {latest(last)}",
+        },
+        {"record": UNBOOKED_RATE, "expr": f"({RUNNING} unless on ({RUN}) {served}) or {RUNNING} * 0"},
         {  # down: as its sidecar says, or, gone with its pod, since its last step (or start)
             "record": DOWN_SINCE,
             "expr": f"max by ({RUN}) ({series(c.WORKLOAD_DOWN_SINCE)})"
-            f" or ({latest(last)} unless on ({RUN}) {lately} and on ({RUN}) {running})",
+            f" or ({latest(last)} unless on ({RUN}) {lately} and on ({RUN}) {RUNNING})",
         },
     ]
 
@@ -182,22 +186,20 @@ def slo_rules(config: GeneratorConfig) -> list[dict[str, str]]:
         {"record": REQUESTS_RATE, "expr": per_workload("rate", total, "5m")},
     ]
     t = config.thresholds
-    for window in slo_windows(1 - t.goodput_objective, 1 - t.inference_latency_objective):
-        # Sums, not averages, of the 5-minute rates: a category that began mid-window counts 0 before. Goodput
-        # sums them in every window, the time no sidecar booked (unbooked_rules: downtime, bad and wall time)
-        # being a rule's alone; the latency SLO reads the raw counters up to RAW_UP_TO, more exact.
-        def summed(recorded: str, window: str = window) -> str:
-            return per_workload("sum_over_time", recorded, window)
-
-        unbooked = summed(UNBOOKED_RATE)
-        bad = add(summed(f"{GOODPUT_RATE}{{{BADPUT_CATEGORIES}}}"), unbooked)
-        wall = add(summed(WALL_RATE), unbooked)
+    # Sums, not averages, of the 5-minute rates: a category that began mid-window counts 0 before. Goodput sums
+    # them in every window, the time no sidecar booked (unbooked_rules: downtime, bad and wall time) being a
+    # rule's alone; the latency SLO reads the raw counters up to RAW_UP_TO, more exact. Each SLO's ratio is
+    # recorded over the windows its own burn rates read.
+    for window in slo_windows(1 - t.goodput_objective):
+        unbooked = per_workload("sum_over_time", UNBOOKED_RATE, window)
+        bad = add(per_workload("sum_over_time", f"{GOODPUT_RATE}{{{BADPUT_CATEGORIES}}}", window), unbooked)
+        wall = add(per_workload("sum_over_time", WALL_RATE, window), unbooked)
+        rules.append({"record": f"{BADPUT_RATIO}{window}", "expr": f"{bad} / {wall}"})
+    for window in slo_windows(1 - t.inference_latency_objective):
         if durations.parse(window) <= durations.parse(RAW_UP_TO):
             fast, requests = per_workload("rate", within, window), per_workload("rate", total, window)
         else:
-            fast, requests = summed(REQUESTS_FAST_RATE), summed(REQUESTS_RATE)
-        rules += [
-            {"record": f"{BADPUT_RATIO}{window}", "expr": f"{bad} / {wall}"},
-            {"record": f"{SLOW_REQUESTS_RATIO}{window}", "expr": f"1 - {fast} / {requests}"},
-        ]
+            fast = per_workload("sum_over_time", REQUESTS_FAST_RATE, window)
+            requests = per_workload("sum_over_time", REQUESTS_RATE, window)
+        rules.append({"record": f"{SLOW_REQUESTS_RATIO}{window}", "expr": f"1 - {fast} / {requests}"})
     return rules

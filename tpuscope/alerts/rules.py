@@ -51,10 +51,10 @@ def burn_rates(budget: float) -> list[tuple[str, str, float, str]]:
     return pairs
 
 
-def slo_windows(*budgets: float) -> tuple[str, ...]:
-    """Every window an SLO ratio is recorded over (tpuscope.alerts.recording): those the burn rates of SLOs with
-    these budgets read, shortest first."""
-    windows = {window for budget in budgets for long, short, _, _ in burn_rates(budget) for window in (long, short)}
+def slo_windows(budget: float) -> tuple[str, ...]:
+    """Every window an SLO's ratio is recorded over (tpuscope.alerts.recording): those the burn rates of an SLO
+    with this budget read, shortest first."""
+    windows = {window for long, short, _, _ in burn_rates(budget) for window in (long, short)}
     return tuple(sorted(windows, key=durations.parse))
 
 

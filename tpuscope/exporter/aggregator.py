@@ -43,7 +43,7 @@ class WorkloadState:
     goodput: WorkloadGoodput = field(default_factory=WorkloadGoodput)
     wall_served: float = 0.0  # of goodput.wall, what the wall counter holds
     down_served: float | None = None  # what the down-since gauge holds
-    first_start: float | None = None  # Unix time of the first start this sidecar saw
+    start_served: bool = False  # the start-time gauge holds the first start this sidecar saw
     peak_flops_per_second: float = 0.0
     mfu: float | None = None
     # Monotonic time of its latest event, or of its last process leaving: the expiry clock.
@@ -327,8 +327,8 @@ class Aggregator:
                 self.metrics[catalog.GOODPUT].labels(e.workload, category)
             self.metrics[catalog.GOODPUT_WALL].labels(e.workload)
             state = self._workload(e.workload)
-            if state.first_start is None:
-                state.first_start = self._now
+            if not state.start_served:
+                state.start_served = True
                 self.metrics[catalog.WORKLOAD_START_TIME].labels(e.workload).set(self._now)
         elif e.state == "restart":
             self.metrics[catalog.WORKLOAD_RESTARTS].labels(e.workload, e.reason).inc()
