@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from tpuscope import catalog, events
+from tpuscope.workload.faults import FaultError, Faults
 from tpuscope.workload.summary import RunSummary
 
 
@@ -142,3 +143,38 @@ def test_a_run_without_captures_says_so() -> None:
     summary.emit(events.Step(workload="w", step=0, duration_s=0.01, compute_s=0.01))
     assert summary.json()["profiled"] is None
     assert any(line.startswith("device trace  no capture reported") for line in summary.lines())
+
+
+def test_a_fault_can_name_the_worker_it_hits() -> None:
+    """``NAME[=VALUE][@WORKER]``: each worker keeps its own faults and knows which any worker of the job has (a
+    straggler's program is every process's program)."""
+    specs = ["straggler=8@2", "slow-io@1", "recompile=5"]
+    straggler = Faults.parse(specs, worker=2, workers=4)
+    assert straggler.values == {"straggler": 8.0, "recompile": 5.0}
+    assert straggler.anywhere == {"straggler", "slow-io", "recompile"}
+    peer = Faults.parse(specs, worker=1, workers=4)
+    assert peer.values == {"slow-io": 0.2, "recompile": 5.0} and "straggler" in peer.anywhere
+    for bad in ("straggler@4", "straggler@x", "crash=1@-1", "straggler@", "slow-io@²"):
+        with pytest.raises(FaultError, match="@WORKER must be a worker of the job, 0 to 3"):
+            Faults.parse([bad], worker=0, workers=4)
+    for alone in ("ckpt-fail@1", "recompile=5@0", "spill@2"):  # a job of one program and one barrier would hang
+        with pytest.raises(FaultError, match="only slow-io, stall, straggler, crash can hit one worker"):
+            Faults.parse([alone], worker=0, workers=4)
+
+
+@pytest.mark.parametrize(
+    ("flags", "said"),
+    [
+        (["--processes", "2", "--synthetic"], "--processes runs the JAX workload only"),
+        (["--processes", "0"], "--processes 0: at least 1"),
+        (["--process-id", "1"], "--process-id needs --processes N"),
+        (["--processes", "2", "--process-id", "2", "--coordinator", "h:1"], "a job of 2 processes has ids 0 to 1"),
+        (["--processes", "2", "--process-id", "1"], "--process-id needs --coordinator HOST:PORT"),
+        (["--processes", "2", "--inject", "crash@2"], "@WORKER must be a worker of the job, 0 to 1"),
+    ],
+)
+def test_a_job_of_several_processes_misconfigured_is_said_at_once(flags: list[str], said: str) -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "tpuscope", "bench", *flags], capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 2 and said in out.stderr, out.stderr

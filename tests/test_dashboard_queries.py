@@ -155,6 +155,7 @@ def profiled(f: Fleet, labels: dict[str, str], parts: dict[str, float]) -> None:
         median = sorted([PEER_PROFILE[part]] * 3 + [STRAGGLER_PROFILE[part]])[1:3]
         over = {**labels, "part": part}
         f.series(conventions.PROFILE_OVER_MEDIAN, over, first, end, lambda t, s=seconds, m=median: s / (sum(m) / 2))
+        f.series(conventions.PROFILE_FRESH, over, first, end, lambda t, s=seconds: s)
     f.series(c.PROFILE_STEP.name, labels, first, end, lambda t: sum(parts.values()))
     f.series(c.PROFILE_OVERLAP.name, labels, first, end, lambda t: 0.5)
     f.series(c.PROFILE_IMBALANCE.name, labels, first, end, lambda t: 1.1 if parts is STRAGGLER_PROFILE else 1.0)
@@ -315,6 +316,10 @@ def test_the_device_profile_tells_the_straggler_apart_in_a_fused_step(prometheus
     slowest = "Device profile: slowest worker of each workload, against the median"
     assert values(prometheus, ONCALL, slowest, by=("workload", "worker")) == {("train", "2"): pytest.approx(1.5)}
     assert max(step_values(panel_titled(BOARDS[ONCALL], slowest))) == DEFAULT.straggler_factor
+    # On-call, every worker's two parts side by side: the straggler computes longest and waits least.
+    each = "Device profile: each worker's compute and collective wait per step"
+    assert values(prometheus, ONCALL, each, "A", workload="train", by=("worker",)) == compute
+    assert values(prometheus, ONCALL, each, "B", workload="train", by=("worker",)) == waiting
 
 
 def test_the_device_profile_split_and_its_captures(prometheus: tuple[PrometheusAPI, int]) -> None:

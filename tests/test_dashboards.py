@@ -128,7 +128,10 @@ PROFILE_PANELS = {
         "Age of the latest device profile",
         "Device trace size per capture",
     },
-    "tpuscope-oncall": {"Device profile: slowest worker of each workload, against the median"},
+    "tpuscope-oncall": {
+        "Device profile: slowest worker of each workload, against the median",
+        "Device profile: each worker's compute and collective wait per step",
+    },
 }
 PROFILE_METRICS = {m.name for m in catalog.CATALOG if m.group == catalog.PROFILE_GROUP}
 
@@ -149,9 +152,12 @@ def test_the_device_profile_is_shown_beside_the_host_timed_phases_and_says_which
                 assert "host-timed" in panel["title"].lower(), f"{panel['title']}: say it is the host's timing"
     job = " ".join(t["expr"] for _, t in targets(BOARDS["tpuscope-job"]))
     assert {m for m in PROFILE_METRICS if m not in job} == set()
-    # The on-call straggler bar reads what TpuscopeStraggler reads: fresh profiles of running workers only.
-    (target,) = panel_titled(BOARDS["tpuscope-oncall"], sorted(PROFILE_PANELS["tpuscope-oncall"])[0])["targets"]
+    # The on-call straggler bars read what TpuscopeStraggler reads: fresh profiles of running workers only.
+    oncall = PROFILE_PANELS["tpuscope-oncall"]
+    slowest, each = (next(title for title in oncall if words in title) for words in ("slowest", "collective wait"))
+    (target,) = panel_titled(BOARDS["tpuscope-oncall"], slowest)["targets"]
     assert conventions.PROFILE_OVER_MEDIAN in target["expr"]
+    assert all(conventions.PROFILE_FRESH in t["expr"] for t in panel_titled(BOARDS["tpuscope-oncall"], each)["targets"])
 
 
 def test_the_committed_files_and_configmaps_are_what_the_command_writes(short_tmp: Path) -> None:
@@ -315,13 +321,13 @@ def grafana_escape(value: str) -> str:
 
 
 # Instant panels that read only running workers: evaluated after the bench has ended, they are empty, and must be.
-ONLY_WHILE_RUNNING = {"Device profile: slowest worker of each workload, against the median"}
+ONLY_WHILE_RUNNING = PROFILE_PANELS["tpuscope-oncall"]
 
 
 def only_while_running(name: str) -> bool:
-    """Whether ``name`` ("tpuscope / On-call / TITLE (A)") is one of :data:`ONLY_WHILE_RUNNING`: the profiled
-    straggler reads the recording rule the straggler alert reads, which keeps fresh profiles of connected
-    workers only, so that a finished job's last capture leaves no straggler behind."""
+    """Whether ``name`` ("tpuscope / On-call / TITLE (A)") is one of :data:`ONLY_WHILE_RUNNING`: the on-call
+    board's profile panels read the recording rules the straggler alert reads, which keep fresh profiles of
+    connected workers only, so that a finished job's last capture leaves no straggler behind."""
     return any(f" / {title}" in name for title in ONLY_WHILE_RUNNING)
 
 

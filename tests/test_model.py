@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 
 # Before jax is imported: XLA reads the flag once, when the CPU backend starts. tests/conftest.py sets it too,
 # for the case where another test module imports jax first. Appended, so other XLA flags a developer set survive.
@@ -206,3 +207,37 @@ def test_param_count_matches_the_state(trainer: DataParallelTrainer, state: Trai
     c = trainer.config
     per_layer = 4 * c.d_model * c.d_model + 2 * c.d_model * c.d_ff + c.d_ff + 5 * c.d_model
     assert trainer.param_count() == 2 * c.vocab * c.d_model + c.n_layers * per_layer + 2 * c.d_model
+
+
+def test_a_straggling_program_gives_the_same_step_and_its_extra_work_is_real(
+    trainer: DataParallelTrainer, state: TrainState
+) -> None:
+    """The straggler's program (issue 24) computes each shard's gradient again inside a loop whose trip count is
+    an input: the step's result is the plain program's, bit for bit, and the extra work is done, not optimized
+    away (the loop is in the compiled program and the step takes longer with it)."""
+    straggling = DataParallelTrainer(ModelConfig(), devices=trainer.mesh.devices.tolist(), straggling=True)
+    batch = trainer.put_batch(tokens(trainer))
+    plain_state, plain_loss = trainer.fused_step(state, batch)
+    for count in (0, 6):
+        straggling.set_extra_work(count)
+        slow_state, slow_loss = straggling.fused_step(state, batch)
+        assert float(slow_loss) == float(plain_loss), count
+        assert_trees_close(slow_state.params, plain_state.params, rtol=0, atol=0)
+    assert "while" in straggling._fused_step.lower(state, batch, straggling._extra_work).compile().as_text()
+    # Its FLOPs are the plain step's: XLA counts a loop's body once whatever its trip count, and extra work is no
+    # model work.
+    assert straggling.flops_per_step(state, batch, fused=True) == trainer.flops_per_step(state, batch, fused=True)
+
+    def best_of(count: int) -> float:
+        straggling.set_extra_work(count)
+        straggling.fused_step(state, batch)  # the first run with a new input: nothing recompiles, but warm up
+        times = []
+        for _ in range(5):
+            started = time.perf_counter()
+            straggling.fused_step(state, batch)
+            times.append(time.perf_counter() - started)
+        return min(times)
+
+    assert best_of(6) > 2 * best_of(0)
+    with pytest.raises(ValueError, match="straggling=True"):
+        trainer.set_extra_work(1)

@@ -54,6 +54,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             module.add_arguments(command)
             command.set_defaults(main=module.main)
     args = parser.parse_args(arguments)
+    args.argv = arguments  # for a command that runs itself again in other processes (bench --processes)
     try:
         return int(args.main(args))
     except KeyboardInterrupt:

@@ -165,6 +165,19 @@ def workloads(t: Thresholds) -> p.Section:
                 limits=p.ratio_high_is_bad(t.straggler_factor),
                 span=12,
             ),
+            p.bar_gauge_panel(
+                "Device profile: each worker's compute and collective wait per step",
+                "Every worker's compute and exposed collective time (collective ops no compute covers: the wait "
+                "for the other devices and hosts) per step, in its latest sampled device profile. In a "
+                "synchronous job the straggler is the worker with the longest compute and the shortest wait: "
+                "the others wait for it at every collective. Every worker waiting long, none computing long, is "
+                "the interconnect or the sharding instead. Only recent captures of running workers count.",
+                "s",
+                p.query(q.fresh_profiled("compute"), "compute " + STRAGGLER_LEGEND, instant=True),
+                p.query(q.fresh_profiled("exposed_collective"), "collective wait " + STRAGGLER_LEGEND, instant=True),
+                span=24,
+                height=10,
+            ),
         ],
     )
 

@@ -21,7 +21,7 @@ from tpuscope.catalog import (
     Label,
     Metric,
 )
-from tpuscope.conventions import PROFILE_OVER_MEDIAN, SLO_PERIOD
+from tpuscope.conventions import PROFILE_FRESH, PROFILE_OVER_MEDIAN, SLO_PERIOD
 from tpuscope.promql import each_worker_once, grown, series
 
 # Grafana's interval variables, substituted when a panel runs.
@@ -140,8 +140,19 @@ def profiled_compute_over_median() -> str:
     the device trace tells the straggler's compute from its peers' collective wait. The recording rule
     :data:`~tpuscope.conventions.PROFILE_OVER_MEDIAN` that the straggler alert reads: fresh captures of
     running workers only, so a finished job's last profile does not linger as a straggler."""
-    matchers = [f'workload=~"${WORKLOAD}"', *(f'{label}=~"${label}"' for label in HOST_LABELS), eq("part", "compute")]
-    return f"max without (part) ({PROFILE_OVER_MEDIAN}{{{', '.join(matchers)}}})"
+    return _recorded_part(PROFILE_OVER_MEDIAN, "compute")
+
+
+def fresh_profiled(part: str) -> str:
+    """:func:`profiled` from the recording rule :data:`~tpuscope.conventions.PROFILE_FRESH`: fresh captures of
+    running workers only, the ones the straggler alert compares."""
+    return _recorded_part(PROFILE_FRESH, part)
+
+
+def _recorded_part(recorded: str, part: str) -> str:
+    """One part of a per-worker recording rule over the device profiles, for the workers the variables select."""
+    matchers = [f'workload=~"${WORKLOAD}"', *(f'{label}=~"${label}"' for label in HOST_LABELS), eq("part", part)]
+    return f"max without (part) ({recorded}{{{', '.join(matchers)}}})"
 
 
 def age(timestamp: Metric, by: str = "workload") -> str:

@@ -97,24 +97,34 @@ class PrometheusServer(ServerProcess):
         rule_files: list[Path] = (),  # type: ignore[assignment]
         alertmanager: str = "",
         scrape: dict[str, Any] | None = None,
+        external_labels: dict[str, str] | None = None,
+        remote_write: list[dict[str, Any]] = (),  # type: ignore[assignment]
+        flags: list[str] = (),  # type: ignore[assignment]
     ):
         """``labels`` are added to every target (as a fleet's relabelling adds pod and namespace);
-        ``scrape`` is merged into the scrape config (``scheme``, ``tls_config``, ``basic_auth``, ...)."""
+        ``scrape`` is merged into the scrape config (``scheme``, ``tls_config``, ``basic_auth``, ...);
+        ``external_labels`` and ``remote_write`` are the configuration's own sections; ``flags`` go to the
+        command line (``--web.enable-remote-write-receiver`` for a central one). No targets: it scrapes nothing."""
         workdir.mkdir(parents=True, exist_ok=True)
         static: dict[str, Any] = {"targets": targets}
         if labels:
             static["labels"] = labels
-        config = {
+        config: dict[str, Any] = {
             "global": {"scrape_interval": scrape_interval, "evaluation_interval": scrape_interval},
             # Prometheus reads rule_files relative to its config file, which lives in workdir: absolute paths.
             "rule_files": [str(Path(rule_file).resolve()) for rule_file in rule_files],
-            "scrape_configs": [{"job_name": "tpuscope", "static_configs": [static], **(scrape or {})}],
         }
+        if targets:
+            config["scrape_configs"] = [{"job_name": "tpuscope", "static_configs": [static], **(scrape or {})}]
+        if external_labels:
+            config["global"]["external_labels"] = external_labels
+        if remote_write:
+            config["remote_write"] = list(remote_write)
         if alertmanager:  # host:port of an Alertmanager to send alerts to
             config["alerting"] = {"alertmanagers": [{"static_configs": [{"targets": [alertmanager]}]}]}
         (workdir / "prometheus.yml").write_text(yaml.safe_dump(config))
-        flags = [f"--config.file={workdir / 'prometheus.yml'}", f"--storage.tsdb.path={workdir / 'data'}"]
-        super().__init__(binary, "prometheus", flags, workdir)
+        command = [f"--config.file={workdir / 'prometheus.yml'}", f"--storage.tsdb.path={workdir / 'data'}", *flags]
+        super().__init__(binary, "prometheus", command, workdir)
         self.api = PrometheusAPI(self.url, timeout=10)
 
     def query(self, expr: str) -> list[dict[str, Any]]:

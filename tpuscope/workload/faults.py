@@ -1,12 +1,13 @@
 """Faults ``tpuscope bench --inject`` can cause, so dashboards and alerts have something true to show.
 
-Each is ``NAME`` or ``NAME=VALUE``; docs/bench.md has the table of what each
-does and which metric it moves.
+Each is ``NAME``, ``NAME=VALUE``, and in a job of several processes either may end in ``@WORKER``: the fault
+then hits that worker alone (``straggler=8@2``), where without it every worker has it. docs/bench.md has the
+table of what each does and which metric it moves.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 DEFAULTS = {
     "slow-io": 0.2,
@@ -19,26 +20,45 @@ DEFAULTS = {
 }
 
 
+# The faults one worker can have alone. The others would break the job rather than show a fault: a worker that
+# alone skips its saves leaves its peers in Orbax's barrier, one that alone recompiles to another sequence length
+# runs another program than its peers.
+PER_WORKER = ("slow-io", "stall", "straggler", "crash")
+
+
 class FaultError(ValueError):
     pass
 
 
 @dataclass(frozen=True)
 class Faults:
+    """The faults of this process (``values``), and the names of those any worker of its job has (``anywhere``):
+    a straggler's extra work is in the one program every process runs, so each must know that someone has it."""
+
     values: dict[str, float]
+    anywhere: frozenset[str] = field(default_factory=frozenset)
 
     @classmethod
-    def parse(cls, specs: list[str]) -> Faults:
-        values = {}
+    def parse(cls, specs: list[str], worker: int = 0, workers: int = 1) -> Faults:
+        """The faults ``specs`` give worker ``worker`` of a job of ``workers`` processes."""
+        values, anywhere = {}, set()
         for spec in specs:
-            name, _, value = spec.partition("=")
+            fault, at, target = spec.partition("@")
+            name, _, value = fault.partition("=")
             if name not in DEFAULTS:
                 raise FaultError(f"unknown fault {name!r}; known: {', '.join(DEFAULTS)}")
             try:
-                values[name] = float(value) if value else DEFAULTS[name]
+                number = float(value) if value else DEFAULTS[name]
             except ValueError:
                 raise FaultError(f"{spec!r}: the value must be a number") from None
-        return cls(values)
+            if at and name not in PER_WORKER:
+                raise FaultError(f"{spec!r}: only {', '.join(PER_WORKER)} can hit one worker (@WORKER)")
+            if at and not (target.isdecimal() and int(target) < workers):
+                raise FaultError(f"{spec!r}: @WORKER must be a worker of the job, 0 to {workers - 1}")
+            anywhere.add(name)
+            if not at or int(target) == worker:
+                values[name] = number
+        return cls(values, frozenset(anywhere))
 
     def __contains__(self, name: str) -> bool:
         return name in self.values

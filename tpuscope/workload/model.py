@@ -32,6 +32,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from jax.flatten_util import ravel_pytree
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -171,7 +172,17 @@ class DataParallelTrainer:
     calls with the same shapes hit the jit cache.
     """
 
-    def __init__(self, config: ModelConfig = ModelConfig(), devices: Sequence[jax.Device] | None = None, seed: int = 0):
+    def __init__(
+        self,
+        config: ModelConfig = ModelConfig(),
+        devices: Sequence[jax.Device] | None = None,
+        seed: int = 0,
+        straggling: bool = False,
+    ):
+        """``straggling``: the job has a straggler. Its fused program then takes each device's count of extra
+        gradients of its shard (:meth:`set_extra_work`, 0 until then): a loop inside the program, so the wait
+        the straggler causes its peers is at the collective, where a slow chip's would be. Every process of
+        the job must say so, since they all run one program."""
         self.config = config
         self.seed = seed
         self.mesh = Mesh(np.array(list(devices) if devices is not None else jax.local_devices()), (AXIS,))
@@ -186,7 +197,13 @@ class DataParallelTrainer:
         self._grads = jax.jit(self._make_grads())
         self._all_reduce = jax.jit(self._make_all_reduce())
         self._apply = jax.jit(self._make_apply())
-        self._fused_step = jax.jit(self._make_fused_step())
+        self._fused_step = jax.jit(self._make_fused_step(straggling))
+        # What programs() reports for the fused step: the plain one. XLA's cost analysis counts a loop's body once
+        # whatever its trip count, so the straggling program would report an extra gradient on every worker,
+        # and a straggler's extra work is no model work anyway.
+        self._plain_fused_step = jax.jit(self._make_fused_step(False)) if straggling else self._fused_step
+        # The fused step's extra input where the job has a straggler: each device's count of extra gradients.
+        self._extra_work = self._per_device(0) if straggling else None
 
     # Each _make_* builds the function that gets jitted. The inner functions carry the names that jax reports
     # as ``fun_name`` in its compile events and in profiles ("grads", "all_reduce", "apply", "fused_step").
@@ -252,25 +269,27 @@ class DataParallelTrainer:
 
         return apply
 
-    def _make_fused_step(self) -> Callable[[TrainState, jax.Array], tuple[TrainState, jax.Array]]:
+    def _make_fused_step(self, straggling: bool) -> Callable[..., tuple[TrainState, jax.Array]]:
         config, optimizer = self.config, self.optimizer
 
-        def local_step(state: TrainState, shard: jax.Array) -> tuple[TrainState, jax.Array]:
+        def local_step(state: TrainState, shard: jax.Array, *extra: jax.Array) -> tuple[TrainState, jax.Array]:
             loss, grads = jax.value_and_grad(loss_fn)(state.params, shard, config)
-            grads = _mean_over_devices(grads)
+            if extra:
+                loss = loss + 0.0 * _extra_gradients(state.params, shard, extra[0][0], config)
+            grads, loss = _mean_over_devices((grads, loss))
             updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
-            return TrainState(optax.apply_updates(state.params, updates), opt_state), _mean_over_devices(loss)
+            return TrainState(optax.apply_updates(state.params, updates), opt_state), loss
 
         sharded = jax.shard_map(
             local_step,
             mesh=self.mesh,
-            in_specs=(REPLICATED, SHARDED),
+            in_specs=(REPLICATED, SHARDED, SHARDED) if straggling else (REPLICATED, SHARDED),
             out_specs=(REPLICATED, REPLICATED),
             check_vma=False,
         )
 
-        def fused_step(state: TrainState, batch: jax.Array) -> tuple[TrainState, jax.Array]:
-            return sharded(state, batch)
+        def fused_step(state: TrainState, batch: jax.Array, *extra_work: jax.Array) -> tuple[TrainState, jax.Array]:
+            return sharded(state, batch, *extra_work)
 
         return fused_step
 
@@ -288,11 +307,27 @@ class DataParallelTrainer:
         tokens = np.asarray(tokens, dtype=np.int32)
         if tokens.ndim != 2 or tokens.shape[0] != self.local_batch or tokens.shape[1] < 2:
             raise ValueError(f"expected tokens of shape ({self.local_batch}, L >= 2), got {tokens.shape}")
-        if self.local_batch == self.global_batch:
-            batch: jax.Array = jax.device_put(tokens, self._batch_sharding)
+        return self._from_this_process(tokens)
+
+    def _from_this_process(self, rows: np.ndarray) -> jax.Array:
+        """The array split over ``"data"`` whose rows on this process's devices are ``rows``: all of it when the
+        process runs alone, its own part of the job's otherwise."""
+        if len(self.mesh.local_devices) == self.n_devices:
+            array: jax.Array = jax.device_put(rows, self._batch_sharding)
         else:
-            batch = jax.make_array_from_process_local_data(self._batch_sharding, tokens)  # type: ignore[no-untyped-call]
-        return _ready(batch)
+            array = jax.make_array_from_process_local_data(self._batch_sharding, rows)  # type: ignore[no-untyped-call]
+        return _ready(array)
+
+    def set_extra_work(self, count: int) -> None:
+        """From the next fused step on, this process's devices each compute their shard's gradient ``count``
+        more times (a trainer made with ``straggling=True``; the input changes, the program does not)."""
+        if self._extra_work is None:
+            raise ValueError("extra work needs a trainer made with straggling=True: every process runs its program")
+        self._extra_work = self._per_device(count)
+
+    def _per_device(self, value: int) -> jax.Array:
+        """One int32 ``value`` for each device of this process, in the job's array of one per device."""
+        return self._from_this_process(np.full(len(self.mesh.local_devices), value, dtype=np.int32))
 
     def grads(self, state: TrainState, batch: jax.Array) -> tuple[Any, jax.Array]:
         """Per-shard gradients (leading device axis on every leaf) and per-shard losses of shape (n_devices,)."""
@@ -310,8 +345,11 @@ class DataParallelTrainer:
 
     def fused_step(self, state: TrainState, batch: jax.Array) -> tuple[TrainState, jax.Array]:
         """grads + all-reduce + update as one program; returns the new state and the mean loss over shards."""
-        out: tuple[TrainState, jax.Array] = self._fused_step(state, batch)
+        out: tuple[TrainState, jax.Array] = self._fused_step(*self._fused_args(state, batch))
         return _ready(out)
+
+    def _fused_args(self, state: TrainState, batch: jax.Array) -> tuple[Any, ...]:
+        return (state, batch) if self._extra_work is None else (state, batch, self._extra_work)
 
     def programs(
         self, state: TrainState, batch: jax.Array, names: Collection[str] = PROGRAMS
@@ -322,7 +360,8 @@ class DataParallelTrainer:
         Lowered from the same jitted functions the methods call, so a program that already ran is taken
         from the cache: nothing runs and nothing recompiles. Ask only for the programs the step uses: the
         split programs in split mode, ``fused`` in fused mode. The inputs of ``all_reduce`` and ``apply``
-        are described by the output types of ``grads`` (and ``all_reduce``).
+        are described by the output types of ``grads`` (and ``all_reduce``). A straggling trainer's ``fused`` is
+        the plain step's program, compiled once here for its shape (see ``__init__``).
         """
         compiled: dict[str, jax.stages.Compiled] = {}
         if {"grads", "all_reduce", "apply"} & set(names):
@@ -332,7 +371,7 @@ class DataParallelTrainer:
             reduced_grads = _abstract_outputs(compiled["all_reduce"])
             compiled["apply"] = self._apply.lower(state, reduced_grads).compile()
         if "fused" in names:
-            compiled["fused"] = self._fused_step.lower(state, batch).compile()
+            compiled["fused"] = self._plain_fused_step.lower(state, batch).compile()
         return {name: program for name, program in compiled.items() if name in names}
 
     def flops_per_step(self, state: TrainState, batch: jax.Array, fused: bool = False) -> float:
@@ -371,9 +410,26 @@ def _abstract_outputs(compiled: jax.stages.Compiled) -> Any:
     )
 
 
+def _extra_gradients(params: Params, shard: jax.Array, count: jax.Array, config: ModelConfig) -> jax.Array:
+    """A straggler's extra device work, inside the program: ``count`` more gradients of its shard, each of
+    another batch (the tokens shifted by the loop's index, so that XLA cannot hoist the work out of the loop),
+    summed to one scalar. The caller adds it times 0.0, which XLA keeps (for floats ``x * 0`` is not 0 when
+    ``x`` is NaN or infinite), so the work is done and the step's result is unchanged."""
+
+    def one_more(i: jax.Array, total: jax.Array) -> jax.Array:
+        shifted = (shard + i) % config.vocab
+        grads = jax.grad(loss_fn)(params, shifted, config)
+        return total + sum((leaf.sum() for leaf in jax.tree.leaves(grads)), start=jnp.zeros((), jnp.float32))
+
+    return jax.lax.fori_loop(0, count, one_more, jnp.zeros((), jnp.float32))  # type: ignore[no-any-return]
+
+
 def _mean_over_devices(tree: Any) -> Any:
-    """Inside shard_map: every leaf replaced by its mean over the ``"data"`` axis (an all-reduce)."""
-    return jax.tree.map(lambda x: jax.lax.pmean(x, AXIS), tree)  # type: ignore[no-untyped-call]
+    """Inside shard_map: every leaf replaced by its mean over the ``"data"`` axis, in one all-reduce of the
+    leaves flattened into one vector (as frameworks bucket gradients): one collective a step, where a leaf
+    each made dozens, each paying the interconnect's latency (over gloo between processes, most of a step)."""
+    flat, unflatten = ravel_pytree(tree)
+    return unflatten(jax.lax.pmean(flat, AXIS))  # type: ignore[no-untyped-call]
 
 
 def _ready(tree: T) -> T:

@@ -7,8 +7,8 @@ import json
 import os
 import sys
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+import traceback
+from collections.abc import Callable
 from dataclasses import fields
 from pathlib import Path
 
@@ -17,9 +17,9 @@ from tpuscope.conventions import DEFAULT_PORT
 from tpuscope.scrape import Scrape
 from tpuscope.tracing import Monitor, RecordSink, Sink
 from tpuscope.tracing.profiles import PERIOD_ENV, parse_period
-from tpuscope.workload import synthetic
+from tpuscope.workload import distributed, launcher, synthetic
 from tpuscope.workload.faults import FaultError, Faults
-from tpuscope.workload.sidecar import SidecarProcess
+from tpuscope.workload.sidecar import sidecar_for
 from tpuscope.workload.summary import RunSummary
 from tpuscope.workload.training import InjectedCrash, UnsupportedHere, Workload, WorkloadOptions, ensure_cpu_devices
 
@@ -88,6 +88,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         f"off); default ${PERIOD_ENV}, else {PROFILE_PERIOD}, short for a demo (a job's default is 10 minutes)",
     )
     jax_flags.add_argument("--fused", action="store_true", help="run each step as one program, as a TPU job would")
+    jax_flags.add_argument(
+        "--processes",
+        type=int,
+        default=1,
+        metavar="N",
+        help="one jax.distributed job of N processes; alone, all N start here, each a host with its own worker id "
+        "and sidecar (docs/bench.md); with --process-id, this is one of them",
+    )
+    jax_flags.add_argument(
+        "--process-id", type=int, metavar="I", help="this process's index in a job of --processes (0 to N-1)"
+    )
+    jax_flags.add_argument(
+        "--coordinator", metavar="HOST:PORT", help="with --process-id: where process 0 runs the job's coordinator"
+    )
     jax_flags.add_argument("--d-model", type=int, default=64, help="model width (default %(default)s)")
     jax_flags.add_argument("--layers", type=int, default=2, help="transformer layers (default %(default)s)")
     jax_flags.add_argument("--heads", type=int, default=4, help="attention heads (default %(default)s)")
@@ -116,15 +130,52 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace, body: Body | None = None) -> int:
     """Run the workload the flags describe; ``body`` replaces the training loop (the overhead benchmark's)."""
+    processes, process_id = getattr(args, "processes", 1), getattr(args, "process_id", None)
+    if error := _job_error(args, processes, process_id, body):
+        print(f"tpuscope bench: {error}", file=sys.stderr)
+        return 2
     try:
-        faults = Faults.parse(args.inject)
+        faults = Faults.parse(args.inject, process_id or 0, processes)
     except FaultError as e:
         print(f"tpuscope bench: {e}", file=sys.stderr)
         return 2
+    if processes > 1 and process_id is None:
+        return launcher.launch(args)
+    if process_id is None:
+        return _run(args, body, faults)
+    job = distributed.Process(args.coordinator, processes, process_id)
+    try:
+        code = _run(args, body, faults, job)
+    except KeyboardInterrupt:
+        code = 130
+    except BaseException:  # anything: leave without the runtime's shutdown barrier, which would wait for nothing
+        traceback.print_exc()
+        code = 1
+    return distributed.finish(code)
+
+
+def _job_error(args: argparse.Namespace, processes: int, process_id: int | None, body: Body | None) -> str | None:
+    """What is wrong with the flags of a job of several processes, if anything."""
+    if processes < 1:
+        return f"--processes {processes}: at least 1"
+    if processes == 1:
+        return "--process-id needs --processes N, the job's count, over 1" if process_id is not None else None
+    if args.synthetic or body is not None:
+        return "--processes runs the JAX workload only"
+    if process_id is not None and not 0 <= process_id < processes:
+        return f"--process-id {process_id}: a job of {processes} processes has ids 0 to {processes - 1}"
+    if process_id is not None and not args.coordinator:
+        return "--process-id needs --coordinator HOST:PORT, where process 0 serves the job's coordination"
+    return None
+
+
+def _run(args: argparse.Namespace, body: Body | None, faults: Faults, job: distributed.Process | None = None) -> int:
+    """One process of the run: alone, or ``job``'s."""
     if not args.synthetic:
         ensure_cpu_devices(args.cpu_devices)  # before anything imports jax
     socket: Path = args.socket or events.default_socket_path()
-    with _sidecar(socket, args.listen) as url:
+    own = (lambda path: distributed.of_worker(path, job.process_id)) if job else (lambda path: path)
+    with sidecar_for(socket, args.listen) as url:
         summary = RunSummary()
         every = max(1, args.steps // 10)
         since = [time.monotonic(), 0]  # when the last progress line was printed, and at which step
@@ -148,7 +199,7 @@ def run(args: argparse.Namespace, body: Body | None = None) -> int:
                 args.workload,
                 socket=socket,
                 sinks=sinks,
-                spans_file=args.run_dir / "spans.jsonl",
+                spans_file=own(args.run_dir / "spans.jsonl"),
                 profile_period=args.profile_period,
             ) as monitor:
                 if body:
@@ -157,7 +208,7 @@ def run(args: argparse.Namespace, body: Body | None = None) -> int:
                     profile = synthetic.Profile(step_seconds=args.step_time, checkpoint_every=args.checkpoint_every)
                     synthetic.run(monitor, args.steps, profile, progress=progress)
                 else:
-                    _run_jax(args, faults, monitor, progress)
+                    _run_jax(args, faults, monitor, progress if job is None or job.process_id == 0 else None, job)
         except UnsupportedHere as e:
             print(f"tpuscope bench: {e}", file=sys.stderr)
             return 2
@@ -171,7 +222,7 @@ def run(args: argparse.Namespace, body: Body | None = None) -> int:
                 spans = monitor.spans
                 kept = f"1 in {spans.sampler.every} steps and the slow ones ({spans.kept} kept)"
                 print(f"  spans         {kept}, compiles, checkpoints -> {spans.destination}")
-            _write_summary(args.run_dir / "summary.json", summary)
+            _write_summary(own(args.run_dir / "summary.json"), summary)
         if url:
             _print_snapshot(url, monitor.sent)
             if args.linger > 0:
@@ -199,7 +250,16 @@ def _write_summary(path: Path, summary: RunSummary) -> None:
     print(f"  summary JSON  {path}")
 
 
-def _run_jax(args: argparse.Namespace, faults: Faults, monitor: Monitor, progress: Callable[[int], None]) -> None:
+def _run_jax(
+    args: argparse.Namespace,
+    faults: Faults,
+    monitor: Monitor,
+    progress: Callable[[int], None] | None,
+    job: distributed.Process | None,
+) -> None:
+    if job is not None:
+        print(f"joining a job of {job.processes} processes as process {job.process_id} ({job.coordinator})")
+        distributed.initialize(job)
     with Workload(options(args, faults), monitor) as workload:
         workload.run(progress)
 
@@ -208,25 +268,6 @@ def options(args: argparse.Namespace, faults: Faults) -> WorkloadOptions:
     """The workload's options from the flags of the same names (those without a flag keep their default)."""
     given = {f.name: getattr(args, f.name) for f in fields(WorkloadOptions) if hasattr(args, f.name)}
     return WorkloadOptions(**{**given, "faults": faults})
-
-
-@contextmanager
-def _sidecar(socket: Path, listen: str) -> Iterator[str | None]:
-    """Use the sidecar listening on ``socket``, or start one for the run; yields its /metrics URL if known."""
-    try:
-        running = socket.exists() and events.has_listener(socket)
-    except OSError:  # cannot tell: start our own, whose bind says plainly what is wrong
-        running = False
-    if running:
-        print(f"tpuscope bench: sending events to the sidecar already listening on {socket}")
-        yield None
-        return
-    with SidecarProcess(socket, listen) as sidecar:
-        print(
-            f"tpuscope bench: started a sidecar; metrics at {sidecar.url} until the run ends "
-            f"(--linger SECONDS keeps it serving after; log {sidecar.log_path})"
-        )
-        yield sidecar.url
 
 
 def _print_snapshot(url: str, sent: int) -> None:

@@ -13,8 +13,11 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
+
+from tpuscope import events
 
 READY = re.compile(r"^tpuscope serve: metrics at (?P<url>\S+), events at (?P<socket>.+)$")
 
@@ -84,3 +87,23 @@ class SidecarProcess:
 
     def __exit__(self, *_: object) -> None:
         self.stop()
+
+
+@contextmanager
+def sidecar_for(socket: Path, listen: str, env: Mapping[str, str] | None = None) -> Iterator[str | None]:
+    """Use the sidecar listening on ``socket``, or start one (with ``env`` added to its environment) for as long
+    as the block runs; yields its /metrics URL if known."""
+    try:
+        running = socket.exists() and events.has_listener(socket)
+    except OSError:  # cannot tell: start our own, whose bind says plainly what is wrong
+        running = False
+    if running:
+        print(f"tpuscope bench: sending events to the sidecar already listening on {socket}")
+        yield None
+        return
+    with SidecarProcess(socket, listen, env=env) as sidecar:
+        print(
+            f"tpuscope bench: started a sidecar; metrics at {sidecar.url} until the run ends "
+            f"(--linger SECONDS keeps it serving after; log {sidecar.log_path})"
+        )
+        yield sidecar.url

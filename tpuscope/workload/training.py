@@ -96,11 +96,12 @@ class Workload:
         if options.compile_cache:
             _enable_compile_cache(options.compile_cache)
         monitor.watch_jax_compiles()
-        self.devices = jax.devices()
+        self.devices = jax.devices()  # the job's: in a job of several processes, theirs too
+        self.local_devices = jax.local_devices()  # the chips this process drives
         self.accelerator = accelerator_of(self.devices[0])
-        self.peak, peak_source = peak_flops_per_second(self.devices, options.calibrate)
+        self.peak, peak_source = peak_flops_per_second(self.local_devices, options.calibrate)
         # The chips this process drives (its host's): the sidecar's workload_devices, summed over workers.
-        monitor.hardware(self.accelerator, jax.local_device_count(), self.peak)
+        monitor.hardware(self.accelerator, len(self.local_devices), self.peak)
         config = ModelConfig(
             vocab=options.vocab,
             d_model=options.d_model,
@@ -110,7 +111,9 @@ class Workload:
             seq_len=options.seq_len,
             batch_per_device=options.batch_per_device,
         )
-        self.trainer = DataParallelTrainer(config, self.devices)
+        # A straggler anywhere in a fused job: every process runs the program that can take extra work.
+        straggling = options.fused and "straggler" in faults.anywhere
+        self.trainer = DataParallelTrainer(config, self.devices, straggling=straggling)
         log(
             f"model: {self.trainer.param_count():,} parameters on {len(self.devices)} {self.accelerator} devices, "
             f"global batch {self.trainer.global_batch} x {options.seq_len} tokens, "
@@ -152,6 +155,11 @@ class Workload:
         for n in range(start, options.steps):
             if n == crash_at and self.resumed_from is None:
                 raise InjectedCrash(f"injected crash at step {n}")
+            if n == self._straggle_from and options.fused and "straggler" in faults:
+                # Its devices compute each shard's gradient `factor` times, inside the step's one program.
+                extra = max(1, round(faults.get("straggler") - 1))
+                self.trainer.set_extra_work(extra)
+                self.log(f"straggler: from step {n} this worker's devices compute each gradient {extra + 1} times")
             timed = next(instrumented) if instrumented is not None else True
             with self.monitor.step(n) if timed else _bare_step() as step:
                 state = self._step(step, n, state, self._seq_len(n))
@@ -208,10 +216,11 @@ class Workload:
                 getattr(analysis, f"host_{kind}_size_in_bytes", 0) for kind in ("argument", "output", "temp", "alias")
             )
             self.monitor.program_memory(name, spill_bytes=int(spill))
-        self._flops[seq_len] = self.trainer.step_flops(programs)
+        # This process's devices' share: the sidecars of a job of several add up their workers' FLOPs.
+        self._flops[seq_len] = self.trainer.step_flops(programs) * len(self.local_devices) / len(self.devices)
 
     def _report_memory(self) -> None:
-        stats = [(device, device.memory_stats()) for device in self.devices]
+        stats = [(device, device.memory_stats()) for device in self.local_devices]
         if all(s is None for _, s in stats):  # the CPU backend keeps none: report the process instead
             import psutil
 

@@ -1,0 +1,271 @@
+"""A real multi-host job: ``tpuscope bench --processes 4``, one ``jax.distributed`` job of 4 processes of 2 CPU
+devices each (gloo collectives over loopback), one sidecar per process, each with its own worker id.
+
+- A straggler slowed inside the fused program (worker 2 computes each gradient several times) is named by the
+  device profiles, through the generated rules on a real Prometheus scraping the 4 sidecars, and on a central
+  Prometheus that evaluates the same rules on what a cluster's Prometheus remote-writes to it with the
+  ``remote_write`` block of deploy/prometheus/prometheus.yml; the host-timed phases alone name no one.
+- A worker that crashes fails the whole job within a bounded time, every sidecar counts one failure, and the
+  same command resumes every worker from the last checkpoint, the gap booked as downtime.
+
+The rules run time compressed (:mod:`tpuscope.fleetsim.rules`), as fleet-sim runs them. fleet-sim covers what
+does not fit on this machine (64 hosts); what each test proves: docs/bench.md, "Many hosts".
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import wait_until
+
+from tpuscope import catalog
+from tpuscope.conventions import COMPUTE_OVER_MEDIAN, PROFILE_OVER_MEDIAN, AlertName
+from tpuscope.fleetsim.rules import scaled_rules_file
+from tpuscope.generator_config import GeneratorConfig
+from tpuscope.scrape import Scrape
+from tpuscope.testing.prometheus import PrometheusServer, target_of
+from tpuscope.workload.distributed import HEARTBEAT_TIMEOUT_S, of_worker
+from tpuscope.workload.launcher import WORKER_VARIABLE
+from tpuscope.workload.sidecar import SidecarProcess
+
+pytestmark = pytest.mark.long
+
+ROOT = Path(__file__).resolve().parents[1]
+DEPLOYED = yaml.safe_load((ROOT / "deploy/prometheus/prometheus.yml").read_text())
+PROCESSES, DEVICES = 4, 2
+STRAGGLER, FACTOR = 2, 12  # worker 2 computes each gradient 12 times, from a third of the run on
+K = 30  # the rules' time compression: 5-minute windows of 10 s, the straggler alert's for: 10m of 20 s
+FACTOR_BOUND = GeneratorConfig().thresholds.straggler_factor
+
+
+@pytest.fixture
+def sidecars(short_tmp: Path) -> Iterator[list[SidecarProcess]]:
+    """One sidecar per worker, on the sockets ``bench --processes`` gives its workers, each with its worker id in
+    the environment as a TPU pod's host has it (the bench finds them listening and uses them)."""
+    started: list[SidecarProcess] = []
+    try:
+        for worker in range(PROCESSES):
+            env = {WORKER_VARIABLE: str(worker)}
+            started.append(SidecarProcess(of_worker(short_tmp / "events.sock", worker), env=env))
+        yield started
+    finally:
+        for sidecar in started:
+            sidecar.stop()
+
+
+class Job:
+    """``tpuscope bench --processes 4`` running in its own process group, its output kept line by line with the
+    time each line arrived."""
+
+    def __init__(self, directory: Path, *flags: str) -> None:
+        command = [sys.executable, "-m", "tpuscope", "bench", f"--processes={PROCESSES}", f"--cpu-devices={DEVICES}"]
+        command += ["--fused", "--workload=multihost", f"--socket={directory / 'events.sock'}"]
+        command += [f"--run-dir={directory / 'run'}", f"--compile-cache={directory.parent / 'xla-cache'}", *flags]
+        # Without the tests' XLA_FLAGS (8 devices for the in-process tests), which would win over --cpu-devices.
+        env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+        env.update(XDG_CACHE_HOME=str(directory.parent / "cache"), PYTHONUNBUFFERED="1")
+        self.proc = subprocess.Popen(
+            command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True
+        )
+        self.lines: list[tuple[float, str]] = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.append((time.time(), line.rstrip("\n")))
+
+    def when(self, text: str) -> float | None:
+        """When the first line containing ``text`` arrived."""
+        return next((t for t, line in self.lines if text in line), None)
+
+    def output(self) -> str:
+        return "\n".join(line for _, line in self.lines if "@ " not in line)[-6000:]
+
+    def wait(self, timeout: float) -> int:
+        code = self.proc.wait(timeout)
+        self._reader.join(10)
+        return code
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.wait(30)
+
+
+def firing(prom: PrometheusServer) -> list[dict[str, str]]:
+    """The labels of every firing straggler alert."""
+    return [r["metric"] for r in prom.query(f'ALERTS{{alertname="{AlertName.STRAGGLER}",alertstate="firing"}}')]
+
+
+def pending(prom: PrometheusServer) -> list[dict[str, str]]:
+    """The labels of every straggler alert whose condition holds, not yet for its whole ``for:``."""
+    return [r["metric"] for r in prom.query(f'ALERTS{{alertname="{AlertName.STRAGGLER}",alertstate="pending"}}')]
+
+
+def by_worker(prom: PrometheusServer, expr: str) -> dict[str, float]:
+    return {r["metric"]["worker"]: float(r["value"][1]) for r in prom.query(expr)}
+
+
+@pytest.mark.timeout(600)
+def test_the_profiles_name_a_straggler_in_a_fused_multihost_job_on_one_prometheus_and_centrally(
+    short_tmp: Path, sidecars: list[SidecarProcess]
+) -> None:
+    rules = short_tmp / "rules.yaml"
+    rules.write_text(scaled_rules_file(GeneratorConfig(), K))
+    targets = [target_of(sidecar.url) for sidecar in sidecars]
+    (block,) = DEPLOYED["remote_write"]
+    with (
+        # The cluster's Prometheus of a single cluster: it scrapes the sidecars and evaluates the rules.
+        PrometheusServer(short_tmp / "prom", targets, rule_files=[rules]) as prom,
+        # Many clusters, the rules in a central ruler (docs/fleet.md): a central Prometheus receiving what ...
+        PrometheusServer(
+            short_tmp / "central", [], rule_files=[rules], flags=["--web.enable-remote-write-receiver"]
+        ) as central,
+        # ... a cluster's Prometheus without rules sends with the deployed remote_write block, only its URL ours.
+        PrometheusServer(
+            short_tmp / "cluster",
+            targets,
+            external_labels=DEPLOYED["global"]["external_labels"],
+            remote_write=[{**block, "url": f"{central.url}/api/v1/write"}],
+        ),
+    ):
+        job = Job(
+            short_tmp,
+            "--steps=900",
+            "--checkpoint-every=0",
+            "--profile-period=1s",
+            f"--inject=straggler={FACTOR}@{STRAGGLER}",
+        )
+        named: dict[str, float] = {}  # when each view first named the straggler
+        try:
+
+            def seen() -> bool:
+                now = time.time()
+                for where, server in (("prometheus", prom), ("central", central)):
+                    if where not in named and any(a["worker"] == str(STRAGGLER) for a in firing(server)):
+                        named[where] = now
+                    if f"{where} pending" not in named and any(a["worker"] == str(STRAGGLER) for a in pending(server)):
+                        named[f"{where} pending"] = now
+                assert job.proc.poll() is None, job.output()
+                return {"prometheus", "central"} <= named.keys()
+
+            # Once a second: a tighter loop of queries would take the cores the job's 8 devices share.
+            deadline = time.monotonic() + 300
+            while not seen() and time.monotonic() < deadline:
+                time.sleep(1)
+            assert {"prometheus", "central"} <= named.keys(), (named, job.output())
+            onset = job.when(f"[worker {STRAGGLER}] straggler: from step")
+            assert onset is not None, job.output()
+
+            for where, server in (("prometheus", prom), ("central", central)):
+                alerts = firing(server)
+                assert [a["worker"] for a in alerts] == [str(STRAGGLER)], (where, alerts)
+                assert alerts[0]["source"] == "profile", alerts
+            assert all(alert["cluster"] == "my-cluster" for alert in firing(central)), "what the cluster sent"
+            # The central ruler's recorded measures, from what the cluster sent, say what its alert says.
+            over = {
+                part: by_worker(central, f'{PROFILE_OVER_MEDIAN}{{part="{part}"}}')
+                for part in ("compute", "exposed_collective")
+            }
+            assert over["compute"][str(STRAGGLER)] > FACTOR_BOUND, over
+            assert over["exposed_collective"][str(STRAGGLER)] < 1 / FACTOR_BOUND, over
+            # Nobody else, at any time of the run: a healthy worker's noisy capture may hold the condition a while
+            # (pending), never for the alert's whole for:.
+            ever = f'max_over_time(ALERTS{{alertname="{AlertName.STRAGGLER}",worker!="{STRAGGLER}"}}[1h])'
+            others = [(r["metric"]["worker"], r["metric"]["alertstate"]) for r in prom.query(ever)]
+            assert "firing" not in {state for _, state in others}, others
+
+            # The healthy workers wait at the collectives for the straggler; it waits least.
+            profiled = f'{catalog.PROFILE_TIME.name}{{part="exposed_collective"}}'
+            waits = by_worker(prom, profiled)
+            computes = by_worker(prom, f'{catalog.PROFILE_TIME.name}{{part="compute"}}')
+            healthy = [wait for worker, wait in waits.items() if worker != str(STRAGGLER)]
+            assert len(healthy) == PROCESSES - 1 and min(healthy) >= 3 * waits[str(STRAGGLER)], (waits, job.output())
+
+            # The host-timed phases alone: one fused program, every worker waits inside it for the straggler, so
+            # each worker's compute phase is the same step and the host-timed rule names no one.
+            host = by_worker(prom, COMPUTE_OVER_MEDIAN)
+            assert len(host) == PROCESSES and max(host.values()) < FACTOR_BOUND, host
+            assert host[str(STRAGGLER)] == pytest.approx(1.0, abs=0.1), host
+
+            costs = {}
+            for worker, sidecar in enumerate(sidecars):
+                scrape = Scrape.fetch(sidecar.url)
+                captures = scrape.value(catalog.PROFILE_CAPTURES.name, result="ok")
+                seconds = scrape.value(catalog.PROFILE_CAPTURE_SECONDS.name)
+                wall = scrape.value(catalog.GOODPUT_WALL.name)
+                costs[worker] = (captures, seconds / max(captures, 1), seconds / wall)
+            order = sorted(named.items(), key=lambda item: item[1])
+            print(
+                f"\nnamed after the onset (rules {K}x compressed): "
+                + ", ".join(f"{w} {t - onset:.1f} s" for w, t in order)
+            )
+            print("other workers pending at some time:", sorted(worker for worker, _ in others) or "none")
+            print("exposed collective (ms):", {w: round(v * 1e3, 1) for w, v in sorted(waits.items())})
+            print("profiled compute (ms):", {w: round(v * 1e3, 1) for w, v in sorted(computes.items())})
+            print("host-timed compute over the median:", {w: round(v, 3) for w, v in sorted(host.items())})
+            for worker, (captures, each, share) in costs.items():
+                print(
+                    f"worker {worker}: {captures:g} captures, {each:.2f} s each to stop and parse, {share:.1%} of wall"
+                )
+        finally:
+            job.kill()
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("crashing", [1, 0], ids=["a worker", "the coordinator's worker"])
+def test_a_worker_crash_fails_the_job_in_bounded_time_and_the_rerun_resumes_every_worker(
+    short_tmp: Path, sidecars: list[SidecarProcess], crashing: int
+) -> None:
+    """Worker 0 runs the job's coordination service too: its crash takes the service with it, where another
+    worker's crash leaves the service to notice the missing heartbeats."""
+    flags = ("--steps=40", "--checkpoint-every=10", "--profile-period=off")
+    crashed = Job(short_tmp, *flags, f"--inject=crash=25@{crashing}")
+    code = crashed.wait(300)
+    assert code == 3, crashed.output()
+    crash = crashed.when(f"[worker {crashing}] tpuscope bench: injected crash at step 25")
+    assert crash is not None, crashed.output()
+    ended, summary = crashed.lines[-1]
+    # The others end by themselves, aborted by JAX's coordination service (SIGABRT), not by the launcher's kill.
+    assert not crashed.when(" still runs "), crashed.output()
+    peers = [w for w in range(PROCESSES) if w != crashing]
+    assert all(f"worker {w} killed by signal {signal.SIGABRT.value}" in summary for w in peers), summary
+    assert ended - crash < HEARTBEAT_TIMEOUT_S + 15, crashed.output()
+    print(f"\nthe job ended {ended - crash:.1f} s after worker {crashing} crashed; {summary}")
+
+    def failures(sidecar: SidecarProcess) -> dict[str, float]:
+        scrape = Scrape.fetch(sidecar.url)
+        return {s.labels["reason"]: s.value for s in scrape.find(catalog.WORKLOAD_FAILURES.name, workload="multihost")}
+
+    assert wait_until(lambda: all(sum(failures(s).values()) == 1 for s in sidecars), timeout=30), [
+        failures(s) for s in sidecars
+    ]
+    assert failures(sidecars[crashing]) == {"exception": 1}, "the worker that crashed says so"
+    assert all(failures(sidecars[w]) == {"vanished": 1} for w in peers), "its peers ended without a word"
+    print("failures by sidecar:", [failures(s) for s in sidecars])
+
+    time.sleep(3)  # down a while
+    resumed = Job(short_tmp, *flags)
+    assert resumed.wait(300) == 0, resumed.output()
+    for worker in range(PROCESSES):
+        assert resumed.when(f"[worker {worker}] resumed from the checkpoint of step 19"), resumed.output()
+    for worker, sidecar in enumerate(sidecars):
+        scrape = Scrape.fetch(sidecar.url)
+        restarts = scrape.value(catalog.WORKLOAD_RESTARTS.name, workload="multihost", reason="resumed")
+        downtime = scrape.value(catalog.GOODPUT.name, workload="multihost", category="downtime")
+        assert restarts == 1, scrape.text
+        # From the failure (the crashed worker) or the vanishing (its peers, aborted up to a heartbeat timeout
+        # later) to the rerun's start: at least the 3 s wait.
+        assert downtime >= 3, (worker, downtime)
+        print(f"worker {worker}: downtime {downtime:.1f} s booked between the crash and the resumed start")
