@@ -42,7 +42,7 @@ pytestmark = pytest.mark.long
 ROOT = Path(__file__).resolve().parents[1]
 DEPLOYED = yaml.safe_load((ROOT / "deploy/prometheus/prometheus.yml").read_text())
 PROCESSES, DEVICES = 4, 2
-STRAGGLER, FACTOR = 2, 12  # worker 2 computes each gradient 12 times, from a third of the run on
+STRAGGLER, FACTOR = 2, 16  # worker 2 computes each gradient 16 times, from a third of the run on
 K = 30  # the rules' time compression: 5-minute windows of 10 s, the straggler alert's for: 10m of 20 s
 FACTOR_BOUND = GeneratorConfig().thresholds.straggler_factor
 
