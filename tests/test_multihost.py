@@ -43,6 +43,8 @@ ROOT = Path(__file__).resolve().parents[1]
 DEPLOYED = yaml.safe_load((ROOT / "deploy/prometheus/prometheus.yml").read_text())
 PROCESSES, DEVICES = 4, 2
 STRAGGLER, FACTOR = 2, 16  # worker 2 computes each gradient 16 times, from a third of the run on
+ONSET = f"[worker {STRAGGLER}] straggler: from step"  # the line the straggler's worker prints at its onset
+AFTER_ONSET = 5.0  # a capture received this long after the onset traced steps after it (5 steps, then parsed)
 K = 30  # the rules' time compression: 5-minute windows of 10 s, the straggler alert's for: 10m of 20 s
 FACTOR_BOUND = GeneratorConfig().thresholds.straggler_factor
 
@@ -142,31 +144,34 @@ def test_the_profiles_name_a_straggler_in_a_fused_multihost_job_on_one_prometheu
     ):
         job = Job(
             short_tmp,
-            "--steps=900",
+            "--steps=1200",
             "--checkpoint-every=0",
             "--profile-period=1s",
             f"--inject=straggler={FACTOR}@{STRAGGLER}",
         )
-        named: dict[str, float] = {}  # when each view first named the straggler
+        named: dict[str, float] = {}  # seconds from the onset to each view's first firing for the straggler
         try:
 
             def seen() -> bool:
-                now = time.time()
-                for where, server in (("prometheus", prom), ("central", central)):
-                    if where not in named and any(a["worker"] == str(STRAGGLER) for a in firing(server)):
-                        named[where] = now
-                    if f"{where} pending" not in named and any(a["worker"] == str(STRAGGLER) for a in pending(server)):
-                        named[f"{where} pending"] = now
+                """Whether both Prometheus servers name the straggler on captures every worker took after its
+                onset (before it, all are equal: a noisy capture may make anyone pending, the straggler too)."""
+                now, onset = time.time(), job.when(ONSET)
                 assert job.proc.poll() is None, job.output()
-                return {"prometheus", "central"} <= named.keys()
+                if onset is None:
+                    return False
+                naming = []
+                for where, server in (("prometheus", prom), ("central", central)):
+                    naming.append(any(a["worker"] == str(STRAGGLER) for a in firing(server)))
+                    if naming[-1]:
+                        named.setdefault(where, now - onset)
+                captured = by_worker(prom, catalog.PROFILE_LAST_CAPTURE.name)
+                return all(naming) and len(captured) == PROCESSES and min(captured.values()) > onset + AFTER_ONSET
 
             # Once a second: a tighter loop of queries would take the cores the job's 8 devices share.
-            deadline = time.monotonic() + 300
+            deadline = time.monotonic() + 420  # a loaded machine's steps are 3 times as slow
             while not seen() and time.monotonic() < deadline:
                 time.sleep(1)
-            assert {"prometheus", "central"} <= named.keys(), (named, job.output())
-            onset = job.when(f"[worker {STRAGGLER}] straggler: from step")
-            assert onset is not None, job.output()
+            assert seen(), (named, job.output())
 
             for where, server in (("prometheus", prom), ("central", central)):
                 alerts = firing(server)
@@ -206,10 +211,9 @@ def test_the_profiles_name_a_straggler_in_a_fused_multihost_job_on_one_prometheu
                 seconds = scrape.value(catalog.PROFILE_CAPTURE_SECONDS.name)
                 wall = scrape.value(catalog.GOODPUT_WALL.name)
                 costs[worker] = (captures, seconds / max(captures, 1), seconds / wall)
-            order = sorted(named.items(), key=lambda item: item[1])
+            firing_after = ", ".join(f"{where} {seconds:.1f} s" for where, seconds in named.items())
             print(
-                f"\nnamed after the onset (rules {K}x compressed): "
-                + ", ".join(f"{w} {t - onset:.1f} s" for w, t in order)
+                f"\nTpuscopeStraggler firing for worker {STRAGGLER}, from its onset (rules {K}x faster): {firing_after}"
             )
             print("other workers pending at some time:", sorted(worker for worker, _ in others) or "none")
             print("exposed collective (ms):", {w: round(v * 1e3, 1) for w, v in sorted(waits.items())})
