@@ -128,8 +128,10 @@ def test_after_sigterm_the_sidecar_serves_until_a_scrape_reads_the_final_state(s
     to exit about a second after SIGTERM: with scrapes 15 s apart, the final booking was rarely seen.)"""
     with SidecarProcess(short_tmp / "a.sock", "127.0.0.1:0", "--shutdown-linger", "20s") as sidecar:
         mon = Monitor("finishing", socket=sidecar.socket, traces=False)
+        started = time.perf_counter()
         with mon.step(0):
             time.sleep(0.02)
+        took = time.perf_counter() - started  # a loaded machine oversleeps (a fresh-clone CI: 30 ms)
         scrape = scrape_when(sidecar.url, lambda s: s.value(catalog.STEPS.name, workload="finishing") == 1)
         assert "productive" not in booked(scrape, "finishing")  # pending until its clean stop
         sidecar.proc.send_signal(signal.SIGTERM)
@@ -137,7 +139,7 @@ def test_after_sigterm_the_sidecar_serves_until_a_scrape_reads_the_final_state(s
         assert sidecar.proc.poll() is None, "it stopped with its job still connected"
         mon.close()
         final = scrape_when(sidecar.url, lambda s: s.value(GOODPUT, workload="finishing", category="productive") > 0)
-        assert booked(final, "finishing")["productive"] == pytest.approx(0.02, rel=0.5)
+        assert 0.02 <= booked(final, "finishing")["productive"] <= took
         assert sidecar.proc.wait(timeout=5) == 0
         assert "the final state was scraped" in sidecar.log()
     # Nothing scraped this one: it has nothing to wait for.
