@@ -19,7 +19,9 @@ demo: setup
 # pytest-xdist: each test file whole on one worker (its module fixtures start once), the files marked
 # `long` first (tests/conftest.py). One worker more than the cores: a good part of the suite waits on
 # real time (alerts' for-durations, Prometheus' scrapes, a stall), and the extra worker fills it. On 2
-# cores, from a fresh clone: 643 s of pytest on one worker (TEST_WORKERS=1), 308 s on three.
+# cores, from a fresh clone: 643 s of pytest on one worker (TEST_WORKERS=1), 308 s on three, before the
+# multi-host tests (tests/test_multihost.py: 4 JAX processes at a time, about 4 minutes of one worker);
+# 464 s on three with them (2026-11-25).
 TEST_WORKERS ?= $(shell echo $$(( $$(nproc) + 1 )))
 test: setup system-deps lint
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
