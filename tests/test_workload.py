@@ -190,10 +190,14 @@ def test_a_stall_stops_the_steps(bench: Callable[..., Run]) -> None:
     assert max(gaps) >= 3.0 and sorted(gaps)[-2] < 1.0, gaps
 
 
-def test_a_straggler_computes_slower(baseline: Run, bench: Callable[..., Run]) -> None:
-    slow = bench("straggler", "--steps", "10", "--checkpoint-every", "0", "--inject", "straggler=3")
-    compute = statistics.median(s.compute_s for s in slow.steps[1:])
-    assert compute > 1.8 * statistics.median(s.compute_s for s in baseline.steps[1:])
+def test_a_straggler_computes_slower(bench: Callable[..., Run]) -> None:
+    """From a third of the run on, against its own steps before (a baseline run at another time saw another load
+    on the machine: a fresh-clone CI beside the multi-host tests measured 1.6 times). The fault stretches the
+    gradient program 3 times, not the update beside it in the compute phase: about 2 times the phase."""
+    slow = bench("straggler", "--steps", "15", "--checkpoint-every", "0", "--inject", "straggler=3")
+    before = [s.compute_s for s in slow.steps[1:5]]  # step 0 compiles; the straggler from step 5
+    after = [s.compute_s for s in slow.steps[5:]]
+    assert statistics.median(after) > 1.5 * statistics.median(before), (before, after)
 
 
 def test_recompile_compiles_in_the_steady_state(bench: Callable[..., Run]) -> None:
