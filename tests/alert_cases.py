@@ -122,6 +122,41 @@ def profiles(
     return result
 
 
+def collective_history(before: float, after: float, at: int, minutes: int, compute: float = 1.0) -> dict[str, str]:
+    """Two workers of workload w profiled every 10 minutes, each waiting ``before`` seconds a step on collectives no
+    compute hides up to minute ``at``, ``after`` from then on, in a step of :data:`PROFILED_STEP` seconds."""
+    result = {}
+    for index in range(2):
+        where = place(index)
+        waits = (before, after)
+        parts = {
+            "compute": f"{compute:g}x{minutes}",
+            "exposed_collective": " ".join(f"{v:g}x{n}" for v, n in zip(waits, (at, minutes - at - 1), strict=True)),
+            "idle": " ".join(
+                f"{PROFILED_STEP - compute - v:g}x{n}" for v, n in zip(waits, (at, minutes - at - 1), strict=True)
+            ),
+        }
+        result |= {s(c.PROFILE_TIME, part=part, **where): values for part, values in parts.items()}
+        result[s(c.PROFILE_STEP, **where)] = f"{PROFILED_STEP:g}x{minutes}"
+        result[s(c.PROFILE_LAST_CAPTURE, **where)] = " ".join(f"{minute // 10 * 600}" for minute in range(minutes + 1))
+        result[s(c.WORKLOAD_PROCESSES, **where)] = f"1x{minutes}"
+    return result
+
+
+def megascale(at: int, minutes: int, running: bool = True) -> dict[str, str]:
+    """A multislice job's host whose runtime times 100 collectives a minute, every one within 10 ms up to minute
+    ``at`` (a p99 of 9.9 ms), then every one between 10 and 100 ms (99.1 ms): ten times slower."""
+    bucket = {"operation": "collective_end_to_end", "buffer_size": "8MB"}
+    result = {
+        s(c.MEGASCALE_LATENCY, "bucket", le="0.01", **bucket): f"0+100x{at} {100 * at}x{minutes - at - 1}",
+        s(c.MEGASCALE_LATENCY, "bucket", le="0.1", **bucket): f"0+100x{minutes}",
+        s(c.MEGASCALE_LATENCY, "bucket", le="+Inf", **bucket): f"0+100x{minutes}",
+    }
+    if running:
+        result[s(c.WORKLOAD_PROCESSES, **W)] = f"1x{minutes}"
+    return result
+
+
 def goodput(productive: int, io_wait: int, minutes: int, category: str = "io_wait") -> dict[str, str]:
     """A workload up for ``minutes``: a minute of wall time each minute, ``io_wait`` seconds of it badput in
     ``category``, ``productive`` seconds booked productive."""
@@ -176,6 +211,23 @@ STALLED = (
 REGRESSION_STEPS = s(c.STEP_DURATION, "count", **W)
 REGRESSION_SUM = s(c.STEP_DURATION, "sum", **W)
 DEVICE = {"device": "0", "accelerator": "v5e", "source": "libtpu"}
+GPU = {"device": "0", "accelerator": "h100", "source": "nvml"}
+RUNBOOKS = "https://tpuscope.example/docs/alerts"  # GeneratorConfig's runbook_url
+
+
+def throttled(clock: float, **reasons: int) -> dict[str, str]:
+    """GPU 0 of the host at ``clock`` Hz of its 2 GHz maximum (SM), and the driver's throttle reasons (0 unless
+    given)."""
+    flags = {"power": 0, "thermal": 0, "hardware": 0, **reasons}
+    return {
+        s(c.CLOCK, clock="sm", **GPU): f"{clock:g}x20",
+        s(c.CLOCK_MAX, clock="sm", **GPU): "2e9x20",
+        s(c.CLOCK, clock="memory", **GPU): "1.5e9x20",
+        s(c.CLOCK_MAX, clock="memory", **GPU): "2.6e9x20",
+        **{s(c.THROTTLED, reason=reason, **GPU): f"{flag}x20" for reason, flag in flags.items()},
+    }
+
+
 RUNNING = {s(c.WORKLOAD_PROCESSES, **W): "1x100"}
 JOBSET = {"job": "tpuscope", "namespace": "ml", "jobset": "llm"}
 
@@ -583,30 +635,55 @@ CASES = [
         AlertName.WORKLOAD_FAILED,
         "warning",
         "10m",
-        {s(c.WORKLOAD_FAILURES, reason="crash", **W): "_x5 1x5", **sidecar(10)},
-        W,
-        "Workload w failed in the last hour (failures: 1).",
+        {s(c.WORKLOAD_FAILURES, reason="out_of_memory", **W): "_x5 1x5", **sidecar(10)},
+        {**W, "reason": "out_of_memory"},
+        f"Workload w failed in the last hour, reason out_of_memory (failures: 1). What to do: {RUNBOOKS}"
+        "#failure-reason-out_of_memory",
+    ),
+    # One alert per reason: a preemption long ago, a process killed without a word (the OOM killer) now.
+    Case(
+        AlertName.WORKLOAD_FAILED,
+        "warning",
+        "90m",
+        {
+            s(c.WORKLOAD_FAILURES, reason="preemption", **W): "1x90",
+            s(c.WORKLOAD_FAILURES, reason="vanished", **W): "_x85 1x5",
+            **sidecar(90),
+        },
+        {**W, "reason": "vanished"},
+        f"Workload w failed in the last hour, reason vanished (failures: 1). What to do: {RUNBOOKS}"
+        "#failure-reason-vanished",
     ),
     Case(
-        AlertName.WORKLOAD_FAILED, None, "90m", {s(c.WORKLOAD_FAILURES, reason="crash", **W): "1x90", **sidecar(90)}
+        AlertName.WORKLOAD_FAILED, None, "90m", {s(c.WORKLOAD_FAILURES, reason="other", **W): "1x90", **sidecar(90)}
     ),  # 90 min ago
+    Case(  # preempted and put back by the platform just now: no ticket (WorkloadDown pages if it stays down)
+        AlertName.WORKLOAD_FAILED,
+        None,
+        "10m",
+        {
+            s(c.WORKLOAD_FAILURES, reason="preemption", **W): "_x5 1x5",
+            s(c.WORKLOAD_FAILURES, reason="maintenance", **W): "_x5 1x5",
+            **sidecar(10),
+        },
+    ),
     # Failed long ago; Prometheus was down an hour back: the series was there all along, not new.
     Case(
         AlertName.WORKLOAD_FAILED,
         None,
         "100m",
-        {s(c.WORKLOAD_FAILURES, reason="crash", **W): values(1, 100, gap=GAP), **sidecar(100, gap=GAP)},
+        {s(c.WORKLOAD_FAILURES, reason="other", **W): values(1, 100, gap=GAP), **sidecar(100, gap=GAP)},
     ),
     Case(  # ... but a failure after the gap counts
         AlertName.WORKLOAD_FAILED,
         "warning",
         "100m",
         {
-            s(c.WORKLOAD_FAILURES, reason="crash", **W): " ".join(values(1, 100, gap=GAP).split()[:81] + ["2"] * 20),
+            s(c.WORKLOAD_FAILURES, reason="other", **W): " ".join(values(1, 100, gap=GAP).split()[:81] + ["2"] * 20),
             **sidecar(100, gap=GAP),
         },
-        W,
-        "Workload w failed in the last hour (failures: 1).",
+        {**W, "reason": "other"},
+        f"Workload w failed in the last hour, reason other (failures: 1). What to do: {RUNBOOKS}#failure-reason-other",
     ),
     Case(
         AlertName.WORKLOAD_CRASH_LOOPING,
@@ -776,4 +853,134 @@ CASES = [
         "budget of 1.00%.",
     ),
     Case(AlertName.INFERENCE_LATENCY_BUDGET_BURN, None, "1470m", latency(slow_percent=0, minutes=1470)),
+    # Issue 25: a compile that ran out of memory on both hosts of a job: one failure, not two.
+    Case(
+        AlertName.COMPILE_FAILING,
+        "warning",
+        "10m",
+        {
+            k: v
+            for i in range(2)
+            for k, v in {
+                s(
+                    c.COMPILE_FAILURES,
+                    stage="backend",
+                    reason="out_of_memory",
+                    instance=f"h{i}:9478",
+                    worker=str(i),
+                    **W,
+                ): "_x5 1x5",
+                **sidecar(10, instance=f"h{i}:9478", worker=str(i)),
+            }.items()
+        },
+        {**W, "stage": "backend", "reason": "out_of_memory"},
+        "Workload w failed to compile 1 times in the last hour, at the backend stage, reason out_of_memory. What to "
+        f"do: {RUNBOOKS}#compile-failure-reason-out_of_memory",
+    ),
+    Case(  # 90 minutes ago
+        AlertName.COMPILE_FAILING,
+        None,
+        "90m",
+        {s(c.COMPILE_FAILURES, stage="tracing", reason="invalid_program", **W): "1x90", **sidecar(90)},
+    ),
+    # A GPU at 75% of its maximum clock, too hot: the driver says so.
+    Case(
+        AlertName.DEVICE_THROTTLED,
+        "warning",
+        "15m",
+        throttled(1.5e9, thermal=1),
+        {**HOST, **PLACE, **GPU, "reason": "thermal"},
+        "GPU 0 (h100) of h:9478 runs its SM clock at 75% of its maximum, held down for thermal reasons.",
+    ),
+    # A power cap the clock does not feel (at its maximum), an idle GPU's low clock with no reason: not throttled.
+    Case(AlertName.DEVICE_THROTTLED, None, "15m", throttled(2e9, power=1)),
+    Case(AlertName.DEVICE_THROTTLED, None, "15m", throttled(3e8)),
+    # 2 GB of 64 available while a workload runs: page before the OOM killer acts.
+    Case(
+        AlertName.HOST_MEMORY_PRESSURE,
+        "critical",
+        "5m",
+        {s(c.HOST_MEMORY_AVAILABLE): "2e9x10", s(c.HOST_MEMORY_TOTAL): "64e9x10", s(c.WORKLOAD_PROCESSES, **W): "1x10"},
+        {**HOST, "signal": "available"},
+        "The host h:9478 has 3.125% of its memory available while a workload runs on it. The kernel's OOM killer "
+        "will end the largest process, likely the training job.",
+    ),
+    # The same host with no workload on it: whatever fills its memory, no job of ours is at risk.
+    Case(
+        AlertName.HOST_MEMORY_PRESSURE,
+        None,
+        "5m",
+        {s(c.HOST_MEMORY_AVAILABLE): "2e9x10", s(c.HOST_MEMORY_TOTAL): "64e9x10"},
+    ),
+    # Thrashing: swapping in 2 MiB/s while the job reads 500 pages a second back from disk.
+    Case(
+        AlertName.HOST_MEMORY_PRESSURE,
+        "critical",
+        "10m",
+        {
+            s(c.HOST_MEMORY_AVAILABLE): "20e9x10",
+            s(c.HOST_MEMORY_TOTAL): "64e9x10",
+            s(c.HOST_SWAP_IO, direction="in"): "0+125829120x10",
+            s(c.JOB_MAJOR_PAGE_FAULTS, pid="42", **W): "0+30000x10",
+            s(c.WORKLOAD_PROCESSES, **W): "1x10",
+        },
+        {**HOST, "signal": "thrashing"},
+        "The host h:9478 swaps in 2MiB/s while its jobs read more than 100 pages a second back from disk: their "
+        "memory does not fit. The kernel's OOM killer will end the largest process, likely the training job.",
+    ),
+    # Swapping in while the job hardly faults: another process's memory, not the job's.
+    Case(
+        AlertName.HOST_MEMORY_PRESSURE,
+        None,
+        "10m",
+        {
+            s(c.HOST_MEMORY_AVAILABLE): "20e9x10",
+            s(c.HOST_MEMORY_TOTAL): "64e9x10",
+            s(c.HOST_SWAP_IO, direction="in"): "0+125829120x10",
+            s(c.JOB_MAJOR_PAGE_FAULTS, pid="42", **W): "0+60x10",
+            s(c.WORKLOAD_PROCESSES, **W): "1x10",
+        },
+    ),
+    # 4 hours of device profiles, each worker waiting 0.3 s a step on collectives, then 0.9 s from minute 241.
+    Case(
+        AlertName.COLLECTIVE_LATENCY_SPIKE,
+        "warning",
+        "280m",
+        collective_history(0.3, 0.9, at=240, minutes=280),
+        {**W, "source": "profile"},
+        "Workload w waits on collectives that no compute hides 3.0x as long a step as in the 6 hours before, in "
+        "its sampled device profiles (a spike from 2x).",
+    ),
+    # The same jump 90 minutes into a workload's life: no baseline to judge it by yet.
+    Case(AlertName.COLLECTIVE_LATENCY_SPIKE, None, "130m", collective_history(0.3, 0.9, at=90, minutes=130)),
+    # Three times nothing: 0.06 s of a 2.5 s step is no collective problem.
+    Case(AlertName.COLLECTIVE_LATENCY_SPIKE, None, "280m", collective_history(0.02, 0.06, at=240, minutes=280)),
+    # A multislice job without profiles: its runtime's collective p99 ten times its own, from minute 241.
+    Case(
+        AlertName.COLLECTIVE_LATENCY_SPIKE,
+        "warning",
+        "280m",
+        megascale(at=240, minutes=280),
+        {**W, "source": "megascale"},
+        "Workload w sees its multislice collectives (collective_end_to_end p99) take 10.0x as long as in the 6 hours "
+        "before, on its slowest host (a spike from 2x).",
+    ),
+    # The same with device profiles whose collective wait did not change: what the step waits for is the measure.
+    Case(
+        AlertName.COLLECTIVE_LATENCY_SPIKE,
+        None,
+        "280m",
+        {**megascale(at=240, minutes=280), **collective_history(0.3, 0.3, at=240, minutes=280)},
+    ),
+    # A model loaded 7 days and 2 hours ago, still served.
+    Case(
+        AlertName.MODEL_STALE,
+        "warning",
+        "70m",
+        {s(c.MODEL_LOADED, version="v3", **W): "-607800x70", **RUNNING},
+        {**W, "version": "v3"},
+        "Workload w serves model version v3, loaded 7d 2h 0m 0s ago (stale from 7 days).",
+    ),
+    Case(AlertName.MODEL_STALE, None, "70m", {s(c.MODEL_LOADED, version="v4", **W): "-86400x70", **RUNNING}),
+    Case(AlertName.MODEL_STALE, None, "70m", {s(c.MODEL_LOADED, version="v3", **W): "-607800x70"}),  # not served now
 ]

@@ -158,7 +158,9 @@ def test_a_fault_can_name_the_worker_it_hits() -> None:
         with pytest.raises(FaultError, match="@WORKER must be a worker of the job, 0 to 3"):
             Faults.parse([bad], worker=0, workers=4)
     for alone in ("ckpt-fail@1", "recompile=5@0", "spill@2"):  # a job of one program and one barrier would hang
-        with pytest.raises(FaultError, match="only slow-io, stall, straggler, crash can hit one worker"):
+        with pytest.raises(
+            FaultError, match="only slow-io, stall, straggler, crash, oom, compile-error, bad-data can hit one worker"
+        ):
             Faults.parse([alone], worker=0, workers=4)
 
 

@@ -204,6 +204,9 @@ def _every_kind(workload: str, device: str) -> Iterator[events.AnyEvent]:
     yield events.ProgramMemory(workload=workload, program=f"prog-{workload}", spill_bytes=1)
     yield events.Lifecycle(workload=workload, state="restart", reason=f"why-{workload}")
     yield events.InferenceBatch(workload=workload, batch_size=2, queue_depth=1, request_seconds=[0.01])
+    yield events.CompileFailure(workload=workload, stage="backend", reason="unsupported")
+    yield events.Recompile(workload=workload, cause="input_types")
+    yield events.ModelLoaded(workload=workload, version=f"v-{workload}")
 
 
 def test_expiry_removes_every_series_state_and_label_value_of_the_workload_only() -> None:
@@ -228,7 +231,8 @@ def test_expiry_removes_every_series_state_and_label_value_of_the_workload_only(
     changed = {catalog.WORKLOADS_EXPIRED.name, catalog.LABEL_VALUES.name}
     assert [s for s in kept if s[0] not in changed] == [s for s in after if s[0] not in changed]
     values = {labels["label"]: value for name, labels, value in after if name == catalog.LABEL_VALUES.name}
-    assert values == {"workload": 1, "device": 1, "accelerator": 1, "program": 1, "reason": 2}  # "none" and why-stays
+    # reason: "none", why-stays and unsupported; cause: input_types; version: v-stays.
+    assert values == {"workload": 1, "device": 1, "accelerator": 1, "program": 1, "reason": 3, "cause": 1, "version": 1}
     assert _scrape(registry).value(catalog.WORKLOADS_EXPIRED.name) == 1
     # Back again: fresh series and a fresh ledger, not the old counts.
     aggregator.accept(events.Step(workload="gone", step=0, duration_s=0.1, compute_s=0.1))

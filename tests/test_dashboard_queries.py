@@ -6,8 +6,9 @@ queries, taken from the dashboards as Grafana gets them, run against it at one i
 
 - ``train``, a job of 4 hosts (slice 0, workers 0..3), failed and restarted once: its 4 sidecars, each with
   the failure, went away with their pods, and 4 new sidecars (new instances) each report the restart. Every
-  host reports the same compiles: a recompile before the failure, the compile after the restart, and the
-  same checkpoint saves (each process saves its part): one before the failure, one after the restart.
+  host reports the same compiles: a recompile before the failure (its cause: input types), a compile that ran
+  out of memory just before the failure, the compile after the restart, and the same checkpoint saves (each
+  process saves its part): one before the failure, one after the restart.
 - ``tune``, 2 hosts of another accelerator (another peak), started within the range.
 - Both run at 50% MFU; each sidecar reports its own host's FLOPs and peak, as the job's Monitor sends them.
 - ``train``'s new pods sample device profiles, all 4 at the same steps, at -20 and -10 min (0.3 s and 360 kB a
@@ -99,6 +100,9 @@ def fleet(at: int) -> Fleet:
         # The pods after the restart: new sidecars, new instances, the same slice and worker.
         second = f.sidecar(f"train-{worker}-b:9478", "0", str(worker), -1680, 0)
         f.counter(c.WORKLOAD_FAILURES.name, {**first, **train, "reason": "crash"}, -1860, -1800, {-1860: 1})
+        out_of_memory = {**first, **train, "stage": "backend", "reason": "out_of_memory"}
+        f.counter(c.COMPILE_FAILURES.name, out_of_memory, -1870, -1800, {-1870: 1})
+        f.counter(c.RECOMPILES.name, {**first, **train, "cause": "input_types"}, -3000, -1800, {-3000: 1})
         f.counter(c.WORKLOAD_RESTARTS.name, {**second, **train, "reason": "crash"}, -1680, 0, {-1680: 1})
         for host, start, end in ((first, -2 * HOUR, -1800), (second, -1680, 0)):
             # Every host compiles the same program at its start, 20 s (2 s of it tracing); the first pods
@@ -255,13 +259,21 @@ def test_a_failure_of_a_4_host_job_counts_once(prometheus: tuple[PrometheusAPI, 
     assert values(prometheus, FLEET, "Failures over the range") == {(): 1}
     assert values(prometheus, FLEET, "Failures, by workload and reason", by=by) == {TRAIN_CRASH: 1}
     assert values(prometheus, ONCALL, "Failures and restarts in the last hour", "A", by=by) == {TRAIN_CRASH: 1}
+    assert values(prometheus, ONCALL, "Failures over the range, by workload and reason", by=by) == {TRAIN_CRASH: 1}
 
 
 def test_compiles_every_host_reports_count_once(prometheus: tuple[PrometheusAPI, int]) -> None:
-    """The recompile seen by the first pods (gone since) and the compile after the restart: 2, not 8."""
+    """The recompile seen by the first pods (gone since) and the compile after the restart: 2, not 8; the failed
+    compile and the recompile's cause, which the first pods reported: 1 each, not 4."""
     assert values(prometheus, JOB, "Compiles", workload="train", by=("workload",)) == {("train",): 2}
     seconds = values(prometheus, JOB, "Compile time by stage", workload="train", by=("stage",))
     assert seconds == {("backend",): 10 + 20, ("tracing",): 1 + 2}
+    failed = values(
+        prometheus, ONCALL, "Compile failures over the range, by stage and reason", by=("workload", "stage", "reason")
+    )
+    assert failed == {("train", "backend", "out_of_memory"): 1}
+    causes = values(prometheus, ONCALL, "Recompiles over the range, by cause", by=("workload", "cause"))
+    assert causes == {("train", "input_types"): 1}
 
 
 def test_a_checkpoint_every_host_saves_a_part_of_counts_once(prometheus: tuple[PrometheusAPI, int]) -> None:
@@ -344,3 +356,20 @@ def test_the_device_profile_split_and_its_captures(prometheus: tuple[PrometheusA
     assert values(prometheus, JOB, "Age of the latest device profile", workload="train") == {(): 600}
     ((_, overlap),) = values(prometheus, JOB, "Device profile: collective overlap", workload="train").items()
     assert overlap == pytest.approx(0.5)
+
+
+def test_the_collective_panel_sets_the_last_half_hour_against_the_six_hours_before(tmp_path: Path) -> None:
+    """A workload whose workers' median exposed collective time (as the recording rule records it each minute) was
+    0.02 s a step for 7 hours, then 0.05 s in its last 20 minutes: the panel's now is 0.05 (the median of the last
+    half hour, two thirds of it new), its baseline 0.02 (the 6 hours before), as TpuscopeCollectiveLatencySpike
+    compares them."""
+    at = (int(time.time()) // HOUR - 1) * HOUR
+    f = Fleet(at)
+    exposed = {"workload": "train", "part": "exposed_collective"}
+    f.series(conventions.PROFILE_MEDIAN, exposed, -7 * HOUR, 0, lambda t: 0.05 if t > -1200 else 0.02, every=60)
+    title = "Device profile: exposed collective time against its baseline, by workload"
+    with backfilled(tmp_path, f, "--storage.tsdb.retention.time=100d", f"--query.lookback-delta={LOOKBACK}") as api:
+        now = values((api, at), ONCALL, title, "A", by=("workload",))
+        baseline = values((api, at), ONCALL, title, "B", by=("workload",))
+    assert now == {("train",): 0.05}
+    assert baseline == {("train",): 0.02}

@@ -9,6 +9,9 @@ is one; see the issue notes.
 from __future__ import annotations
 
 import ctypes.util
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -16,11 +19,13 @@ from conftest import wait_for
 
 from tpuscope import catalog
 from tpuscope.scrape import Scrape
-from tpuscope.testing.fake_nvml import FakeGpu, FakeNvmlState, environment
+from tpuscope.testing.fake_nvml import FakeGpu, FakeNvmlState, build, environment
 from tpuscope.workload.sidecar import SidecarProcess
 
 UP = catalog.COLLECTOR_UP.name
 ERRORS = catalog.COLLECTOR_ERRORS.name
+THROTTLED = catalog.THROTTLED.name
+REASONS = ("power", "thermal", "hardware")
 
 
 def nvml_sidecar(socket: Path, env: dict[str, str] | None) -> SidecarProcess:
@@ -160,3 +165,98 @@ def test_a_hung_driver_does_not_keep_the_sidecar_from_stopping(
     with nvml_sidecar(short_tmp / "s.sock", environment(fake_nvml_lib, state)) as sidecar:
         down_with(sidecar.url, "deadline")
         assert sidecar.stop(timeout=10) == 0  # SIGTERM: a clean exit, not the SIGKILL after 10 s
+
+
+def throttled(scrape: Scrape, device: str) -> dict[str, float]:
+    return {s.labels["reason"]: s.value for s in scrape.find(THROTTLED, device=device)}
+
+
+def gpu0_throttled(expected: dict[str, float]) -> Callable[[Scrape], bool]:
+    return lambda scrape: throttled(scrape, "0") == expected
+
+
+def test_max_clocks_and_why_the_driver_holds_the_clocks_down(
+    fake_nvml_lib: Path, state: FakeNvmlState, short_tmp: Path
+) -> None:
+    state.gpus[1].clock_sm_max_mhz, state.gpus[1].clock_mem_max_mhz = 1980, 3201
+    state.write()
+    with nvml_sidecar(short_tmp / "s.sock", environment(fake_nvml_lib, state)) as sidecar:
+        scrape = wait_for(sidecar.url, lambda s: s.has(THROTTLED, device="1"))
+        for index, gpu in enumerate(state.gpus):
+            d = {"device": str(index), "source": "nvml"}
+            assert scrape.value(catalog.CLOCK_MAX.name, clock="sm", **d) == gpu.clock_sm_max_mhz * 1e6
+            assert scrape.value(catalog.CLOCK_MAX.name, clock="memory", **d) == gpu.clock_mem_max_mhz * 1e6
+            assert throttled(scrape, str(index)) == dict.fromkeys(REASONS, 0.0)  # mask 0: full speed
+
+        # nvml.h bits, as the driver sets them: which reason each one turns on (GPU 1 stays at full speed).
+        cases = {
+            0x40: {"thermal"},  # HW thermal slowdown
+            0x20: {"thermal"},  # SW thermal slowdown
+            0x4: {"power"},  # SW power cap
+            0x80: {"power"},  # HW power brake
+            0x8: {"hardware"},  # HW slowdown
+            0x1: set(),  # GPU idle: clocks chosen low, not held down
+            0x4 | 0x40: {"power", "thermal"},
+            0x0: set(),
+        }
+        for mask, reasons in cases.items():
+            expected = {reason: float(reason in reasons) for reason in REASONS}
+            state.gpus[0].clocks_event_reasons = mask
+            state.write()
+            scrape = wait_for(sidecar.url, gpu0_throttled(expected))
+            assert throttled(scrape, "0") == expected, hex(mask)
+            assert throttled(scrape, "1") == dict.fromkeys(REASONS, 0.0)
+            assert scrape.value(UP, collector="nvml") == 1
+
+
+def test_a_gpu_without_max_clocks_or_throttle_reasons_serves_the_rest(
+    fake_nvml_lib: Path, state: FakeNvmlState, short_tmp: Path
+) -> None:
+    state.not_supported = {"max_clocks", "clocks_event_reasons"}
+    state.write()
+    with nvml_sidecar(short_tmp / "s.sock", environment(fake_nvml_lib, state)) as sidecar:
+        scrape = up(sidecar.url)
+        assert not scrape.has(catalog.CLOCK_MAX.name) and not scrape.has(THROTTLED)
+        assert scrape.value(catalog.CLOCK.name, device="1", clock="sm") == state.gpus[1].clock_sm_mhz * 1e6
+        assert scrape.value(catalog.TEMPERATURE.name, device="0") == state.gpus[0].temperature_c
+        log = sidecar.log()
+    for query in ("max_clocks", "throttling"):
+        assert log.count(f"does not support the {query} query") == 2, log  # once per GPU
+
+
+@pytest.fixture(scope="module")
+def old_nvml_libs() -> Iterator[dict[str, Path]]:
+    """Fake libraries without the R535 reasons entry point, and without either of its names."""
+    root = Path(tempfile.mkdtemp(prefix="ts-nvml-old-"))
+    event, throttle = "nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetCurrentClocksThrottleReasons"
+    yield {
+        "before_r535": build(root / "before_r535", omit={event}),
+        "neither": build(root / "neither", omit={event, throttle}),
+    }
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def test_a_driver_before_r535_answers_under_the_older_name(
+    old_nvml_libs: dict[str, Path], state: FakeNvmlState, short_tmp: Path
+) -> None:
+    state.gpus[0].clocks_event_reasons = 0x40
+    state.write()
+    with nvml_sidecar(short_tmp / "s.sock", environment(old_nvml_libs["before_r535"], state)) as sidecar:
+        scrape = wait_for(sidecar.url, lambda s: s.has(THROTTLED, device="1"))
+        assert throttled(scrape, "0") == {"power": 0.0, "thermal": 1.0, "hardware": 0.0}
+        assert throttled(scrape, "1") == dict.fromkeys(REASONS, 0.0)
+        assert scrape.value(UP, collector="nvml") == 1
+        assert sidecar.log().count("NVML has no nvmlDeviceGetCurrentClocksEventReasons") == 1
+
+
+def test_a_driver_with_neither_reasons_query_leaves_throttling_out(
+    old_nvml_libs: dict[str, Path], state: FakeNvmlState, short_tmp: Path
+) -> None:
+    with nvml_sidecar(short_tmp / "s.sock", environment(old_nvml_libs["neither"], state)) as sidecar:
+        scrape = wait_for(sidecar.url, lambda s: s.value(UP, collector="nvml") == 1 and s.has(catalog.CLOCK_MAX.name))
+        assert scrape.value(UP, collector="nvml") == 1
+        assert not scrape.has(THROTTLED)
+        assert scrape.value(catalog.CLOCK_MAX.name, device="0", clock="sm") == state.gpus[0].clock_sm_max_mhz * 1e6
+        assert scrape.value(catalog.DUTY_CYCLE.name, device="1") == pytest.approx(state.gpus[1].utilization_gpu / 100)
+        log = sidecar.log()
+    assert log.count("does not support the throttling query") == 2, log

@@ -396,7 +396,7 @@ def test_an_uncaught_exception_is_recorded_as_a_failure(sidecar: SidecarProcess,
     )
     assert job.returncode == 1 and "the training loop failed" in job.stderr
     scrape = wait_for(sidecar.url, lambda s: s.has(FAILURES, workload=workload))
-    assert scrape.value(FAILURES, workload=workload, reason="exception") == 1
+    assert scrape.value(FAILURES, workload=workload, reason="other") == 1
     # It said goodbye, so the connection's end is not taken for a second failure.
     time.sleep(0.3)
     scrape = Scrape.fetch(sidecar.url)

@@ -139,7 +139,7 @@ def test_a_report_from_the_recording_tells_the_same_story_without_prometheus(run
     out, data = made(run, "recording", f"--recording={run.recording}")
     _, prometheus = made(run, "prometheus", f"--prometheus={run.prometheus}")
     assert data["totals"]["step_count"] == prometheus["totals"]["step_count"] > 0
-    assert data["totals"]["failures"] == prometheus["totals"]["failures"] == {"exception": 1}
+    assert data["totals"]["failures"] == prometheus["totals"]["failures"] == {"other": 1}
     assert data["totals"]["restarts"] == prometheus["totals"]["restarts"] == {"resumed": 1}
 
     def failed_saves(report: dict[str, Any]) -> int:

@@ -96,6 +96,10 @@ def test_every_event_kind_lands_in_its_metric(sidecar: SidecarProcess) -> None:
         mon.lifecycle("restart", reason="preemption")
         mon.lifecycle("failure", reason="crash")
         mon.inference_batch(4, queue_depth=2, request_seconds=[0.01, 0.02, 0.03])
+        mon.recompile("input_types")
+        mon.model_loaded("v1")
+        loaded = time.time()
+        mon.model_loaded("v2")  # a new model replaces the old: one series, the age of the one served now
     expected_events = mon.sent
     scrape = scrape_when(sidecar.url, lambda s: s.value(INGEST, result="accepted") >= expected_events)
     w = {"workload": "kinds"}
@@ -117,6 +121,9 @@ def test_every_event_kind_lands_in_its_metric(sidecar: SidecarProcess) -> None:
     assert scrape.value(catalog.INFERENCE_QUEUE_DEPTH.name, **w) == 2
     assert scrape.value(catalog.INFERENCE_REQUEST_DURATION.series("count"), **w) == 3
     assert scrape.value(catalog.BUILD_INFO.name) == 1
+    assert scrape.value(catalog.RECOMPILES.name, cause="input_types", **w) == 1
+    [model] = scrape.find(catalog.MODEL_LOADED.name, **w)
+    assert model.labels["version"] == "v2" and loaded <= model.value <= time.time()
 
 
 def test_a_checkpoint_or_compile_ending_is_progress_as_a_step_is(sidecar: SidecarProcess) -> None:

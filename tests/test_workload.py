@@ -166,7 +166,7 @@ def test_a_crash_then_a_rerun_resumes_from_the_checkpoint_and_counts_lost_work(
     metrics = scrape(module_sidecar, resumed)
     w = {"workload": "crashy"}
     assert metrics.value(catalog.GOODPUT.name, category="lost", **w) > 0
-    assert metrics.value(catalog.WORKLOAD_FAILURES.name, reason="exception", **w) == 1
+    assert metrics.value(catalog.WORKLOAD_FAILURES.name, reason="other", **w) == 1
     assert metrics.value(catalog.WORKLOAD_RESTARTS.name, reason="resumed", **w) == 1
     assert metrics.value(catalog.CHECKPOINT_DURATION.series("count"), operation="restore", result="ok", **w) == 1
 

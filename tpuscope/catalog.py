@@ -51,6 +51,7 @@ class Label(enum.StrEnum):
     SLICE = "slice"
     WORKER = "worker"
     PART = "part"
+    CAUSE = "cause"
 
 
 # Where in a multi-host job the sidecar runs: every series it serves carries these two
@@ -170,6 +171,29 @@ COMPILE_CACHE_REQUESTS = _metric(
     "Persistent compilation cache look-ups by result (hit or miss).",
     W,
     Label.RESULT,
+    group=COMPILE_GROUP,
+)
+
+COMPILE_FAILURES = _metric(
+    "compile_failures_total",
+    Kind.COUNTER,
+    "Compilations that failed, by stage (tracing, lowering, backend) and reason: out_of_memory (the compiler ran "
+    "out of device or host memory), unsupported (an op or custom call the backend does not implement), "
+    "invalid_program (a tracing error, or a program XLA rejects), internal (a compiler bug), other.",
+    W,
+    Label.STAGE,
+    Label.REASON,
+    group=COMPILE_GROUP,
+)
+RECOMPILES = _metric(
+    "recompiles_total",
+    Kind.COUNTER,
+    "Functions traced again although traced before, by cause, from JAX's explanation of its tracing-cache miss: "
+    "input_types (an argument's shape, dtype, sharding or weak type changed), input_structure (another pytree), "
+    "redefined_function (a new function object from the same line each time), tracing_context (a config or "
+    "context manager changed), other.",
+    W,
+    Label.CAUSE,
     group=COMPILE_GROUP,
 )
 
@@ -400,7 +424,15 @@ WORKLOAD_PROCESSES = _metric(
     group=LIFECYCLE_GROUP,
 )
 WORKLOAD_FAILURES = _metric(
-    "workload_failures_total", Kind.COUNTER, "Workload failures, by reason.", W, Label.REASON, group=LIFECYCLE_GROUP
+    "workload_failures_total",
+    Kind.COUNTER,
+    "Processes of the workload that failed, by reason as the job classified its failure: out_of_memory, "
+    "compile_error, runtime_init, checkpoint_restore, preemption, maintenance, data_error, other; vanished when "
+    "the process ended without a word (a SIGKILL: the kernel's OOM killer, a scheduler past its grace period). "
+    "docs/alerts.md says what to do for each.",
+    W,
+    Label.REASON,
+    group=LIFECYCLE_GROUP,
 )
 WORKLOAD_START_TIME = _metric(
     "workload_start_time_seconds",
@@ -443,6 +475,16 @@ INFERENCE_REQUEST_DURATION = _metric(
 )
 INFERENCE_QUEUE_DEPTH = _metric(
     "inference_queue_depth", Kind.GAUGE, "Requests waiting for a batch slot.", W, group=SERVING_GROUP
+)
+MODEL_LOADED = _metric(
+    "model_load_timestamp_seconds",
+    Kind.GAUGE,
+    "Unix time at which the serving workload loaded the model it serves, by its version (the latest load only; "
+    "the version label holds at most --max-label-values values): time() minus this is the model's age.",
+    W,
+    Label.VERSION,
+    unit="seconds",
+    group=SERVING_GROUP,
 )
 INFERENCE_BATCH_SIZE = _metric(
     "inference_batch_size",
@@ -542,6 +584,28 @@ CLOCK = _metric(
     group=ACCELERATOR_GROUP,
     sampled=True,
 )
+CLOCK_MAX = _metric(
+    "device_clock_max_hertz",
+    Kind.GAUGE,
+    "Highest clock frequency the device supports, by clock domain: sm or memory (nvml); a current clock below it "
+    "while the device is busy is a throttled device.",
+    *_dev,
+    Label.CLOCK,
+    unit="hertz",
+    group=ACCELERATOR_GROUP,
+    sampled=True,
+)
+THROTTLED = _metric(
+    "device_throttled",
+    Kind.GAUGE,
+    "1 while the driver holds the device's clocks down for this reason, else 0 (nvml clocks-event reasons): "
+    "power (software power cap, hardware power brake), thermal (software or hardware thermal slowdown), "
+    "hardware (hardware slowdown: the power supply or an overheating board). TPU runtimes report no equivalent.",
+    *_dev,
+    Label.REASON,
+    group=ACCELERATOR_GROUP,
+    sampled=True,
+)
 XID_ERRORS = _metric(
     "gpu_xid_errors_total",
     Kind.COUNTER,
@@ -600,6 +664,16 @@ HOST_NETWORK = _metric(
     group=HOST_GROUP,
     sampled=True,
 )
+HOST_SWAP_IO = _metric(
+    "host_swap_io_bytes_total",
+    Kind.COUNTER,
+    "Bytes the host swapped in from disk and out to it, by direction (in, out): swapping in while a job runs "
+    "is memory thrash.",
+    Label.DIRECTION,
+    unit="bytes",
+    group=HOST_GROUP,
+    sampled=True,
+)
 JOB_CPU = _metric(
     "job_cpu_seconds_total",
     Kind.COUNTER,
@@ -617,6 +691,16 @@ JOB_RESIDENT_MEMORY = _metric(
     W,
     Label.PID,
     unit="bytes",
+    group=HOST_GROUP,
+    sampled=True,
+)
+JOB_MAJOR_PAGE_FAULTS = _metric(
+    "job_major_page_faults_total",
+    Kind.COUNTER,
+    "Page faults of each of the job's processes that had to read from disk (swap or a mapped file): the job "
+    "thrashing when its memory does not fit.",
+    W,
+    Label.PID,
     group=HOST_GROUP,
     sampled=True,
 )

@@ -44,10 +44,12 @@ class AlertName(enum.StrEnum):
     WORKLOAD_FAILED = f"{ALERT_PREFIX}WorkloadFailed"
     WORKLOAD_DOWN = f"{ALERT_PREFIX}WorkloadDown"
     WORKLOAD_CRASH_LOOPING = f"{ALERT_PREFIX}WorkloadCrashLooping"
+    COLLECTIVE_LATENCY_SPIKE = f"{ALERT_PREFIX}CollectiveLatencySpike"
     # compile and memory
     COMPILE_TIME_HIGH = f"{ALERT_PREFIX}CompileTimeHigh"
     RECOMPILING = f"{ALERT_PREFIX}Recompiling"
     COMPILE_CACHE_HIT_RATIO_LOW = f"{ALERT_PREFIX}CompileCacheHitRatioLow"
+    COMPILE_FAILING = f"{ALERT_PREFIX}CompileFailing"
     MEMORY_SPILL = f"{ALERT_PREFIX}MemorySpill"
     DEVICE_MEMORY_NEAR_LIMIT = f"{ALERT_PREFIX}DeviceMemoryNearLimit"
     # checkpoints
@@ -64,6 +66,10 @@ class AlertName(enum.StrEnum):
     EXPORTER_ABSENT = f"{ALERT_PREFIX}ExporterAbsent"
     INGEST_LOSING_EVENTS = f"{ALERT_PREFIX}IngestLosingEvents"
     HOST_CPU_SATURATED = f"{ALERT_PREFIX}HostCPUSaturated"
+    HOST_MEMORY_PRESSURE = f"{ALERT_PREFIX}HostMemoryPressure"
+    DEVICE_THROTTLED = f"{ALERT_PREFIX}DeviceThrottled"
+    # serving
+    MODEL_STALE = f"{ALERT_PREFIX}ModelStale"
 
 
 class DashboardUID(enum.StrEnum):

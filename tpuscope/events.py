@@ -150,6 +150,19 @@ class Compile(Event, tag="compile", frozen=True):
     function: Text = ""
 
 
+class CompileFailure(Event, tag="compfail", frozen=True):
+    """A compilation that failed at ``stage``; ``reason`` is one of tpuscope.failures.COMPILE_FAILURE_VALUES."""
+
+    stage: CompileStage
+    reason: LabelValue = "other"
+
+
+class Recompile(Event, tag="recompile", frozen=True):
+    """A function traced again, and why (JAX's cache-miss explanation): one of tpuscope.failures.RECOMPILE_VALUES."""
+
+    cause: LabelValue = "other"
+
+
 class CompileCache(Event, tag="cache", frozen=True):
     """One persistent compilation-cache look-up."""
 
@@ -202,7 +215,8 @@ class Hardware(Event, tag="hw", frozen=True):
 
 
 class Lifecycle(Event, tag="life", frozen=True):
-    """The job started, stopped, failed or restarted."""
+    """The job started, stopped, failed or restarted. A failure's ``reason`` is one of
+    tpuscope.failures.FAILURE_VALUES (``exception`` from a job older than them)."""
 
     state: LifecycleState
     reason: LabelValue = "none"
@@ -216,8 +230,25 @@ class InferenceBatch(Event, tag="infer", frozen=True):
     request_seconds: Annotated[list[Seconds], msgspec.Meta(max_length=1024)] = []
 
 
+class ModelLoaded(Event, tag="model", frozen=True):
+    """A serving process loaded the model it serves (its version a label: a few values, never a hash per build)."""
+
+    version: LabelValue
+
+
 AnyEvent = (
-    Step | Compile | CompileCache | Checkpoint | DeviceMemory | ProgramMemory | Hardware | Lifecycle | InferenceBatch
+    Step
+    | Compile
+    | CompileCache
+    | Checkpoint
+    | DeviceMemory
+    | ProgramMemory
+    | Hardware
+    | Lifecycle
+    | InferenceBatch
+    | CompileFailure
+    | Recompile
+    | ModelLoaded
 )
 
 # Why a datagram was rejected; each is a value of the sidecar's reason label.

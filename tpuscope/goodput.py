@@ -144,7 +144,7 @@ class GoodputLedger:
         # fit in the time it has been alive, less what is booked and pending, is not booked twice.
         productive = compute_time - compile_in_step
         room = now - self.started_at - self.booked - self.pending.seconds
-        if io + productive > room:
+        if io + productive > max(0.0, room):  # (an empty step fits however little room is left: no 0 / 0)
             fits = max(0.0, room) / (io + productive)
             io, productive = io * fits, productive * fits
         if io:

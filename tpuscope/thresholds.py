@@ -52,6 +52,18 @@ class Thresholds:
     """Device memory above this share of its limit: the next larger batch or program will not fit."""
     host_cpu_ratio: float = 0.90
     """Host CPU busier than this cannot feed the chips."""
+    host_memory_available_ratio: float = 0.05
+    """Host memory available (the kernel's MemAvailable) below this share of the total, while a workload runs on
+    the host: the kernel's OOM killer is near, and it picks the largest process, likely the training job."""
+    swap_in_bytes_per_second: float = 1048576.0
+    """The host swapping in faster than this (1 MiB/s: 256 pages a second) while its job's processes fault pages in
+    from disk faster than :attr:`major_faults_per_second`: the job's memory does not fit, it thrashes."""
+    major_faults_per_second: float = 100.0
+    """A job's major page faults per second (pages read from disk: swap, or a mapped file) above which, with the
+    host swapping in, the job thrashes. Alone it may be a memory-mapped dataset being read: not an alert."""
+    throttle_clock_ratio: float = 0.9
+    """A GPU whose SM clock is below this share of its maximum while the driver names a power, thermal or hardware
+    reason for holding it down is throttled."""
 
     # --- for the alerts alone ---
     step_regression_factor: float = 1.3
@@ -72,11 +84,30 @@ class Thresholds:
     inference_min_requests: float = 100
     """Requests a serving workload must have answered in a burn-rate window before its latency SLO is judged
     over it: a few slow requests of a nearly idle service are not an outage."""
+    collective_spike_factor: float = 2.0
+    """A workload's collective time, its median over the last 30 minutes, this many times its median of the 6
+    hours before: the interconnect (ICI, DCN) or a peer got slower."""
+    collective_spike_min_share: float = 0.1
+    """The share of its step a workload must now spend in exposed collectives (its device profiles) before a
+    jump of its collective time counts: twice nothing is still nothing."""
+    model_age_seconds: float = 7 * 86400.0
+    """A serving workload still serving a model loaded this long ago: the pipeline that publishes new models, or
+    the roll-out that loads them, has stopped."""
 
     def __post_init__(self) -> None:
         for name in ("goodput_objective", "inference_latency_objective"):
             if not 0 < getattr(self, name) < 1:
                 raise ValueError(f"{name} must be between 0 and 1 (an objective of 1 leaves no error budget)")
+        for name in ("host_memory_available_ratio", "collective_spike_min_share"):
+            if not 0 < getattr(self, name) < 1:
+                raise ValueError(f"{name} must be between 0 and 1 (a share)")
+        if not 0 < self.throttle_clock_ratio <= 1:
+            raise ValueError("throttle_clock_ratio must be above 0 and at most 1 (a share of the maximum clock)")
+        if self.collective_spike_factor <= 1:
+            raise ValueError("collective_spike_factor must be above 1 (a multiple of the baseline)")
+        for name in ("swap_in_bytes_per_second", "major_faults_per_second", "model_age_seconds"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be above 0")
         if self.inference_latency_seconds not in catalog.REQUEST_BUCKETS:  # the SLI counts a bucket: it must be one
             raise ValueError(f"inference_latency_seconds must be one of {catalog.REQUEST_BUCKETS}")
 

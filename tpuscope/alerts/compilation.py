@@ -1,10 +1,16 @@
-"""Alerts on XLA compilation: too long, again and again in the steady state, missing the persistent cache."""
+"""Alerts on XLA compilation: failing, too long, again and again in the steady state, missing the persistent
+cache."""
 
 from __future__ import annotations
 
 from tpuscope import catalog as c
 from tpuscope import durations
-from tpuscope.alerts.rules import Alert, new_or_increase
+from tpuscope.alerts.rules import (
+    COMPILE_FAILURE_REASON_ANCHOR,
+    Alert,
+    new_or_increase,
+    reason_runbook,
+)
 from tpuscope.conventions import AlertName, DashboardUID
 from tpuscope.generator_config import GeneratorConfig
 from tpuscope.promql import SIDECAR_START, series
@@ -41,7 +47,9 @@ def alerts(config: GeneratorConfig) -> list[Alert]:
             "Workload {{ $labels.workload }} compiled {{ $value }} programs in 30 minutes, an hour after it began "
             "stepping.",
             DashboardUID.JOB,
-            runbook="Shapes or static arguments change between steps: pad to fixed shapes, bucket sequence lengths.",
+            runbook="Shapes or static arguments change between steps: pad to fixed shapes, bucket sequence lengths. "
+            f"{c.RECOMPILES.name} says why each function was traced again, by cause (the On-call dashboard's "
+            "Recompiles panel): see [Recompile causes](#recompile-causes).",
         ),
         Alert(
             AlertName.COMPILE_CACHE_HIT_RATIO_LOW,
@@ -55,5 +63,20 @@ def alerts(config: GeneratorConfig) -> list[Alert]:
             DashboardUID.JOB,
             runbook="Check that the cache directory is shared and persistent, and that JAX and its flags did not "
             "change.",
+        ),
+        Alert(
+            AlertName.COMPILE_FAILING,
+            "warning",
+            f"{new_or_increase(c.COMPILE_FAILURES, '1h', by='workload, stage, reason')} > 0",
+            "A workload's programs fail to compile.",
+            "Workload {{ $labels.workload }} failed to compile {{ $value }} times in the last hour, at the "
+            "{{ $labels.stage }} stage, reason {{ $labels.reason }}. What to do: "
+            + reason_runbook(config, COMPILE_FAILURE_REASON_ANCHOR),
+            DashboardUID.ONCALL,
+            runbook="A program failed to trace, lower or compile (the `stage` label); the `reason` label is one of "
+            "the [Compile failure reasons](#compile-failure-reasons) below, each with what to do. Counted once per "
+            "job, however many hosts compile the same program. A failed compile usually ends the job "
+            f"({AlertName.WORKLOAD_FAILED}, reason compile_error) and fails again on every restart: it comes with "
+            "a change of the code, of its shapes or of JAX and libtpu. Read the job's log for the error.",
         ),
     ]

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from tpuscope import catalog as c
-from tpuscope.alerts.rules import Alert, burn_rate_alerts, new_or_increase
+from tpuscope.alerts.rules import FAILURE_REASON_ANCHOR, Alert, burn_rate_alerts, new_or_increase, reason_runbook
 from tpuscope.conventions import BADPUT_RATIO, DOWN_SINCE, AlertName, DashboardUID
+from tpuscope.failures import PLATFORM_REASONS
 from tpuscope.generator_config import GeneratorConfig
 from tpuscope.promql import series
 
 PLANNED = 'reason!="preemption"'  # a preemption is the platform's doing, not a crash
+NOT_THE_PLATFORM = f'reason!~"{"|".join(PLATFORM_REASONS)}"'  # failures the job is to answer for
 
 
 def alerts(config: GeneratorConfig) -> list[Alert]:
@@ -40,11 +42,17 @@ def alerts(config: GeneratorConfig) -> list[Alert]:
         Alert(
             AlertName.WORKLOAD_FAILED,
             "warning",
-            f"{new_or_increase(c.WORKLOAD_FAILURES, '1h')} > 0",
+            f"{new_or_increase(c.WORKLOAD_FAILURES, '1h', NOT_THE_PLATFORM, by='workload, reason')} > 0",
             "A workload failed.",
-            "Workload {{ $labels.workload }} failed in the last hour (failures: {{ $value }}).",
+            "Workload {{ $labels.workload }} failed in the last hour, reason {{ $labels.reason }} (failures: "
+            "{{ $value }}). What to do: " + reason_runbook(config, FAILURE_REASON_ANCHOR),
             DashboardUID.ONCALL,
-            runbook="Read the job's logs for the failure; the work since its last checkpoint was lost.",
+            runbook="The job classified its failure: one alert per `reason`, each one of the [Failure reasons]"
+            "(#failure-reasons) below, with what to do for it (the description links it). `vanished` is the "
+            "sidecar's word for a process that ended without one: a SIGKILL, often the kernel's OOM killer "
+            f"({AlertName.HOST_MEMORY_PRESSURE} fires before it, if it can). The work since the last checkpoint "
+            "was lost; read the job's logs for the failure. A preemption or a host maintenance event is the "
+            f"platform's doing and makes no ticket: {AlertName.WORKLOAD_DOWN} pages if the job does not come back.",
         ),
         Alert(
             AlertName.WORKLOAD_CRASH_LOOPING,

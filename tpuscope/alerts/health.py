@@ -1,5 +1,6 @@
 """Alerts on the monitoring itself and the host it runs on: a collector failing, a sidecar unscraped or
-absent, events lost on their way in, a host CPU too busy to feed its chips."""
+absent, events lost on their way in, a host CPU too busy to feed its chips, a host short of memory before the
+OOM killer strikes, a GPU whose clocks the driver holds down."""
 
 from __future__ import annotations
 
@@ -8,6 +9,35 @@ from tpuscope.alerts.rules import Alert
 from tpuscope.conventions import LIBTPU_COLLECTOR, SIDECAR_CONTAINER, AlertName, DashboardUID
 from tpuscope.generator_config import GeneratorConfig
 from tpuscope.promql import series
+
+HOST = "job, instance"  # a scrape target: one host's sidecar
+# Which of its two signals TpuscopeHostMemoryPressure fires on, a label of the alert.
+SIGNAL = "signal"
+AVAILABLE, THRASHING = "available", "thrashing"
+# The reasons of catalog.THROTTLED that hold a GPU's clocks down (the sidecar serves no others today).
+THROTTLE_REASONS = 'reason=~"power|thermal|hardware"'
+SM = 'clock="sm"'
+SWAP_IN = 'direction="in"'
+
+
+def host_memory_pressure(config: GeneratorConfig) -> str:
+    """A host's memory short while a workload runs on it, or the host thrashing: swapping in while its jobs'
+    processes read pages back from disk. Each side labelled with its signal."""
+    t = config.thresholds
+    available = (
+        f"max by ({HOST}) ({series(c.HOST_MEMORY_AVAILABLE)}) / max by ({HOST}) ({series(c.HOST_MEMORY_TOTAL)})"
+        f" < {t.host_memory_available_ratio:g}"
+        f" and on ({HOST}) sum by ({HOST}) ({series(c.WORKLOAD_PROCESSES)}) > 0"
+    )
+    swap_in = f"sum by ({HOST}) (rate({series(c.HOST_SWAP_IO, SWAP_IN)}[5m]))"
+    faults = f"sum by ({HOST}) (rate({series(c.JOB_MAJOR_PAGE_FAULTS)}[5m]))"
+    thrashing = (
+        f"{swap_in} > {t.swap_in_bytes_per_second:.15g} and on ({HOST}) {faults} > {t.major_faults_per_second:g}"
+    )
+    return (
+        f'label_replace({available}, "{SIGNAL}", "{AVAILABLE}", "", "")'
+        f' or label_replace({thrashing}, "{SIGNAL}", "{THRASHING}", "", "")'
+    )
 
 
 def alerts(config: GeneratorConfig) -> list[Alert]:
@@ -87,5 +117,53 @@ def alerts(config: GeneratorConfig) -> list[Alert]:
             DashboardUID.ONCALL,
             "15m",
             f"Find the process ({c.JOB_CPU.name}); move input decoding elsewhere.",
+        ),
+        Alert(
+            AlertName.HOST_MEMORY_PRESSURE,
+            "critical",
+            host_memory_pressure(config),
+            "A training host runs out of memory: the OOM killer is near.",
+            f'The host {{{{ $labels.instance }}}} {{{{ if eq $labels.{SIGNAL} "{AVAILABLE}" }}}}has '
+            "{{ $value | humanizePercentage }} of its memory available while a workload runs on it{{ else }}swaps "
+            "in {{ $value | humanize1024 }}B/s while its jobs read more than "
+            f"{t.major_faults_per_second:g} pages a second back from disk: their memory does not fit"
+            "{{ end }}. The kernel's OOM killer will end the largest process, likely the training job.",
+            DashboardUID.ONCALL,
+            "2m",
+            f"Two signals, the `{SIGNAL}` label says which. `{AVAILABLE}`: the kernel's MemAvailable under "
+            f"{t.host_memory_available_ratio:.0%} of the host's memory while a workload runs there. `{THRASHING}`: "
+            f"the host swapping in more than {t.swap_in_bytes_per_second / 2**20:g} MiB/s while its jobs' processes "
+            f"take more than {t.major_faults_per_second:g} major page faults a second (either alone is no alert: "
+            "another process swapping, a job reading a memory-mapped dataset). Both come before the kernel's OOM "
+            f"killer ends the largest process, likely the job, which then fails as `vanished` "
+            f"({AlertName.WORKLOAD_FAILED}). Act before it: find the process that grows "
+            f"({c.JOB_RESIDENT_MEMORY.name}, the On-call dashboard's host memory panels), typically an input "
+            "pipeline with too many workers or too large a shuffle or prefetch buffer, host offloading, or a leak; "
+            "save a checkpoint if the job can, then restart it smaller or on a larger host. In a container the "
+            "OOM killer enforces the container's cgroup memory limit, not the host's memory: a pod at its limit "
+            "is killed while the host still has memory to spare, and this alert cannot see it. The complement is "
+            "cAdvisor's container_memory_working_set_bytes against the container's limit (kube-state-metrics' "
+            'kube_pod_container_resource_limits{resource="memory"}), as the kubernetes-mixin alerts on it.',
+        ),
+        Alert(
+            AlertName.DEVICE_THROTTLED,
+            "warning",
+            f"({series(c.CLOCK, SM)} / {series(c.CLOCK_MAX, SM)} < {t.throttle_clock_ratio:g})"
+            f" * on ({HOST}, device, accelerator, source) group_right ()"
+            f" ({series(c.THROTTLED, THROTTLE_REASONS)} == 1)",
+            "A GPU's clocks are held down: it is throttled.",
+            "GPU {{ $labels.device }} ({{ $labels.accelerator }}) of {{ $labels.instance }} runs its SM clock at "
+            "{{ $value | humanizePercentage }} of its maximum, held down for {{ $labels.reason }} reasons.",
+            DashboardUID.ONCALL,
+            "10m",
+            f"The driver holds the GPU's clocks under {t.throttle_clock_ratio:.0%} of its maximum and says why "
+            "(NVML's clocks-event reasons, the `reason` label). `power`: the board at its power cap or a hardware "
+            f"power brake: check the power limit (nvidia-smi -q -d POWER), {c.POWER.name}, the rack's power. "
+            f"`thermal`: the GPU too hot: cooling, fans, airflow, {c.TEMPERATURE.name}. `hardware`: a hardware "
+            "slowdown (the power supply, an overheating board): drain the node and have it checked. In a "
+            f"synchronous job one slow GPU slows every worker ({AlertName.STRAGGLER} may name its host): cordon "
+            "the node and restart the job elsewhere if it persists. GPUs only: TPU runtimes expose no thermal, "
+            "power or throttle metric, so a TPU that slows down shows only as a straggler or a step time "
+            f"regression ({AlertName.STEP_TIME_REGRESSION}).",
         ),
     ]

@@ -51,6 +51,12 @@ RAW_UP_TO = "1h"  # SLO windows up to this read the raw counters; longer ones th
 # (tpuscope.tracing.profiles.DEFAULT_PERIOD, which this room may not import; a test ties the two), so one
 # busy or failed capture does not drop a worker, and a worker that stopped capturing drops out.
 PROFILE_FRESH_SECONDS = 1800
+# The multislice runtime's collective latency (its collective_end_to_end operation), the p99 over 5 minutes of
+# each worker: what TpuscopeCollectiveLatencySpike compares with its own 6 hours before (a quantile of the raw
+# buckets over so long a window would read every host's every bucket and scrape at each evaluation). The alerts
+# alone read it.
+COLLECTIVE_P99 = f"worker:{c.MEGASCALE_LATENCY.name}:collective_p99_5m"
+COLLECTIVE_END_TO_END = 'operation="collective_end_to_end"'
 
 
 # One worker of a workload: its sidecars come and go with its pods, the worker stays.
@@ -58,7 +64,7 @@ RUN = "workload, slice, worker"
 
 
 def recording_rules(config: GeneratorConfig) -> list[dict[str, str]]:
-    return step_rules() + profile_rules() + unbooked_rules() + slo_rules(config)
+    return step_rules() + profile_rules() + unbooked_rules() + slo_rules(config) + collective_rules()
 
 
 def step_rules() -> list[dict[str, str]]:
@@ -203,3 +209,15 @@ def slo_rules(config: GeneratorConfig) -> list[dict[str, str]]:
             requests = per_workload("sum_over_time", REQUESTS_RATE, window)
         rules.append({"record": f"{SLOW_REQUESTS_RATIO}{window}", "expr": f"1 - {fast} / {requests}"})
     return rules
+
+
+def collective_rules() -> list[dict[str, str]]:
+    """The multislice runtime's collective latency per worker, the p99 of all its buffer sizes: the runtime serves
+    it on the hosts of a multislice job (no workload label: the job on the host is the runtime's)."""
+    buckets = series(c.MEGASCALE_LATENCY, COLLECTIVE_END_TO_END, suffix="bucket")
+    return [
+        {
+            "record": COLLECTIVE_P99,
+            "expr": f"histogram_quantile(0.99, sum by ({WORKER}, le) (rate({buckets}[5m])))",
+        },
+    ]

@@ -27,6 +27,18 @@ from tpuscope.conventions import AlertName, DashboardUID
 from tpuscope.generator_config import GeneratorConfig
 from tpuscope.promql import each_worker_once, grown, series
 
+# The anchors of docs/alerts.md's runbooks for each value of a closed set of reasons (tpuscope.failures), the value
+# appended: an alert that keeps the reason label links the runbook of the reason it fires for.
+FAILURE_REASON_ANCHOR = "failure-reason-"
+COMPILE_FAILURE_REASON_ANCHOR = "compile-failure-reason-"
+RECOMPILE_CAUSE_ANCHOR = "recompile-cause-"
+
+
+def reason_runbook(config: GeneratorConfig, anchor: str, label: str = "reason") -> str:
+    """The link to the runbook of the value of ``label`` an alert fires for, for its description."""
+    return f"{config.runbook_url}#{anchor}{{{{ $labels.{label} }}}}"
+
+
 # (long window, short window, burn rate, severity)
 BURN_RATES = (
     ("1h", "5m", 14.4, "critical"),
@@ -88,16 +100,19 @@ class Alert:
         return rule
 
 
-def new_or_increase(counter: c.Metric, window: str, *matchers: str, suffix: str = "", only: str = "") -> str:
+def new_or_increase(
+    counter: c.Metric, window: str, *matchers: str, suffix: str = "", only: str = "", by: str = "workload"
+) -> str:
     """How much a workload's counter of rare events grew in ``window``, a series born in it counted in
     full and a sidecar gone since counted too (:func:`tpuscope.promql.grown`).
 
     Once per job, not once per host: every worker of a multi-host job reports the same restart, the same
     recompile, and a restarted pod is a new sidecar (:func:`tpuscope.promql.each_worker_once`). ``only``:
-    a condition on each sidecar's series (``and on (job, instance) ...``).
+    a condition on each sidecar's series (``and on (job, instance) ...``). ``by``: the labels kept, ``workload``
+    and any of the counter's own (``workload, reason``).
     """
     grew = grown(series(counter, *matchers, suffix=suffix), window)
-    return each_worker_once(f"{grew} {only}" if only else grew)
+    return each_worker_once(f"{grew} {only}" if only else grew, by=by)
 
 
 def per_workload(function: str, selector: str, window: str, by: str = "workload") -> str:

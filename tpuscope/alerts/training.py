@@ -1,14 +1,17 @@
 """Alerts on how a training workload steps: stalled, slower than its baseline, waiting on input or on
-collectives, held back by a straggler, leaving its chips idle or far from their peak."""
+collectives, held back by a straggler, leaving its chips idle or far from their peak, its collectives slower
+than their own baseline."""
 
 from __future__ import annotations
 
 from tpuscope import catalog as c
 from tpuscope import durations
+from tpuscope.alerts.recording import COLLECTIVE_P99, PROFILE_FRESH_SECONDS
 from tpuscope.alerts.rules import Alert, running
 from tpuscope.conventions import (
     COMPUTE_OVER_MEDIAN,
     PHASE_SHARE,
+    PROFILE_MEDIAN,
     PROFILE_OVER_MEDIAN,
     PROFILE_SHARE,
     STEP_MEAN,
@@ -23,12 +26,49 @@ from tpuscope.promql import series
 SOURCE = "source"
 
 
-def from_profiles_else_host(profiled: str, host: str) -> str:
-    """``profiled`` for the workloads with fresh device profiles, ``host`` for the others; never both for one."""
+def from_profiles_else_host(profiled: str, host: str, otherwise: str = "host") -> str:
+    """``profiled`` for the workloads with fresh device profiles, ``host`` for the others; never both for one.
+    ``otherwise``: the source label of the second."""
     return (
         f'label_replace({profiled}, "{SOURCE}", "profile", "", "")'
-        f' or label_replace({host} unless on (workload) {PROFILE_SHARE}, "{SOURCE}", "host", "", "")'
+        f' or label_replace({host} unless on (workload) {PROFILE_SHARE}, "{SOURCE}", "{otherwise}", "", "")'
     )
+
+
+# A collective measure now (its median over the last 30 minutes: three device-profile captures at the default
+# period, so that one odd capture cannot fire the alert alone) against its own past (its median over the 6 hours
+# before), judged once it has 3 hours of past at least, as TpuscopeStepTimeRegression judges the step time.
+NOW = durations.prometheus(PROFILE_FRESH_SECONDS * 1000)  # three of the job's default capture periods
+BASELINE, BASELINE_OFFSET, HISTORY = "6h", NOW, "3h30m"
+EXPOSED = 'part="exposed_collective"'
+
+
+def against_baseline(recorded: str) -> str:
+    """A recorded series' median over :data:`NOW` divided by its median over the :data:`BASELINE` before, where it
+    existed :data:`HISTORY` ago."""
+    return (
+        f"quantile_over_time(0.5, {recorded}[{NOW}])"
+        f" / quantile_over_time(0.5, {recorded}[{BASELINE}] offset {BASELINE_OFFSET})"
+        f" and {recorded} offset {HISTORY}"
+    )
+
+
+def collective_spike(config: GeneratorConfig) -> str:
+    """A workload's exposed collective time per step (its workers' median, from fresh device profiles) against its
+    baseline, while exposed collectives are a fair share of its step; for a workload without profiles, the
+    multislice runtime's collective p99 of its slowest host against that host's baseline."""
+    t = config.thresholds
+    profiled = (
+        f"max by (workload) ({against_baseline(f'{PROFILE_MEDIAN}{{{EXPOSED}}}')}) > {t.collective_spike_factor:g}"
+        f" and on (workload) max by (workload) ({PROFILE_SHARE}{{{EXPOSED}}}) > {t.collective_spike_min_share:g}"
+    )
+    # The runtime's series have no workload label: the workload running on the host (one job holds its chips).
+    workload_here = f"(topk by (job, instance) (1, {series(c.WORKLOAD_PROCESSES)} > 0) * 0 + 1)"
+    megascale = (
+        f"max by (workload) (({against_baseline(COLLECTIVE_P99)})"
+        f" * on (job, instance) group_left (workload) {workload_here}) > {t.collective_spike_factor:g}"
+    )
+    return from_profiles_else_host(profiled, megascale, otherwise="megascale")
 
 
 def by_source(profile: str, host: str) -> str:
@@ -156,5 +196,33 @@ def alerts(config: GeneratorConfig) -> list[Alert]:
             DashboardUID.JOB,
             "30m",
             "Profile the step: fusion, padding, small batches, host-bound phases.",
+        ),
+        Alert(
+            AlertName.COLLECTIVE_LATENCY_SPIKE,
+            "warning",
+            collective_spike(config),
+            "A workload's collectives are much slower than its own baseline.",
+            "Workload {{ $labels.workload }} "
+            + by_source(
+                'waits on collectives that no compute hides {{ printf "%.1f" $value }}x as long a step as in '
+                "the 6 hours before, in its sampled device profiles",
+                'sees its multislice collectives (collective_end_to_end p99) take {{ printf "%.1f" $value }}x '
+                "as long as in the 6 hours before, on its slowest host",
+            )
+            + f" (a spike from {t.collective_spike_factor:g}x).",
+            DashboardUID.JOB,
+            "10m",
+            "The workload's collective time against its own past, so that a job that always spends much of its "
+            "step in collectives is not flagged and one whose collectives got slower is. Where it has fresh "
+            'device profiles (`source="profile"`): its workers\' median exposed collective time per step '
+            "(collectives no compute hides), its median over the last 30 minutes (three captures at the default "
+            "10-minute period: one odd capture cannot fire it) against its median over the 6 hours before, once "
+            "it has 3.5 hours of profiles, and only while exposed collectives take more than "
+            f"{t.collective_spike_min_share:.0%} of its step. Otherwise, in a multislice job "
+            '(`source="megascale"`), the TPU runtime\'s collective_end_to_end latency p99 of its slowest host, '
+            "judged alike (the runtime does not say what share of the step it is). Every worker slower together: "
+            "the interconnect (ICI links, the DCN between slices, a congested network), a change of sharding or "
+            f"of the collectives' sizes. One worker's peers waiting for it: a straggler ({AlertName.STRAGGLER}). "
+            "Compare the Job debug dashboard's device profile before and after; check the network's health.",
         ),
     ]

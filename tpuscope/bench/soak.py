@@ -69,8 +69,10 @@ SIDECAR_RSS = "process_resident_memory_bytes"
 # The bench's run summary says what the Monitor sent and dropped (the recording cannot: a drop is
 # known only to the socket sink).
 EVENTS_LINE = re.compile(r"^\s*events\s+(?P<sent>\d+) sent to .*, (?P<dropped>\d+) dropped$", re.MULTILINE)
-# Every kind of event a training job reports (inference batches are a serving job's).
-TRAINING_EVENTS = tuple(kind.__name__ for kind in typing.get_args(events.AnyEvent) if kind is not events.InferenceBatch)
+# Every kind of event a healthy training job reports: not a serving job's (inference batches, model loads), nor
+# those of a job that fails to compile or keeps changing its shapes (tests/test_failures.py causes those).
+NOT_TRAINING = (events.InferenceBatch, events.ModelLoaded, events.CompileFailure, events.Recompile)
+TRAINING_EVENTS = tuple(kind.__name__ for kind in typing.get_args(events.AnyEvent) if kind not in NOT_TRAINING)
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,9 @@
 """On-call: what is broken right now, and is the monitoring itself working?
 
 For the SRE holding the pager: the sidecars and their collectors, stalled
-workloads, failures, checkpoint staleness, memory headroom, the hosts, and the
-alerts firing. Every panel reads well when all is fine (ages, ratios, counts of
+workloads, failures and compile failures by reason, checkpoint staleness,
+collectives against their baseline, memory headroom, the hosts (memory pressure,
+throttled GPUs), and the alerts firing. Every panel reads well when all is fine (ages, ratios, counts of
 zero), so a blank panel always means missing data, never good news.
 """
 
@@ -11,13 +12,17 @@ from __future__ import annotations
 from typing import Any
 
 from tpuscope import catalog as c
-from tpuscope.conventions import ALERT_PREFIX, DEFAULT_PORT, AlertName, DashboardUID
+from tpuscope.conventions import ALERT_PREFIX, DEFAULT_PORT, PROFILE_MEDIAN, AlertName, DashboardUID
 from tpuscope.dashboards import panels as p
 from tpuscope.dashboards import promql as q
+from tpuscope.failures import COMPILE_FAILURE_VALUES, FAILURE_VALUES, RECOMPILE_VALUES
 from tpuscope.thresholds import Thresholds
 
 TITLE = "tpuscope / On-call"
-DESCRIPTION = "Exporter and collector health, stalled workloads, failures, checkpoint staleness, headroom, alerts."
+DESCRIPTION = (
+    "Exporter and collector health, stalled workloads, failures by reason, checkpoint staleness, collectives, "
+    "headroom, host memory pressure, throttled GPUs, alerts."
+)
 
 # Every sidecar target, whatever slice and worker are selected: those labels come with the sidecar's own
 # series, which Prometheus' up does not carry and a sidecar that is down does not send.
@@ -28,6 +33,11 @@ ALERTS = f'ALERTS{{alertstate="firing", alertname=~"{ALERT_PREFIX}.*"}}'
 LOST = 'result=~"dropped|invalid"'
 UP_DOWN = [("1", "up", p.GOOD), ("0", "down", p.BAD)]
 STRAGGLER_LEGEND = "{{workload}}: slice {{slice}} worker {{worker}} ({{instance}})"
+# TpuscopeCollectiveLatencySpike's windows (tpuscope.alerts.training, which the dashboards may not import): a
+# workload's collective time, its median over the last 30 minutes against its median over the 6 hours before.
+COLLECTIVE_NOW, COLLECTIVE_BASELINE = "30m", "6h"
+EXPOSED = q.eq("part", "exposed_collective")
+SM = q.eq("clock", "sm")
 
 
 def monitoring() -> p.Section:
@@ -178,6 +188,99 @@ def workloads(t: Thresholds) -> p.Section:
                 span=24,
                 height=10,
             ),
+            p.timeseries_panel(
+                "Device profile: exposed collective time against its baseline, by workload",
+                "Each workload's collective time no compute hides per step (its workers' median, from their sampled "
+                f"device profiles): its median over the last {COLLECTIVE_NOW}, and its median over the "
+                f"{COLLECTIVE_BASELINE} before that, its baseline. {AlertName.COLLECTIVE_LATENCY_SPIKE} fires when "
+                f"the first is over {t.collective_spike_factor:g}x the second (with 3.5 hours of history, while "
+                f"exposed collectives are over {t.collective_spike_min_share:.0%} of the step): the interconnect or "
+                "the network got slower, or a peer did. Only recent captures of running workers count; empty for "
+                "jobs that do not profile.",
+                "s",
+                p.query(
+                    f"max by (workload) (quantile_over_time(0.5, {recorded_exposed()}[{COLLECTIVE_NOW}]))",
+                    "now {{workload}}",
+                ),
+                p.query(
+                    f"max by (workload) (quantile_over_time(0.5, {recorded_exposed()}[{COLLECTIVE_BASELINE}]"
+                    f" offset {COLLECTIVE_NOW}))",
+                    "baseline {{workload}}",
+                ),
+                span=12,
+            ),
+            p.timeseries_panel(
+                "Multislice collective latency p99, by host",
+                "The TPU runtime's end-to-end collective latency across slices (megascale's collective_end_to_end, "
+                "all buffer sizes), p99 per host: in a multislice job, the DCN between the slices. A host far above "
+                "its peers has a bad network path; all of them above their own past, the network or a peer slice. "
+                f"For a job without device profiles, {AlertName.COLLECTIVE_LATENCY_SPIKE} compares it with its "
+                f"{COLLECTIVE_BASELINE} before. Empty for single-slice jobs and GPUs.",
+                "s",
+                p.query(
+                    q.quantile(0.99, c.MEGASCALE_LATENCY, q.eq("operation", "collective_end_to_end"), by="instance"),
+                    "{{instance}}",
+                ),
+                span=12,
+            ),
+        ],
+    )
+
+
+def recorded_exposed() -> str:
+    """The recorded median over a workload's workers of their exposed collective time (fresh profiles only)."""
+    return f'{PROFILE_MEDIAN}{{workload=~"${q.WORKLOAD}", {EXPOSED}}}'
+
+
+def failures(t: Thresholds) -> p.Section:
+    return p.Section(
+        "Failures and compiles, by reason",
+        [
+            p.bar_gauge_panel(
+                "Failures over the range, by workload and reason",
+                "Each workload's failures over the dashboard's range, by the reason the job classified its failure "
+                f"({', '.join(FAILURE_VALUES)}), each counted once per job however many hosts report it. vanished: "
+                "the process ended without a word (a SIGKILL: the kernel's OOM killer, see the host memory panels). "
+                "docs/alerts.md's Failure reasons says what to do for each.",
+                "short",
+                p.query(
+                    q.once_per_job(c.WORKLOAD_FAILURES, by=q.BY_REASON, window=q.RANGE),
+                    "{{workload}} {{reason}}",
+                    instant=True,
+                ),
+                limits=p.high_is_bad(1),
+                span=8,
+            ),
+            p.bar_gauge_panel(
+                "Compile failures over the range, by stage and reason",
+                "Programs that failed to compile over the dashboard's range, by workload, stage (tracing, lowering, "
+                f"backend) and reason ({', '.join(COMPILE_FAILURE_VALUES)}), counted once per job. A failed compile "
+                f"usually ends the job and fails again on restart ({AlertName.COMPILE_FAILING}); docs/alerts.md's "
+                "Compile failure reasons says what to do for each.",
+                "short",
+                p.query(
+                    q.once_per_job(c.COMPILE_FAILURES, by="workload, stage, reason", window=q.RANGE),
+                    "{{workload}} {{stage}} {{reason}}",
+                    instant=True,
+                ),
+                limits=p.high_is_bad(1),
+                span=8,
+            ),
+            p.bar_gauge_panel(
+                "Recompiles over the range, by cause",
+                "Functions JAX traced again over the dashboard's range, by workload and cause "
+                f"({', '.join(RECOMPILE_VALUES)}), counted once per job. A few after the start are warm-up; many in "
+                f"the steady state cost compile time every time ({AlertName.RECOMPILING}). docs/alerts.md's "
+                "Recompile causes says how to avoid each.",
+                "short",
+                p.query(
+                    q.once_per_job(c.RECOMPILES, by="workload, cause", window=q.RANGE),
+                    "{{workload}} {{cause}}",
+                    instant=True,
+                ),
+                limits=p.high_is_bad(t.steady_state_compiles),
+                span=8,
+            ),
         ],
     )
 
@@ -210,16 +313,71 @@ def hosts(t: Thresholds) -> p.Section:
             p.timeseries_panel(
                 "Host memory available, by host",
                 "Share of host memory still available. Near zero the kernel's OOM killer picks a process, "
-                "likely the training job.",
+                f"likely the training job: under {t.host_memory_available_ratio:.0%} while a workload runs there, "
+                f"{AlertName.HOST_MEMORY_PRESSURE} pages. In a container the OOM killer enforces the cgroup's "
+                "limit, not the host's memory: see the container's working set against its limit (cAdvisor).",
                 "percentunit",
                 p.query(
                     f"max by (instance) ({q.selector(c.HOST_MEMORY_AVAILABLE)})"
                     f" / max by (instance) ({q.selector(c.HOST_MEMORY_TOTAL)})",
                     "{{instance}}",
                 ),
-                limits=p.low_is_bad(0.05, 0.15),
+                limits=p.low_is_bad(t.host_memory_available_ratio, 3 * t.host_memory_available_ratio),
                 max_value=1,
                 span=8,
+            ),
+            p.timeseries_panel(
+                "Host swap in and out, by host",
+                "Bytes per second the host swaps in from disk and out to it. Swapping in while the job faults pages "
+                f"back from disk (beside) is thrash: over {t.swap_in_bytes_per_second / 2**20:g} MiB/s in, with the "
+                f"job's major faults over {t.major_faults_per_second:g} a second, {AlertName.HOST_MEMORY_PRESSURE} "
+                "pages. Swapping out alone is the kernel making room.",
+                "Bps",
+                p.query(
+                    f"sum by (instance, direction) ({q.rate(c.HOST_SWAP_IO)})",
+                    "{{direction}} {{instance}}",
+                ),
+                limits=p.high_is_bad(t.swap_in_bytes_per_second),
+                span=8,
+            ),
+            p.timeseries_panel(
+                "Job major page faults per second, by workload and host",
+                "Page faults of the job's processes that had to read from disk (swap, or a memory-mapped file). "
+                "High with the host swapping in: the job's memory does not fit and it thrashes. High alone: the job "
+                "reads a memory-mapped file (a dataset), which is no memory problem.",
+                "short",
+                p.query(
+                    f"sum by (workload, instance) ({q.rate(c.JOB_MAJOR_PAGE_FAULTS)})",
+                    "{{workload}} {{instance}}",
+                ),
+                limits=p.high_is_bad(t.major_faults_per_second),
+                span=8,
+            ),
+            p.timeseries_panel(
+                "GPUs throttled, by reason",
+                "GPUs whose clocks the driver holds down, by reason (NVML's clocks-event reasons): power (power cap "
+                "or power brake), thermal (too hot), hardware (hardware slowdown: power supply, board). With the SM "
+                f"clock under {t.throttle_clock_ratio:.0%} of its maximum for 10 minutes, "
+                f"{AlertName.DEVICE_THROTTLED} fires. GPUs only: TPU runtimes report no throttling, power or "
+                "temperature.",
+                "short",
+                p.query(f"sum by (reason) ({q.selector(c.THROTTLED)})", "{{reason}}"),
+                limits=p.high_is_bad(1),
+                span=8,
+            ),
+            p.timeseries_panel(
+                "GPU SM clock against its maximum, by device",
+                "Each GPU's SM clock as a share of the highest it supports. An idle GPU lowers its clock on its own: "
+                "a low clock is throttling only while a reason holds it down (beside); a throttled GPU slows every "
+                "worker of a synchronous job.",
+                "percentunit",
+                p.query(
+                    f"max by ({q.BY_DEVICE}) ({q.selector(c.CLOCK, SM)} / {q.selector(c.CLOCK_MAX, SM)})",
+                    q.DEVICE_LEGEND,
+                ),
+                limits=p.low_is_bad(t.throttle_clock_ratio),
+                max_value=1,
+                span=12,
             ),
             p.timeseries_panel(
                 "GPU XID errors in the last hour",
@@ -232,7 +390,7 @@ def hosts(t: Thresholds) -> p.Section:
                     "{{instance}} GPU {{device}} XID {{xid}}",
                 ),
                 limits=p.high_is_bad(1),
-                span=24,
+                span=12,
             ),
         ],
     )
@@ -263,5 +421,5 @@ def alerts() -> p.Section:
 
 
 def dashboard(t: Thresholds) -> dict[str, Any]:
-    sections = [monitoring(), workloads(t), hosts(t), alerts()]
+    sections = [monitoring(), workloads(t), failures(t), hosts(t), alerts()]
     return p.build(DashboardUID.ONCALL, TITLE, DESCRIPTION, sections, p.variables(c.STEPS, job=True))

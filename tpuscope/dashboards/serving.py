@@ -1,18 +1,20 @@
-"""Serving: batched inference's latency against its objective, its queue and its batches."""
+"""Serving: batched inference's latency against its objective, its queue and its batches, its model's age."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from tpuscope import catalog as c
-from tpuscope.conventions import REQUESTS_FAST_RATE, REQUESTS_RATE, SLO_PERIOD, DashboardUID
+from tpuscope.conventions import REQUESTS_FAST_RATE, REQUESTS_RATE, SLO_PERIOD, AlertName, DashboardUID
 from tpuscope.dashboards import panels as p
 from tpuscope.dashboards import promql as q
 from tpuscope.promql import le
 from tpuscope.thresholds import Thresholds
 
 TITLE = "tpuscope / Serving"
-DESCRIPTION = "Batched inference: request latency against its objective, request rate, queue depth, batch size."
+DESCRIPTION = (
+    "Batched inference: request latency against its objective, request rate, queue depth, batch size, model age."
+)
 
 
 def good_ratio(t: Thresholds, window: str) -> str:
@@ -109,5 +111,25 @@ def load() -> p.Section:
     )
 
 
+def model(t: Thresholds) -> p.Section:
+    return p.Section(
+        "Model",
+        [
+            p.bar_gauge_panel(
+                "Model age, by workload and version",
+                "Time since each serving workload loaded the model version it serves (as its serving process "
+                f"reports the load). Over {t.model_age_seconds / 86400:g} days {AlertName.MODEL_STALE} fires: the "
+                "pipeline that publishes new models, or the roll-out that loads them, has stopped. Two versions of "
+                "one workload: a roll-out under way, or replicas it missed.",
+                "s",
+                p.query(q.age(c.MODEL_LOADED, by="workload, version"), "{{workload}} {{version}}", instant=True),
+                limits=p.high_is_bad(t.model_age_seconds, t.model_age_seconds / 2),
+                span=24,
+            ),
+        ],
+    )
+
+
 def dashboard(t: Thresholds) -> dict[str, Any]:
-    return p.build(DashboardUID.SERVING, TITLE, DESCRIPTION, [latency(t), load()], p.variables(c.INFERENCE_QUEUE_DEPTH))
+    sections = [latency(t), load(), model(t)]
+    return p.build(DashboardUID.SERVING, TITLE, DESCRIPTION, sections, p.variables(c.INFERENCE_QUEUE_DEPTH))

@@ -73,6 +73,9 @@ class Aggregator:
             events.Hardware: self._hardware,
             events.Lifecycle: self._lifecycle,
             events.InferenceBatch: self._inference_batch,
+            events.CompileFailure: self._compile_failure,
+            events.Recompile: self._recompile,
+            events.ModelLoaded: self._model_loaded,
         }
         self._workloads: dict[str, WorkloadState] = {}
         self._processes: dict[str, int] = {}  # workload -> its connected processes
@@ -288,6 +291,18 @@ class Aggregator:
         # JAX reports each stage when it ends, which is when the next one begins: a long backend compile is
         # timed from the lowering's end, not from the step before it.
         self._progress(e.workload)
+
+    def _compile_failure(self, e: events.CompileFailure) -> None:
+        self.metrics[catalog.COMPILE_FAILURES].labels(e.workload, e.stage, e.reason).inc()
+
+    def _recompile(self, e: events.Recompile) -> None:
+        self.metrics[catalog.RECOMPILES].labels(e.workload, e.cause).inc()
+
+    def _model_loaded(self, e: events.ModelLoaded) -> None:
+        """The model's age counts from here; the version it replaced goes (one series per workload)."""
+        loaded = self.metrics[catalog.MODEL_LOADED]
+        loaded.remove_matching(catalog.Label.WORKLOAD, e.workload)
+        loaded.labels(e.workload, e.version).set(self._now)
 
     def _compile_cache(self, e: events.CompileCache) -> None:
         self.metrics[catalog.COMPILE_CACHE_REQUESTS].labels(e.workload, "hit" if e.hit else "miss").inc()

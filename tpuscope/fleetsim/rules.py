@@ -34,7 +34,13 @@ _OFFSET = re.compile(rf"\boffset(\s+)(-?)({durations.PROMETHEUS})\b")
 _AGO = re.compile(r"\btime\(\) - (\d+(?:\.\d+)?)\b")
 # Thresholds that are lengths of time: a stall of 600 s becomes one of 60 s at K=10. compile_seconds_per_hour
 # is seconds of compiling in a window of an hour: the window shrinks, so does what fits in it.
-TIMED_THRESHOLDS = ("stall_seconds", "checkpoint_age_seconds", "compile_seconds_per_hour", "downtime_seconds")
+TIMED_THRESHOLDS = (
+    "stall_seconds",
+    "checkpoint_age_seconds",
+    "compile_seconds_per_hour",
+    "downtime_seconds",
+    "model_age_seconds",
+)
 
 
 def scale_duration(text: str, k: float) -> str:

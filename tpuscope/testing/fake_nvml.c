@@ -17,6 +17,9 @@
  *   power 0 350000                  milliwatts
  *   temperature 0 65                Celsius
  *   clocks 0 1980 2619              sm_mhz mem_mhz
+ *   max_clocks 0 1980 2619          sm_mhz mem_mhz (nvmlDeviceGetMaxClockInfo)
+ *   clocks_event_reasons 0 0x40     the reasons bit mask, as nvml.h's nvmlClocksEventReason*
+ *                                   bits (both the Event and the older Throttle entry point)
  *   xid 0 79 1                      device xid sequence: each distinct line is
  *                                   delivered once per process as an event
  *   fail init 9                     nvmlInit* returns this nvmlReturn_t
@@ -25,6 +28,12 @@
  *   hang_ms 5000                    per-device queries sleep this long first
  *   notsupported power              that query returns NVML_ERROR_NOT_SUPPORTED;
  *                                   power temperature clocks utilization memory events
+ *                                   max_clocks clocks_event_reasons
+ *
+ * A driver without an entry point (one older than the function) cannot be
+ * expressed in the state file, since the symbol has to be missing from the
+ * library: compile with -DFAKE_NVML_OMIT_<function name> to leave it out
+ * (fake_nvml.build's `omit`).
  *
  * The file is re-read at every nvmlInit*, nvmlDeviceGetCount*, and every
  * event-wait poll, and before any other call whenever its identity (inode,
@@ -74,6 +83,8 @@ typedef int nvmlReturn_t;
 #define NS_UTILIZATION 0x08u
 #define NS_MEMORY 0x10u
 #define NS_EVENTS 0x20u
+#define NS_MAX_CLOCKS 0x40u
+#define NS_CLOCKS_EVENT_REASONS 0x80u
 
 /* ---- public types, laid out as in nvml.h and pynvml ---- */
 
@@ -130,6 +141,8 @@ typedef struct {
     unsigned int power_mw;
     unsigned int temperature_c;
     unsigned int clock_sm, clock_mem;
+    unsigned int clock_sm_max, clock_mem_max;
+    unsigned long long clocks_event_reasons;
 } fake_gpu_t;
 
 typedef struct {
@@ -245,6 +258,14 @@ static void parse_line(fake_state_t *s, char *line)
             gpu->clock_sm = a;
             gpu->clock_mem = b;
         }
+    } else if (strcmp(word, "max_clocks") == 0) {
+        if ((gpu = device_line(s, line, &rest)) != NULL && sscanf(rest, "%u %u", &a, &b) == 2) {
+            gpu->clock_sm_max = a;
+            gpu->clock_mem_max = b;
+        }
+    } else if (strcmp(word, "clocks_event_reasons") == 0) {
+        if ((gpu = device_line(s, line, &rest)) != NULL && sscanf(rest, "%llx", &x) == 1)
+            gpu->clocks_event_reasons = x;
     } else if (strcmp(word, "xid") == 0) {
         if (sscanf(line, "%*s %u %u %llu", &a, &b, &x) == 3 && s->n_xids < MAX_XIDS) {
             s->xids[s->n_xids].device = a;
@@ -279,6 +300,10 @@ static void parse_line(fake_state_t *s, char *line)
                 s->not_supported |= NS_MEMORY;
             else if (strcmp(what, "events") == 0)
                 s->not_supported |= NS_EVENTS;
+            else if (strcmp(what, "max_clocks") == 0)
+                s->not_supported |= NS_MAX_CLOCKS;
+            else if (strcmp(what, "clocks_event_reasons") == 0)
+                s->not_supported |= NS_CLOCKS_EVENT_REASONS;
         }
     }
 }
@@ -632,21 +657,60 @@ nvmlReturn_t nvmlDeviceGetTemperatureV(nvmlDevice_t device, nvmlTemperature_v1_t
     return end_query(NVML_SUCCESS);
 }
 
-nvmlReturn_t nvmlDeviceGetClockInfo(nvmlDevice_t device, unsigned int type, unsigned int *clock)
+/* A clock query, the current clocks' or the maximum ones (``max``): the same arguments and answers. */
+static nvmlReturn_t clock_query(nvmlDevice_t device, unsigned int type, unsigned int *clock, int max)
 {
-    nvmlReturn_t ret = begin_query(device, NS_CLOCKS, 1);
+    nvmlReturn_t ret = begin_query(device, max ? NS_MAX_CLOCKS : NS_CLOCKS, 1);
     if (ret != NVML_SUCCESS)
         return ret;
     if (clock == NULL)
         return end_query(NVML_ERROR_INVALID_ARGUMENT);
     if (type == NVML_CLOCK_SM || type == NVML_CLOCK_GRAPHICS)
-        *clock = g_state.gpu[device->index].clock_sm;
+        *clock = max ? g_state.gpu[device->index].clock_sm_max : g_state.gpu[device->index].clock_sm;
     else if (type == NVML_CLOCK_MEM)
-        *clock = g_state.gpu[device->index].clock_mem;
+        *clock = max ? g_state.gpu[device->index].clock_mem_max : g_state.gpu[device->index].clock_mem;
     else
         return end_query(NVML_ERROR_NOT_SUPPORTED); /* video clock, or out of range */
     return end_query(NVML_SUCCESS);
 }
+
+nvmlReturn_t nvmlDeviceGetClockInfo(nvmlDevice_t device, unsigned int type, unsigned int *clock)
+{
+    return clock_query(device, type, clock, 0);
+}
+
+#ifndef FAKE_NVML_OMIT_nvmlDeviceGetMaxClockInfo
+nvmlReturn_t nvmlDeviceGetMaxClockInfo(nvmlDevice_t device, unsigned int type, unsigned int *clock)
+{
+    return clock_query(device, type, clock, 1);
+}
+#endif
+
+/* The two names of one query: R535 renamed "throttle reasons" to "clocks event reasons", same bits. */
+static nvmlReturn_t clocks_event_reasons(nvmlDevice_t device, unsigned long long *reasons)
+{
+    nvmlReturn_t ret = begin_query(device, NS_CLOCKS_EVENT_REASONS, 1);
+    if (ret != NVML_SUCCESS)
+        return ret;
+    if (reasons == NULL)
+        return end_query(NVML_ERROR_INVALID_ARGUMENT);
+    *reasons = g_state.gpu[device->index].clocks_event_reasons;
+    return end_query(NVML_SUCCESS);
+}
+
+#ifndef FAKE_NVML_OMIT_nvmlDeviceGetCurrentClocksEventReasons
+nvmlReturn_t nvmlDeviceGetCurrentClocksEventReasons(nvmlDevice_t device, unsigned long long *clocksEventReasons)
+{
+    return clocks_event_reasons(device, clocksEventReasons);
+}
+#endif
+
+#ifndef FAKE_NVML_OMIT_nvmlDeviceGetCurrentClocksThrottleReasons
+nvmlReturn_t nvmlDeviceGetCurrentClocksThrottleReasons(nvmlDevice_t device, unsigned long long *clocksThrottleReasons)
+{
+    return clocks_event_reasons(device, clocksThrottleReasons);
+}
+#endif
 
 /* ---- XID events ---- */
 

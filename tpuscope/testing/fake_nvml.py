@@ -17,21 +17,38 @@ import os
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 LIBRARY_NAME = "libnvidia-ml.so.1"
 STATE_ENV = "TPUSCOPE_FAKE_NVML_STATE"
 MAX_DEVICES = 16
-NOT_SUPPORTED_WORDS = frozenset({"power", "temperature", "clocks", "utilization", "memory", "events"})
+NOT_SUPPORTED_WORDS = frozenset(
+    {"power", "temperature", "clocks", "utilization", "memory", "events", "max_clocks", "clocks_event_reasons"}
+)
+# Entry points build() can leave out of the library, as a driver older than the function has no such symbol.
+OMITTABLE = frozenset(
+    {
+        "nvmlDeviceGetMaxClockInfo",
+        "nvmlDeviceGetCurrentClocksEventReasons",  # since R535
+        "nvmlDeviceGetCurrentClocksThrottleReasons",  # its name before R535
+    }
+)
 
 
-def build(directory: Path) -> Path:
+def build(directory: Path, omit: Iterable[str] = ()) -> Path:
     """Compile ``fake_nvml.c`` into ``directory/libnvidia-ml.so.1``; return ``directory``, for LD_LIBRARY_PATH.
+
+    ``omit``: entry points (among ``OMITTABLE``) to leave out of the library, to test a driver that
+    predates them; build such a library in a directory of its own.
 
     Compiled to a temporary name and renamed into place, so a process that already has an older
     build mapped is never handed a half-written file.
     """
+    unknown = set(omit) - OMITTABLE
+    if unknown:
+        raise ValueError(f"cannot omit {sorted(unknown)}; omittable: {sorted(OMITTABLE)}")
     gcc = shutil.which("gcc")
     if gcc is None:
         raise RuntimeError("gcc not found on PATH: it is needed to build the fake NVML library")
@@ -40,6 +57,7 @@ def build(directory: Path) -> Path:
     target = directory / LIBRARY_NAME
     partial = directory / f".{LIBRARY_NAME}.{os.getpid()}.tmp"
     command = [gcc, "-shared", "-fPIC", "-O2", "-Wall", "-Wextra", "-pthread", "-o", str(partial), str(source)]
+    command += [f"-DFAKE_NVML_OMIT_{name}" for name in sorted(set(omit))]
     result = subprocess.run(command, capture_output=True, text=True, check=False)
     if result.returncode != 0:
         partial.unlink(missing_ok=True)
@@ -63,6 +81,10 @@ class FakeGpu:
     clock_mem_mhz: int = 2619
     uuid: str | None = None
     """None: the library makes one up from the index."""
+    clock_sm_max_mhz: int = 1980
+    clock_mem_max_mhz: int = 2619
+    clocks_event_reasons: int = 0
+    """The bit mask of nvml.h's nvmlClocksEventReason* (0x40: hardware thermal slowdown); 0: full speed."""
 
 
 @dataclass(frozen=True)
@@ -119,6 +141,8 @@ class FakeNvmlState:
                 f"power {index} {gpu.power_mw}",
                 f"temperature {index} {gpu.temperature_c}",
                 f"clocks {index} {gpu.clock_sm_mhz} {gpu.clock_mem_mhz}",
+                f"max_clocks {index} {gpu.clock_sm_max_mhz} {gpu.clock_mem_max_mhz}",
+                f"clocks_event_reasons {index} {gpu.clocks_event_reasons:#x}",
             ]
             if gpu.uuid is not None:
                 lines.append(f"uuid {index} {gpu.uuid}")

@@ -44,7 +44,8 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal
 
 from tpuscope import events
-from tpuscope.tracing import profiles
+from tpuscope import failures as reasons
+from tpuscope.tracing import failures, profiles
 from tpuscope.tracing.sinks import Sink, SocketSink
 
 if TYPE_CHECKING:
@@ -67,6 +68,7 @@ class _UncaughtException:
 
     def __init__(self) -> None:
         self.kind: type[BaseException] | None = None
+        self.value: BaseException | None = None
         self._installed = False
 
     def install(self) -> None:
@@ -76,7 +78,7 @@ class _UncaughtException:
         previous = sys.excepthook
 
         def hook(kind: type[BaseException], value: BaseException, tb: TracebackType | None) -> None:
-            self.kind = kind
+            self.kind, self.value = kind, value
             previous(kind, value, tb)
 
         sys.excepthook = hook
@@ -141,6 +143,12 @@ class Monitor:
     ``profile_period``: how often to sample a device profile of a few steps, in
     seconds or a duration (``"10m"``), or ``"off"``; default ``$TPUSCOPE_PROFILE_PERIOD``,
     else 10 minutes (see tracing/profiles.py). Profiles start once jax is imported.
+
+    ``sigterm``: turn a SIGTERM into :class:`~tpuscope.tracing.failures.Preempted` (a ``SystemExit(143)``) in
+    the main thread, so that the job unwinds and its failure reads ``preemption``; a handler the job installed
+    first is called instead, and JAX's native one in a ``jax.distributed`` job is left alone. Python runs the
+    handler between bytecodes: a SIGTERM that lands while the main thread waits in a long native call (a
+    multi-second step) takes effect when the call returns. ``False`` leaves SIGTERM as it is.
     """
 
     def __init__(
@@ -155,6 +163,7 @@ class Monitor:
         slow_factor: float = 1.2,
         jax_compiles: bool = True,
         profile_period: float | str | None = None,
+        sigterm: bool = True,
     ) -> None:
         self.workload = sanitize_label(workload)
         if self.workload != workload:
@@ -177,6 +186,8 @@ class Monitor:
         self.lifecycle("start")
         self._watch_jax_if_imported()
         _uncaught.install()
+        if sigterm:
+            failures.sigterm.install()
         atexit.register(self._close_at_exit)
         _open_monitors.add(self)
 
@@ -360,6 +371,15 @@ class Monitor:
     def lifecycle(self, state: events.LifecycleState, reason: str = "none") -> None:
         self._send(events.Lifecycle, state=state, reason=sanitize_label(reason))
 
+    def model_loaded(self, version: str) -> None:
+        """The serving process loaded the model it serves now: its age counts from here (TpuscopeModelStale).
+        ``version`` becomes a label: a release name or a step, not a hash per build."""
+        self._send(events.ModelLoaded, version=sanitize_label(version))
+
+    def recompile(self, cause: str) -> None:
+        """A function was traced again; ``cause`` one of :data:`tpuscope.failures.RECOMPILE_VALUES`."""
+        self._send(events.Recompile, cause=cause)
+
     def inference_batch(self, batch_size: int, queue_depth: int, request_seconds: Sequence[float] = ()) -> None:
         self._send(
             events.InferenceBatch,
@@ -418,15 +438,24 @@ class Monitor:
         if (event := self._event(record, **fields)) is not None:
             self.emit(event)
 
-    def close(self, failed: bool = False) -> None:
-        """Send the stop (or failure) event and report drops. Called at exit too."""
+    def close(self, failed: bool | BaseException | str = False) -> None:
+        """Send the stop (or failure) event and report drops. Called at exit too.
+
+        ``failed``: the exception that ends the job (its reason is read from it: :func:`failure_reason`), a
+        reason of :data:`tpuscope.failures.FAILURE_VALUES` (``"preemption"`` where the job learnt of it
+        itself, as from JAX's preemption sync point), or True (a failure tpuscope cannot name: ``other``).
+        A SIGTERM the Monitor saw makes the end a preemption, even a clean one after a last save.
+        """
         if self._closed:
             return
+        if isinstance(failed, BaseException):
+            self.compile_failed(failed)
+        reason = self._failure_reason(failed)
         if self._jax_watcher is not None:
             self._jax_watcher.uninstall()
         if self._profiler is not None:
             self._profiler.close()
-        self.lifecycle("failure" if failed else "stop", reason="exception" if failed else "none")
+        self.lifecycle("stop" if reason is None else "failure", reason=reason or "none")
         self._closed = True
         atexit.unregister(self._close_at_exit)
         _open_monitors.discard(self)
@@ -445,6 +474,36 @@ class Monitor:
         if self.spans is not None:
             self.spans.close()
 
+    def compile_failed(self, exc: BaseException) -> bool:
+        """Count ``exc`` as a failed compile if it is one not counted yet (it passes a step's exit and the
+        Monitor's); whether it was counted now. The backend's are counted as they happen (tracing/jax_compiles.py).
+        """
+        if (failure := failures.uncounted_compile_failure(exc)) is None:
+            return False
+        stage, reason = failure
+        self._send(events.CompileFailure, stage=stage, reason=reason)
+        return True
+
+    @staticmethod
+    def _failure_reason(failed: bool | BaseException | str) -> str | None:
+        """The failure's reason, or None for a clean stop."""
+        if isinstance(failed, SystemExit) and not isinstance(failed, failures.Preempted):
+            failed = failed.code not in (0, None)  # sys.exit(0) is a clean end, sys.exit(2) not
+        if isinstance(failed, KeyboardInterrupt):
+            failed = False  # the person at the keyboard stopped it
+        if failures.sigterm.reason is not None:  # a SIGTERM the job handled, then ended on its own
+            return failures.sigterm.reason
+        if isinstance(failed, BaseException):
+            return failures.failure_reason(failed)
+        if isinstance(failed, str):
+            if failed not in reasons.FAILURE_VALUES:
+                log.warning(
+                    "tpuscope: failure reason %r is none of %s: reported as other", failed, reasons.FAILURE_VALUES
+                )
+                return reasons.OTHER
+            return failed
+        return reasons.OTHER if failed else None
+
     def _forget_parent(self) -> None:
         """In a forked child: silent from now on, the inherited connection closed, nothing sent at exit."""
         self._closed = True
@@ -458,14 +517,13 @@ class Monitor:
     def _close_at_exit(self) -> None:
         """Close a Monitor the job never closed, as a failure if an uncaught exception is ending the job
         (without this a crashed job would be reported as a clean stop)."""
-        kind = _uncaught.kind
-        self.close(failed=kind is not None and not issubclass(kind, KeyboardInterrupt))
+        self.close(failed=_uncaught.value or False)
 
     def __enter__(self) -> Monitor:
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, *_: object) -> None:
-        self.close(failed=exc_type is not None and not issubclass(exc_type, KeyboardInterrupt))
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
+        self.close(failed=exc or False)
 
     def _phase_name(self, name: str) -> str:
         if name in _MEASURED_PHASES:
@@ -570,6 +628,8 @@ class StepTimer:
         end = perf_counter()
         duration = end - self._start
         monitor = self._monitor
+        if value is not None:  # a step that raised: a compile that failed is counted now, should the job go on
+            monitor.compile_failed(value)  # type: ignore[arg-type]
         profile = None
         profiler = monitor._profiler
         if profiler is not None and (profiler.watching or self._annotation is not None) and type(self.number) is int:
@@ -640,6 +700,8 @@ class PhaseTimer:
         if self._intervals is not None:
             self._intervals.append((self.name, self._start, end))
         self._start = 0.0
+        if value is not None and self.name == "io":  # the input pipeline raised: should it end the job, why
+            failures.mark(value, "data_error")  # type: ignore[arg-type]
 
 
 class CheckpointTimer:
@@ -664,6 +726,8 @@ class CheckpointTimer:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         seconds = time.perf_counter() - self._start
+        if exc is not None and self.operation == "restore":
+            failures.mark(exc, "checkpoint_restore")
         compiled = self._monitor.compiled_since(self._compiled_before, seconds)
         self._monitor.record_checkpoint(
             self.operation, seconds, ok=exc_type is None, bytes=self.bytes, step=self.step, compile_seconds=compiled

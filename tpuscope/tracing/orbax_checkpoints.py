@@ -46,6 +46,8 @@ import time
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal
 
+from tpuscope.tracing import failures
+
 if TYPE_CHECKING:
     from tpuscope.tracing.monitor import Monitor
 
@@ -104,8 +106,9 @@ class OrbaxCheckpoints:
         started = time.perf_counter()
         try:
             restored = self.manager.restore(step, *args, **kwargs)
-        except BaseException:
+        except BaseException as e:
             self._report("restore", number, time.perf_counter() - started, ok=False)
+            failures.mark(e, "checkpoint_restore")  # should it end the job, the failure's reason
             raise
         seconds = time.perf_counter() - started
         compiled = self._monitor.compiled_since(compiled_before, seconds)

@@ -16,14 +16,20 @@ DEFAULTS = {
     "recompile": 10.0,
     "ckpt-fail": 0.0,
     "crash": -1.0,  # -1: half the run
+    "oom": -1.0,
+    "compile-error": -1.0,
+    "bad-data": -1.0,
     "spill": 0.0,
 }
+# The faults that end the run at a step (their value; -1: half the run), each its own way, for the failure
+# reasons they land under (tpuscope.failures): crash (other), oom, compile-error, bad-data.
+FAILING = ("crash", "oom", "compile-error", "bad-data")
 
 
 # The faults one worker can have alone. The others would break the job rather than show a fault: a worker that
 # alone skips its saves leaves its peers in Orbax's barrier, one that alone recompiles to another sequence length
 # runs another program than its peers.
-PER_WORKER = ("slow-io", "stall", "straggler", "crash")
+PER_WORKER = ("slow-io", "stall", "straggler", *FAILING)
 
 
 class FaultError(ValueError):

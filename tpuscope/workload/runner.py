@@ -15,7 +15,7 @@ from pathlib import Path
 from tpuscope import catalog, events
 from tpuscope.conventions import DEFAULT_PORT
 from tpuscope.scrape import Scrape
-from tpuscope.tracing import Monitor, RecordSink, Sink
+from tpuscope.tracing import Monitor, RecordSink, Sink, failure_reason
 from tpuscope.tracing.profiles import PERIOD_ENV, parse_period
 from tpuscope.workload import distributed, launcher, synthetic
 from tpuscope.workload.faults import FaultError, Faults
@@ -72,8 +72,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="FAULT[=VALUE]",
-        help="cause a fault: slow-io, stall, straggler, recompile, ckpt-fail, crash, spill (repeatable; "
-        "docs/bench.md says what each does)",
+        help="cause a fault: slow-io, stall, straggler, recompile, ckpt-fail, crash, oom, compile-error, bad-data, "
+        "spill (repeatable; docs/bench.md says what each does)",
     )
     parser.add_argument(
         "--linger", type=float, default=0.0, help="keep a sidecar bench started serving this many seconds after the run"
@@ -213,7 +213,8 @@ def _run(args: argparse.Namespace, body: Body | None, faults: Faults, job: distr
             print(f"tpuscope bench: {e}", file=sys.stderr)
             return 2
         except InjectedCrash as e:
-            print(f"\ntpuscope bench: {e}; run the same command again to resume from the last checkpoint")
+            reason = f'{catalog.WORKLOAD_FAILURES.name}{{reason="{failure_reason(e)}"}}'
+            print(f"\ntpuscope bench: {e}\n  the sidecar counts it as {reason}; run the same command again to resume")
             return CRASHED
         finally:
             print("\n".join(["", "Run summary (measured in the job):", *("  " + line for line in summary.lines())]))

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from tpuscope.tracing import Monitor
-from tpuscope.workload.faults import Faults
+from tpuscope.workload.faults import FAILING, Faults
 
 CPU_DEVICES_FLAG = "--xla_force_host_platform_device_count"
 
@@ -68,6 +68,10 @@ class InjectedCrash(RuntimeError):
     """The ``crash`` fault."""
 
 
+class CorruptRecord(ValueError):
+    """The ``bad-data`` fault: a record the input pipeline's check refuses (a token outside the vocabulary)."""
+
+
 class Workload:
     """Builds the model, data, checkpoints and reporting; :meth:`run` trains."""
 
@@ -84,6 +88,7 @@ class Workload:
         self.log = log
         self._stall_at: int | None = None  # the step whose input stalls (fault `stall`)
         self._straggle_from = 0  # the first step this worker straggles at (fault `straggler`)
+        self._fail_at: dict[str, int] = {}  # fault -> the step it ends the run at (the FAILING faults)
         faults = options.faults
         if "spill" in faults:
             raise UnsupportedHere(
@@ -147,13 +152,17 @@ class Workload:
             self.log(f"resumed from the checkpoint of step {self.resumed_from} in {self.checkpoints.directory}")
             if start >= options.steps:
                 self.log(f"nothing to do: that is past --steps {options.steps}; remove the directory to start over")
-        crash_at = int(faults.get("crash")) if "crash" in faults else None
-        if crash_at is not None and crash_at < 0:
-            crash_at = options.steps // 2
+        # The step each failing fault strikes at (-1: halfway), in a run that did not resume: the same command
+        # run again resumes from the last checkpoint and finishes.
+        self._fail_at = {
+            name: options.steps // 2 if faults.get(name) < 0 else int(faults.get(name))
+            for name in FAILING
+            if name in faults and self.resumed_from is None
+        }
         self._stall_at = (start + options.steps) // 2 if "stall" in faults else None
         self._straggle_from = start + (options.steps - start) // 3
         for n in range(start, options.steps):
-            if n == crash_at and self.resumed_from is None:
+            if n == self._fail_at.get("crash"):
                 raise InjectedCrash(f"injected crash at step {n}")
             if n == self._straggle_from and options.fused and "straggler" in faults:
                 # Its devices compute each shard's gradient `factor` times, inside the step's one program.
@@ -162,7 +171,12 @@ class Workload:
                 self.log(f"straggler: from step {n} this worker's devices compute each gradient {extra + 1} times")
             timed = next(instrumented) if instrumented is not None else True
             with self.monitor.step(n) if timed else _bare_step() as step:
-                state = self._step(step, n, state, self._seq_len(n))
+                try:
+                    state = self._step(step, n, state, self._seq_len(n))
+                except Exception as e:  # a failing fault's own error, wrapped so that bench says it was injected
+                    if not (injected := [name for name, at in self._fail_at.items() if at == n]):
+                        raise
+                    raise InjectedCrash(f"injected {', '.join(injected)} at step {n}: {e}") from e
             if self.checkpoints.due(n):
                 self.checkpoints.save(n, state)
             if n % 10 == 0:
@@ -178,7 +192,18 @@ class Workload:
             if n == self._stall_at:  # the input pipeline hangs: no step ends for this long
                 self.log(f"stall: no steps for {faults.get('stall'):g} s")
                 time.sleep(faults.get("stall"))
-            batch = trainer.put_batch(self.data.next(seq_len))
+            tokens = self.data.next(seq_len)
+            if n == self._fail_at.get("bad-data"):  # a corrupt record: a token id past the vocabulary
+                tokens = tokens.copy()
+                tokens.flat[0] = self.options.vocab + 7
+            _check_record(tokens, self.options.vocab)
+            batch = trainer.put_batch(tokens)
+        if n == self._fail_at.get("oom"):
+            with step.phase("compute"):
+                _allocate_too_much()
+        if n == self._fail_at.get("compile-error"):
+            with step.phase("compute"):
+                _compile_unsupported()
         if self.options.fused:
             with step.phase("compute"):
                 state, _ = trainer.fused_step(state, batch)
@@ -251,6 +276,31 @@ class Workload:
 
     def __exit__(self, *_: object) -> None:
         self.close()
+
+
+def _check_record(tokens: Any, vocab: int) -> None:
+    """The input pipeline's check of a batch, as a real one validates what it read."""
+    if (largest := int(tokens.max())) >= vocab:
+        raise CorruptRecord(f"a record holds token id {largest}, outside the vocabulary of {vocab}")
+
+
+def _allocate_too_much() -> None:
+    """The ``oom`` fault: an allocation XLA refuses (8 TiB), as a batch or model too large for the devices is."""
+    import jax.numpy as jnp
+
+    jnp.zeros((2**41,), jnp.float32).block_until_ready()
+
+
+def _compile_unsupported() -> None:
+    """The ``compile-error`` fault: a program calling a custom call no backend implements, which XLA refuses
+    to compile (as a kernel built for another platform, or an op the backend lacks, is)."""
+    import jax
+    import jax.numpy as jnp
+
+    def unsupported(x: Any) -> Any:
+        return jax.ffi.ffi_call("tpuscope_fault_unsupported_op", jax.ShapeDtypeStruct(x.shape, x.dtype))(x)  # type: ignore[no-untyped-call]
+
+    jax.jit(unsupported)(jnp.ones(8))
 
 
 class _BareStep:

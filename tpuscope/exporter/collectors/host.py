@@ -2,9 +2,12 @@
 
 CPU shares are computed from the change in the kernel's CPU time counters
 between two collections, so they describe the last interval (the first
-collection has nothing to compare with and leaves them out). Disk and network
-are served as byte counters, as Prometheus expects; ``rate()`` gives the
+collection has nothing to compare with and leaves them out). Disk, network and
+swap are served as byte counters, as Prometheus expects; ``rate()`` gives the
 throughput over whatever window a query wants.
+
+A job process's major page faults come from ``/proc/PID/stat`` (psutil has no
+call for them); where there is no ``/proc`` that series is left out.
 
 The job's processes come from three places: ``--pid``, ``--pid-file`` (read
 at every collection, so a restarted job is followed), and the processes
@@ -33,7 +36,7 @@ class HostCollector(Collector):
         self._previous_cpu: list[tuple[float, float, float]] | None = self._cpu_times()
 
     def collect(self, timeout: float) -> list[Sample]:
-        samples = self._cpu() + self._memory_disk_network()
+        samples = self._cpu() + self._memory_disk_network() + self._swap()
         processes, missing = self._processes()
         samples += processes
         if missing:
@@ -93,6 +96,14 @@ class HostCollector(Collector):
         ]
         return samples
 
+    @staticmethod
+    def _swap() -> list[Sample]:
+        swap = psutil.swap_memory()  # sin and sout: bytes since boot (0 where the OS does not say)
+        return [
+            Sample(catalog.HOST_SWAP_IO, ("in",), float(swap.sin)),
+            Sample(catalog.HOST_SWAP_IO, ("out",), float(swap.sout)),
+        ]
+
     def _job_processes(self) -> tuple[dict[int, str], list[str]]:
         """pid -> workload name (empty when only the pid is known), and what could not be resolved."""
         jobs: dict[int, str] = {pid: "" for pid in self._settings.pids}
@@ -125,9 +136,30 @@ class HostCollector(Collector):
                         Sample(catalog.JOB_RESIDENT_MEMORY, labels, float(process.memory_info().rss)),
                         Sample(catalog.JOB_THREADS, labels, float(process.num_threads())),
                     ]
+                if (faults := major_page_faults(pid)) is not None:
+                    samples.append(Sample(catalog.JOB_MAJOR_PAGE_FAULTS, labels, float(faults)))
             except psutil.NoSuchProcess:
                 if pid in self._settings.pids or not workload:
                     missing.append(str(pid))  # asked for by --pid or the pid file: worth saying
             except psutil.AccessDenied:
                 log.debug("no permission to read process %d", pid)
         return samples, missing
+
+
+def major_page_faults(pid: int) -> int | None:
+    """The major page faults of process ``pid`` so far; None where there is no ``/proc`` or it has just ended."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return parse_major_page_faults(stat)
+
+
+def parse_major_page_faults(stat: str) -> int:
+    """``majflt``, field 12 of a ``/proc/PID/stat`` line (proc(5)).
+
+    Field 2, the command name in parentheses, may itself hold spaces and ')' (a thread can name
+    itself anything), so the fields are counted from after the last ')', where field 3 begins.
+    """
+    after_name = stat.rpartition(")")[2].split()
+    return int(after_name[12 - 3])

@@ -3,13 +3,15 @@
 GPU utilization is the duty cycle (the share of time a kernel was running),
 memory used and total are the device memory series (used as nvidia-smi counts
 it, without the driver's own reserve), memory utilization is the memory
-bandwidth series. Power, temperature, clocks and XID errors are
-GPU-only. XID errors arrive as NVML events: each collection drains the
-events that came since the previous one and counts them by device and code.
+bandwidth series. Power, temperature, clocks (current and maximum), the reasons
+the driver holds the clocks down, and XID errors are GPU-only. XID errors
+arrive as NVML events: each collection drains the events that came since the
+previous one and counts them by device and code.
 
-A query a GPU does not support (power on some boards) leaves that series out
-and is logged once; a GPU that stops answering, or a driver that goes away,
-fails the collection, and the next try starts NVML afresh.
+A query a GPU does not support (power on some boards), or that the driver is
+too old to have, leaves that series out and is logged once; a GPU that stops
+answering, or a driver that goes away, fails the collection, and the next try
+starts NVML afresh.
 """
 
 from __future__ import annotations
@@ -37,6 +39,25 @@ from tpuscope.exporter.samples import Sample
 log = logging.getLogger("tpuscope.collectors")
 
 SOURCE = "nvml"
+
+# nvml.h's clocks-event reason bits (nvmlClocksEventReason*, named nvmlClocksThrottleReason* before R535),
+# as numbers: the bits are the driver's ABI, while pynvml spells the constants one way or the other by version.
+SW_POWER_CAP = 0x4  # nvmlClocksEventReasonSwPowerCap
+HW_SLOWDOWN = 0x8  # nvmlClocksEventReasonHwSlowdown
+SW_THERMAL_SLOWDOWN = 0x20  # nvmlClocksEventReasonSwThermalSlowdown
+HW_THERMAL_SLOWDOWN = 0x40  # nvmlClocksEventReasonHwThermalSlowdown
+HW_POWER_BRAKE_SLOWDOWN = 0x80  # nvmlClocksEventReasonHwPowerBrakeSlowdown
+
+# catalog.THROTTLED's reason label -> the bits that set it. The other bits (GPU idle, application clocks,
+# sync boost, display clock) are clocks chosen lower, not held down, and set none.
+THROTTLE_REASONS: dict[str, int] = {
+    "power": SW_POWER_CAP | HW_POWER_BRAKE_SLOWDOWN,
+    "thermal": SW_THERMAL_SLOWDOWN | HW_THERMAL_SLOWDOWN,
+    "hardware": HW_SLOWDOWN,
+}
+
+# The clocks-event reasons query under its R535 name, then its older one: the first this pynvml has is tried first.
+_REASONS_QUERIES = ("nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetCurrentClocksThrottleReasons")
 
 
 def _nvml() -> Any:
@@ -83,6 +104,8 @@ class NvmlCollector(Collector):
         self._events: Any = None
         self._initialized = False  # NVML counts inits: shut down exactly once per successful init
         self._memory_v2 = True  # until the driver says it has no nvmlDeviceGetMemoryInfo_v2
+        # Until the driver lacks one: a pre-R535 driver has only the older name.
+        self._reasons_queries = [name for name in _REASONS_QUERIES if hasattr(self._nvml, name)]
         self._start()
 
     def _start(self) -> None:
@@ -183,19 +206,33 @@ class NvmlCollector(Collector):
             celsius = nvml.nvmlDeviceGetTemperature(handle, nvml.NVML_TEMPERATURE_GPU)
             return [Sample(catalog.TEMPERATURE, labels, float(celsius))]
 
+        domains = (("sm", nvml.NVML_CLOCK_SM), ("memory", nvml.NVML_CLOCK_MEM))
+
         def clocks() -> list[Sample]:  # NVML says MHz
             return [
-                Sample(catalog.CLOCK, (*labels, "sm"), nvml.nvmlDeviceGetClockInfo(handle, nvml.NVML_CLOCK_SM) * 1e6),
-                Sample(
-                    catalog.CLOCK, (*labels, "memory"), nvml.nvmlDeviceGetClockInfo(handle, nvml.NVML_CLOCK_MEM) * 1e6
-                ),
+                Sample(catalog.CLOCK, (*labels, name), nvml.nvmlDeviceGetClockInfo(handle, clock) * 1e6)
+                for name, clock in domains
+            ]
+
+        def max_clocks() -> list[Sample]:  # MHz too
+            return [
+                Sample(catalog.CLOCK_MAX, (*labels, name), nvml.nvmlDeviceGetMaxClockInfo(handle, clock) * 1e6)
+                for name, clock in domains
+            ]
+
+        def throttling() -> list[Sample]:
+            reasons = self._clocks_event_reasons(handle)
+            return [
+                Sample(catalog.THROTTLED, (*labels, reason), 1.0 if reasons & bits else 0.0)
+                for reason, bits in THROTTLE_REASONS.items()
             ]
 
         samples: list[Sample] = []
-        for query in (utilization, memory, power, temperature, clocks):
+        for query in (utilization, memory, power, temperature, clocks, max_clocks, throttling):
             try:
                 samples += query()
-            except nvml.NVMLError_NotSupported:
+            # FunctionNotFound: a driver older than the query has no such symbol; the GPU itself is fine.
+            except (nvml.NVMLError_NotSupported, nvml.NVMLError_FunctionNotFound):
                 if (labels[0], query.__name__) not in self._unsupported:
                     self._unsupported.add((labels[0], query.__name__))
                     log.info("GPU %s does not support the %s query; its series are left out", labels[0], query.__name__)
@@ -223,6 +260,19 @@ class NvmlCollector(Collector):
                 self._memory_v2 = False
                 log.info("NVML has no v2 memory query (%s): memory used includes the driver's reserve", e)
         return nvml.nvmlDeviceGetMemoryInfo(handle)
+
+    def _clocks_event_reasons(self, handle: Any) -> int:
+        """The bit mask of reasons the driver holds the clocks down, under whichever name this driver has."""
+        nvml = self._nvml
+        while len(self._reasons_queries) > 1:  # the newer name, where an older one is left to fall back on
+            try:
+                return int(getattr(nvml, self._reasons_queries[0])(handle))
+            except nvml.NVMLError_FunctionNotFound:  # a driver before R535
+                missing = self._reasons_queries.pop(0)
+                log.info("NVML has no %s: reading clocks-event reasons as %s", missing, self._reasons_queries[0])
+        if not self._reasons_queries:  # a pynvml with neither name
+            raise nvml.NVMLError(nvml.NVML_ERROR_NOT_SUPPORTED)
+        return int(getattr(nvml, self._reasons_queries[0])(handle))
 
     def _drain_xid_events(self) -> None:
         nvml = self._nvml
