@@ -218,7 +218,7 @@ RUNBOOKS = "https://tpuscope.example/docs/alerts"  # GeneratorConfig's runbook_u
 def throttled(clock: float, **reasons: int) -> dict[str, str]:
     """GPU 0 of the host at ``clock`` Hz of its 2 GHz maximum (SM), and the driver's throttle reasons (0 unless
     given)."""
-    flags = {"power": 0, "thermal": 0, "hardware": 0, **reasons}
+    flags = {"power_cap": 0, "power_brake": 0, "thermal": 0, "hardware": 0, **reasons}
     return {
         s(c.CLOCK, clock="sm", **GPU): f"{clock:g}x20",
         s(c.CLOCK_MAX, clock="sm", **GPU): "2e9x20",
@@ -892,8 +892,10 @@ CASES = [
         {**HOST, **PLACE, **GPU, "reason": "thermal"},
         "GPU 0 (h100) of h:9478 runs its SM clock at 75% of its maximum, held down for thermal reasons.",
     ),
-    # A power cap the clock does not feel (at its maximum), an idle GPU's low clock with no reason: not throttled.
-    Case(AlertName.DEVICE_THROTTLED, None, "15m", throttled(2e9, power=1)),
+    # A power brake the clock does not feel (at its maximum), a busy GPU at its software power cap (as designed),
+    # an idle GPU's low clock with no reason: no ticket.
+    Case(AlertName.DEVICE_THROTTLED, None, "15m", throttled(2e9, power_brake=1)),
+    Case(AlertName.DEVICE_THROTTLED, None, "15m", throttled(1.5e9, power_cap=1)),
     Case(AlertName.DEVICE_THROTTLED, None, "15m", throttled(3e8)),
     # 2 GB of 64 available while a workload runs: page before the OOM killer acts.
     Case(

@@ -40,6 +40,12 @@ def raised_from(outer: BaseException, inner: BaseException) -> BaseException:
         return e
 
 
+def jax_runtime_error(message: str) -> BaseException:
+    from jax.errors import JaxRuntimeError
+
+    return JaxRuntimeError(message)
+
+
 def jax_tracing_error() -> BaseException:
     import jax
     import jax.numpy as jnp
@@ -73,6 +79,16 @@ CASES = [
     (RuntimeError("CUDA_ERROR_NO_DEVICE: no CUDA-capable device is detected"), "runtime_init"),
     (Preempted(), "preemption"),
     (Preempted("maintenance"), "maintenance"),
+    (RuntimeError("CUDA_ERROR_OUT_OF_MEMORY: out of memory"), "out_of_memory"),
+    (
+        RuntimeError("RESOURCE_EXHAUSTED: XLA:TPU compile permanent error. Ran out of memory in memory space hbm."),
+        "out_of_memory",
+    ),
+    # Not every RESOURCE_EXHAUSTED is memory: gRPC says it of quotas; "failed to initialize" is not a runtime.
+    (RuntimeError("RESOURCE_EXHAUSTED: Quota exceeded for quota metric 'Read requests'"), "other"),
+    (RuntimeError("failed to initialize the optimizer state"), "other"),
+    # A device failing the copy of a batch to it is the device's, though it was raised in the io phase.
+    (marked(jax_runtime_error("UNAVAILABLE: TPU halted"), "data_error"), "other"),
     (ValueError("loss is NaN at step 1200"), "other"),
     (AssertionError(), "other"),
     # Wrapped on its way up (raise ... from), the cause still names it.
@@ -274,3 +290,50 @@ def test_sigterm_false_leaves_sigterm_as_it_was(tmp_path: Path) -> None:
     )
     assert run.returncode == -signal.SIGTERM and "python 0" in run.stdout, run.stderr
     assert [(e.state, e.reason) for e in lifecycle] == [("start", "none")]
+
+
+def test_a_job_that_swallows_the_sigterm_still_ends(tmp_path: Path) -> None:
+    """A bare except that catches Preempted and carries on: the SIGTERM is delivered again, with its default
+    action, once the job has had its time to unwind."""
+    run, lifecycle = run_job(
+        tmp_path,
+        """
+        import time
+        mon = Monitor("w", socket="none.sock", sinks=[record], traces=False, jax_compiles=False)
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(60)
+        except BaseException:
+            print("swallowed", flush=True)
+        time.sleep(60)
+        """,
+    )
+    assert run.returncode == -signal.SIGTERM and "swallowed" in run.stdout, run.stderr
+    assert [(e.state, e.reason) for e in lifecycle] == [("start", "none")]  # the sidecar says vanished
+
+
+def test_jax_explanations_stop_after_their_budget(tmp_path: Path) -> None:
+    """Each explanation costs more as a function's shapes grow: past EXPLAIN_BUDGET the setting goes back off,
+    and the job's log stays clean throughout."""
+    run, _ = run_job(
+        tmp_path,
+        """
+        import jax, jax.numpy as jnp
+        from tpuscope.tracing import jax_compiles
+        jax_compiles.EXPLAIN_BUDGET = 5
+        got = []
+        class Kept:
+            def emit(self, event): got.append(type(event).__name__)
+            def close(self): pass
+        mon = Monitor("w", socket="none.sock", sinks=[record, Kept()], traces=False, profile_period="off")
+        f = jax.jit(lambda x: x.sum())
+        for n in range(1, 12):
+            f(jnp.ones(n))
+        print("recompiles", got.count("Recompile"), "explaining", jax.config.jax_explain_cache_misses)
+        mon.close()
+        print("after close", jax.config.jax_explain_cache_misses)
+        """,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "recompiles 5 explaining False" in run.stdout and "after close False" in run.stdout
+    assert "CACHE MISS" not in run.stderr

@@ -25,7 +25,7 @@ from tpuscope.workload.sidecar import SidecarProcess
 UP = catalog.COLLECTOR_UP.name
 ERRORS = catalog.COLLECTOR_ERRORS.name
 THROTTLED = catalog.THROTTLED.name
-REASONS = ("power", "thermal", "hardware")
+REASONS = ("power_cap", "power_brake", "thermal", "hardware")
 
 
 def nvml_sidecar(socket: Path, env: dict[str, str] | None) -> SidecarProcess:
@@ -192,11 +192,11 @@ def test_max_clocks_and_why_the_driver_holds_the_clocks_down(
         cases = {
             0x40: {"thermal"},  # HW thermal slowdown
             0x20: {"thermal"},  # SW thermal slowdown
-            0x4: {"power"},  # SW power cap
-            0x80: {"power"},  # HW power brake
+            0x4: {"power_cap"},  # SW power cap
+            0x80: {"power_brake"},  # HW power brake
             0x8: {"hardware"},  # HW slowdown
             0x1: set(),  # GPU idle: clocks chosen low, not held down
-            0x4 | 0x40: {"power", "thermal"},
+            0x4 | 0x40: {"power_cap", "thermal"},
             0x0: set(),
         }
         for mask, reasons in cases.items():
@@ -243,7 +243,7 @@ def test_a_driver_before_r535_answers_under_the_older_name(
     state.write()
     with nvml_sidecar(short_tmp / "s.sock", environment(old_nvml_libs["before_r535"], state)) as sidecar:
         scrape = wait_for(sidecar.url, lambda s: s.has(THROTTLED, device="1"))
-        assert throttled(scrape, "0") == {"power": 0.0, "thermal": 1.0, "hardware": 0.0}
+        assert throttled(scrape, "0") == {"power_cap": 0.0, "power_brake": 0.0, "thermal": 1.0, "hardware": 0.0}
         assert throttled(scrape, "1") == dict.fromkeys(REASONS, 0.0)
         assert scrape.value(UP, collector="nvml") == 1
         assert sidecar.log().count("NVML has no nvmlDeviceGetCurrentClocksEventReasons") == 1

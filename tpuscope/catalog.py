@@ -599,8 +599,9 @@ THROTTLED = _metric(
     "device_throttled",
     Kind.GAUGE,
     "1 while the driver holds the device's clocks down for this reason, else 0 (nvml clocks-event reasons): "
-    "power (software power cap, hardware power brake), thermal (software or hardware thermal slowdown), "
-    "hardware (hardware slowdown: the power supply or an overheating board). TPU runtimes report no equivalent.",
+    "power_cap (the software power cap: a busy GPU at its power limit), power_brake (a hardware power brake: the "
+    "rack or the power supply asks the board to slow), thermal (software or hardware thermal slowdown), hardware "
+    "(hardware slowdown: the power supply or an overheating board). TPU runtimes report no equivalent.",
     *_dev,
     Label.REASON,
     group=ACCELERATOR_GROUP,

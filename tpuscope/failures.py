@@ -80,6 +80,14 @@ FAILURE_REASONS: tuple[Reason, ...] = (
     ),
 )
 FAILURE_VALUES: tuple[str, ...] = tuple(reason.value for reason in FAILURE_REASONS)
+# What a job older than these reasons sends (its sidecar newer): documented, so the alerts' links to it work.
+LEGACY_FAILURE_REASONS: tuple[Reason, ...] = (
+    Reason(
+        "exception",
+        "Any exception, from a job whose tpuscope predates the failure reasons.",
+        "Read the job's log for the traceback; a newer tpuscope in the job's image names the reason.",
+    ),
+)
 # The platform's doing, not the job's: no ticket each time (TpuscopeWorkloadDown pages if the job does not come
 # back, and the downtime counts against goodput).
 PLATFORM_REASONS = ("preemption", "maintenance")

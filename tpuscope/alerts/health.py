@@ -14,8 +14,9 @@ HOST = "job, instance"  # a scrape target: one host's sidecar
 # Which of its two signals TpuscopeHostMemoryPressure fires on, a label of the alert.
 SIGNAL = "signal"
 AVAILABLE, THRASHING = "available", "thrashing"
-# The reasons of catalog.THROTTLED that hold a GPU's clocks down (the sidecar serves no others today).
-THROTTLE_REASONS = 'reason=~"power|thermal|hardware"'
+# The reasons of catalog.THROTTLED that make a ticket. Not power_cap: a busy GPU at its power limit works as
+# designed (one whose limit was set low shows on the On-call board's clock panel).
+THROTTLE_REASONS = 'reason=~"power_brake|thermal|hardware"'
 SM = 'clock="sm"'
 SWAP_IN = 'direction="in"'
 
@@ -157,13 +158,15 @@ def alerts(config: GeneratorConfig) -> list[Alert]:
             DashboardUID.ONCALL,
             "10m",
             f"The driver holds the GPU's clocks under {t.throttle_clock_ratio:.0%} of its maximum and says why "
-            "(NVML's clocks-event reasons, the `reason` label). `power`: the board at its power cap or a hardware "
-            f"power brake: check the power limit (nvidia-smi -q -d POWER), {c.POWER.name}, the rack's power. "
+            "(NVML's clocks-event reasons, the `reason` label). `power_brake`: the rack or the power supply asked the "
+            f"board to slow: check {c.POWER.name} and the rack's power. "
             f"`thermal`: the GPU too hot: cooling, fans, airflow, {c.TEMPERATURE.name}. `hardware`: a hardware "
             "slowdown (the power supply, an overheating board): drain the node and have it checked. In a "
             f"synchronous job one slow GPU slows every worker ({AlertName.STRAGGLER} may name its host): cordon "
             "the node and restart the job elsewhere if it persists. GPUs only: TPU runtimes expose no thermal, "
             "power or throttle metric, so a TPU that slows down shows only as a straggler or a step time "
-            f"regression ({AlertName.STEP_TIME_REGRESSION}).",
+            f"regression ({AlertName.STEP_TIME_REGRESSION}). `power_cap` (the software power cap) makes no "
+            "ticket: a busy GPU at its power limit runs as designed; one whose limit was set low (nvidia-smi -q -d "
+            "POWER) shows on the On-call board as a low clock under power_cap.",
         ),
     ]

@@ -355,8 +355,9 @@ def hosts(t: Thresholds) -> p.Section:
             ),
             p.timeseries_panel(
                 "GPUs throttled, by reason",
-                "GPUs whose clocks the driver holds down, by reason (NVML's clocks-event reasons): power (power cap "
-                "or power brake), thermal (too hot), hardware (hardware slowdown: power supply, board). With the SM "
+                "GPUs whose clocks the driver holds down, by reason (NVML's clocks-event reasons): power_cap (at its "
+                "power limit: as designed when busy), power_brake (the rack or power supply asks it to slow), thermal "
+                "(too hot), hardware (hardware slowdown: power supply, board). Except for power_cap, with the SM "
                 f"clock under {t.throttle_clock_ratio:.0%} of its maximum for 10 minutes, "
                 f"{AlertName.DEVICE_THROTTLED} fires. GPUs only: TPU runtimes report no throttling, power or "
                 "temperature.",

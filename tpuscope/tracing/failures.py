@@ -18,6 +18,7 @@ import os
 import re
 import signal
 import sys
+import threading
 import urllib.request
 from collections.abc import Mapping
 from typing import Any
@@ -30,11 +31,14 @@ _COUNTED = "_tpuscope_compile_counted"  # set once an exception is counted as a 
 _STATUS = re.compile(r"^\s*(?:[A-Za-z.]+Error: )?([A-Z_]{5,})\b")
 # Runtime and driver initialisation, as JAX, libtpu and CUDA word it when a backend does not come up.
 _INIT = re.compile(
-    r"Unable to initialize backend|Unknown backend|No visible \w+ devices|failed to initialize|"
-    r"TPU initialization failed|libtpu\.so .*in use|already in use by|jaxlib version|driver version|"
-    r"CUDA_ERROR_NO_DEVICE|CUDA_ERROR_NOT_INITIALIZED|no supported devices found|Backend '\w+' is not in the list",
+    r"Unable to initialize backend|Unknown backend|No visible \w+ devices|Backend '\w+' failed to initialize|"
+    r"TPU initialization failed|TPU is already in use|libtpu\.so .*in use|jaxlib version .*incompatible|"
+    r"driver version is insufficient|CUDA driver version|CUDA_ERROR_NO_DEVICE|CUDA_ERROR_NOT_INITIALIZED|"
+    r"no supported devices found|Backend '\w+' is not in the list",
     re.IGNORECASE,
 )
+# XLA's own runtime errors, by class name: a device's, never the input pipeline's, wherever they are raised.
+_XLA_ERRORS = ("JaxRuntimeError", "XlaRuntimeError")
 # JAX's tracing errors (a Python branch or conversion on a traced value): a compile that failed at tracing.
 _TRACING_ERRORS = (
     "ConcretizationTypeError",
@@ -54,15 +58,23 @@ class Preempted(SystemExit):
     """Raised in the main thread at a SIGTERM (the Monitor's handler): the job unwinds, its ``finally`` blocks
     and context managers run, and it exits with status 143, as a process killed by SIGTERM reads to a shell."""
 
-    def __init__(self, reason: str = "preemption") -> None:
+    def __init__(self, reason: str | None = None) -> None:
         super().__init__(SIGTERM_EXIT)
-        self.reason = reason
+        self._reason = reason
+
+    @property
+    def reason(self) -> str:
+        """preemption or maintenance: the VM's metadata server is asked when the reason is first read (as the
+        Monitor closes), not in the signal handler, so the job's own unwinding goes first."""
+        return self._reason or sigterm.reason() or "preemption"
 
 
 def mark(exc: BaseException | None, reason: str, *, stage: str | None = None) -> None:
     """Say where ``exc`` came from, unless something nearer its origin said so already (the first mark stays)."""
     # Not a SIGTERM's or a Ctrl-C's: they end the job wherever they land (an io phase is not a data error).
     if not isinstance(exc, Exception) or getattr(exc, _MARK, None) is not None:
+        return
+    if reason == "data_error" and type(exc).__name__ in _XLA_ERRORS:  # a device failing the copy to it
         return
     with contextlib.suppress(AttributeError, TypeError):  # a type with __slots__ goes by its type alone
         setattr(exc, _MARK, (reason, stage))
@@ -103,15 +115,16 @@ def failure_reason(exc: BaseException) -> str:
     for link in chain:
         if isinstance(link, Preempted):
             return link.reason
+        # Before the marks: a driver or ptxas that does not match surfaces at the first compile.
+        if isinstance(link, RuntimeError) and _INIT.search(str(link)[:1000]):
+            return "runtime_init"
+    for link in chain:
         if (found := getattr(link, _MARK, None)) is not None:
             return str(found[0])
     if compile_stage(exc) is not None:
         return "compile_error"
-    for link in chain:
-        if isinstance(link, RuntimeError) and _INIT.search(str(link)):
-            return "runtime_init"
-        if type(link).__name__ in _DATA_ERRORS:
-            return "data_error"
+    if any(type(link).__name__ in _DATA_ERRORS for link in chain):
+        return "data_error"
     return failures.OTHER
 
 
@@ -129,8 +142,19 @@ def compile_failure_reason(exc: BaseException) -> str:
     return "other"
 
 
+# An allocation refused, as XLA ("RESOURCE_EXHAUSTED: Out of memory allocating ..."), its TPU ("Ran out of memory
+# in memory space hbm") and GPU allocators and CUDA ("CUDA_ERROR_OUT_OF_MEMORY: out of memory") word it. A bare
+# RESOURCE_EXHAUSTED is not enough: gRPC says it of quotas and message sizes too.
+_MEMORY = re.compile(r"\bOOM\b|memory exhausted|failed to allocate|allocat\w* .*bytes|\bHBM\b", re.IGNORECASE)
+
+
 def _out_of_memory(exc: BaseException) -> bool:
-    return isinstance(exc, MemoryError) or _status(exc) == "RESOURCE_EXHAUSTED" or "Out of memory" in str(exc)[:200]
+    if isinstance(exc, MemoryError):
+        return True
+    message = str(exc)[:300]
+    if "out of memory" in message.lower():
+        return True
+    return _status(exc) == "RESOURCE_EXHAUSTED" and bool(_MEMORY.search(message))
 
 
 def _status(exc: BaseException) -> str | None:
@@ -152,7 +176,7 @@ def _chain(exc: BaseException) -> list[BaseException]:
 # Where the VM's metadata server is (Compute Engine and Cloud TPU VMs): GCE_METADATA_HOST as Google's own
 # clients read it, which is also how a test points it at a server of its own.
 METADATA_HOST_ENV = "GCE_METADATA_HOST"
-_METADATA_HOST = "metadata.google.internal"
+_METADATA_HOST = "169.254.169.254"  # the server's address, not its name: no DNS look-up, which no timeout bounds
 _MAINTENANCE_PATH = "/computeMetadata/v1/instance/maintenance-event"
 _METADATA_TIMEOUT_S = 0.5  # out of the scheduler's grace period
 
@@ -202,13 +226,22 @@ def native_handler_installed(signum: int) -> bool:
         return False
 
 
+# How long a job that had no SIGTERM handler of its own may take to unwind after one (its finally blocks, the
+# Monitor's last events) before the signal is delivered again with its default action: a job that swallows
+# Preempted (a bare except) or waits on a thread that never ends still ends, as SIGTERM used to end it.
+UNWIND_SECONDS = 10.0
+
+
 class SigtermWatch:
-    """Turns a SIGTERM into :class:`Preempted` in the main thread, or, when the job had a Python handler of its
-    own, notes it and calls that handler. Installed once per process, by the first Monitor in the main thread."""
+    """Turns the first SIGTERM into :class:`Preempted` in the main thread, or, when the job had a Python handler
+    of its own, notes it and calls that handler. Installed once per process, by the first Monitor in the main
+    thread. After that first SIGTERM the job's previous handling is back: a second one does what it always did."""
 
     def __init__(self) -> None:
-        self.reason: str | None = None  # set at the SIGTERM
+        self.received = False
+        self._reason: str | None = None
         self._previous: Any = None
+        self._pid = 0  # the process that installed it: a forked child inherits the handler, not the job's role
         self.installed = False
 
     def install(self) -> None:
@@ -218,20 +251,35 @@ class SigtermWatch:
         previous = signal.getsignal(signal.SIGTERM)
         if previous is signal.SIG_IGN or native_handler_installed(signal.SIGTERM):
             return  # the job chose to ignore it, or JAX's notifier owns it (docs: mon.close(failed="preemption"))
-        self._previous = previous
+        self._previous = previous if previous is not None else signal.SIG_DFL
+        self._pid = os.getpid()
         signal.signal(signal.SIGTERM, self._on_sigterm)
 
+    def reason(self) -> str | None:
+        """preemption or maintenance once a SIGTERM came (asking the VM's metadata server once), else None."""
+        if self.received and self._reason is None:
+            self._reason = sigterm_reason()
+        return self._reason
+
     def _on_sigterm(self, signum: int, frame: Any) -> None:
-        self.reason = sigterm_reason()
+        signal.signal(signal.SIGTERM, self._previous)  # from now on, as before the Monitor
+        if os.getpid() != self._pid:  # a forked child (a data loader's worker): it ends as it would have
+            if callable(self._previous):
+                self._previous(signum, frame)
+            else:
+                os.kill(os.getpid(), signal.SIGTERM)
+            return
+        self.received = True
         if callable(self._previous):  # the job's own handler decides what happens next
             self._previous(signum, frame)
             return
-        raise Preempted(self.reason)
+        watchdog = threading.Timer(UNWIND_SECONDS, os.kill, (os.getpid(), signal.SIGTERM))
+        watchdog.daemon = True
+        watchdog.start()
+        raise Preempted()
 
 
 def _in_main_thread() -> bool:
-    import threading
-
     return threading.current_thread() is threading.main_thread()
 
 

@@ -31,7 +31,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from tpuscope import events
+from tpuscope import catalog, events
 from tpuscope.tracing import failures
 from tpuscope.tracing.monitor import Monitor
 
@@ -48,23 +48,38 @@ CACHE_RESULTS = {
 }
 _WRAPPED = re.compile(r"^\w+\((.*)\)$")  # "jit(train_step)" -> "train_step"
 # Where JAX logs its explanation of a tracing-cache miss, and how the explanation's first words map to a cause.
-EXPLAIN_LOGGER = "jax._src.interpreters.partial_eval"
 EXPLAIN_CONFIG = "jax_explain_cache_misses"
+# Where JAX logs its explanation of a tracing-cache miss: partial_eval since JAX 0.5 or so, pjit before.
+EXPLAIN_LOGGERS = ("jax._src.interpreters.partial_eval", "jax._src.pjit")
+# Where the setting also raises the persistent compilation cache's messages from DEBUG to WARNING.
+RAISED_LOGGERS = ("jax._src.compiler", "jax._src.compilation_cache")
+# The explanation's words, lowercased, and the cause they give; newer JAX's wording first, then older JAX's.
 _CAUSES = (
     ("seen another function defined on the same line", "redefined_function"),
     ("different input types", "input_types"),
+    ("never seen input type signature", "input_types"),
     ("different input pytree", "input_structure"),
-    ("Tracing context doesn't match", "tracing_context"),
+    ("never seen passing", "input_structure"),
+    ("tracing context doesn't match", "tracing_context"),
 )
 _FIRST_TRACE = "never seen function"  # a first compile, not a recompile
+_MISS = "cache miss"  # in every explanation, and in none of the loggers' other records
+# Explanations the watcher asks JAX for, at most, in a process. JAX compares a miss with every earlier key of
+# the function, so a job with hundreds of shapes pays more for each (measured on this CPU: +4 % on a retrace
+# and compile at 100 shapes of one function, +48 % at 400): past this, the setting goes back off, and the
+# compile counts (TpuscopeRecompiling) go on alone.
+EXPLAIN_BUDGET = 200
+# The persistent cache's records the setting raises to WARNING (DEBUG without it), by their first words.
+_RAISED = ("PERSISTENT COMPILATION CACHE MISS", "Not writing persistent cache entry")
 
 
 def recompile_cause(explanation: str) -> str | None:
     """The cause JAX's cache-miss explanation gives, or None for a function's first trace."""
-    for words, cause in _CAUSES:
-        if words in explanation:
+    words = explanation.lower()
+    for said, cause in _CAUSES:
+        if said in words:
             return cause
-    return None if _FIRST_TRACE in explanation else "other"
+    return None if _FIRST_TRACE in words else "other"
 
 
 # The watcher JAX's runtime-error hook reports to: the hook cannot be removed, so it is registered once per
@@ -94,6 +109,7 @@ class JaxCompileWatcher:
         self.installed = False
         self._ignored = threading.local()  # .active on a thread whose compiles are tpuscope's own
         self._explaining = False  # the watcher turned jax_explain_cache_misses on (and keeps its records)
+        self._explained = 0  # recompiles it reported a cause for
 
     def install(self) -> None:
         global _current, _hook_registered
@@ -114,10 +130,18 @@ class JaxCompileWatcher:
                 _hook_registered = True
         except (ImportError, AttributeError) as e:  # a JAX without it: failed backend compiles go uncounted
             log.info("tpuscope: failed backend compiles are not counted: %s", e)
-        self._explaining = not getattr(jax.config, EXPLAIN_CONFIG)
-        if self._explaining:
-            jax.config.update(EXPLAIN_CONFIG, True)  # type: ignore[no-untyped-call]
-        logging.getLogger(EXPLAIN_LOGGER).addFilter(self._on_explanation)
+        try:
+            self._explaining = not getattr(jax.config, EXPLAIN_CONFIG)
+            if self._explaining:
+                jax.config.update(EXPLAIN_CONFIG, True)  # type: ignore[no-untyped-call]
+        except (AttributeError, KeyError, ValueError) as e:  # a JAX without the setting: no causes
+            log.info("tpuscope: recompiles are not explained: %s", e)
+            self._explaining = False
+            return
+        for name in EXPLAIN_LOGGERS:
+            logging.getLogger(name).addFilter(self._on_explanation)
+        for name in RAISED_LOGGERS:
+            logging.getLogger(name).addFilter(self._on_cache_record)
 
     def uninstall(self) -> None:
         global _current
@@ -128,7 +152,10 @@ class JaxCompileWatcher:
 
         jax.monitoring.unregister_event_duration_listener(self._on_duration)
         jax.monitoring.unregister_event_listener(self._on_event)
-        logging.getLogger(EXPLAIN_LOGGER).removeFilter(self._on_explanation)
+        for name in EXPLAIN_LOGGERS:
+            logging.getLogger(name).removeFilter(self._on_explanation)
+        for name in RAISED_LOGGERS:
+            logging.getLogger(name).removeFilter(self._on_cache_record)
         if self._explaining:
             jax.config.update(EXPLAIN_CONFIG, False)  # type: ignore[no-untyped-call]
         if _current is self:
@@ -136,15 +163,46 @@ class JaxCompileWatcher:
         self.installed = False
 
     def _on_explanation(self, record: logging.LogRecord) -> bool:
-        """A filter on JAX's explanation logger: report the cause; keep the record only if the job asked for it
-        (with the setting on by the watcher alone, each miss would print a warning into the job's log)."""
+        """A filter on JAX's explanation loggers: report the cause, then log the record as the job would have
+        without the watcher (:meth:`_lowered`)."""
+        message = record.getMessage()
+        if _MISS not in message.lower():
+            return True  # another record of the logger's: none of ours
         if not getattr(self._ignored, "active", False):
             try:
-                if (cause := recompile_cause(record.getMessage())) is not None:
+                if (cause := recompile_cause(message)) is not None:
                     self._monitor.recompile(cause)
+                    self._explained += 1
+                    if self._explained == EXPLAIN_BUDGET and self._explaining:
+                        self._stop_explaining()
             except Exception:
                 log.debug("tpuscope: recompile not reported", exc_info=True)
-        return not self._explaining
+        return self._lowered(record)
+
+    def _stop_explaining(self) -> None:
+        import jax
+
+        jax.config.update(EXPLAIN_CONFIG, False)  # type: ignore[no-untyped-call]
+        log.info(
+            "tpuscope: %d recompiles explained; JAX's explanations are off from here (each costs more as a "
+            "function's shapes grow), %s still counts every compile",
+            self._explained,
+            catalog.COMPILE_DURATION.name,
+        )
+
+    def _on_cache_record(self, record: logging.LogRecord) -> bool:
+        """A filter on the persistent cache's loggers: the records the setting raised go back to DEBUG."""
+        if isinstance(record.msg, str) and record.msg.startswith(_RAISED):
+            return self._lowered(record)
+        return True  # the cache's own warnings (an unreadable entry) stay warnings
+
+    def _lowered(self, record: logging.LogRecord) -> bool:
+        """What the setting raised to WARNING, at DEBUG again while only the watcher asked for it: kept where the
+        job logs that logger at DEBUG, dropped elsewhere (each miss would print a warning into the job's log)."""
+        if not self._explaining or record.levelno != logging.WARNING:
+            return True
+        record.levelno, record.levelname = logging.DEBUG, logging.getLevelName(logging.DEBUG)
+        return logging.getLogger(record.name).isEnabledFor(logging.DEBUG)
 
     @contextmanager
     def ignoring(self) -> Iterator[None]:

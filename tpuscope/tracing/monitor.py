@@ -491,8 +491,8 @@ class Monitor:
             failed = failed.code not in (0, None)  # sys.exit(0) is a clean end, sys.exit(2) not
         if isinstance(failed, KeyboardInterrupt):
             failed = False  # the person at the keyboard stopped it
-        if failures.sigterm.reason is not None:  # a SIGTERM the job handled, then ended on its own
-            return failures.sigterm.reason
+        if (preempted := failures.sigterm.reason()) is not None:  # a SIGTERM came: the job ends on its account
+            return preempted
         if isinstance(failed, BaseException):
             return failures.failure_reason(failed)
         if isinstance(failed, str):

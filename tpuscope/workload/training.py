@@ -285,10 +285,11 @@ def _check_record(tokens: Any, vocab: int) -> None:
 
 
 def _allocate_too_much() -> None:
-    """The ``oom`` fault: an allocation XLA refuses (8 TiB), as a batch or model too large for the devices is."""
+    """The ``oom`` fault: an allocation XLA refuses, as a batch or model too large for the devices is: 256 TiB,
+    more than a 64-bit CPU's address space, which no overcommit setting of the kernel grants."""
     import jax.numpy as jnp
 
-    jnp.zeros((2**41,), jnp.float32).block_until_ready()
+    jnp.zeros((2**46,), jnp.float32).block_until_ready()
 
 
 def _compile_unsupported() -> None:

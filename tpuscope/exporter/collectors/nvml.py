@@ -50,8 +50,11 @@ HW_POWER_BRAKE_SLOWDOWN = 0x80  # nvmlClocksEventReasonHwPowerBrakeSlowdown
 
 # catalog.THROTTLED's reason label -> the bits that set it. The other bits (GPU idle, application clocks,
 # sync boost, display clock) are clocks chosen lower, not held down, and set none.
+# The software power cap is apart: a busy GPU at its power limit is working as designed, and the alert leaves it
+# out (TpuscopeDeviceThrottled); a power brake (the rack or power supply asking the board to slow) is not.
 THROTTLE_REASONS: dict[str, int] = {
-    "power": SW_POWER_CAP | HW_POWER_BRAKE_SLOWDOWN,
+    "power_cap": SW_POWER_CAP,
+    "power_brake": HW_POWER_BRAKE_SLOWDOWN,
     "thermal": SW_THERMAL_SLOWDOWN | HW_THERMAL_SLOWDOWN,
     "hardware": HW_SLOWDOWN,
 }
