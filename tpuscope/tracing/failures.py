@@ -131,13 +131,14 @@ def failure_reason(exc: BaseException) -> str:
 def compile_failure_reason(exc: BaseException) -> str:
     """Why a compile failed: a value of :data:`tpuscope.failures.COMPILE_FAILURE_VALUES`."""
     exc = next((link for link in _chain(exc) if getattr(link, _MARK, (None,))[0] == "compile_error"), exc)
+    status = _status(exc)
     if _out_of_memory(exc):
         return "out_of_memory"
-    if isinstance(exc, NotImplementedError) or _status(exc) in ("UNIMPLEMENTED", "NOT_FOUND"):
+    if isinstance(exc, NotImplementedError) or status in ("UNIMPLEMENTED", "NOT_FOUND"):
         return "unsupported"
-    if type(exc).__name__ in _TRACING_ERRORS or _status(exc) in ("INVALID_ARGUMENT", "FAILED_PRECONDITION"):
+    if type(exc).__name__ in _TRACING_ERRORS or status in ("INVALID_ARGUMENT", "FAILED_PRECONDITION"):
         return "invalid_program"
-    if _status(exc) == "INTERNAL":
+    if status == "INTERNAL":
         return "internal"
     return "other"
 

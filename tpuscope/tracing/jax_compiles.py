@@ -47,7 +47,7 @@ CACHE_RESULTS = {
     "/jax/compilation_cache/cache_misses": False,
 }
 _WRAPPED = re.compile(r"^\w+\((.*)\)$")  # "jit(train_step)" -> "train_step"
-# Where JAX logs its explanation of a tracing-cache miss, and how the explanation's first words map to a cause.
+# The setting that makes JAX explain each tracing-cache miss.
 EXPLAIN_CONFIG = "jax_explain_cache_misses"
 # Where JAX logs its explanation of a tracing-cache miss: partial_eval since JAX 0.5 or so, pjit before.
 EXPLAIN_LOGGERS = ("jax._src.interpreters.partial_eval", "jax._src.pjit")
@@ -91,7 +91,7 @@ _hook_registered = False
 def _on_backend_error(error: Exception) -> None:
     """JAX's hook for a failed backend compile: count it and mark it; return None, so JAX raises it as it is."""
     watcher = _current
-    if watcher is None or getattr(watcher._ignored, "active", False):
+    if watcher is None or watcher._ignoring_here():
         return None
     try:
         failures.mark(error, "compile_error", stage="backend")
@@ -168,7 +168,7 @@ class JaxCompileWatcher:
         message = record.getMessage()
         if _MISS not in message.lower():
             return True  # another record of the logger's: none of ours
-        if not getattr(self._ignored, "active", False):
+        if not self._ignoring_here():
             try:
                 if (cause := recompile_cause(message)) is not None:
                     self._monitor.recompile(cause)
@@ -204,6 +204,10 @@ class JaxCompileWatcher:
         record.levelno, record.levelname = logging.DEBUG, logging.getLevelName(logging.DEBUG)
         return logging.getLogger(record.name).isEnabledFor(logging.DEBUG)
 
+    def _ignoring_here(self) -> bool:
+        """Whether this thread is inside :meth:`ignoring`: what JAX reports now is tpuscope's own compile."""
+        return bool(getattr(self._ignored, "active", False))
+
     @contextmanager
     def ignoring(self) -> Iterator[None]:
         """Leave out what this thread compiles inside the block (tpuscope's own programs, not the job's)."""
@@ -214,7 +218,7 @@ class JaxCompileWatcher:
             self._ignored.active = False
 
     def _on_duration(self, event: str, duration_secs: float, **kwargs: Any) -> None:
-        if (stage := STAGES.get(event)) is None or getattr(self._ignored, "active", False):
+        if (stage := STAGES.get(event)) is None or self._ignoring_here():
             return
         try:
             name = str(kwargs.get("fun_name", ""))
@@ -224,7 +228,7 @@ class JaxCompileWatcher:
             log.debug("tpuscope: compile event %s not reported", event, exc_info=True)
 
     def _on_event(self, event: str, **kwargs: Any) -> None:
-        if (hit := CACHE_RESULTS.get(event)) is None or getattr(self._ignored, "active", False):
+        if (hit := CACHE_RESULTS.get(event)) is None or self._ignoring_here():
             return
         try:
             self._monitor.compile_cache(hit)

@@ -67,7 +67,6 @@ class _UncaughtException:
     """
 
     def __init__(self) -> None:
-        self.kind: type[BaseException] | None = None
         self.value: BaseException | None = None
         self._installed = False
 
@@ -78,7 +77,7 @@ class _UncaughtException:
         previous = sys.excepthook
 
         def hook(kind: type[BaseException], value: BaseException, tb: TracebackType | None) -> None:
-            self.kind, self.value = kind, value
+            self.value = value
             previous(kind, value, tb)
 
         sys.excepthook = hook
@@ -474,15 +473,12 @@ class Monitor:
         if self.spans is not None:
             self.spans.close()
 
-    def compile_failed(self, exc: BaseException) -> bool:
+    def compile_failed(self, exc: BaseException) -> None:
         """Count ``exc`` as a failed compile if it is one not counted yet (it passes a step's exit and the
-        Monitor's); whether it was counted now. The backend's are counted as they happen (tracing/jax_compiles.py).
-        """
-        if (failure := failures.uncounted_compile_failure(exc)) is None:
-            return False
-        stage, reason = failure
-        self._send(events.CompileFailure, stage=stage, reason=reason)
-        return True
+        Monitor's). The backend's are counted as they happen (tracing/jax_compiles.py)."""
+        if (failure := failures.uncounted_compile_failure(exc)) is not None:
+            stage, reason = failure
+            self._send(events.CompileFailure, stage=stage, reason=reason)
 
     @staticmethod
     def _failure_reason(failed: bool | BaseException | str) -> str | None:
