@@ -19,6 +19,7 @@ import sys
 import textwrap
 import threading
 import time
+import typing
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -122,6 +123,14 @@ valid_events: st.SearchStrategy[events.AnyEvent] = st.one_of(
         queue_depth=counts,
         request_seconds=st.lists(seconds, max_size=20),
     ),
+    st.builds(
+        events.CompileFailure,
+        workload=workloads,
+        stage=st.sampled_from(["tracing", "lowering", "backend"]),
+        reason=labels,
+    ),
+    st.builds(events.Recompile, workload=workloads, cause=labels),
+    st.builds(events.ModelLoaded, workload=workloads, version=labels),
 )
 
 # --- strategies: anything a socket can carry -------------------------------------------------------
@@ -137,7 +146,8 @@ msgpack_values = st.recursive(
     lambda children: st.lists(children, max_size=8) | st.dictionaries(st.text(max_size=10), children, max_size=5),
     max_leaves=20,
 )
-tags = st.sampled_from(["step", "compile", "cache", "ckpt", "devmem", "progmem", "hw", "life", "infer", "nope"])
+# Every record's tag, and one no record has.
+tags = st.sampled_from([*(cls.__struct_config__.tag for cls in typing.get_args(events.AnyEvent)), "nope"])
 tagged = st.builds(lambda tag, rest: [tag, *rest], tags, st.lists(msgpack_values, max_size=12))
 
 
