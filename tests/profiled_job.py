@@ -1,6 +1,7 @@
 """A fused data-parallel training job on 8 CPU devices that a Monitor profiles: tests/test_profiles.py runs it.
 
-    python tests/profiled_job.py STEPS PERIOD [--user-trace-at N ...] [--user-traces-during-captures N]
+    python tests/profiled_job.py STEPS PERIOD --socket SIDECAR_SOCKET [--captures N] [--user-trace-at N ...]
+        [--user-traces-during-captures N]
 
 One jitted step (forward, backward, update) over a batch sharded across the devices, the parameters
 replicated: XLA inserts the gradients' all-reduce inside the program, as in any data-parallel job. It
@@ -34,6 +35,10 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("steps", type=int)
     parser.add_argument("period")
+    parser.add_argument("--socket", required=True, help="the sidecar's: it parses the captures")
+    # Step on past STEPS (up to 20 times as many) until this many captures are counted: the sidecar answers each
+    # a second or so after its steps, and a job that stops first never hears of it.
+    parser.add_argument("--captures", type=int, default=0)
     parser.add_argument("--user-trace-at", type=int, action="append", default=[])
     # The user starts a trace at a step while a capture of the Monitor's is running, this many times.
     parser.add_argument("--user-traces-during-captures", type=int, default=0)
@@ -60,14 +65,18 @@ def main() -> None:
     user_traces: list[dict[str, object]] = []
     monitor = Monitor(
         "profiled",
-        socket=Path(tempfile.mkdtemp()) / "none.sock",
+        socket=args.socket,
         sinks=[recorder],
         traces=False,
         profile_period=args.period,
     )
     during = args.user_traces_during_captures
-    for n in range(args.steps):
-        capturing = monitor._profiler is not None and monitor._profiler._capture is not None
+    for n in range(20 * args.steps):
+        profiler = monitor._profiler  # a test may look inside: is a session of ours running?
+        if n >= args.steps and (profiler is None or sum(profiler.captures.values()) >= args.captures):
+            break
+        capture = profiler._capture if profiler is not None else None
+        capturing = capture is not None and capture.session is not None
         if n in args.user_trace_at or (capturing and during > 0):
             during -= capturing
             directory = tempfile.mkdtemp(prefix="user-trace-")

@@ -135,7 +135,7 @@ def test_the_run_summary_weighs_the_ok_captures_by_their_steps_and_names_both_sp
     assert "(host-timed: the loop's phase timers)" in lines
     assert re.search(r"device trace  2 captures, 4 profiled steps x 8 devices: step 45\.0 ms = compute 22\.5 ms \(50%\)"
                      r" \+ exposed collective 12\.5 ms \(28%\) \+ idle 10\.0 ms \(22%\)", lines), lines  # fmt: skip
-    assert re.search(r"captures      2 ok, 1 busy, 1 error; 1\.00 s to stop and parse \(", lines), lines
+    assert re.search(r"captures      2 ok, 1 busy, 1 error; 1\.00 s to start and stop \(", lines), lines
 
 
 def test_a_run_without_captures_says_so() -> None:

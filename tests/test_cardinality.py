@@ -38,7 +38,15 @@ Label = catalog.Label
 CLOSED: dict[Label, tuple[str, ...]] = {  # every value the code can give it
     Label.PHASE: events.PHASES,
     Label.STAGE: typing.get_args(events.CompileStage),
-    Label.RESULT: (*INGEST_RESULTS, "hit", "miss", "ok", "error", *events.PROFILE_RESULTS),
+    Label.RESULT: (
+        *INGEST_RESULTS,
+        "hit",
+        "miss",
+        "ok",
+        "error",
+        *events.PROFILE_RESULTS,
+        *catalog.PROFILE_PARSE_RESULTS,
+    ),
     Label.OPERATION: (
         *typing.get_args(events.CheckpointOperation),
         *(m.operation for m in libtpu.RUNTIME_METRICS if m.operation),

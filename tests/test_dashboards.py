@@ -249,15 +249,15 @@ def bench(socket: Path, run_dir: Path, cache: Path, *faults: str) -> subprocess.
         "tpuscope",
         "bench",
         f"--workload={WORKLOAD}",
-        "--steps=60",
+        "--steps=100",
         "--checkpoint-every=20",
         f"--socket={socket}",
         f"--run-dir={run_dir}",
         f"--compile-cache={cache}",
         "--inject=stall=3",
         "--inject=recompile=25",
-        "--inject=compile-error=45",
-        "--profile-period=0.3s",  # device profiles every few steps from step 20: their panels have data
+        "--inject=compile-error=75",
+        "--profile-period=0.3s",  # device profiles every few steps from step 20, parsed by step 75: panels have data
         *faults,
     ]
     return subprocess.run(command, capture_output=True, text=True, timeout=300, env=os.environ.copy())

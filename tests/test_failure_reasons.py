@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tpuscope import events, failures
+from tpuscope import events, failures, gce_metadata
 from tpuscope.conventions import ALERT_PREFIX, AlertName
 from tpuscope.tracing import Monitor, Preempted, RecordSink, failure_reason, read_records
 from tpuscope.tracing import failures as classify
@@ -192,7 +192,7 @@ def test_jax_explanations_read_into_causes(explanation: str, cause: str | None) 
 
 def test_a_sigterm_is_a_preemption_where_no_metadata_server_answers() -> None:
     assert classify.sigterm_reason({}) == "preemption"  # not a Google VM, no GCE_METADATA_HOST
-    assert classify.sigterm_reason({classify.METADATA_HOST_ENV: "127.0.0.1:9"}) == "preemption"  # refused
+    assert classify.sigterm_reason({gce_metadata.METADATA_HOST_ENV: "127.0.0.1:9"}) == "preemption"  # refused
 
 
 def run_job(tmp_path: Path, body: str) -> tuple[subprocess.CompletedProcess[str], list[events.Lifecycle]]:
@@ -212,40 +212,52 @@ def test_a_job_that_handles_sigterm_itself_keeps_its_handler_and_ends_as_preempt
         """
         stop = []
         signal.signal(signal.SIGTERM, lambda *_: stop.append(1))  # save, then leave: the job's own plan
-        mon = Monitor("w", socket="none.sock", sinks=[record], traces=False, jax_compiles=False)
+        mon = Monitor("w", socket="none.sock", sinks=[record], traces=False, jax_compiles=False, sigterm=True)
         os.kill(os.getpid(), signal.SIGTERM)
         while not stop:
             pass
-        print("saved and left cleanly")
+        with mon.step(1):  # the job's handler decides: no Preempted at its next step
+            pass
+        print("saved and left cleanly", mon.preempted)
         mon.close()
         """,
     )
     assert run.returncode == 0, run.stderr
-    assert "saved and left cleanly" in run.stdout
+    assert "saved and left cleanly True" in run.stdout
     assert [(e.state, e.reason) for e in lifecycle] == [("start", "none"), ("failure", "preemption")]
 
 
-def test_an_unhandled_sigterm_unwinds_the_job_and_exits_143(tmp_path: Path) -> None:
+def test_an_opted_in_sigterm_ends_the_job_at_its_next_step_with_143(tmp_path: Path) -> None:
+    """The opt-in handler only sets the flag: the job goes on to the end of its step (a last save may read
+    ``mon.preempted``), and the next step raises Preempted, once."""
     run, lifecycle = run_job(
         tmp_path,
         """
-        mon = Monitor("w", socket="none.sock", sinks=[record], traces=False, jax_compiles=False)
+        mon = Monitor("w", socket="none.sock", sinks=[record], traces=False, jax_compiles=False, sigterm=True)
         try:
-            os.kill(os.getpid(), signal.SIGTERM)
-            while True:
+            for n in range(10**9):
+                with mon.step(n):
+                    if n == 3:
+                        os.kill(os.getpid(), signal.SIGTERM)
+                        print("step 3 ends, preempted:", mon.preempted, flush=True)
+        except BaseException as e:
+            print("left as step", n, "began:", type(e).__name__, flush=True)
+            with mon.step(n + 1):  # a last save's step: not interrupted again
                 pass
+            raise
         finally:
             print("finally ran")
         """,
     )
     assert run.returncode == classify.SIGTERM_EXIT, run.stderr
+    assert "step 3 ends, preempted: True" in run.stdout and "left as step 4 began: Preempted" in run.stdout
     assert "finally ran" in run.stdout
     assert [(e.state, e.reason) for e in lifecycle] == [("start", "none"), ("failure", "preemption")]
 
 
 def test_jax_preemption_notifier_keeps_sigterm(tmp_path: Path) -> None:
     """In a jax.distributed job JAX's native handler owns SIGTERM (its preemption sync point): a Monitor made
-    after it leaves it alone, where a Python handler of its own would silence JAX's."""
+    after it leaves it alone, opted in or not, where a Python handler of its own would silence JAX's."""
     run, _ = run_job(
         tmp_path,
         """
@@ -254,7 +266,7 @@ def test_jax_preemption_notifier_keeps_sigterm(tmp_path: Path) -> None:
         from tpuscope.tracing.failures import native_handler_installed
         free = socket.socket(); free.bind(("127.0.0.1", 0)); port = free.getsockname()[1]; free.close()
         jax.distributed.initialize(f"127.0.0.1:{port}", num_processes=1, process_id=0)
-        mon = Monitor("w", socket="none.sock", sinks=[record], traces=False, jax_compiles=False)
+        mon = Monitor("w", socket="none.sock", sinks=[record], traces=False, jax_compiles=False, sigterm=True)
         print("native", native_handler_installed(signal.SIGTERM), "python", int(signal.getsignal(signal.SIGTERM)))
         mon.close()
         jax.distributed.shutdown()
@@ -262,6 +274,34 @@ def test_jax_preemption_notifier_keeps_sigterm(tmp_path: Path) -> None:
     )
     assert run.returncode == 0, run.stderr[-3000:]
     assert "native True python 0" in run.stdout  # SIG_DFL as Python knows it: no handler of the Monitor's
+
+
+def test_an_opted_in_monitor_made_before_jax_distributed_leaves_its_notifier_alone(tmp_path: Path) -> None:
+    """tpuscope bench's order (each worker of --processes): the Monitor opts in, then jax.distributed takes
+    SIGTERM natively. Neither the Monitor's uninstall (as it closes) nor a later opted-in Monitor puts a Python
+    handler back in place of JAX's notifier."""
+    run, _ = run_job(
+        tmp_path,
+        """
+        import socket
+        import jax
+        from tpuscope.tracing.failures import _sigaction_handler, sigterm
+        free = socket.socket(); free.bind(("127.0.0.1", 0)); port = free.getsockname()[1]; free.close()
+        first = Monitor("w", socket="none.sock", sinks=[record], traces=False, jax_compiles=False, sigterm=True)
+        python = _sigaction_handler(signal.SIGTERM)
+        jax.distributed.initialize(f"127.0.0.1:{port}", num_processes=1, process_id=0)
+        notifier = _sigaction_handler(signal.SIGTERM)
+        print("taken", notifier not in (python, 0, 1))
+        first.close()
+        sigterm.uninstall()
+        second = Monitor("w", socket="none.sock", sinks=[record], traces=False, jax_compiles=False, sigterm=True)
+        print("kept", _sigaction_handler(signal.SIGTERM) == notifier, sigterm.installed)
+        second.close()
+        jax.distributed.shutdown()
+        """,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "taken True" in run.stdout and "kept True False" in run.stdout
 
 
 def test_the_detection_matrix_names_real_tests_and_alerts() -> None:
@@ -279,11 +319,12 @@ def test_the_detection_matrix_names_real_tests_and_alerts() -> None:
         assert f"| `{reason}` |" in matrix, reason
 
 
-def test_sigterm_false_leaves_sigterm_as_it_was(tmp_path: Path) -> None:
+@pytest.mark.parametrize("sigterm", ["", ", sigterm=False"], ids=["default", "sigterm=False"])
+def test_the_monitor_leaves_sigterm_as_it_was(tmp_path: Path, sigterm: str) -> None:
     run, lifecycle = run_job(
         tmp_path,
-        """
-        mon = Monitor("w", socket="none.sock", sinks=[record], traces=False, jax_compiles=False, sigterm=False)
+        f"""
+        mon = Monitor("w", socket="none.sock", sinks=[record], traces=False, jax_compiles=False{sigterm})
         print("python", int(signal.getsignal(signal.SIGTERM)))
         os.kill(os.getpid(), signal.SIGTERM)  # the default: the process ends at once, saying nothing
         """,
@@ -292,29 +333,32 @@ def test_sigterm_false_leaves_sigterm_as_it_was(tmp_path: Path) -> None:
     assert [(e.state, e.reason) for e in lifecycle] == [("start", "none")]
 
 
-def test_a_job_that_swallows_the_sigterm_still_ends(tmp_path: Path) -> None:
-    """A bare except that catches Preempted and carries on: the SIGTERM is delivered again, with its default
-    action, once the job has had its time to unwind."""
+def test_a_job_that_swallows_the_sigterm_still_ends_after_its_grace(tmp_path: Path) -> None:
+    """With the opt-in handler and ``sigterm_grace``: a bare except that catches Preempted and carries on still
+    ends, with SIGTERM's default action, once its grace is over; the preemption is sent first."""
     run, lifecycle = run_job(
         tmp_path,
         """
         import time
-        mon = Monitor("w", socket="none.sock", sinks=[record], traces=False, jax_compiles=False)
+        mon = Monitor("w", socket="none.sock", sinks=[record], traces=False, jax_compiles=False, sigterm=True,
+                      sigterm_grace=1.0)
         try:
             os.kill(os.getpid(), signal.SIGTERM)
-            time.sleep(60)
-        except BaseException:
-            print("swallowed", flush=True)
+            with mon.step(1):
+                pass
+        except BaseException as e:
+            print("swallowed", type(e).__name__, flush=True)
         time.sleep(60)
         """,
     )
-    assert run.returncode == -signal.SIGTERM and "swallowed" in run.stdout, run.stderr
-    assert [(e.state, e.reason) for e in lifecycle] == [("start", "none")]  # the sidecar says vanished
+    assert run.returncode == -signal.SIGTERM and "swallowed Preempted" in run.stdout, run.stderr
+    assert [(e.state, e.reason) for e in lifecycle] == [("start", "none"), ("failure", "preemption")]
 
 
 def test_jax_explanations_stop_after_their_budget(tmp_path: Path) -> None:
     """Each explanation costs more as a function's shapes grow: past EXPLAIN_BUDGET the setting goes back off,
-    and the job's log stays clean throughout."""
+    and the job's log stays clean throughout. The recompiles after it are still counted (cause unexplained):
+    10 retraces, 10 recompile events."""
     run, _ = run_job(
         tmp_path,
         """
@@ -329,11 +373,11 @@ def test_jax_explanations_stop_after_their_budget(tmp_path: Path) -> None:
         f = jax.jit(lambda x: x.sum())
         for n in range(1, 12):
             f(jnp.ones(n))
-        print(f"explained {got.count('Recompile')}", "explaining", jax.config.jax_explain_cache_misses)
+        print(f"recompiles {got.count('Recompile')}", "explaining", jax.config.jax_explain_cache_misses)
         mon.close()
         print("after close", jax.config.jax_explain_cache_misses)
         """,
     )
     assert run.returncode == 0, run.stderr[-3000:]
-    assert "explained 5 explaining False" in run.stdout and "after close False" in run.stdout
+    assert "recompiles 10 explaining False" in run.stdout and "after close False" in run.stdout
     assert "CACHE MISS" not in run.stderr

@@ -21,8 +21,9 @@ from conftest import wait_for
 
 from tpuscope import catalog
 from tpuscope.failures import RECOMPILE_VALUES
+from tpuscope.gce_metadata import METADATA_HOST_ENV
 from tpuscope.scrape import Scrape
-from tpuscope.tracing.failures import METADATA_HOST_ENV, SIGTERM_EXIT
+from tpuscope.tracing.failures import SIGTERM_EXIT
 from tpuscope.workload.runner import CRASHED
 from tpuscope.workload.sidecar import SidecarProcess
 
@@ -159,6 +160,7 @@ def test_a_sigterm_lands_under_preemption_or_maintenance(
             out, err = job.communicate(timeout=60)
         finally:
             job.kill()
+    # The bench opts in to the Monitor's handler: it leaves at its next step, unwinds and reports.
     assert job.returncode == SIGTERM_EXIT, out[-2000:] + err[-2000:]
     assert "Run summary" in out  # the job unwound and reported, as it would in its grace period
     assert failures_of(module_sidecar, workload) == {workload if maintenance else "preemption": 1.0}

@@ -221,7 +221,7 @@ def test_the_profiles_name_a_straggler_in_a_fused_multihost_job_on_one_prometheu
             print("host-timed compute over the median:", {w: round(v, 3) for w, v in sorted(host.items())})
             for worker, (captures, each, share) in costs.items():
                 print(
-                    f"worker {worker}: {captures:g} captures, {each:.2f} s each to stop and parse, {share:.1%} of wall"
+                    f"worker {worker}: {captures:g} captures, {each:.2f} s each to start and stop, {share:.1%} of wall"
                 )
         finally:
             job.kill()

@@ -33,13 +33,16 @@ EXPECTED = (
     "peer: node_exporter scrape p99",
     "step annotation, no profiler session",
     "step annotation, during a capture",
-    "device-profile capture: stop and parse, mean",
+    "device-profile capture: the job's start and stop, mean",
+    "the sidecar's parse of a capture, mean",
     "capture cost share of wall time, default period",
+    "steps overlapping the trace's stop / the others, p50",
     "peer: the least such a step costs in Python",
     "instrumented step / the least such a step costs in Python",
 )
 # Per-step and per-series targets are ratios to a peer measured in the same run, the absolute figures beside.
 RATIOS = {
+    "steps during and after a capture / the others, p50": "<= 1.05",
     "instrumented step / one OpenTelemetry span": "<= 0.5",
     "instrumented step / a bare send of its event": "<= 2",
     "scrape per series / node_exporter's": "<= 0.1",
@@ -80,16 +83,17 @@ def test_the_benchmark_runs_tiny_and_writes_every_figure_with_its_target(short_t
             assert figure["met"] is None
     # The targets the issue sets, each judged somewhere in the run.
     targets = {f["target"] for f in figures}
-    assert {"<= 0.5", "<= 2", "<= 0.1", ">= 100000", "<= 0", "<= 80", "<= 1"} <= targets
+    assert {"<= 0.5", "<= 2", "<= 0.1", ">= 100000", "<= 0", "<= 80", "<= 1", "<= 1.05"} <= targets
     by_name = {f["name"].strip(): f for f in figures}
     for name, target in RATIOS.items():
         assert by_name[name]["target"] == target, by_name[name]
     headline = out.stdout.split("Ratios to the peers measured in this run")[1]
     for name in RATIOS:
-        assert re.search(rf"{re.escape(name)} +[\d.]+ x .* [\d.]+ us / [\d.]+ us", headline), headline
-    # The captures on the JAX workload were real: the Monitor parsed at least one.
-    capture = by_name["device-profile capture: stop and parse, mean"]
+        assert re.search(rf"{re.escape(name)} +[\d.]+ x .* [\d.]+ [mu]s / [\d.]+ [mu]s", headline), headline
+    # The captures on the JAX workload were real: the sidecar parsed at least one, and said what that cost.
+    capture = by_name["device-profile capture: the job's start and stop, mean"]
     assert capture["value"] > 0 and re.match(r"[1-9]\d* ok, ", capture["note"]), capture
+    assert by_name["the sidecar's parse of a capture, mean"]["value"] > 0
     assert by_name["capture cost share of wall time, default period"]["target"] == "<= 0.5"
     # The JSON is printed too.
     assert '"figures": [' in out.stdout

@@ -15,13 +15,18 @@ import pytest
 from tpuscope import events
 from tpuscope.tracing import Monitor
 from tpuscope.tracing.profiles import DEFAULT_PERIOD, NEVER, PERIOD_ENV, DeviceProfiler, parse_period
+from tpuscope.workload.sidecar import SidecarProcess
 
 JOB = Path(__file__).with_name("profiled_job.py")
 
 
-def run_job(steps: int, period: str, *flags: str) -> dict[str, Any]:
+def run_job(sidecar: SidecarProcess, steps: int, period: str, *flags: str) -> dict[str, Any]:
+    """The job, its captures parsed by ``sidecar``."""
     out = subprocess.run(
-        [sys.executable, str(JOB), str(steps), period, *flags], capture_output=True, text=True, timeout=240
+        [sys.executable, str(JOB), str(steps), period, "--socket", str(sidecar.socket), *flags],
+        capture_output=True,
+        text=True,
+        timeout=240,
     )
     assert out.returncode == 0, out.stderr[-4000:]
     result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
@@ -30,8 +35,8 @@ def run_job(steps: int, period: str, *flags: str) -> dict[str, Any]:
     return result
 
 
-def test_a_fused_step_profiled_splits_into_compute_exposed_collective_and_idle() -> None:
-    job = run_job(80, "0.5")
+def test_a_fused_step_profiled_splits_into_compute_exposed_collective_and_idle(sidecar: SidecarProcess) -> None:
+    job = run_job(sidecar, 80, "0.5", "--captures", "2")
     ok = [p for p in job["profiles"] if p["result"] == "ok"]
     assert ok, job
     assert job["captures"]["error"] == 0 and job["captures"]["busy"] == 0
@@ -41,15 +46,18 @@ def test_a_fused_step_profiled_splits_into_compute_exposed_collective_and_idle()
         assert parts == pytest.approx(p["step_s"], rel=0.05)
         assert p["exposed_collective_s"] > 0, "the gradients' all-reduce waits for the slowest device"
         assert p["compute_s"] > 0 and p["capture_s"] > 0 and p["trace_bytes"] > 0
+        assert p["parse_s"] > 0, "the sidecar parsed it, and said what that cost"
         assert p["slowest_compute_s"] >= p["compute_s"]
     # K is a power of two: every host that captures at a step captures the same steps
     assert job["every"] & (job["every"] - 1) == 0
 
 
-def test_a_users_trace_during_a_capture_works_and_so_do_the_next() -> None:
+def test_a_users_trace_during_a_capture_works_and_so_do_the_next(sidecar: SidecarProcess) -> None:
     """The user's trace starts while the Monitor traces (the capture gives way, counted busy), another at
     the next step, and one far from any capture: each writes its trace; captures go on after them."""
-    job = run_job(150, "0.3", "--user-traces-during-captures", "1", "--user-trace-at", "140")
+    job = run_job(
+        sidecar, 150, "0.3", "--captures", "3", "--user-traces-during-captures", "1", "--user-trace-at", "140"
+    )
     traces = job["user_traces"]
     assert len(traces) == 2 and traces[0]["during_capture"] and traces[1]["step"] == 140, traces
     assert all(t["ok"] and t["files"] for t in traces), traces
@@ -121,3 +129,60 @@ def test_k_follows_the_warm_steps_this_process_ran_whatever_their_numbers(first:
     assert profiler.every == 8192  # the power of two nearest 600 s / 0.1 s
     assert not profiler.watching  # from now on a step between captures does not call the profiler
     profiler.close()
+
+
+def test_one_profiler_a_process_the_first_claimant_holds_it_until_it_lets_go(caplog: pytest.LogCaptureFixture) -> None:
+    """JAX allows one profiling session per process: the first claimant gets the profiler, a later one None (told
+    once, however often it asks) until the first releases it; an owner that is gone without releasing loses it."""
+    import gc
+
+    from tpuscope.tracing import profiles
+
+    class Owner:
+        def __init__(self, workload: str) -> None:
+            self.workload = workload
+
+    first, second = Owner("first"), Owner("second")
+    with caplog.at_level(logging.INFO, logger="tpuscope"):
+        held = profiles.claim(first, 60.0, "/nonexistent/x.sock")
+        assert held is not None and profiles.claim(first, 60.0, "/nonexistent/x.sock") is held
+        assert profiles.claim(second, 60.0, "/nonexistent/x.sock") is None
+        assert profiles.claim(second, 60.0, "/nonexistent/x.sock") is None
+        profiles.release(second)  # not its to release
+        assert profiles.claim(second, 60.0, "/nonexistent/x.sock") is None
+    assert caplog.text.count("device profiles are workload first's") == 1, caplog.text
+    assert "workload second takes none" in caplog.text
+    profiles.release(first)
+    taken = profiles.claim(second, 60.0, "/nonexistent/x.sock")
+    assert taken is not None and taken is not held and held._closed
+    del second
+    gc.collect()
+    third = Owner("third")
+    again = profiles.claim(third, 60.0, "/nonexistent/x.sock")
+    assert again is not None and taken._closed, "the owner is gone: its profiler closed, a new one given"
+    profiles.release(third)
+
+
+def test_the_parse_seconds_ride_on_the_wire_both_ways_with_older_peers() -> None:
+    """``parse_s`` is a trailing field: a sidecar older than it reads a newer job's step (the field ignored), and a
+    newer sidecar reads an older job's (the field 0)."""
+    import msgspec
+
+    class OlderProfile(msgspec.Struct, array_like=True, frozen=True):  # DeviceProfile before parse_s
+        result: str
+        steps: int = 0
+        devices: int = 0
+        step_s: float = 0.0
+        compute_s: float = 0.0
+        exposed_collective_s: float = 0.0
+        overlapped_collective_s: float = 0.0
+        idle_s: float = 0.0
+        slowest_compute_s: float = 0.0
+        capture_s: float = 0.0
+        trace_bytes: int = 0
+
+    newer = events.DeviceProfile("ok", 2, 8, 0.09, 0.05, 0.02, 0.0, 0.02, 0.05, 0.3, 720_000, parse_s=0.6)
+    older = msgspec.msgpack.decode(msgspec.msgpack.encode(newer), type=OlderProfile)
+    assert (older.result, older.trace_bytes) == ("ok", 720_000)
+    read = msgspec.msgpack.decode(msgspec.msgpack.encode(older), type=events.DeviceProfile)
+    assert read.parse_s == 0.0 and read.capture_s == 0.3

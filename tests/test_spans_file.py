@@ -1,4 +1,4 @@
-"""Spans with no collector: a file per process under the XDG state directory, capped and rotated, and said where."""
+"""Spans with no collector: only to a file the job names, capped and rotated, and said where; none by default."""
 
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ def read_lines(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
-def test_a_long_job_leaves_the_working_directory_alone_and_keeps_its_newest_spans_within_the_cap(
+def test_a_long_job_keeps_its_newest_spans_within_the_cap_in_the_file_it_named(
     state_home: Path,
     monkeypatch: pytest.MonkeyPatch,
     tmp_path: Path,
@@ -53,14 +53,17 @@ def test_a_long_job_leaves_the_working_directory_alone_and_keeps_its_newest_span
     workdir.mkdir()
     monkeypatch.chdir(workdir)
     monkeypatch.setenv("TPUSCOPE_SPANS_MAX_BYTES", str(CAP))
+    path = tmp_path / "spans" / "long-job.jsonl"
     began = time.perf_counter()
     # The default sampling: 1 in 100 steps and the slow ones, about 3.5 MB of spans in all.
-    with Monitor("long-job", socket=short_tmp / "absent.sock") as mon:
+    with (
+        caplog.at_level(logging.INFO, logger="tpuscope"),
+        Monitor("long-job", socket=short_tmp / "absent.sock", spans_file=path) as mon,
+    ):
         empty_steps(mon, 100_000)
     print(f"100,000 steps and the close: {time.perf_counter() - began:.1f} s")
 
-    assert list(workdir.iterdir()) == []
-    path = state_home / "tpuscope" / "spans" / f"long-job-{os.getpid()}.jsonl"
+    assert list(workdir.iterdir()) == [] and not state_home.exists()
     rotated = path.with_name(path.name + ".1")
     assert sorted(path.parent.iterdir()) == [path, rotated]
     sizes = path.stat().st_size, rotated.stat().st_size
@@ -73,30 +76,25 @@ def test_a_long_job_leaves_the_working_directory_alone_and_keeps_its_newest_span
     assert 99_900 in kept, "the last 1-in-100 step is kept"
     assert kept == sorted(kept), "the rotated file holds the older spans"
     assert newest[-1]["name"] == "lifecycle" and newest[-1]["events"][0]["name"] == "stop"
-    said = [r for r in caplog.records if str(path) in r.getMessage()]
-    assert len(said) == 1, [r.getMessage() for r in said]
-    assert logging.lastResort is not None
-    assert said[0].levelno >= logging.lastResort.level, "a job that configured no logging must see it"
-    assert f"rotated at {CAP} bytes ($TPUSCOPE_SPANS_MAX_BYTES)" in said[0].getMessage()
+    said = [r.getMessage() for r in caplog.records if str(path) in r.getMessage()]
+    assert said == [f"tpuscope: spans go to {path}, rotated at {CAP} bytes ($TPUSCOPE_SPANS_MAX_BYTES)"]
 
 
-def test_a_job_that_configured_no_logging_is_told_where_its_spans_go_once(state_home: Path, short_tmp: Path) -> None:
+def test_with_no_collector_and_no_file_a_job_writes_no_spans_anywhere(state_home: Path, short_tmp: Path) -> None:
+    """Before issue 34 such a job got a spans file per process under the XDG state directory that nothing read."""
     job = (
+        "import sys\n"
         "from tpuscope.tracing import Monitor\n"
         "from tpuscope.bench.overhead import empty_steps\n"
         f"with Monitor('quiet', socket={str(short_tmp / 'absent.sock')!r}) as mon:\n"
         "    empty_steps(mon, 1000)\n"
+        "print(mon.spans, 'opentelemetry.sdk' in sys.modules)\n"
     )
     run = subprocess.run([sys.executable, "-c", job], capture_output=True, text=True, timeout=60, cwd=short_tmp)
     assert run.returncode == 0, run.stderr
-    spans_dir = state_home / "tpuscope" / "spans"
-    (path,) = spans_dir.iterdir()
-    said = [line for line in run.stderr.splitlines() if str(path) in line]
-    assert said == [
-        "tpuscope: no OTLP endpoint (OTEL_EXPORTER_OTLP_ENDPOINT); spans go to "
-        f"{path}, rotated at 64 MiB ($TPUSCOPE_SPANS_MAX_BYTES)"
-    ], run.stderr
-    assert path.name.startswith("quiet-") and read_lines(path)
+    assert run.stdout.split() == ["None", "False"]
+    assert not state_home.exists() and sorted(p.name for p in short_tmp.iterdir()) == []
+    assert "spans" not in run.stderr
 
 
 def provider_for(span_exporter: JsonLinesExporter, service: str) -> TracerProvider:
@@ -175,14 +173,14 @@ def test_spans_that_cannot_be_written_are_counted_and_said_once_never_raised(
 @pytest.mark.parametrize("value", ["0", "-1", "64MiB", "lots"])
 def test_a_bad_cap_is_refused_naming_the_variable(value: str) -> None:
     with pytest.raises(ValueError, match="TPUSCOPE_SPANS_MAX_BYTES"):
-        exporter(environ={"TPUSCOPE_SPANS_MAX_BYTES": value})
+        exporter(environ={"TPUSCOPE_SPANS_MAX_BYTES": value, "TPUSCOPE_SPANS_FILE": "spans.jsonl"})
 
 
 def test_a_monitor_with_a_bad_cap_runs_without_spans_and_says_why(
     state_home: Path, monkeypatch: pytest.MonkeyPatch, short_tmp: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     monkeypatch.setenv("TPUSCOPE_SPANS_MAX_BYTES", "64MiB")
-    with Monitor("capped", socket=short_tmp / "absent.sock") as mon:
+    with Monitor("capped", socket=short_tmp / "absent.sock", spans_file=short_tmp / "spans.jsonl") as mon:
         empty_steps(mon, 10)
     assert mon.spans is None
     assert "spans are off: TPUSCOPE_SPANS_MAX_BYTES='64MiB'" in caplog.text

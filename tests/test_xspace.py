@@ -1,4 +1,5 @@
-"""The split of a device trace into compute, exposed and overlapped collective, and idle (tpuscope.tracing.xspace).
+"""The split of a device trace into compute, exposed and overlapped collective, and idle (tpuscope.exporter.xspace,
+which the sidecar runs on each trace a job hands it).
 
 Three layers: the interval math on its own (examples, and properties against a brute-force count of unit cells);
 hand-built XSpaces (a text proto turned into bytes by jax) for the step windows, the leaf ops and the device planes;
@@ -34,8 +35,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tpuscope.tracing.xspace import (
-    STEP_ANNOTATION,
+from tpuscope.events import STEP_ANNOTATION
+from tpuscope.exporter.xspace import (
     ProfiledSteps,
     clip,
     is_collective,
@@ -337,7 +338,7 @@ CAPTURE = r"""
 import glob, os, sys
 import jax, jax.numpy as jnp
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
-from tpuscope.tracing.xspace import STEP_ANNOTATION
+from tpuscope.events import STEP_ANNOTATION
 
 out, slow_device, straggle = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 mesh = Mesh(jax.devices(), ("d",))
@@ -546,10 +547,37 @@ def test_a_straggler_device_computes_more_and_waits_less(captures: dict[str, Cap
 
 
 def test_the_module_imports_without_jax(tmp_path: Path) -> None:
-    # A job without jax must still import the in-job library; jax is imported only inside split_steps.
+    # The sidecar imports the parser's module without jax (it runs the parse in a child): jax is imported only
+    # inside split_steps.
     blocker = tmp_path / "jax.py"
     blocker.write_text("raise ImportError('no jax here')\n")
-    code = "import tpuscope.tracing.xspace as x; assert x.STEP_ANNOTATION == 'train'"
+    code = "import tpuscope.exporter.xspace as x; assert x.STEP_ANNOTATION == 'train'"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.getcwd()])}
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
     assert run.returncode == 0, run.stderr
+
+
+def test_the_sidecars_parser_prints_the_profile_and_refuses_links(captures: dict[str, Capture], tmp_path: Path) -> None:
+    """``python -m tpuscope.exporter.xspace TRACE``, as the sidecar runs it: the capture's DeviceProfile as JSON;
+    a trace that is no trace fails (the sidecar answers error); a link is not followed (a spool writer could point
+    it at any file the sidecar may read)."""
+    import msgspec
+
+    from tpuscope import events
+
+    trace = tmp_path / "t.xspace"
+    trace.write_bytes(captures["balanced"].xspace)
+    parse = [sys.executable, "-m", "tpuscope.exporter.xspace"]
+    run = subprocess.run([*parse, str(trace)], capture_output=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    profile = msgspec.json.decode(run.stdout, type=events.DeviceProfile)
+    split = split_steps(captures["balanced"].xspace)
+    assert split is not None and profile.result == "ok"
+    assert (profile.steps, profile.devices, profile.step_s) == (split.steps, split.devices, split.step_s)
+    garbage = tmp_path / "g.xspace"
+    garbage.write_bytes(b"no trace at all")
+    assert subprocess.run([*parse, str(garbage)], capture_output=True, timeout=120).returncode != 0
+    link = tmp_path / "l.xspace"
+    link.symlink_to(trace)
+    refused = subprocess.run([*parse, str(link)], capture_output=True, text=True, timeout=120)
+    assert refused.returncode != 0 and "Too many levels of symbolic links" in refused.stderr, refused.stderr

@@ -315,8 +315,8 @@ PROFILE_IMBALANCE = _metric(
 PROFILE_CAPTURES = _metric(
     "profile_captures_total",
     Kind.COUNTER,
-    "Device-profile captures the job attempted, by result: ok, busy (a profiler of the user's was running: "
-    "skipped), error.",
+    "Device-profile captures the job attempted, by result: ok, busy (skipped: a profiler of the user's ran, or "
+    "JAX's PGLE was on), error (failed, unparsable, or discarded: the job left its step loop mid-capture).",
     W,
     Label.RESULT,
     group=PROFILE_GROUP,
@@ -324,7 +324,8 @@ PROFILE_CAPTURES = _metric(
 PROFILE_CAPTURE_SECONDS = _metric(
     "profile_capture_seconds_total",
     Kind.COUNTER,
-    "What the captures cost the job: stopping the trace and parsing it (off the training thread).",
+    "What the captures cost the job: starting and stopping the trace, on its profiler's thread (the sidecar "
+    "parses the trace: tpuscope_profile_parse_seconds_total).",
     W,
     unit="seconds",
     group=PROFILE_GROUP,
@@ -332,7 +333,7 @@ PROFILE_CAPTURE_SECONDS = _metric(
 PROFILE_CAPTURE_BYTES = _metric(
     "profile_capture_bytes_total",
     Kind.COUNTER,
-    "Bytes of the serialized device traces captured (parsed in memory, never written).",
+    "Bytes of the serialized device traces captured (handed to the sidecar to parse, then deleted).",
     W,
     unit="bytes",
     group=PROFILE_GROUP,
@@ -428,7 +429,8 @@ WORKLOAD_FAILURES = _metric(
     Kind.COUNTER,
     "Processes of the workload that failed, by reason as the job classified its failure: out_of_memory, "
     "compile_error, runtime_init, checkpoint_restore, preemption, maintenance, data_error, other; vanished when "
-    "the process ended without a word (a SIGKILL: the kernel's OOM killer, a scheduler past its grace period). "
+    "the process ended without a word and no metadata server said the platform ended it (a signal: the kernel's "
+    "OOM killer, a scheduler's SIGTERM or SIGKILL; a crash in native code). "
     "docs/alerts.md says what to do for each.",
     W,
     Label.REASON,
@@ -787,6 +789,24 @@ OTLP_PUSHES = _metric(
     Kind.COUNTER,
     "Pushes of these metrics to an OpenTelemetry collector (--otlp-metrics on), by result: ok, error.",
     Label.RESULT,
+    group=HEALTH_GROUP,
+)
+# What became of a device trace a job handed to the sidecar's profile service (tpuscope.exporter.profiles).
+PROFILE_PARSE_RESULTS = ("ok", "empty", "dropped", "too_large", "error")
+PROFILE_PARSES = _metric(
+    "profile_parses_total",
+    Kind.COUNTER,
+    "Device traces the sidecar parsed for its jobs' profile captures, by result: ok; empty (no traced step or "
+    "device op in it); dropped (its job handed a newer one, or stopped waiting, before it was parsed); too_large "
+    "(over the size cap: deleted unread); error (the parse failed or ran out of time).",
+    Label.RESULT,
+    group=HEALTH_GROUP,
+)
+PROFILE_PARSE_SECONDS = _metric(
+    "profile_parse_seconds_total",
+    Kind.COUNTER,
+    "Wall time the sidecar spent parsing device traces, each in a child process at the lowest CPU priority.",
+    unit="seconds",
     group=HEALTH_GROUP,
 )
 BUILD_INFO = _metric(

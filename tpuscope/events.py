@@ -21,6 +21,7 @@ import functools
 import itertools
 import operator
 import os
+import re
 import socket
 import tempfile
 import typing
@@ -60,9 +61,31 @@ LifecycleState = Literal["start", "stop", "failure", "restart"]
 
 
 # What became of one device-profile capture (tpuscope.tracing.profiles): measured; skipped because a
-# profiler (the user's) was already running; failed (the capture or its parse).
+# profiler (the user's, JAX's PGLE) was already running or could start; failed or discarded (the capture, its
+# hand-off or its parse; a capture the job left its step loop during is discarded).
 PROFILE_RESULTS = ("ok", "busy", "error")
 ProfileResult = Literal["ok", "busy", "error"]
+
+# --- device-profile captures: from the job to the sidecar's parser -----------------------------------------------
+# The name of the step annotation a capture puts on each traced step (XProf's own step marker, so XProf finds the
+# steps of a capture too): written by the job, looked for by the sidecar's parser.
+STEP_ANNOTATION = "train"
+# A capture's serialized trace larger than this is not handed over (the job) nor read (the sidecar): a few steps'
+# trace is a few MB; a bigger one is a capture that ran far past its steps.
+PROFILE_MAX_BYTES = 128 << 20
+# In the spool (profile_spool): a job writes STEM.xspace.tmp, renames it STEM.xspace (a trace is whole or absent),
+# and the sidecar answers STEM.json (a DeviceProfile as JSON, written the same way). STEM is JOB-SEQ: JOB names the
+# process (its pid and a random token: two containers' jobs may both be pid 1), SEQ counts its captures.
+PROFILE_TRACE_SUFFIX = ".xspace"
+PROFILE_ANSWER_SUFFIX = ".json"
+PROFILE_PARTIAL_SUFFIX = ".tmp"
+PROFILE_STEM = re.compile(r"^(?P<job>[0-9]{1,10}-[0-9a-f]{8})-(?P<seq>[0-9]{1,12})\Z")
+
+
+def profile_spool(socket_path: str | os.PathLike[str]) -> Path:
+    """Where the sidecar listening at ``socket_path`` takes device traces to parse: a directory beside its socket,
+    which exists while that sidecar offers the service (an older sidecar makes none: its jobs take no captures)."""
+    return Path(os.fspath(socket_path) + ".profiles")
 
 
 class DeviceProfile(msgspec.Struct, array_like=True, frozen=True):
@@ -73,9 +96,10 @@ class DeviceProfile(msgspec.Struct, array_like=True, frozen=True):
     collective ops' time that no compute covers, ``overlapped_collective_s`` the rest of it, ``idle_s`` the
     step minus every op (waiting for the host, the input, the next dispatch). ``compute_s +
     exposed_collective_s + idle_s == step_s``. ``slowest_compute_s``: the compute of the local device with
-    the most. ``capture_s``: what the capture cost this process (stopping the trace and parsing it, off the
-    training thread); ``trace_bytes``: the serialized trace's size. A capture that measured nothing
-    (``result`` busy or error) has zeros.
+    the most. ``capture_s``: what the capture cost the job (starting and stopping the trace, on its profiler's
+    thread); ``trace_bytes``: the serialized trace's size; ``parse_s``: what parsing it cost the sidecar (a
+    trailing field: 0 from a job or sidecar older than it). A capture that measured nothing (``result`` busy or
+    error) has zeros, but for what it cost.
     """
 
     result: ProfileResult
@@ -89,6 +113,7 @@ class DeviceProfile(msgspec.Struct, array_like=True, frozen=True):
     slowest_compute_s: Seconds = 0.0
     capture_s: Seconds = 0.0
     trace_bytes: Count = 0
+    parse_s: Seconds = 0.0
 
     def overlap(self) -> float | None:
         """The share of the collective ops' time that compute covered; None without collective ops."""

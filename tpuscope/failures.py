@@ -50,13 +50,16 @@ FAILURE_REASONS: tuple[Reason, ...] = (
     ),
     Reason(
         "preemption",
-        "The scheduler stopped the process (SIGTERM): a preemption, an eviction, a drained node.",
+        "The platform stopped the process: the VM's metadata server said the VM was preempted when the job "
+        "vanished (the sidecar asks it), the job reached JAX's preemption sync point, or the job opted in to "
+        "tpuscope's SIGTERM handler and got a SIGTERM (a preemption, an eviction, a drained node).",
         "Expected on spot capacity: the scheduler restarts the job from its last checkpoint, and the downtime and "
         "lost work count against goodput. Frequent preemptions call for more frequent saves.",
     ),
     Reason(
         "maintenance",
-        "The process was stopped for a host maintenance event, as the VM's metadata server said at its SIGTERM.",
+        "The process was stopped for a host maintenance event (TERMINATE_ON_HOST_MAINTENANCE), as the VM's "
+        "metadata server said when the job vanished or got its SIGTERM.",
         "Planned by the cloud: the job restarts on its own once the host is back. Schedule long runs around "
         "announced maintenance windows, or start the maintenance yourself between runs.",
     ),
@@ -73,8 +76,10 @@ FAILURE_REASONS: tuple[Reason, ...] = (
     ),
     Reason(
         "vanished",
-        "The process's connection closed without a stop or failure: killed by SIGKILL (the kernel's OOM killer, a "
-        "scheduler past its grace period), or a crash in native code. Set by the sidecar, not the job.",
+        "The process's connection closed without a stop or failure, and no metadata server said the platform "
+        "ended it: killed by a signal (SIGKILL from the kernel's OOM killer or a scheduler past its grace period; "
+        "a SIGTERM where nothing tells a preemption from a deletion, as on Kubernetes without a metadata server), "
+        "or a crash in native code. Set by the sidecar, not the job.",
         "Check the node's kernel log and the pod's last state (OOMKilled: host memory, see TpuscopeHostMemory"
         "Pressure) and the process's exit code; a native crash leaves a core or a stack on stderr.",
     ),
@@ -111,6 +116,8 @@ COMPILE_FAILURE_REASONS: tuple[Reason, ...] = (
 )
 COMPILE_FAILURE_VALUES: tuple[str, ...] = tuple(reason.value for reason in COMPILE_FAILURE_REASONS)
 
+# A recompile counted without JAX's explanation of it (tracing/jax_compiles.py): the cause is not known.
+UNEXPLAINED = "unexplained"
 RECOMPILE_CAUSES: tuple[Reason, ...] = (
     Reason(
         "input_types",
@@ -134,5 +141,15 @@ RECOMPILE_CAUSES: tuple[Reason, ...] = (
         "Set the config once, before the first step.",
     ),
     Reason("other", "JAX gave no explanation tpuscope recognises.", "Set jax_explain_cache_misses and read the log."),
+    Reason(
+        UNEXPLAINED,
+        "A function was traced again and JAX's explanation was not there to read: the job's log levels hide JAX's "
+        "warnings (the jax logger at ERROR, logging.disable), or explanations are off (the job turned them off, a "
+        "Monitor did not ask for them, or the process spent its budget of explanations: EXPLAIN_BUDGET in "
+        "tpuscope/tracing/jax_compiles.py).",
+        "Counted from JAX's compile events, without a cause. To learn it, run with JAX_EXPLAIN_CACHE_MISSES=1 and "
+        "JAX's loggers at WARNING, and read the TRACING CACHE MISS warnings in the job's log; then see the causes "
+        "above. Many in the steady state cost compile time like any other cause.",
+    ),
 )
 RECOMPILE_VALUES: tuple[str, ...] = tuple(cause.value for cause in RECOMPILE_CAUSES)

@@ -18,6 +18,7 @@ from tpuscope.exporter.aggregator import CONNECTION_ERRORS
 from tpuscope.exporter.collectors import COLLECTORS
 from tpuscope.exporter.collectors import base as collector_base
 from tpuscope.generator_config import GeneratorConfig
+from tpuscope.tracing import hooks
 
 
 def metrics_markdown() -> str:
@@ -50,7 +51,9 @@ def metrics_markdown() -> str:
         "",
         f"- `phase`: {', '.join(events.PHASES)}. `other` is the part of a step no measured phase claims.",
         "- `result`: `ok` or `error` (checkpoints), `hit` or `miss` (compile cache), "
-        "`accepted`, `invalid` or `dropped` (ingest).",
+        "`accepted`, `invalid` or `dropped` (ingest), "
+        f"{', '.join(f'`{r}`' for r in events.PROFILE_RESULTS)} (`{catalog.PROFILE_CAPTURES.name}`), "
+        f"{', '.join(f'`{r}`' for r in catalog.PROFILE_PARSE_RESULTS)} (`{catalog.PROFILE_PARSES.name}`).",
         f"- `reason` on `{catalog.INGEST_INVALID_EVENTS.name}`: {', '.join(events.REJECT_REASONS)}. "
         f"On `{catalog.INGEST_CONNECTION_ERRORS.name}`: {', '.join(CONNECTION_ERRORS)}.",
         "- `source` on device series: `workload` when the job reported it, `libtpu` or `nvml` when a collector "
@@ -77,6 +80,7 @@ ARTIFACTS: dict[str, Callable[[], str]] = {
     "deploy/prometheus/tpuscope-rules.yaml": lambda: alerts.rules_file(GeneratorConfig()),
     "deploy/alertmanager/alertmanager.yml": lambda: alerts.alertmanager_file(GeneratorConfig()),
     "docs/alerts.md": alerts.runbooks_markdown,
+    "docs/hooks.md": hooks.markdown,
 }
 
 

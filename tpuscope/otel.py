@@ -17,6 +17,20 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from opentelemetry.sdk.resources import Resource
 
+# The job's spans file, where no OTLP endpoint is set (tracing/otel.py).
+SPANS_FILE_VARIABLE = "TPUSCOPE_SPANS_FILE"
+
+
+def spans_wanted(spans_file: object = None, environ: Mapping[str, str] = os.environ) -> bool:
+    """Whether anything would receive the job's spans: an OTLP endpoint, the console exporter, or a spans file.
+    Read before the SDK is imported: a job that configured none of them pays nothing for spans."""
+    if spans_file or environ.get(SPANS_FILE_VARIABLE):
+        return True
+    if environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"):
+        return True
+    return "console" in environ.get("OTEL_TRACES_EXPORTER", "").lower()
+
+
 # The specification's default OTEL_METRIC_EXPORT_INTERVAL.
 DEFAULT_INTERVAL_MS = 60_000
 

@@ -71,7 +71,9 @@ TINY = Size(
     scrapes=5,
     settle_seconds=0.5,
     annotations=500,
-    capture_steps=80,  # K is chosen after 20 steps (16, 32, or 64 on a loaded machine): a capture by step 69
+    # K is chosen after 20 steps (16, 32, or 64 on a loaded machine): a capture by step 69, answered by the sidecar
+    # a second or two (30 to 60 steps) later.
+    capture_steps=160,
 )
 # The capture run's period, in steps of the split workload (the fused one is a little faster). K, the steps
 # between captures, is chosen after the Monitor's 20th step from the warm steps' time: 16 or 32. Each capture
@@ -360,13 +362,11 @@ def annotation_cost(report: Report, size: Size, workdir: Path) -> None:
     (the Monitor's options: no Python tracer)."""
     import jax
 
-    from tpuscope.tracing.xspace import STEP_ANNOTATION
-
     annotate = jax.profiler.StepTraceAnnotation
 
     def annotations() -> None:
         for n in range(size.annotations):
-            with annotate(STEP_ANNOTATION, step_num=n):
+            with annotate(events.STEP_ANNOTATION, step_num=n):
                 pass
 
     idle = best_seconds_per_call(annotations, size.annotations)
@@ -389,15 +389,17 @@ def annotation_cost(report: Report, size: Size, workdir: Path) -> None:
 
 
 def capture_cost(report: Report, size: Size, sidecar: SidecarProcess, workdir: Path, split_step: float) -> None:
-    """Real captures on the fused JAX workload (a production job's step), their cost as the Monitor measures it
-    (``DeviceProfile.capture_s``: starting, stopping and parsing the trace), and that cost's share of the wall time
-    between two captures at the default period."""
+    """Real captures on the fused JAX workload (a production job's step): what one costs the job (``capture_s``:
+    starting and stopping the trace on the profiler's thread), what its parse costs the sidecar (``parse_s``: a
+    child process at the lowest priority), the job's share of the wall time between two captures at the default
+    period, and the training steps' p50 during and right after each capture (from the session's start to the
+    sidecar's answer) against the steps outside them, all in the same run."""
     from tpuscope.workload.training import Workload, WorkloadOptions
 
-    profiles = ProfileSink()
+    profiles, steps = ProfileSink(), StepTimes()
     period = CAPTURE_PERIOD_STEPS * split_step
     with Monitor(
-        "perf-capture", socket=sidecar.socket, traces=False, sinks=[profiles], profile_period=period
+        "perf-capture", socket=sidecar.socket, traces=False, sinks=[profiles, steps], profile_period=period
     ) as monitor:
         options = WorkloadOptions(
             steps=size.capture_steps, fused=True, checkpoint_every=0, run_dir=workdir / "run-capture"
@@ -405,29 +407,100 @@ def capture_cost(report: Report, size: Size, sidecar: SidecarProcess, workdir: P
         with Workload(options, monitor, log=lambda _: None) as workload:
             # The first steps compile: left out of the step time the profiler chooses its K from.
             workload.run(instrumented=iter([False] * 5 + [True] * size.capture_steps))
-        profiler = monitor._profiler  # a benchmark may look inside: the capture a last step did not carry
-    if profiler is not None and (trailing := profiler.take()) is not None:
-        profiles.profiles.append(trailing)
+        profiler = monitor._profiler  # a benchmark may look inside: the profiler thread's history
+        history = list(profiler.history) if profiler is not None else []
     ok = [p for p in profiles.profiles if p.result == "ok"]
     counts = ", ".join(f"{sum(p.result == r for p in profiles.profiles)} {r}" for r in events.PROFILE_RESULTS)
-    costs = [p.capture_s for p in ok]
+    costs, parses = [p.capture_s for p in ok], [p.parse_s for p in ok]
     mean = sum(costs) / len(costs) if costs else None
-    detail = f"; max {max(costs):.2f} s, {sum(p.trace_bytes for p in ok) / len(ok) / 1e6:.1f} MB of trace" if ok else ""
+    detail = f"; max {max(costs):.3f} s, {sum(p.trace_bytes for p in ok) / len(ok) / 1e6:.1f} MB of trace" if ok else ""
+    # Each capture's window: its session's start to the sidecar's answer; the stop alone, where the job serializes it.
+    windows = [(began, ended) for what, began, ended in history if what in ("session", "stop", "handoff")]
+    stops = [(began, ended) for what, began, ended in history if what == "stop"]
+    # The parts of a window, apart: the session recording (the CPU backend traces each of its ops on the host's
+    # own cores), the stop, and the hand-over until the sidecar's answer (the parse, in the sidecar's process).
+    recording = [(began, ended) for what, began, ended in history if what == "session"]
+    handing = [(began, ended) for what, began, ended in history if what == "handoff"]
+    warm = steps.times[10:]  # the first steps compile and warm up: neither side's
+    around = [ended - began for began, ended in warm if overlaps((began, ended), windows)]
+    stopping = [ended - began for began, ended in warm if overlaps((began, ended), stops)]
+    traced = [e - b for b, e in warm if overlaps((b, e), recording) and not overlaps((b, e), stops)]
+    waiting = [e - b for b, e in warm if overlaps((b, e), handing) and not overlaps((b, e), stops)]
+    outside = [ended - began for began, ended in warm if not overlaps((began, ended), windows)]
+
+    def p50_ms(times: list[float]) -> float | None:
+        return percentile(times, 0.5) * 1e3 if times else None
+
     report.add(
         Figure(
-            "device-profile capture: stop and parse, mean",
+            "device-profile capture: the job's start and stop, mean",
             mean,
             "s",
-            note=f"{counts} captures of the fused workload{detail}",
+            note=f"{counts} captures of the fused workload{detail}; on the profiler's thread, no parse",
+        ),
+        Figure(
+            "  the sidecar's parse of a capture, mean",
+            sum(parses) / len(parses) if parses else None,
+            "s",
+            note="a child process of the sidecar at the lowest CPU priority, started per trace"
+            + (f"; max {max(parses):.2f} s" if parses else ""),
         ),
         Figure(
             "  capture cost share of wall time, default period",
             None if mean is None else mean / DEFAULT_PERIOD * 100,
             "%",
             f"<= {COST_BUDGET * 100:g}",
-            f"one capture each {DEFAULT_PERIOD / 60:g} min of steps, off the training thread",
+            f"the job's, one capture each {DEFAULT_PERIOD / 60:g} min of steps, off the training thread",
+        ),
+        ratio(
+            "steps during and after a capture / the others, p50",
+            p50_ms(around),
+            p50_ms(outside),
+            "ms",
+            "<= 1.05",
+            f"{len(around)} steps from a session's start to the sidecar's answer, {len(outside)} outside any",
+        ),
+        ratio(
+            "  steps overlapping the trace's stop / the others, p50",
+            p50_ms(stopping),
+            p50_ms(outside),
+            "ms",
+            note=f"{len(stopping)} steps beside the job's stop (serializing the trace, without the GIL)",
+        ),
+        ratio(
+            "  steps while the session records / the others, p50",
+            p50_ms(traced),
+            p50_ms(outside),
+            "ms",
+            note=f"{len(traced)} steps traced (on the CPU backend each op is traced on the cores that run it)",
+        ),
+        ratio(
+            "  steps while the sidecar parses / the others, p50",
+            p50_ms(waiting),
+            p50_ms(outside),
+            "ms",
+            note=f"{len(waiting)} steps from the hand-over to the sidecar's answer (the parse left the job)",
         ),
     )
+
+
+def overlaps(span: tuple[float, float], intervals: list[tuple[float, float]]) -> bool:
+    return any(span[0] < ended and began < span[1] for began, ended in intervals)
+
+
+class StepTimes:
+    """A sink keeping each step's (start, end) in ``time.perf_counter`` seconds: its event is emitted as it ends."""
+
+    def __init__(self) -> None:
+        self.times: list[tuple[float, float]] = []
+
+    def emit(self, event: events.AnyEvent) -> None:
+        if isinstance(event, events.Step):
+            ended = time.perf_counter()
+            self.times.append((ended - event.duration_s, ended))
+
+    def close(self) -> None:
+        pass
 
 
 class ProfileSink:

@@ -117,8 +117,9 @@ OPTIONS = (
     Option(
         "shutdown_linger",
         lambda: "25s",
-        "After SIGTERM, keep serving until a scrape has read the final state (no job process connected, and a "
-        "scrape begun after the last one left), for at most this long (a duration; 0: stop at once). A job's "
+        "After SIGTERM, keep serving until a scrape has read the final state (no job process connected, no "
+        "verdict pending on one that ended without a word, and a scrape begun after the last one left), for at "
+        "most this long (a duration; 0: stop at once). A job's "
         "last booking (its productive time at a clean stop) is otherwise rarely scraped: scrapes are 15 s apart. "
         "Keep it under the pod's terminationGracePeriodSeconds (30 s by default). It never waits for a sidecar "
         "nothing has scraped, and a second SIGTERM stops it at once.",

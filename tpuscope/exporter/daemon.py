@@ -29,6 +29,7 @@ from tpuscope.exporter.http import MetricsServer
 from tpuscope.exporter.ingest import IngestLoop, SocketError
 from tpuscope.exporter.metrics import register
 from tpuscope.exporter.otlp_push import OtlpPusher, metric_exporter
+from tpuscope.exporter.profiles import ProfileService
 from tpuscope.exporter.samples import SampleStore
 from tpuscope.exporter.webconfig import WebConfigError
 from tpuscope.otel import resource
@@ -130,6 +131,8 @@ def serve(config: ServeConfig) -> int:
         )
         log.info("pushing metrics over OTLP every %g s", config.otlp_metrics_interval)
     ingest.start()
+    profiles = ProfileService(config.socket, config.socket_mode, metrics)  # the jobs' device traces
+    profiles.start()
     http.start()
     for runner in runners:
         runner.start()
@@ -140,12 +143,14 @@ def serve(config: ServeConfig) -> int:
     log.info("serving as slice %s, worker %s", config.slice, config.worker)
     while not stop.wait(1.0):
         pass
+    ingest.stopping(hurry)  # the verdicts on jobs that just vanished, before the last scrape
     linger(config.shutdown_linger, http, ingest, hurry)
     for runner in runners:
         runner.stop()
     if pusher:
         pusher.stop()
     http.stop()
+    profiles.stop()
     ingest.stop()
     log.info("stopped")
     return 0
@@ -153,14 +158,15 @@ def serve(config: ServeConfig) -> int:
 
 def linger(seconds: float, http: MetricsServer, ingest: IngestLoop, hurry: threading.Event) -> None:
     """Serve on after SIGTERM until a scrape has read the final state: no job connected (on Kubernetes the job
-    gets its SIGTERM at the same time, and books its last steps as it stops), and a scrape begun after the last
-    one left. At most ``seconds``; not at all for a sidecar nothing scrapes."""
+    gets its SIGTERM at the same time, and books its last steps as it stops), no verdict pending on a job that
+    vanished, and a scrape begun after the last one left. At most ``seconds``; not at all for a sidecar nothing
+    scrapes."""
     termed = time.monotonic()
     deadline = termed + seconds
     if seconds and http.last_scrape:
         log.info("serving for up to %g s more, until a scrape reads the final state", seconds)
     while seconds and http.last_scrape and time.monotonic() < deadline and not hurry.is_set():
-        if not ingest.connected() and http.last_scrape > max(ingest.last_left, termed):
+        if not ingest.connected() and not ingest.deciding() and http.last_scrape > max(ingest.last_left, termed):
             log.info("the final state was scraped")
             return
         hurry.wait(0.1)

@@ -5,7 +5,8 @@ one event per message, but each job gets its own connection, whose buffer is
 sized in bytes (hundreds to thousands of events) instead of Linux's
 ``net.unix.max_dgram_qlen`` (10 datagrams by default, for all senders
 together). A connection also tells the sidecar when a job goes away without
-saying goodbye, which is how a SIGKILL'd job is seen at all.
+saying goodbye, which is how a SIGKILL'd job is seen at all (why it went, endings.py asks the VM's
+metadata server).
 
 One thread does everything. An event's handling takes microseconds, so a
 queue between receiving and aggregating would only add a place to lose
@@ -42,6 +43,7 @@ from pathlib import Path
 
 from tpuscope import events
 from tpuscope.exporter.aggregator import Aggregator
+from tpuscope.exporter.endings import ANSWER_SECONDS, Endings
 
 log = logging.getLogger("tpuscope.exporter")
 
@@ -142,6 +144,7 @@ class IngestLoop:
         self._listener = bind_event_socket(path, mode)
         self._inode = os.stat(path).st_ino
         self._aggregator = aggregator
+        self._endings = Endings(aggregator)  # why a job that vanished ended: booked on this thread, asked on its own
         self._selector = selectors.DefaultSelector()
         self._selector.register(self._listener, selectors.EVENT_READ, None)
         self._wake_r, self._wake_w = socket.socketpair()
@@ -153,7 +156,7 @@ class IngestLoop:
         self._thread = threading.Thread(target=self._run, name="tpuscope-ingest", daemon=True)
         self._accepting_again = 0.0  # monotonic time to listen again after a failed accept(); 0: listening
         self._next_accept_warning = 0.0
-        self.last_left = 0.0  # monotonic time a job's connection last closed
+        self.last_left = 0.0  # monotonic time a job's connection last closed, or its verdict was booked
 
     def start(self) -> None:
         self._thread.start()
@@ -162,7 +165,9 @@ class IngestLoop:
         next_expiry = time.monotonic() + EXPIRY_CHECK_INTERVAL
         wait = MAX_POLL_SECONDS
         while not self._stopping.is_set():
-            for key, _ in self._selector.select(wait if self._connections else EXPIRY_CHECK_INTERVAL):
+            # A verdict pending is looked at every round: it is booked as soon as the metadata server's answer is in.
+            busy = self._connections or self._endings.pending
+            for key, _ in self._selector.select(wait if busy else EXPIRY_CHECK_INTERVAL):
                 if key.data is None:
                     self._accept()
             received = full = 0
@@ -184,6 +189,8 @@ class IngestLoop:
                 wait = max(wait / 2, MIN_POLL_SECONDS)
             else:
                 wait = min(max(2 * wait, MIN_POLL_SECONDS), MAX_POLL_SECONDS)
+            if self._endings.pending and self._endings.settle():
+                self.last_left = time.monotonic()
             if self._accepting_again and time.monotonic() >= self._accepting_again:
                 self._accepting_again = 0.0
                 self._selector.register(self._listener, selectors.EVENT_READ, None)
@@ -278,6 +285,10 @@ class IngestLoop:
             self._aggregator.reject(e.reason)
             log.debug("job pid %d: rejected event: %s", conn.pid, e)
             return
+        if self._endings.pending and conn.workload != event.workload:
+            # A new process of a workload whose last one vanished: that one's verdict first, so the workload's
+            # downtime is the gap between the two.
+            self._endings.settle(workload=event.workload)
         try:
             # The workload as filed: _overflow past --max-label-values, so the per-process series stay bounded too.
             workload = self._aggregator.accept(event, sent_at, conn)
@@ -298,19 +309,33 @@ class IngestLoop:
         with self._connections_lock:
             self._connections.discard(conn)
         if conn.workload and not conn.said_goodbye:
-            # It sent events but never stop or failure: killed, or exited without closing its Monitor.
+            # It sent events but never stop or failure: killed, crashed, or exited without closing its Monitor.
             log.warning("workload %s (pid %d) disconnected without a stop event", conn.workload, conn.pid)
-            vanished = events.Lifecycle(workload=conn.workload, state="failure", reason="vanished")
-            self._aggregator.apply(vanished, source=conn)
+            self._endings.vanished(conn.workload, conn)
+            # Its goodput ledger is the verdict's to end (at once or soon), uncleanly, at this time.
+            self._aggregator.process_left(conn.workload)
+        elif conn.workload:
+            self._aggregator.process_left(conn.workload, conn)
         else:
             log.debug("job pid %d disconnected", conn.pid)
-        if conn.workload:
-            self._aggregator.process_left(conn.workload, conn)
         self.last_left = time.monotonic()  # after what it left is booked: a scrape from now on reads it
 
     def connected(self) -> bool:
         """Whether any job is connected."""
         return bool(self._connections)
+
+    def deciding(self) -> bool:
+        """Whether a job that vanished waits for its verdict (endings.py)."""
+        return bool(self._endings.pending)
+
+    def stopping(self, hurry: threading.Event) -> None:
+        """The sidecar was told to stop: ask the metadata server once more why the jobs that just vanished ended,
+        and wait until their verdicts are booked (at most :data:`ANSWER_SECONDS`, or until ``hurry``), so that
+        the last scrape reads them."""
+        self._endings.stopping()
+        deadline = time.monotonic() + ANSWER_SECONDS
+        while self._endings.pending and time.monotonic() < deadline and not hurry.wait(0.05):
+            pass
 
     def job_pids(self) -> dict[int, str]:
         """The connected jobs: pid (from the socket's peer credentials) -> workload (once it has said)."""
@@ -323,6 +348,9 @@ class IngestLoop:
         self._wake_w.send(b"x")
         if self._thread.ident is not None:  # stopped before it started: serve failed to bind HTTP
             self._thread.join(timeout=5)
+        if not self._thread.is_alive():  # the aggregator is ours now: every verdict still pending, on what is known
+            self._endings.settle(everything=True)
+        self._endings.close()
         for key in list(self._selector.get_map().values()):
             key.fileobj.close()  # type: ignore[union-attr]
         self._selector.close()

@@ -1,44 +1,67 @@
-"""Compile time and compilation-cache look-ups, from JAX's own monitoring events.
+"""Compile time, compilation-cache look-ups and recompiles, from JAX's own hooks: one watcher per process.
 
-JAX reports each compilation stage's duration through ``jax.monitoring`` with
-the function's name, and each persistent-cache look-up as an event. It also
-calls ``record_scalar`` under the same stage names with a *timestamp* as the
-value, so only duration listeners are registered here: exporting scalars
-blindly would report the Unix epoch as a compile time.
+JAX reports each compilation stage's duration through ``jax.monitoring`` with the function's name, and each
+persistent-cache look-up as an event. It also calls ``record_scalar`` under the same stage names with a
+*timestamp* as the value, so only duration listeners are registered here: exporting scalars blindly would report
+the Unix epoch as a compile time.
+
+JAX's listeners, hooks and settings belong to the process, and JAX calls every registered listener: a watcher per
+Monitor counted each compile once per Monitor, and the first Monitor's close took the others' explanations away.
+So the process has one watcher, and Monitors subscribe to it (:func:`subscribe`, :func:`unsubscribe`): it
+installs its hooks for the first subscriber and removes them when the last one leaves, and it reports each event
+to one Monitor, the earliest subscribed that is still open (a library's Monitor made first gets them, and after
+it closes the user's does).
 
 Two things JAX does not report as events are taken from its other hooks. A backend compile that fails goes
-through JAX's handlers of XLA runtime errors (``register_xla_runtime_error_handler``, which Pallas uses for
-its own messages): the watcher counts it, marks the exception so that the job's failure reads as a compile
-error, and lets it propagate unchanged. A function traced again is explained by JAX when
-``jax_explain_cache_misses`` is on: the watcher turns it on (unless the job did) and reads the explanation's
-log record into a cause of :data:`tpuscope.failures.RECOMPILE_VALUES`, keeping the record from the job's log
-unless the job asked for it.
+through JAX's handlers of XLA runtime errors (``register_xla_runtime_error_handler``, which Pallas uses for its own
+messages): the watcher counts it, marks the exception so that the job's failure reads as a compile error, and lets
+it propagate unchanged. A recompile is seen two ways, because JAX's explanation of it is only a log record:
 
-The listeners are process-wide and JAX calls each registered one, so a
-watcher installs them once however often it is asked (the Monitor installs
-one by itself when jax is imported, and a job may still call
-``watch_jax_compiles()``): twice would count every compile twice. JAX calls
-them on the thread that compiles, which is how tpuscope leaves out a compile
-of its own (measuring a CPU's peak) with :meth:`JaxCompileWatcher.ignoring`.
+- JAX logs an explanation of each tracing-cache miss when ``jax_explain_cache_misses`` is on. The watcher reads
+  it with a filter on JAX's loggers into a cause of :data:`tpuscope.failures.RECOMPILE_VALUES`. A filter runs only
+  for a record its logger is enabled for, so a job that quiets JAX's loggers hides them from tpuscope too.
+- Whatever the log levels, each top-level trace of a jitted function is a ``jaxpr_trace_duration`` event, on the
+  thread that traces, right after JAX's explanation of it. The event names only the function (two lambdas have
+  one name, and JAX's eager primitives trace under theirs), so the watcher reads the traced callable from JAX's
+  tracing frame: one of the job's functions traced again (the same object, or a new one made from the same code,
+  as a lambda jitted in a loop) with no explanation seen on that thread is a recompile of cause
+  ``unexplained``. Functions in JAX's own files are left out, as JAX leaves them out of its explanations.
+
+``jax_explain_cache_misses`` stays the job's. The watcher turns it on only where the job left it untouched (no
+``JAX_EXPLAIN_CACHE_MISSES`` in the environment, JAX's default value), while at least one subscriber asks for
+explanations, and it sets it back to False when none does. While the value is the watcher's, a hook on JAX's
+setting (JAX calls it on ``jax.config.update``) hears the job's own update: from then on the setting is the job's,
+and the watcher never changes it again. Only while the value is the watcher's does it keep JAX's explanations,
+and the persistent cache's messages the same setting raises, out of the job's log (at DEBUG again).
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
 import logging
+import os
 import re
+import sys
 import threading
-from collections.abc import Iterator
+import weakref
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from types import CodeType
+from typing import TYPE_CHECKING, Any
 
-from tpuscope import catalog, events
+from tpuscope import events
+from tpuscope import failures as reasons
 from tpuscope.tracing import failures
-from tpuscope.tracing.monitor import Monitor
+
+if TYPE_CHECKING:
+    from tpuscope.tracing.monitor import Monitor
 
 log = logging.getLogger("tpuscope")
 
+TRACE_EVENT = "/jax/core/compile/jaxpr_trace_duration"
 STAGES: dict[str, events.CompileStage] = {
-    "/jax/core/compile/jaxpr_trace_duration": "tracing",
+    TRACE_EVENT: "tracing",
     "/jax/core/compile/jaxpr_to_mlir_module_duration": "lowering",
     "/jax/core/compile/backend_compile_duration": "backend",
 }
@@ -46,13 +69,24 @@ CACHE_RESULTS = {
     "/jax/compilation_cache/cache_hits": True,
     "/jax/compilation_cache/cache_misses": False,
 }
-_WRAPPED = re.compile(r"^\w+\((.*)\)$")  # "jit(train_step)" -> "train_step"
-# The setting that makes JAX explain each tracing-cache miss.
+# The setting that makes JAX explain each tracing-cache miss, and the variable JAX reads it from at import.
 EXPLAIN_CONFIG = "jax_explain_cache_misses"
+EXPLAIN_ENV = EXPLAIN_CONFIG.upper()
 # Where JAX logs its explanation of a tracing-cache miss: partial_eval since JAX 0.5 or so, pjit before.
 EXPLAIN_LOGGERS = ("jax._src.interpreters.partial_eval", "jax._src.pjit")
 # Where the setting also raises the persistent compilation cache's messages from DEBUG to WARNING.
 RAISED_LOGGERS = ("jax._src.compiler", "jax._src.compilation_cache")
+# Explanations the watcher asks JAX for, at most, in a process: recompiles counted while the setting is the
+# watcher's. JAX compares a miss with every earlier key of the function, so a job with hundreds of shapes pays
+# more for each (measured on this CPU: +4 % on a retrace and compile at 100 shapes of one function, +48 % at
+# 400): past this, the setting goes back off, and recompiles are counted as unexplained.
+EXPLAIN_BUDGET = 200
+# pjit's function that traces a jitted callable (its local ``fun``) and reports TRACE_EVENT: the one place that
+# tells which function was traced, where the event names only its name.
+_TRACING_MODULE, _TRACING_FRAME = "jax._src.pjit", "_trace_for_jit"
+_FRAMES_TO_TRACING = 8  # the listener, JAX's monitoring, the timer's exit, then the tracing frame: a few
+_MAX_CODES = 10_000  # the job's traced code objects kept, to tell a lambda made again; a bound on odd jobs
+_WRAPPED = re.compile(r"^\w+\((.*)\)$")  # "jit(train_step)" -> "train_step"
 # The explanation's words, lowercased, and the cause they give; newer JAX's wording first, then older JAX's.
 _CAUSES = (
     ("seen another function defined on the same line", "redefined_function"),
@@ -64,11 +98,6 @@ _CAUSES = (
 )
 _FIRST_TRACE = "never seen function"  # a first compile, not a recompile
 _MISS = "cache miss"  # in every explanation, and in none of the loggers' other records
-# Explanations the watcher asks JAX for, at most, in a process. JAX compares a miss with every earlier key of
-# the function, so a job with hundreds of shapes pays more for each (measured on this CPU: +4 % on a retrace
-# and compile at 100 shapes of one function, +48 % at 400): past this, the setting goes back off, and the
-# compile counts (TpuscopeRecompiling) go on alone.
-EXPLAIN_BUDGET = 200
 # The persistent cache's records the setting raises to WARNING (DEBUG without it), by their first words.
 _RAISED = ("PERSISTENT COMPILATION CACHE MISS", "Not writing persistent cache entry")
 
@@ -79,88 +108,266 @@ def recompile_cause(explanation: str) -> str | None:
     for said, cause in _CAUSES:
         if said in words:
             return cause
-    return None if _FIRST_TRACE in words else "other"
+    return None if _FIRST_TRACE in words else reasons.OTHER
 
 
-# The watcher JAX's runtime-error hook reports to: the hook cannot be removed, so it is registered once per
-# process and forwards to whichever watcher is installed.
-_current: JaxCompileWatcher | None = None
-_hook_registered = False
+def subscribe(monitor: Monitor, *, explain: bool = True) -> bool:
+    """Report JAX's compiles to ``monitor`` (while it is the earliest subscriber) until :func:`unsubscribe`.
+
+    The first subscriber installs JAX's listeners and hooks for the process; ``explain``: this Monitor wants
+    JAX's explanations of recompiles (their causes), turned on while any subscriber wants them and the job left
+    the setting untouched. Returns False, and logs why once, where this JAX has no ``jax.monitoring`` listeners.
+    Subscribing again changes only ``explain``."""
+    return _watcher.subscribe(monitor, explain)
 
 
-def _on_backend_error(error: Exception) -> None:
-    """JAX's hook for a failed backend compile: count it and mark it; return None, so JAX raises it as it is."""
-    watcher = _current
-    if watcher is None or watcher._ignoring_here():
-        return None
+def unsubscribe(monitor: Monitor) -> None:
+    """Stop reporting to ``monitor``; the last one to leave removes the hooks and gives the setting back."""
+    _watcher.unsubscribe(monitor)
+
+
+@contextmanager
+def ignoring() -> Iterator[None]:
+    """Leave out what this thread compiles inside the block (tpuscope's own programs, not the job's)."""
+    local = _watcher.local
+    local.ignoring = getattr(local, "ignoring", 0) + 1
     try:
-        failures.mark(error, "compile_error", stage="backend")
-        watcher._monitor.compile_failed(error)
-    except Exception:  # telemetry must never change the job's error
-        log.debug("tpuscope: failed compile not reported", exc_info=True)
-    return None
+        yield
+    finally:
+        local.ignoring -= 1
 
 
-class JaxCompileWatcher:
-    """Forwards JAX's compile events to a Monitor while installed. Never raises into JAX."""
+class _Explanations:
+    """``jax_explain_cache_misses``, borrowed from the job only while untouched, and given back as it was."""
 
-    def __init__(self, monitor: Monitor) -> None:
-        self._monitor = monitor
-        self.installed = False
-        self._ignored = threading.local()  # .active on a thread whose compiles are tpuscope's own
-        self._explaining = False  # the watcher turned jax_explain_cache_misses on (and keeps its records)
-        self._explained = 0  # recompiles it reported a cause for
+    def __init__(self) -> None:
+        self.ours = False  # the watcher turned it on, and the job has not set it since
+        self.job_set = False  # the job set it (environment, a value other than JAX's default, an update heard)
+        self.spent = False  # the process had its EXPLAIN_BUDGET explained recompiles: never on again
+        self._state: Any = None  # JAX's State of the setting, while the watcher's hook is on it
+        self._previous_hook: Callable[[Any], None] | None = None
+        self._own_update = threading.local()  # .active while the watcher itself updates the setting
 
-    def install(self) -> None:
-        global _current, _hook_registered
-        if self.installed:
+    def take(self) -> None:
+        """Turn the setting on if the job left it untouched, and listen for the job's own update of it."""
+        if self.ours or self.job_set or self.spent:
             return
-        import jax
-        import jax.monitoring
-
-        jax.monitoring.register_event_duration_secs_listener(self._on_duration)
-        jax.monitoring.register_event_listener(self._on_event)
-        self.installed = True
-        _current = self
         try:
-            if not _hook_registered:
+            from jax._src import config  # the setting's State and its hook have no public alias
+
+            state = config.config_states[EXPLAIN_CONFIG]
+            untouched = os.environ.get(EXPLAIN_ENV) is None and state.get_global() is False
+            hook = state._update_global_hook
+        except (ImportError, AttributeError, KeyError) as e:  # a JAX without it: causes only where the job asks
+            _say_once(f"tpuscope: recompiles are explained only where the job asks JAX to: {e!r}")
+            return
+        if not untouched:
+            self.job_set = True
+            return
+        self._state, self._previous_hook = state, hook
+        state._update_global_hook = self._on_update
+        self._set(True)
+        self.ours = True
+
+    def give_back(self) -> None:
+        """Set the setting back to False if it is still the watcher's, and take the hook off."""
+        if self._state is None:
+            return
+        if self.ours:
+            self._set(False)
+            self.ours = False
+        if self._state._update_global_hook == self._on_update:
+            self._state._update_global_hook = self._previous_hook
+        self._state = None
+
+    def spend(self, recompiles: int) -> None:
+        """The budget is spent: off for good (a job that turns it on itself still gets its explanations)."""
+        self.spent = True
+        self.give_back()
+        log.info(
+            "tpuscope: %d recompiles counted with JAX's explanations on; they are off from here (each costs more "
+            "as a function's shapes grow), and recompiles are counted as %s",
+            recompiles,
+            reasons.UNEXPLAINED,
+        )
+
+    def only_ours_here(self) -> bool:
+        """Whether only the watcher asked for the explanation this thread is logging (the job did not, even
+        with ``with jax.explain_cache_misses(True):``)."""
+        state = self._state
+        return self.ours and (state is None or state.get_local() is not True)
+
+    def _on_update(self, value: Any) -> None:
+        """JAX's hook, called by ``jax.config.update`` of the setting: an update not the watcher's is the job's."""
+        if self._previous_hook is not None:
+            self._previous_hook(value)
+        if not getattr(self._own_update, "active", False):
+            self.job_set, self.ours = True, False
+
+    def _set(self, value: bool) -> None:
+        import jax
+
+        self._own_update.active = True
+        try:
+            jax.config.update(EXPLAIN_CONFIG, value)  # type: ignore[no-untyped-call]
+        finally:
+            self._own_update.active = False
+
+
+class _Watcher:
+    """The process's one set of JAX hooks and the Monitors subscribed to them. Never raises into JAX."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._subscribers: list[tuple[Monitor, bool]] = []  # (monitor, wants explanations), earliest first
+        self._listening = False
+        self._registered = False  # JAX's listeners: kept registered where this JAX cannot unregister them
+        self._backend_hook = False  # JAX's runtime-error hook, registered once: it cannot be removed
+        self.local = threading.local()  # .ignoring: depth of ignoring() blocks; .explained: since the last trace
+        self.explanations = _Explanations()
+        self._traced: weakref.WeakSet[Any] = weakref.WeakSet()  # the job's functions traced so far
+        self._codes: set[CodeType] = set()  # and their code: a lambda made again has a new object, the same code
+        self._recompiles = 0  # counted while the setting is the watcher's, against EXPLAIN_BUDGET
+        self._users_file: Callable[[str], bool] = lambda filename: False  # JAX's test, once found; none till then
+
+    def subscribe(self, monitor: Monitor, explain: bool) -> bool:
+        with self._lock:
+            if not self._listening and not self._listen():
+                return False
+            if any(m is monitor for m, _ in self._subscribers):  # again: its place kept, its wish changed
+                self._subscribers = [(m, explain if m is monitor else e) for m, e in self._subscribers]
+            else:
+                self._subscribers = [*self._subscribers, (monitor, explain)]
+            self._explain_if_asked()
+            return True
+
+    def unsubscribe(self, monitor: Monitor) -> None:
+        with self._lock:
+            left = [s for s in self._subscribers if s[0] is not monitor]
+            if len(left) == len(self._subscribers):
+                return
+            self._subscribers = left
+            if left:
+                self._explain_if_asked()
+            else:
+                self._stop_listening()
+
+    def _target(self) -> Monitor | None:
+        """The Monitor events go to: the earliest subscribed one still subscribed."""
+        subscribers = self._subscribers  # replaced, never changed in place: no lock to read it
+        return subscribers[0][0] if subscribers else None
+
+    def _explain_if_asked(self) -> None:
+        if any(explain for _, explain in self._subscribers):
+            self.explanations.take()
+        else:
+            self.explanations.give_back()
+
+    def _listen(self) -> bool:
+        try:
+            import jax.monitoring
+
+            if not self._registered:  # twice would report each compile twice
+                jax.monitoring.register_event_duration_secs_listener(self._on_duration)
+                jax.monitoring.register_event_listener(self._on_event)
+                self._registered = True
+        except (ImportError, AttributeError) as e:  # no jax, or a jax without these hooks
+            _say_once(f"tpuscope: JAX's compiles are not reported: {e!r}")
+            return False
+        self._listening = True
+        if not self._backend_hook:
+            try:
                 from jax._src import compiler  # the hook's one home; no public alias
 
                 compiler.register_xla_runtime_error_handler(_on_backend_error)
-                _hook_registered = True
-        except (ImportError, AttributeError) as e:  # a JAX without it: failed backend compiles go uncounted
-            log.info("tpuscope: failed backend compiles are not counted: %s", e)
+                self._backend_hook = True
+            except (ImportError, AttributeError) as e:  # a JAX without it: failed backend compiles go uncounted
+                _say_once(f"tpuscope: failed backend compiles are not counted: {e!r}")
         try:
-            self._explaining = not getattr(jax.config, EXPLAIN_CONFIG)
-            if self._explaining:
-                jax.config.update(EXPLAIN_CONFIG, True)  # type: ignore[no-untyped-call]
-        except (AttributeError, KeyError, ValueError) as e:  # a JAX without the setting: no causes
-            log.info("tpuscope: recompiles are not explained: %s", e)
-            self._explaining = False
-            return
+            from jax._src import pjit, source_info_util
+
+            getattr(pjit, _TRACING_FRAME)  # where _traced_function reads the callable
+            self._users_file = source_info_util.is_user_filename  # JAX's own test for its explanations
+        except (ImportError, AttributeError) as e:
+            _say_once(f"tpuscope: only the recompiles JAX explains are counted: {e!r}")
         for name in EXPLAIN_LOGGERS:
             logging.getLogger(name).addFilter(self._on_explanation)
         for name in RAISED_LOGGERS:
             logging.getLogger(name).addFilter(self._on_cache_record)
+        return True
 
-    def uninstall(self) -> None:
-        global _current
-        if not self.installed:
-            return
-        import jax
+    def _stop_listening(self) -> None:
         import jax.monitoring
 
-        jax.monitoring.unregister_event_duration_listener(self._on_duration)
-        jax.monitoring.unregister_event_listener(self._on_event)
+        self.explanations.give_back()
         for name in EXPLAIN_LOGGERS:
             logging.getLogger(name).removeFilter(self._on_explanation)
         for name in RAISED_LOGGERS:
             logging.getLogger(name).removeFilter(self._on_cache_record)
-        if self._explaining:
-            jax.config.update(EXPLAIN_CONFIG, False)  # type: ignore[no-untyped-call]
-        if _current is self:
-            _current = None
-        self.installed = False
+        try:
+            jax.monitoring.unregister_event_duration_listener(self._on_duration)
+            jax.monitoring.unregister_event_listener(self._on_event)
+            self._registered = False
+        except (AttributeError, ValueError) as e:  # a JAX that cannot: they stay, with no one to report to
+            log.debug("tpuscope: JAX's listeners stay registered: %r", e)
+        self._listening = False
+
+    def ignoring_here(self) -> bool:
+        """Whether this thread is inside :func:`ignoring`: what JAX reports now is tpuscope's own compile."""
+        return getattr(self.local, "ignoring", 0) > 0
+
+    def _on_duration(self, event: str, duration_secs: float, **kwargs: Any) -> None:
+        if (stage := STAGES.get(event)) is None or self.ignoring_here() or (monitor := self._target()) is None:
+            return
+        try:
+            name = str(kwargs.get("fun_name", ""))
+            match = _WRAPPED.match(name)
+            monitor.compile(stage, duration_secs, function=match[1] if match else name)
+            if event == TRACE_EVENT:
+                self._on_trace()
+        except Exception:  # telemetry must never break a compile
+            log.debug("tpuscope: compile event %s not reported", event, exc_info=True)
+
+    def _on_trace(self) -> None:
+        """A function was traced at the top level: a recompile JAX did not explain if the job traced it before."""
+        explained, self.local.explained = getattr(self.local, "explained", False), False
+        if (fun := _traced_function()) is None:
+            return
+        if (filename := _filename_of(fun)) is not None and not self._users_file(filename):
+            return  # JAX's own (an eager primitive, a jitted jnp function): JAX does not explain those either
+        if self._seen_before(fun) and not explained:
+            self._recompiled(reasons.UNEXPLAINED)
+
+    def _seen_before(self, fun: Any) -> bool:
+        """Whether ``fun``, or a function of the job's made from the same code, was traced before; remember it."""
+        try:
+            seen = fun in self._traced
+            self._traced.add(fun)
+        except TypeError:  # not weakly referenceable: known by its code alone
+            seen = False
+        code = getattr(fun, "__code__", None)  # its own, not a wrapper's: jax.grad's wrappers share theirs
+        if isinstance(code, CodeType) and self._users_file(code.co_filename):
+            seen = seen or code in self._codes
+            if len(self._codes) < _MAX_CODES:
+                self._codes.add(code)
+        return seen
+
+    def _recompiled(self, cause: str) -> None:
+        if (monitor := self._target()) is None:
+            return
+        monitor.recompile(cause)
+        if self.explanations.ours:
+            self._recompiles += 1
+            if self._recompiles >= EXPLAIN_BUDGET:
+                self.explanations.spend(self._recompiles)
+
+    def _on_event(self, event: str, **kwargs: Any) -> None:
+        if (hit := CACHE_RESULTS.get(event)) is None or self.ignoring_here() or (monitor := self._target()) is None:
+            return
+        try:
+            monitor.compile_cache(hit)
+        except Exception:
+            log.debug("tpuscope: cache event %s not reported", event, exc_info=True)
 
     def _on_explanation(self, record: logging.LogRecord) -> bool:
         """A filter on JAX's explanation loggers: report the cause, then log the record as the job would have
@@ -168,27 +375,15 @@ class JaxCompileWatcher:
         message = record.getMessage()
         if _MISS not in message.lower():
             return True  # another record of the logger's: none of ours
-        if not self._ignoring_here():
+        keep = self._lowered(record)  # before counting: the explanation that spends the budget is still ours
+        if not self.ignoring_here():
+            self.local.explained = True  # the trace event that follows on this thread is explained
             try:
                 if (cause := recompile_cause(message)) is not None:
-                    self._monitor.recompile(cause)
-                    self._explained += 1
-                    if self._explained == EXPLAIN_BUDGET and self._explaining:
-                        self._stop_explaining()
+                    self._recompiled(cause)
             except Exception:
                 log.debug("tpuscope: recompile not reported", exc_info=True)
-        return self._lowered(record)
-
-    def _stop_explaining(self) -> None:
-        import jax
-
-        jax.config.update(EXPLAIN_CONFIG, False)  # type: ignore[no-untyped-call]
-        log.info(
-            "tpuscope: %d recompiles explained; JAX's explanations are off from here (each costs more as a "
-            "function's shapes grow), %s still counts every compile",
-            self._explained,
-            catalog.COMPILE_DURATION.name,
-        )
+        return keep
 
     def _on_cache_record(self, record: logging.LogRecord) -> bool:
         """A filter on the persistent cache's loggers: the records the setting raised go back to DEBUG."""
@@ -199,38 +394,56 @@ class JaxCompileWatcher:
     def _lowered(self, record: logging.LogRecord) -> bool:
         """What the setting raised to WARNING, at DEBUG again while only the watcher asked for it: kept where the
         job logs that logger at DEBUG, dropped elsewhere (each miss would print a warning into the job's log)."""
-        if not self._explaining or record.levelno != logging.WARNING:
+        if record.levelno != logging.WARNING or not self.explanations.only_ours_here():
             return True
         record.levelno, record.levelname = logging.DEBUG, logging.getLevelName(logging.DEBUG)
         return logging.getLogger(record.name).isEnabledFor(logging.DEBUG)
 
-    def _ignoring_here(self) -> bool:
-        """Whether this thread is inside :meth:`ignoring`: what JAX reports now is tpuscope's own compile."""
-        return bool(getattr(self._ignored, "active", False))
-
-    @contextmanager
-    def ignoring(self) -> Iterator[None]:
-        """Leave out what this thread compiles inside the block (tpuscope's own programs, not the job's)."""
-        self._ignored.active = True
-        try:
-            yield
-        finally:
-            self._ignored.active = False
-
-    def _on_duration(self, event: str, duration_secs: float, **kwargs: Any) -> None:
-        if (stage := STAGES.get(event)) is None or self._ignoring_here():
+    def on_backend_error(self, error: Exception) -> None:
+        if self.ignoring_here() or (monitor := self._target()) is None:
             return
         try:
-            name = str(kwargs.get("fun_name", ""))
-            match = _WRAPPED.match(name)
-            self._monitor.compile(stage, duration_secs, function=match[1] if match else name)
-        except Exception:  # telemetry must never break a compile
-            log.debug("tpuscope: compile event %s not reported", event, exc_info=True)
+            failures.mark(error, "compile_error", stage="backend")
+            monitor.compile_failed(error)
+        except Exception:  # telemetry must never change the job's error
+            log.debug("tpuscope: failed compile not reported", exc_info=True)
 
-    def _on_event(self, event: str, **kwargs: Any) -> None:
-        if (hit := CACHE_RESULTS.get(event)) is None or self._ignoring_here():
-            return
-        try:
-            self._monitor.compile_cache(hit)
-        except Exception:
-            log.debug("tpuscope: cache event %s not reported", event, exc_info=True)
+
+def _traced_function() -> Any:
+    """The callable JAX is tracing, read from its tracing frame below the listener; None where it is not there."""
+    frame = sys._getframe(1)
+    for _ in range(_FRAMES_TO_TRACING):
+        if frame is None:
+            return None
+        if frame.f_code.co_name == _TRACING_FRAME and frame.f_globals.get("__name__") == _TRACING_MODULE:
+            return frame.f_locals.get("fun")
+        frame = frame.f_back  # type: ignore[assignment]
+    return None
+
+
+def _filename_of(fun: Any) -> str | None:
+    """The file that defines ``fun``, as JAX finds it for its explanations (partials and wrappers unwrapped)."""
+    while isinstance(fun, functools.partial):
+        fun = fun.func
+    try:
+        return str(inspect.unwrap(fun).__code__.co_filename)
+    except (AttributeError, ValueError):  # a callable object: JAX explains those
+        return None
+
+
+_said: set[str] = set()
+
+
+def _say_once(message: str) -> None:
+    if message not in _said:
+        _said.add(message)
+        log.info(message)
+
+
+_watcher = _Watcher()
+
+
+def _on_backend_error(error: Exception) -> None:
+    """JAX's hook for a failed backend compile: count it and mark it; return None, so JAX raises it as it is."""
+    _watcher.on_backend_error(error)
+    return None

@@ -43,13 +43,15 @@ from time import perf_counter
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal
 
-from tpuscope import events
+from tpuscope import durations, events
 from tpuscope import failures as reasons
-from tpuscope.tracing import failures, profiles
+from tpuscope.otel import spans_wanted
+from tpuscope.tracing import failures
+from tpuscope.tracing import hooks as switches
+from tpuscope.tracing import profiles as device_profiles
 from tpuscope.tracing.sinks import Sink, SocketSink
 
 if TYPE_CHECKING:
-    from tpuscope.tracing.jax_compiles import JaxCompileWatcher
     from tpuscope.tracing.orbax_checkpoints import OrbaxCheckpoints
     from tpuscope.tracing.spans import SpanRecorder
 
@@ -84,6 +86,7 @@ class _UncaughtException:
 
 
 _uncaught = _UncaughtException()
+_SIGTERM = failures.sigterm  # read at every step: one global look-up
 
 # Every open Monitor, for the fork hook below (weak: a Monitor the job dropped is not kept alive by it).
 _open_monitors: weakref.WeakSet[Monitor] = weakref.WeakSet()
@@ -104,9 +107,9 @@ def _profile_period(value: float | str | None) -> float | None:
     """The device-profile period, or None (off). A bad value is said at once and turns profiles off: the
     Monitor never raises."""
     try:
-        period = profiles.parse_period(value)
+        period = device_profiles.parse_period(value)
     except ValueError as e:
-        log.warning("tpuscope: device profiles are off: %s (profile_period or $%s)", e, profiles.PERIOD_ENV)
+        log.warning("tpuscope: device profiles are off: %s (profile_period or $%s)", e, device_profiles.PERIOD_ENV)
         return None
     try:
         installed = importlib.util.find_spec("jax") is not None
@@ -122,6 +125,29 @@ def sanitize_label(value: str) -> str:
     """Make ``value`` a valid label value (as the wire schema demands) instead of failing the job."""
     clean = re.sub(r"[^A-Za-z0-9_.:/-]", "_", str(value))[:64].lstrip("_.:/-")
     return clean or "unknown"
+
+
+def _grace(value: float | str | None) -> float | None:
+    """``sigterm_grace`` from the argument or ``$TPUSCOPE_SIGTERM_GRACE``: seconds, or None (no watchdog). A bad
+    value is said at once and means no watchdog: the Monitor never raises."""
+    if value is None:
+        value = os.environ.get(switches.SIGTERM_GRACE.env, "").strip() or None
+    if value is None:
+        return None
+    try:
+        seconds = durations.parse(value) if isinstance(value, str) else float(value)
+        if not seconds > 0:
+            raise ValueError("not a positive duration")
+    except (TypeError, ValueError) as e:
+        log.warning("tpuscope: no SIGTERM watchdog: sigterm_grace %r: %s", value, e)
+        return None
+    return seconds
+
+
+def _close_every_monitor_preempted() -> None:
+    """The SIGTERM watchdog is about to end the process: every open Monitor says it was preempted first."""
+    for monitor in list(_open_monitors):
+        monitor.close(failed="preemption")
 
 
 class Monitor:
@@ -143,11 +169,12 @@ class Monitor:
     seconds or a duration (``"10m"``), or ``"off"``; default ``$TPUSCOPE_PROFILE_PERIOD``,
     else 10 minutes (see tracing/profiles.py). Profiles start once jax is imported.
 
-    ``sigterm``: turn a SIGTERM into :class:`~tpuscope.tracing.failures.Preempted` (a ``SystemExit(143)``) in
-    the main thread, so that the job unwinds and its failure reads ``preemption``; a handler the job installed
-    first is called instead, and JAX's native one in a ``jax.distributed`` job is left alone. Python runs the
-    handler between bytecodes: a SIGTERM that lands while the main thread waits in a long native call (a
-    multi-second step) takes effect when the call returns. ``False`` leaves SIGTERM as it is.
+    The Monitor changes nothing in the job's process unless that change is harmless or asked for: each
+    process-wide change is a switch of its own, listed with its default and why in tracing/hooks.py
+    (docs/hooks.md): ``sigterm`` (off: a SIGTERM handler that only sets :attr:`preempted`, and the next
+    :meth:`step` raises :class:`~tpuscope.tracing.failures.Preempted`), ``sigterm_grace`` (no watchdog unless
+    given), ``jax_compiles``, ``explain_recompiles``, ``profiles``, ``excepthook``, ``close_at_exit``; each
+    ``None`` reads its environment variable, and ``hooks=False`` turns every one off.
     """
 
     def __init__(
@@ -160,9 +187,15 @@ class Monitor:
         spans_file: str | os.PathLike[str] | None = None,
         sample_every: int = 100,
         slow_factor: float = 1.2,
-        jax_compiles: bool = True,
+        jax_compiles: bool | None = None,
         profile_period: float | str | None = None,
-        sigterm: bool = True,
+        sigterm: bool | None = None,
+        sigterm_grace: float | str | None = None,
+        explain_recompiles: bool | None = None,
+        profiles: bool | None = None,
+        excepthook: bool | None = None,
+        close_at_exit: bool | None = None,
+        hooks: bool | None = None,
     ) -> None:
         self.workload = sanitize_label(workload)
         if self.workload != workload:
@@ -170,9 +203,13 @@ class Monitor:
         self._sidecar = SocketSink(socket)
         self.sinks: tuple[Sink, ...] = (self._sidecar, *sinks)
         self._warned_phases: set[str] = set()
-        self._jax_watcher: JaxCompileWatcher | None = None
-        self._jax_pending = jax_compiles  # to watch JAX's compiles once jax is imported
+        self._jax_watched = False  # subscribed to the process's one compile watcher (tracing/jax_compiles.py)
+        self._jax_pending = switches.enabled(
+            switches.JAX_COMPILES, jax_compiles, hooks
+        )  # to watch JAX's compiles once imported
+        self._explain_recompiles = switches.enabled(switches.EXPLAIN_RECOMPILES, explain_recompiles, hooks)
         self.step_flops = 0.0  # each step's model FLOPs unless the step sets its own (flops_of sets it)
+        self._last_step: int | None = None  # the last step number read from a JAX array (see _host_number)
         # Compile seconds reported so far: a step or checkpoint reports those reported while it ran.
         self.compile_seconds = 0.0
         self._hardware_sent = False
@@ -180,15 +217,27 @@ class Monitor:
         self.spans: SpanRecorder | None = None
         if traces:
             self.spans = _span_recorder(self.workload, spans_file, sample_every, slow_factor)
-        self._profiler: profiles.DeviceProfiler | None = None
-        self._profile_period = _profile_period(profile_period)
+        self._profiler: device_profiles.DeviceProfiler | None = None
+        self._profile_period = (
+            _profile_period(profile_period) if switches.enabled(switches.PROFILES, profiles, hooks) else None
+        )
         self.lifecycle("start")
         self._watch_jax_if_imported()
-        _uncaught.install()
-        if sigterm:
-            failures.sigterm.install()
-        atexit.register(self._close_at_exit)
+        if switches.enabled(switches.EXCEPTHOOK, excepthook, hooks):
+            _uncaught.install()
+        if switches.enabled(switches.SIGTERM, sigterm, hooks):
+            failures.sigterm.install(_grace(sigterm_grace))
+            failures.sigterm.before_kill = _close_every_monitor_preempted
+        self._close_at_exit_on = switches.enabled(switches.CLOSE_AT_EXIT, close_at_exit, hooks)
+        if self._close_at_exit_on:
+            atexit.register(self._close_at_exit)
         _open_monitors.add(self)
+
+    @property
+    def preempted(self) -> bool:
+        """Whether a SIGTERM came (with ``sigterm`` on): a loop that wants to save before it leaves reads it; the
+        next :meth:`step` raises :class:`~tpuscope.tracing.failures.Preempted` once."""
+        return failures.sigterm.received
 
     # --- the step loop ---------------------------------------------------------
     def step(self, number: int) -> StepTimer:
@@ -197,12 +246,41 @@ class Monitor:
             self._watch_jax_if_imported()  # a job that created its Monitor before importing jax
         return StepTimer(self, number)
 
+    def _host_number(self, value: Any) -> Any:
+        """The step number ``value`` holds, read without waiting on the device.
+
+        A JAX step counter (``state.step``) is the result of the previous step's program: reading it at once
+        would wait for that step to finish, and take away the asynchronous dispatch that lets the host prepare
+        a step while the device runs the last. So it is read only once it is ready (``is_ready()`` asks without
+        waiting); until then the step is numbered from the host's count, one past the last number read. Only
+        the first step's counter is read regardless (there is no count yet; that step compiles anyway). A NumPy
+        number is what ``int()`` reads; anything else is returned as it is, and its step dropped at exit."""
+        is_ready = getattr(value, "is_ready", None)
+        try:
+            if is_ready is not None:
+                if self._last_step is not None and not is_ready():
+                    self._last_step += 1
+                    return self._last_step
+                self._last_step = events.as_int(value)
+                return self._last_step
+            return events.as_int(value)
+        except (TypeError, ValueError):
+            return value
+
+    def _host_flops(self, value: Any) -> float:
+        """A step's FLOPs as a float, without waiting on the device: a JAX value not computed yet counts as the
+        Monitor's default (:meth:`flops_of`'s)."""
+        is_ready = getattr(value, "is_ready", None)
+        if is_ready is not None and not is_ready():
+            return self.step_flops
+        return float(value)
+
     def checkpoint(self, operation: Literal["save", "restore"] = "save", *, step: int = 0) -> CheckpointTimer:
         """Time a checkpoint: ``with mon.checkpoint("save", step=n) as c: c.bytes = ...``.
 
         An exception inside the block records a failed checkpoint, then propagates.
         """
-        return CheckpointTimer(self, operation, step)
+        return CheckpointTimer(self, operation, step if type(step) is int else self._host_number(step))
 
     def orbax(self, manager: Any, *, raise_errors: bool = False) -> OrbaxCheckpoints:
         """Report every save and restore of an Orbax ``CheckpointManager``; use what it returns in its place:
@@ -224,7 +302,8 @@ class Monitor:
         step compiles once either way: here if it has not run yet, and its first call then finds it compiled.
         Unless :meth:`hardware` was called, it also reports the devices the step runs on and their peak FLOP/s:
         from a table for TPUs and GPUs; a CPU's is measured (about a second), then kept in
-        ``~/.cache/tpuscope/peak_flops.json`` for later runs.
+        ``~/.cache/tpuscope/cpu_peak_flops.json`` for later runs (an estimate: the best of a few rounds, measured
+        again after a week).
         """
         from tpuscope.tracing import jax_costs
 
@@ -339,21 +418,19 @@ class Monitor:
     def watch_jax_compiles(self) -> None:
         """Report JAX's compile stages and compilation-cache look-ups until the Monitor closes.
 
-        The Monitor calls it itself once jax is imported (unless ``jax_compiles=False``); calling it again
-        changes nothing: each compile is reported once.
+        The Monitor calls it itself once jax is imported (unless ``jax_compiles`` is off); calling it again
+        changes nothing. The process has one compile watcher, whichever Monitors ask: each compile is reported
+        once, to the earliest open Monitor that asked (tracing/jax_compiles.py).
         """
         self._jax_pending = False
-        if self._jax_watcher is not None or self._closed:
+        if self._jax_watched or self._closed:
             return
         try:
-            from tpuscope.tracing.jax_compiles import JaxCompileWatcher
+            from tpuscope.tracing import jax_compiles
 
-            watcher = JaxCompileWatcher(self)
-            watcher.install()
+            self._jax_watched = jax_compiles.subscribe(self, explain=self._explain_recompiles)
         except Exception as e:  # no jax, or a jax without these hooks
             log.warning("tpuscope: JAX's compiles are not reported: %s", e)
-            return
-        self._jax_watcher = watcher
 
     def _watch_jax_if_imported(self) -> None:
         # sys.modules, not an import: a job that does not use JAX must not load it for the Monitor's sake.
@@ -362,10 +439,21 @@ class Monitor:
         if self._jax_pending:
             self.watch_jax_compiles()
         if self._profile_period is not None and self._profiler is None and not self._closed:
-            self._profiler = profiles.DeviceProfiler(self._profile_period)
+            # One profiler a process (JAX allows one session): a second Monitor's steps are not profiled while
+            # the first holds it, and may take it over once the first closes.
+            try:
+                self._profiler = device_profiles.claim(self, self._profile_period, self.socket_path)
+            except Exception as e:  # never the job's problem: no profiles
+                log.warning("tpuscope: device profiles are off: %s", e)
+                self._profile_period = None
 
     def _ignoring_compiles(self) -> AbstractContextManager[None]:
-        return self._jax_watcher.ignoring() if self._jax_watcher is not None else nullcontext()
+        """What this thread compiles inside the block is tpuscope's own (measuring a CPU's peak), not the job's."""
+        if not self._jax_watched:
+            return nullcontext()
+        from tpuscope.tracing import jax_compiles
+
+        return jax_compiles.ignoring()
 
     def lifecycle(self, state: events.LifecycleState, reason: str = "none") -> None:
         self._send(events.Lifecycle, state=state, reason=sanitize_label(reason))
@@ -450,14 +538,22 @@ class Monitor:
         if isinstance(failed, BaseException):
             self.compile_failed(failed)
         reason = self._failure_reason(failed)
-        if self._jax_watcher is not None:
-            self._jax_watcher.uninstall()
+        if self._jax_watched:
+            from tpuscope.tracing import jax_compiles
+
+            jax_compiles.unsubscribe(self)
         if self._profiler is not None:
-            self._profiler.close()
+            try:
+                device_profiles.release(self)
+            except Exception:
+                log.debug("tpuscope: the device profiler failed to close", exc_info=True)
         self.lifecycle("stop" if reason is None else "failure", reason=reason or "none")
         self._closed = True
-        atexit.unregister(self._close_at_exit)
+        if self._close_at_exit_on:
+            atexit.unregister(self._close_at_exit)
         _open_monitors.discard(self)
+        if not _open_monitors:  # a job that goes on after its last Monitor: SIGTERM is as it was before it
+            failures.sigterm.uninstall()
         if self._sidecar.dropped:
             log.warning(
                 "tpuscope: %d of %d events were not delivered to the sidecar (last: %s)",
@@ -536,13 +632,17 @@ class Monitor:
 def _span_recorder(
     workload: str, spans_file: str | os.PathLike[str] | None, sample_every: int, slow_factor: float
 ) -> SpanRecorder | None:
-    """The span recorder the environment asks for; None when spans are off or OpenTelemetry fails to start."""
+    """The span recorder the environment asks for; None when spans are off, nothing would receive them (no OTLP
+    endpoint, no spans file: then the SDK is not even imported), or OpenTelemetry fails to start."""
+    if not spans_wanted(spans_file):
+        log.debug("tpuscope: no spans: no OTLP endpoint (OTEL_EXPORTER_OTLP_ENDPOINT) and no spans file")
+        return None
     try:
         from tpuscope.tracing import otel
         from tpuscope.tracing.spans import SpanRecorder, TrainingSampler
 
         sampler = TrainingSampler(int(sample_every), float(slow_factor))
-        exporter = otel.exporter(spans_file, workload=workload)
+        exporter = otel.exporter(spans_file)
         if exporter is None:
             return None
         recorder = SpanRecorder(workload, otel.tracer_provider(workload, exporter), sampler, otel.destination(exporter))
@@ -550,11 +650,8 @@ def _span_recorder(
         log.warning("tpuscope: spans are off: %s", e)
         return None
     if isinstance(exporter, otel.JsonLinesExporter):
-        # With no collector the spans pile up on this machine: say where, once. A WARNING reaches stderr even
-        # when the job configured no logging (logging.lastResort); a file the job chose itself needs less.
-        log.log(
-            logging.INFO if exporter.explicit else logging.WARNING,
-            "tpuscope: no OTLP endpoint (OTEL_EXPORTER_OTLP_ENDPOINT); spans go to %s, rotated at %s ($%s)",
+        log.info(
+            "tpuscope: spans go to %s, rotated at %s ($%s)",
             recorder.destination,
             otel.size_in_words(exporter.max_bytes),
             otel.MAX_BYTES_VARIABLE,
@@ -584,9 +681,8 @@ class StepTimer:
 
     def __init__(self, monitor: Monitor, number: int) -> None:
         self._monitor = monitor
-        if type(number) is not int:  # a JAX step counter, an np.int64: what int() reads; anything else drops at exit
-            with contextlib.suppress(TypeError, ValueError):
-                number = events.as_int(number)
+        if type(number) is not int:  # a JAX step counter, an np.int64: its host value; anything else drops at exit
+            number = monitor._host_number(number)
         self.number = number
         self.flops = monitor.step_flops  # the step's model FLOPs, for MFU (Monitor.flops_of sets the default)
         self._phases = {"compute": 0.0, "sync": 0.0, "io": 0.0, "other": 0.0}
@@ -598,6 +694,8 @@ class StepTimer:
         self._annotation: Any = None  # a device-profile capture's step annotation, while one runs
 
     def __enter__(self) -> StepTimer:
+        if _SIGTERM.received:  # with `sigterm` on, a SIGTERM came: the job leaves here, at a step boundary, once
+            _SIGTERM.raise_once()
         # The profiler is called only at a capture's steps (and the few before its K is chosen).
         profiler = self._monitor._profiler
         number = self.number
@@ -632,7 +730,7 @@ class StepTimer:
             profile = profiler.step_ended(self.number, duration, self._annotation)
         if type(self.number) is not int or type(self.flops) is not float:  # np.float32 FLOPs, or an unreadable step
             try:
-                self.number, self.flops = events.as_int(self.number), float(self.flops)
+                self.number, self.flops = events.as_int(self.number), monitor._host_flops(self.flops)
             except (TypeError, ValueError) as e:
                 monitor._sidecar.drop(f"invalid Step: {type(e).__name__}: {e}")
                 return

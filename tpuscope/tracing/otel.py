@@ -4,11 +4,11 @@
   gRPC or HTTP as ``OTEL_EXPORTER_OTLP[_TRACES]_PROTOCOL`` says (``http/protobuf`` by default, as the
   specification has it); the exporters read the rest (headers, timeout, certificates) themselves.
   ``OTEL_TRACES_EXPORTER=none`` or ``OTEL_SDK_DISABLED=true`` turns spans off.
-- With no endpoint: spans are written as JSON lines (one OTLP-shaped span per line) to a file, so traces
-  exist without any collector: by default one per process under the XDG state directory,
-  ``${XDG_STATE_HOME:-~/.local/state}/tpuscope/spans/<workload>-<pid>.jsonl``; ``$TPUSCOPE_SPANS_FILE``
-  or the Monitor's ``spans_file`` to choose it. The file is rotated (renamed ``<name>.1``) when it would
-  pass ``$TPUSCOPE_SPANS_MAX_BYTES`` (64 MiB), so a long job keeps about twice that at most.
+- With no endpoint, spans are written as JSON lines (one OTLP-shaped span per line) only to a file the job
+  names: ``$TPUSCOPE_SPANS_FILE`` or the Monitor's ``spans_file``. The file is rotated (renamed
+  ``<name>.1``) when it would pass ``$TPUSCOPE_SPANS_MAX_BYTES`` (64 MiB), so a long job keeps about twice
+  that at most. With neither an endpoint nor a file there are no spans, and the Monitor never imports this
+  module nor the SDK (:func:`tpuscope.otel.spans_wanted`).
 - Resource: ``service.name`` is the workload, with the attributes of :func:`tpuscope.otel.resource`.
 """
 
@@ -29,7 +29,7 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SpanExporter, SpanExportResult
 from opentelemetry.sdk.trace.sampling import ALWAYS_ON
 
-from tpuscope.otel import otlp_protocol, resource
+from tpuscope.otel import SPANS_FILE_VARIABLE, otlp_protocol, resource
 
 log = logging.getLogger("tpuscope")
 
@@ -38,13 +38,9 @@ MAX_BYTES_VARIABLE = "TPUSCOPE_SPANS_MAX_BYTES"
 
 
 def exporter(
-    spans_file: str | os.PathLike[str] | None = None,
-    environ: Mapping[str, str] = os.environ,
-    workload: str = "tpuscope",
+    spans_file: str | os.PathLike[str] | None = None, environ: Mapping[str, str] = os.environ
 ) -> SpanExporter | None:
-    """The exporter the environment asks for; None when spans are turned off.
-
-    ``workload`` names the default spans file (see :func:`default_spans_file`)."""
+    """The exporter the environment asks for; None when spans are turned off or nothing would receive them."""
     if environ.get("OTEL_SDK_DISABLED", "").lower() == "true":
         return None
     chosen = {name.strip().lower() for name in environ.get("OTEL_TRACES_EXPORTER", "otlp").split(",")}
@@ -62,21 +58,10 @@ def exporter(
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpExporter
 
         return HttpExporter()
-    explicit = spans_file or environ.get("TPUSCOPE_SPANS_FILE")
-    path = Path(explicit) if explicit else default_spans_file(workload, environ)
-    return JsonLinesExporter(path, spans_max_bytes(environ), explicit=bool(explicit))
-
-
-def default_spans_file(workload: str, environ: Mapping[str, str] = os.environ) -> Path:
-    """``${XDG_STATE_HOME:-~/.local/state}/tpuscope/spans/<workload>-<pid>.jsonl``.
-
-    Under the user's state directory, not the working directory the job happens to start in; one file per
-    process, so that the processes of a job on one host each rotate only their own."""
-    state = environ.get("XDG_STATE_HOME", "")
-    # The XDG specification: a relative path in the variable is invalid and to be ignored.
-    base = Path(state) if os.path.isabs(state) else Path.home() / ".local" / "state"
-    name = workload.replace(os.sep, "_")  # a workload label may hold a "/"
-    return base / "tpuscope" / "spans" / f"{name}-{os.getpid()}.jsonl"
+    chosen_file = spans_file or environ.get(SPANS_FILE_VARIABLE)
+    if not chosen_file:
+        return None
+    return JsonLinesExporter(Path(chosen_file), spans_max_bytes(environ))
 
 
 def spans_max_bytes(environ: Mapping[str, str] = os.environ) -> int:
@@ -138,11 +123,10 @@ class JsonLinesExporter(SpanExporter):
     raises: spans that cannot be written are counted in ``dropped`` and logged.
     """
 
-    def __init__(self, path: Path, max_bytes: int = DEFAULT_MAX_BYTES, *, explicit: bool = True) -> None:
+    def __init__(self, path: Path, max_bytes: int = DEFAULT_MAX_BYTES) -> None:
         self.path = path
         self.rotated = path.with_name(path.name + ".1")
         self.max_bytes = max_bytes
-        self.explicit = explicit  # the job chose the file, rather than taking the default
         self.dropped = 0
         self._last_error: OSError | None = None
         # The SDK's shutdown may close the exporter while an export is still writing.

@@ -1,9 +1,9 @@
 """Sampled device profiles: where a fused step's time goes on the devices, measured live.
 
 A real job runs one fused jitted step, in which collectives overlap compute: no timer on the host can
-split it. Only a device trace can. So every K steps the Monitor traces a few steps in-process (the
-profiler JAX itself uses, held in memory, never written), and a thread of its own stops the trace and
-parses it (:mod:`tpuscope.tracing.xspace`); the result rides on the next step's event to the sidecar
+split it. Only a device trace can. So every K steps the job traces a few steps in-process (the profiler
+JAX itself uses, held in memory) and hands the trace to the sidecar, which parses it
+(:mod:`tpuscope.exporter.profiles`) and answers with the split; the answer rides on the next step's event
 (``Step.profile``).
 
 - **Which steps.** K is a power of two near ``period / step time``, and a capture starts at a step
@@ -11,17 +11,32 @@ parses it (:mod:`tpuscope.tracing.xspace`); the result rides on the next step's 
   they choose the same K; where one chose twice another's (near a power-of-two boundary, or after
   widening its period), its captures are still a subset of the other's: every host that captures at a
   step captures the same steps.
-- **What it costs.** A step annotation on each captured step is all the training thread does (about a
-  microsecond); starting, stopping and parsing the trace run on the profiler's thread, and are measured
-  each time. A capture costing more than :data:`COST_BUDGET` of its period's
-  wall time doubles K.
-- **The user's profiler comes first.** A capture is skipped (counted ``busy``) while a profiling session
-  or a profiler server of the user's is active. A ``jax.profiler.start_trace`` (``trace()``) called
-  during a capture first stops the capture, so the user's trace works and JAX's profiler state stays
-  usable: JAX allows one session per process, and a second session's stop fails and leaves that state
-  set until the process ends.
+- **What it costs the job.** On the training thread, while a capture runs: a step annotation and a clock
+  read per step (about a microsecond). On the profiler's thread, at the lowest CPU priority: starting and
+  stopping the trace (JAX's stop serializes it without holding the GIL) and writing it into the sidecar's
+  spool; never a parse. That cost is measured each time (``capture_s``); a capture costing more than
+  :data:`COST_BUDGET` of its period's wall time doubles K.
+- **Bounded.** JAX's profiler buffers every op it sees in host memory (hundreds of MB a second on a busy
+  CPU backend), so a capture must not outlive its steps: it ends after :data:`CAPTURED_STEPS` traced steps,
+  or is discarded (counted ``error``, said once) when the job goes :data:`DEADLINE_STEPS` mean step times
+  (at least :data:`DEADLINE_FLOOR`) without starting or ending a step: an eval, a checkpoint, the loop's end.
+  Each step pushes that deadline forward; the profiler's thread waits for it. (``ProfileOptions.duration_ms``
+  bounds only a remote capture through a profiler server; an in-process session ignores it.)
+- **The user's profiler comes first.** JAX allows one profiling session per process. While a profiler
+  lives, JAX's own profiler lock (``jax._src.profiler._profile_state.lock``, which ``start_trace``,
+  ``stop_trace`` and ``trace()`` take at each call) is wrapped so that whoever takes it first ends a
+  capture under way: the user's trace works, however ``start_trace`` was imported, and JAX's profiler stays
+  usable. A capture does not start (counted ``busy``) while a session of the user's or a profiler server
+  runs, nor while JAX's PGLE is on (``jax_enable_pgle``): its sessions start inside the user's jitted calls
+  and raise there when another session runs. Steps are annotated only while a session of ours runs, so
+  nothing is written into a user's trace.
+- **One per process.** :func:`claim` gives the process's one profiler to the first Monitor that asks;
+  :func:`release` ends it.
+- **Only with a sidecar that parses.** The sidecar offers the service by making its spool
+  (:func:`tpuscope.events.profile_spool`); without it (an older sidecar, none at all) no capture is taken,
+  said once.
 - **Never in the way.** Nothing here raises into the training loop; what fails is counted (``error``)
-  and said once in the log.
+  and said once in the log, and a JAX without the parts used here means no captures, said once.
 
 ``period`` (seconds, or a duration such as ``"10m"``, or ``"off"``) comes from the Monitor's
 ``profile_period``, else ``$TPUSCOPE_PROFILE_PERIOD``, else :data:`DEFAULT_PERIOD`.
@@ -29,6 +44,9 @@ parses it (:mod:`tpuscope.tracing.xspace`); the result rides on the next step's 
 
 from __future__ import annotations
 
+import collections
+import contextlib
+import itertools
 import logging
 import math
 import os
@@ -37,8 +55,11 @@ import threading
 import time
 import weakref
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
+
+import msgspec
 
 from tpuscope import durations, events
 
@@ -46,20 +67,45 @@ log = logging.getLogger("tpuscope")
 
 PERIOD_ENV = "TPUSCOPE_PROFILE_PERIOD"
 DEFAULT_PERIOD = 600.0  # seconds: a capture every 10 minutes of steps
-# Steps annotated per capture. The session starts on the profiler's thread while the first runs, so the
-# first may be missing from the trace; the first step in the trace holds the trace's start and is left out;
-# the last only ends the window of the one before it (a step's window runs from its start to the next's).
-CAPTURED_STEPS = 5
+# Steps annotated per capture, all inside the session (it starts on the profiler's thread, and the steps
+# before it runs are not annotated). Their starts bound the windows the sidecar measures; the first window
+# is left out (the profiler's own start lands in it): 2 steps measured.
+CAPTURED_STEPS = 4
 WARMUP_STEPS = 10  # a process's first steps compile: no capture, and their time does not count
 COST_BUDGET = 0.005  # the most of its period's wall time a capture may cost before the period widens
-STOP_TIMEOUT = 60.0  # the most close() waits for the last capture to be stopped and parsed
 STEP_TIME_SMOOTHING = 0.1  # weight of the newest step in the mean step time that K follows
 NEVER = 1 << 62  # K until it is chosen: no step number the profiler is given is a multiple of it, but 0
+DEADLINE_STEPS = 4.0  # a capture lives this many mean step times past the job's latest step start or end...
+# ...and at least this many seconds: a loaded host's slow step is no eval. Traced, the CPU backend's ops cost
+# ~300 MiB of host memory a second (8 devices, ms steps): half a second of them at most.
+DEADLINE_FLOOR = 0.5
+ANSWER_TIMEOUT = 120.0  # the most the profiler's thread waits for the sidecar's answer
+ANSWER_POLL = 0.05  # seconds between two looks for it
+CLOSE_TIMEOUT = 5.0  # the most close() waits for the profiler's thread (a trace being stopped)
+WORKER_NICENESS = 19  # the profiler's thread's: see DeviceProfiler._run
 
-# Every profiler's "a user's trace is starting: give way", called by the wrapped jax.profiler.start_trace.
-_GIVE_WAY: weakref.WeakSet[DeviceProfiler] = weakref.WeakSet()
-# A forked child's profilers are its parent's (their sessions and threads did not survive): forget them.
-os.register_at_fork(after_in_child=_GIVE_WAY.clear)
+# Every open profiler: whoever takes JAX's profiler lock first ends their capture (see _GivingWayLock).
+_open: weakref.WeakSet[DeviceProfiler] = weakref.WeakSet()
+# The process's one profiler and (a weak reference to) its owner: see claim().
+_claim_lock = threading.Lock()
+_claimed: tuple[Callable[[], object | None], DeviceProfiler] | None = None
+_refused: weakref.WeakSet[Any] = weakref.WeakSet()  # the owners told that another holds it (told once)
+_jax_state: Any = None  # JAX's _profile_state, once its lock is wrapped
+
+
+def _forget_in_forked_child() -> None:
+    """A forked child's profiler is its parent's (its session and thread did not survive): forgotten, and JAX's
+    lock given back. Held at the fork by the parent's profiler thread, which the child has not, it would stay
+    held: the child gets a new one."""
+    global _claimed
+    _claimed = None
+    _open.clear()
+    _refused.clear()
+    if _jax_state is not None and isinstance(lock := _jax_state.lock, _GivingWayLock):
+        _jax_state.lock = threading.Lock() if lock.locked() else lock.lock
+
+
+os.register_at_fork(after_in_child=_forget_in_forked_child)
 
 
 def parse_period(value: float | str | None) -> float | None:
@@ -75,84 +121,172 @@ def parse_period(value: float | str | None) -> float | None:
     return float(value) or None
 
 
-@dataclass
+def claim(owner: object, period: float, socket_path: str | os.PathLike[str]) -> DeviceProfiler | None:
+    """The process's device profiler, for ``owner`` (a Monitor) to drive; None while another owner holds it.
+
+    JAX allows one profiling session per process, so one profiler takes the captures: the first claimant's,
+    until it calls :func:`release` (or is garbage). Which workload holds it is said once at INFO, and so is
+    the refusal, once per claimant (which may ask again at each step: a dict look-up and a lock). ``socket_path``:
+    the owner's sidecar, whose spool takes the traces."""
+    global _claimed
+    with _claim_lock:
+        if _claimed is not None:
+            holder_ref, held = _claimed
+            holder = holder_ref()
+            if holder is owner:
+                return held
+            if holder is not None:
+                if _once(_refused, owner):
+                    return None
+                log.info(
+                    "tpuscope: device profiles are %s's: a process has one profiler (JAX allows one profiling "
+                    "session), so %s takes none",
+                    _name(holder),
+                    _name(owner),
+                )
+                return None
+            held.close()  # its owner is gone without releasing it
+        profiler = DeviceProfiler(period, socket_path)
+        _claimed = (_reference(owner), profiler)
+    log.info("tpuscope: device profiles in this process are %s's (every %g s of steps)", _name(owner), period)
+    return profiler
+
+
+def release(owner: object) -> None:
+    """End ``owner``'s profiler (a capture under way is discarded, its thread ended); a later claim gets a new one."""
+    global _claimed
+    with _claim_lock:
+        if _claimed is None or _claimed[0]() is not owner:
+            return
+        profiler = _claimed[1]
+        _claimed = None
+    profiler.close()
+
+
+def _once(told: weakref.WeakSet[Any], owner: object) -> bool:
+    """Whether ``owner`` was told already (and from now on it was)."""
+    try:
+        if owner in told:
+            return True
+        told.add(owner)
+    except TypeError:  # no weak references: told each time
+        pass
+    return False
+
+
+def _reference(owner: object) -> Callable[[], object | None]:
+    try:
+        return weakref.ref(owner)
+    except TypeError:  # an owner without weak references: held until released
+        return lambda: owner
+
+
+def _name(owner: object) -> str:
+    workload = getattr(owner, "workload", None)
+    return f"workload {workload}" if isinstance(workload, str) else repr(owner)
+
+
+@dataclass(eq=False)
 class _Capture:
-    first: int  # the first annotated step
-    last: int  # the last annotated step
-    session: Any = None  # the profiler's session, from its start (on the worker) until stopped
-    started_s: float = 0.0  # what starting it cost
-    busy: str = ""  # why it did not start: a profiler of the user's
-    yielded: bool = False  # stopped for a user's trace: nothing to measure
+    """One capture, from the step that asks for it until its answer (or its end) is counted."""
+
+    first: int  # the step that asked for it
+    allowance: float  # seconds the job may go without a step before the capture is discarded
+    deadline: float  # time.monotonic(): pushed forward by each step the job starts or ends
+    busy: str = ""  # why it may not start, known on the training thread (PGLE is on)
+    session: Any = None  # our profiler session, while it runs (set and cleared under DeviceProfiler._lock)
+    annotated: int = 0  # steps annotated inside the session
+    done: threading.Event = field(default_factory=threading.Event)  # its steps are traced, or it must end now
+    yielded: bool = False  # ended for a user's trace
 
 
 class DeviceProfiler:
-    """Decides which steps to trace, traces them and hands the parsed profile to the next step's event.
+    """Decides which steps to trace, traces them, and hands the sidecar's split to the next step's event.
 
     The Monitor's step reads two attributes: it calls :meth:`step_started` when the step number is a
     multiple of ``every`` (K) or ``watching`` is set, and :meth:`step_ended` when ``watching`` is set: while
-    K is not chosen yet, while a capture runs and while a profile waits for the next step's event. Outside
-    them a step costs the profiler nothing more. Neither method raises.
+    K is not chosen yet, while a capture traces its steps and while a profile waits for the next step's
+    event. Outside them a step costs the profiler nothing more. Neither method raises.
+
+    ``history``: what the profiler's thread did lately, ``(what, began, ended)`` in ``time.perf_counter``
+    seconds, ``what`` one of ``session`` (ours ran), ``stop`` (stopping and serializing it), ``handoff``
+    (writing it to the spool and waiting for the sidecar's answer): benchmarks classify steps by it.
     """
 
-    def __init__(self, period: float) -> None:
+    def __init__(self, period: float, socket_path: str | os.PathLike[str] | None = None) -> None:
         self.period = period
+        self.socket_path = os.fspath(socket_path if socket_path is not None else events.default_socket_path())
+        self.spool = events.profile_spool(self.socket_path)
         self.every = NEVER  # K, once the step time is known
         self.watching = True  # whether the next step's end concerns the profiler (see the class's docstring)
+        self.captures: dict[str, int] = dict.fromkeys(events.PROFILE_RESULTS, 0)
+        self.history: collections.deque[tuple[str, float, float]] = collections.deque(maxlen=64)
         self._seen = 0  # steps timed so far, until K is chosen
-        self._step_time = 0.0  # seconds: the warm steps' mean, then measured between two captures' first steps
+        self._step_time = 0.0  # wall seconds per step: the warm steps' mean, then measured between two captures
+        self._step_seconds = 0.0  # a step's own duration, smoothed: a capture's deadline follows it
         self._last_request: tuple[int, float] | None = None  # the latest capture's first step and when it began
         self._jax: _Jax | None = None
+        self._off = False  # captures are off for good in this process (this JAX lacks what they need)
+        self._closed = False
         self._capture: _Capture | None = None
         self._ready: events.DeviceProfile | None = None
         self._handoff = threading.Lock()  # _ready and watching: set by the worker, taken by the training thread
-        self._lock = threading.Lock()  # the capture's session: the training thread, the worker, a user's trace
-        # ("start" | "stop", capture), or None to end the worker.
-        self._work: queue.SimpleQueue[tuple[str, _Capture] | None] = queue.SimpleQueue()
-        self._stopping = False  # a capture handed to the worker is not stopped and parsed yet
+        self._lock = threading.Lock()  # a capture's session: the worker and a user's trace
+        self._requests: queue.SimpleQueue[_Capture | None] = queue.SimpleQueue()
+        self._wake = threading.Event()  # set by close(): the worker stops waiting
         self._worker: threading.Thread | None = None
         self._said: set[str] = set()
-        self.captures: dict[str, int] = dict.fromkeys(events.PROFILE_RESULTS, 0)
+        # Names this process's traces in the spool: the pid, and a token (two containers' jobs may both be pid 1).
+        self._job = f"{os.getpid()}-{os.urandom(4).hex()}"  # os.urandom, not secrets: the import path stays light
+        self._sequence = itertools.count()
 
     # --- the training thread ---------------------------------------------------------------
     def step_started(self, number: int) -> Any:
-        """Start a capture at the steps that begin one; returns the step annotation to exit, or None."""
+        """Ask for a capture at the steps that begin one, and annotate the steps its session traces; returns
+        the step annotation to exit, or None."""
         try:
             capture = self._capture
             if capture is None:
-                # Not while the last capture is still being stopped: JAX allows one session at a time.
-                if self.every == NEVER or number % self.every or self._stopping:
-                    return None
-                capture = self._request(number)
-            if capture.first <= number <= capture.last and not capture.yielded:
-                annotation = self._jax_api().step_annotation(number)
-                annotation.__enter__()
-                return annotation
+                if not (self.every == NEVER or number % self.every or self._off or self._closed):
+                    self._request(number)
+                return None
+            if capture.session is None or capture.done.is_set() or self._jax is None:
+                return None
+            capture.deadline = time.monotonic() + capture.allowance
+            annotation = self._jax.annotation(events.STEP_ANNOTATION, step_num=number)
+            annotation.__enter__()
+            return annotation
         except Exception as e:
-            self._count("error", events.DeviceProfile(result="error"))
-            self._say("error", f"a device-profile capture failed to start: {type(e).__name__}: {e}")
+            self._say("annotate", f"a device-profile capture failed to start: {type(e).__name__}: {e}")
         return None
 
     def step_ended(self, number: int, seconds: float, annotation: Any) -> events.DeviceProfile | None:
-        """End a traced step's annotation and a capture's last step; returns a finished capture's profile, once."""
+        """End a traced step's annotation; returns a finished capture's profile, once."""
         try:
+            capture = self._capture
             if annotation is not None:
                 annotation.__exit__(None, None, None)
+                self._step_seconds += STEP_TIME_SMOOTHING * (seconds - self._step_seconds)
+                if capture is not None:
+                    capture.annotated += 1
+                    if capture.annotated >= CAPTURED_STEPS:
+                        capture.done.set()
+            if capture is not None:
+                capture.deadline = time.monotonic() + capture.allowance
             if self.every == NEVER:
                 self._warm_step(seconds)
-            capture = self._capture
-            if capture is not None and number >= capture.last:
-                self._capture = None
-                self._stopping = True
-                self._work.put(("stop", capture))
         except Exception as e:
-            self._say("error", f"a device-profile capture failed: {type(e).__name__}: {e}")
+            self._say("annotate", f"a device-profile capture failed: {type(e).__name__}: {e}")
         return self.take()
 
     def take(self) -> events.DeviceProfile | None:
         """The latest finished capture's profile, once."""
         with self._handoff:
             ready, self._ready = self._ready, None
-            self.watching = self._capture is not None or self.every == NEVER
+            capture = self._capture
+            self.watching = (capture is not None and not capture.done.is_set()) or (
+                self.every == NEVER and not self._off
+            )
         return ready
 
     def _warm_step(self, seconds: float) -> None:
@@ -162,124 +296,190 @@ class DeviceProfiler:
         if self._seen <= WARMUP_STEPS:
             return
         if not self._step_time:
-            self._step_time = seconds
+            self._step_time = self._step_seconds = seconds
         self._step_time += STEP_TIME_SMOOTHING * (seconds - self._step_time)
+        self._step_seconds = self._step_time
         if self._seen >= 2 * WARMUP_STEPS:
             self.every = self._steps_per(self.period)
 
-    def close(self) -> None:
-        """Stop a capture still running and the worker; what was measured is kept for :meth:`take`."""
-        capture, self._capture = self._capture, None
-        if capture is not None:
-            self._stopping = True
-            self._work.put(("stop", capture))
-        if self._worker is not None:
-            self._work.put(None)
-            self._worker.join(timeout=STOP_TIMEOUT)
-
     def _steps_per(self, seconds: float) -> int:
         """K for a period: a power of two (see the module's docstring), at least the steps a capture traces."""
-        steps = max(seconds / max(self._step_time, 1e-6), CAPTURED_STEPS + 1)
+        steps = max(seconds / max(self._step_time, 1e-6), CAPTURED_STEPS + 2)
         return 1 << max(0, round(math.log2(steps)))
 
-    def _request(self, number: int) -> _Capture:
-        """Begin a capture at step ``number``: the profiler's thread starts the session, so the training
-        thread only annotates its steps (an annotation before the session started is not in the trace,
-        which is why a capture annotates more steps than it measures)."""
-        self._jax_api()  # here, once: the worker and this thread would race to make it
+    def _request(self, number: int) -> None:
+        """Begin a capture at step ``number``: the profiler's thread starts the session, and the training
+        thread annotates the steps that begin while it runs."""
+        jax = self._jax_api()  # here, once: the worker and this thread would race to make it
+        if jax is None:
+            return
         now = time.perf_counter()
         if self._last_request is not None and number > self._last_request[0]:  # the step time as it is now
             self._step_time = (now - self._last_request[1]) / (number - self._last_request[0])
         self._last_request = (number, now)
-        capture = _Capture(number, number + CAPTURED_STEPS - 1)
+        allowance = max(DEADLINE_FLOOR, DEADLINE_STEPS * self._step_seconds)
+        capture = _Capture(number, allowance, time.monotonic() + allowance)
+        if jax.pgle():  # read here: a job may turn it on for its own thread only
+            capture.busy = "JAX's PGLE is on (jax_enable_pgle): its sessions must find none of ours"
         self._capture = capture
         self.watching = True
-        _GIVE_WAY.add(self)
         if self._worker is None:
             self._worker = threading.Thread(target=self._run, name="tpuscope-profiles", daemon=True)
             self._worker.start()
-        self._work.put(("start", capture))
-        return capture
+        self._requests.put(capture)
 
+    # --- a user's trace, on whichever thread starts or stops it ------------------------------
     def give_way(self) -> None:
-        """A user's start_trace is about to run: end our capture first (JAX allows one session)."""
+        """JAX's profiler lock is being taken (a user's start_trace, stop_trace or trace()): end our capture
+        first, discarding its trace (serializing it would hold up the user's call). The worker holds the same
+        lock while it starts or stops a session: the user's call waits for that, then finds JAX's profiler free."""
         capture = self._capture
-        with self._lock:  # held by the worker while it starts a session: it is then stopped here
-            if capture is None:
-                return
-            session, capture.session, capture.yielded = capture.session, None, True
-        if session is None:  # not started yet, and now it will not be
+        if capture is None:
             return
-        try:
-            self._jax_api().stop(session)
-        except Exception:
-            log.debug("tpuscope: stopping a capture for a user's trace failed", exc_info=True)
+        with self._lock:
+            session, capture.session = capture.session, None
+            capture.yielded = True
+            del session  # unstopped: ended without serializing what it holds
+        capture.done.set()
 
     # --- the profiler's thread ----------------------------------------------------------------
     def _run(self) -> None:
-        while (work := self._work.get()) is not None:
-            action, capture = work
+        # The lowest priority, for this thread alone (Linux): stopping a trace serializes it, CPU the training
+        # job's threads come before (measured: the steps beside a stop +21-29 % at 0, +2-17 % at 19 on 2 busy
+        # cores; the stop takes twice as long). Threads the profiler may start from here would inherit it (none
+        # on the CPU backend): they are the profiler's.
+        with contextlib.suppress(AttributeError, OSError):
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), WORKER_NICENESS)
+        while (capture := self._requests.get()) is not None:
             try:
-                if action == "start":
-                    self._start(capture)
-                else:
-                    self._finish(capture)
+                self._capture_one(capture)
             except Exception as e:
-                if action == "stop":
-                    self._count("error", events.DeviceProfile(result="error"))
+                self._count("error", events.DeviceProfile(result="error"))
                 self._say("error", f"a device-profile capture failed: {type(e).__name__}: {e}")
             finally:
-                if action == "stop":
-                    self._stopping = False
+                with self._handoff:
+                    if self._capture is capture:
+                        self._capture = None
 
-    def _start(self, capture: _Capture) -> None:
-        api = self._jax_api()
+    def _capture_one(self, capture: _Capture) -> None:
+        """Start the session, wait for its steps or its deadline, stop it, hand the trace over, count the answer."""
+        jax = self._jax
+        assert jax is not None
+        if not self.spool.is_dir():
+            self._say(
+                "spool",
+                f"no device-profile captures while the sidecar at {self.socket_path} parses none (no {self.spool}: "
+                "none runs, or an older one)",
+                logging.INFO,
+            )
+            return
         began = time.perf_counter()
+        busy = capture.busy
         with self._lock:
-            if capture.yielded:  # a user's trace began before this one could
-                return
-            if busy := api.busy():
-                capture.busy = busy
-                return
-            capture.session = api.start()
-        capture.started_s = time.perf_counter() - began
-
-    def _finish(self, capture: _Capture) -> None:
-        began = time.perf_counter()
+            if capture.yielded or self._closed:  # a user's trace began before ours could
+                busy = busy or "it gave way to a user's trace"
+            else:
+                with jax.lock:  # JAX's own: no user's session can start between the look and ours
+                    busy = busy or jax.busy()
+                    if not busy:
+                        capture.session = jax.start()
+        if busy:
+            if not self._closed:
+                self._skipped(busy)
+            return
+        started = time.perf_counter()
+        expired = False
+        while not capture.done.wait(max(0.0, capture.deadline - time.monotonic())):
+            if time.monotonic() >= capture.deadline:
+                expired = True
+                break
+        # Ended under the lock a user's trace takes first (give_way): JAX's one session is ours until it is gone,
+        # and a user's start_trace waits for that rather than fail.
+        trace: bytes | None = None
         with self._lock:
             session, capture.session = capture.session, None
-        if session is None:  # a profiler of the user's was running, or a user's trace took its place
-            self._count("busy", events.DeviceProfile(result="busy"))
-            why = capture.busy or "it gave way to a user's trace"
-            self._say(f"busy {why}", f"a device-profile capture was skipped: {why} (counted as busy)")
+            stopping = time.perf_counter()
+            if session is not None:
+                if not (expired or self._closed):
+                    trace = jax.stop(session)
+                del session  # unstopped: ended without serializing what it holds
+            stopped = time.perf_counter()
+        self.history.append(("session", started, stopping))
+        if trace is None:
+            if capture.yielded:  # a user's trace ended it
+                self._skipped("it gave way to a user's trace")
+            elif expired:
+                cost = started - began + stopped - stopping
+                self._count("error", events.DeviceProfile(result="error", capture_s=cost))
+                self._say(
+                    "expired",
+                    f"a device-profile capture was discarded: no step began or ended for {capture.allowance:.1f} s "
+                    "(the job left its step loop: an eval, a checkpoint, its end); counted as error",
+                    logging.INFO,
+                )
             return
-        trace = self._jax_api().stop(session)
-        from tpuscope.tracing.xspace import split_steps
-
-        split = split_steps(trace)
-        cost = capture.started_s + time.perf_counter() - began
-        if split is None:
+        self.history.append(("stop", stopping, stopped))
+        cost = started - began + stopped - stopping
+        if len(trace) > events.PROFILE_MAX_BYTES:
             self._count("error", events.DeviceProfile(result="error", capture_s=cost, trace_bytes=len(trace)))
-            self._say("empty", "a device-profile capture held no device ops of the traced steps (counted as error)")
+            self._say("large", f"a device-profile capture of {len(trace)} bytes is too large to hand over (error)")
             return
-        profile = events.DeviceProfile(
-            result="ok",
-            steps=split.steps,
-            devices=split.devices,
-            step_s=split.step_s,
-            compute_s=split.compute_s,
-            exposed_collective_s=split.exposed_collective_s,
-            overlapped_collective_s=split.overlapped_collective_s,
-            idle_s=split.idle_s,
-            slowest_compute_s=split.slowest_compute_s,
-            capture_s=cost,
-            trace_bytes=len(trace),
-        )
-        self._count("ok", profile)
+        answer = self._hand_over(trace)
+        self.history.append(("handoff", stopped, time.perf_counter()))
+        if answer is None:
+            return
+        profile = msgspec.structs.replace(answer, capture_s=cost, trace_bytes=len(trace))
+        self._count(profile.result, profile)
+        if profile.result != "ok":
+            self._say("empty", "the sidecar found no traced step or device op in a device-profile capture (error)")
+            return
         # The period's wall time is K steps; a capture dearer than its budget of it doubles K.
         if cost > COST_BUDGET * self.every * max(self._step_time, 1e-6):
             self.every *= 2
             log.info("tpuscope: a device-profile capture cost %.3f s; capturing every %d steps", cost, self.every)
+
+    def _hand_over(self, trace: bytes) -> events.DeviceProfile | None:
+        """Leave the trace in the sidecar's spool and wait for its answer; None when there is none (counted)."""
+        stem = f"{self._job}-{next(self._sequence)}"
+        path = self.spool / (stem + events.PROFILE_TRACE_SUFFIX)
+        answer = self.spool / (stem + events.PROFILE_ANSWER_SUFFIX)
+        try:
+            _write_whole(path, trace)
+        except OSError as e:  # the sidecar went away (its spool with it), a full disk
+            self._count("error", events.DeviceProfile(result="error"))
+            self._say("write", f"a device-profile capture could not be handed to the sidecar: {e} (error)")
+            return None
+        deadline = time.monotonic() + ANSWER_TIMEOUT
+        looks = 0
+        while True:
+            try:
+                data = answer.read_bytes()
+                break
+            except FileNotFoundError:
+                pass
+            looks += 1
+            gone = looks % 20 == 0 and not self.spool.is_dir()  # about once a second: the sidecar stopped
+            if self._closed or gone or time.monotonic() > deadline:
+                with contextlib.suppress(OSError):
+                    path.unlink()
+                if not self._closed:
+                    self._count("error", events.DeviceProfile(result="error"))
+                    why = "stopped" if gone else f"did not answer within {ANSWER_TIMEOUT:g} s"
+                    self._say("answer", f"the sidecar {why} for a device-profile capture (error)")
+                return None
+            self._wake.wait(ANSWER_POLL)
+        with contextlib.suppress(OSError):
+            answer.unlink()
+        try:
+            return msgspec.json.decode(data, type=events.DeviceProfile)
+        except msgspec.DecodeError as e:
+            self._count("error", events.DeviceProfile(result="error"))
+            self._say("answer", f"the sidecar's answer for a device-profile capture is unreadable: {e} (error)")
+            return None
+
+    def _skipped(self, why: str) -> None:
+        self._count("busy", events.DeviceProfile(result="busy"))
+        self._say(f"busy {why}", f"a device-profile capture was skipped: {why} (counted as busy)", logging.INFO)
 
     def _count(self, result: str, profile: events.DeviceProfile) -> None:
         self.captures[result] += 1
@@ -287,97 +487,150 @@ class DeviceProfiler:
             self._ready = profile
             self.watching = True
 
+    def close(self) -> None:
+        """Discard a capture under way, end the profiler's thread (waiting at most :data:`CLOSE_TIMEOUT`) and,
+        with the process's last profiler, give JAX its own profiler lock back. What was measured is kept for
+        :meth:`take`."""
+        self._closed = True
+        self._wake.set()
+        if (capture := self._capture) is not None:
+            capture.done.set()
+        if self._worker is not None:
+            self._requests.put(None)
+            self._worker.join(timeout=CLOSE_TIMEOUT)
+        _open.discard(self)
+        if self._jax is not None and not _open:
+            self._jax.unwrap_lock()
+
     # --- JAX ------------------------------------------------------------------------------------
-    def _jax_api(self) -> _Jax:
-        if self._jax is None:
-            self._jax = _Jax()
+    def _jax_api(self) -> _Jax | None:
+        if self._jax is None and not self._off:
+            try:
+                self._jax = _Jax()
+            except Exception as e:  # a JAX without one of the parts used: no captures, the job as before
+                self._off = True
+                self.watching = False
+                log.warning(
+                    "tpuscope: device profiles are off: this JAX lacks what they use (%s: %s)", type(e).__name__, e
+                )
+                return None
+            _open.add(self)
         return self._jax
 
-    def _say(self, key: str, message: str) -> None:
+    def _say(self, key: str, message: str, level: int = logging.WARNING) -> None:
         if key not in self._said:
             self._said.add(key)
-            log.warning("tpuscope: %s", message)
+            log.log(level, "tpuscope: %s", message)
+
+
+def _write_whole(path: Path, data: bytes) -> None:
+    """Write ``data`` beside ``path`` and rename it there: a reader finds the whole file or none. Readable by
+    the sidecar, which may run as another user of the socket's group."""
+    partial = path.with_name(path.name + events.PROFILE_PARTIAL_SUFFIX)
+    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            os.fchmod(f.fileno(), 0o644)
+            f.write(data)
+        os.rename(partial, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            partial.unlink()
+        raise
+
+
+class _GivingWayLock:
+    """JAX's profiler lock, as whoever starts or stops a trace takes it: first, every capture of ours ends.
+
+    ``start_trace``, ``stop_trace`` and ``trace()`` read ``_profile_state.lock`` at each call, so this works
+    however the user imported them (``from jax.profiler import start_trace`` at the top of a module
+    included). The user's call then finds no session of ours and runs as without tpuscope."""
+
+    def __init__(self, lock: Any) -> None:
+        self.lock = lock
+
+    @staticmethod
+    def _give_way() -> None:
+        for profiler in list(_open):
+            profiler.give_way()
+
+    def __enter__(self) -> Any:
+        self._give_way()
+        return self.lock.__enter__()
+
+    def __exit__(self, *exc: object) -> Any:
+        return self.lock.__exit__(*exc)
+
+    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+        self._give_way()
+        return bool(self.lock.acquire(blocking, timeout))
+
+    def release(self) -> None:
+        self.lock.release()
+
+    def locked(self) -> bool:
+        return bool(self.lock.locked())
 
 
 class _Jax:
-    """The parts of JAX's profiler a capture uses, some of them private: looked up once, each guarded.
+    """The parts of JAX's profiler a capture uses, most of them private: looked up once, each required (a
+    JAX without one: no captures), and JAX's profiler lock wrapped (see :class:`_GivingWayLock`).
 
-    In memory: ``jax._src.lib._profiler.ProfilerSession``, whose ``stop()`` returns the serialized XSpace
-    (JAX's own profile-guided latency estimation uses it). A JAX where it moved falls back to the public
-    ``jax.profiler.start_trace`` into a temporary directory, read back.
-    """
+    The session is ``jax._src.lib._profiler.ProfilerSession``, held in memory: its ``stop()`` returns the
+    serialized XSpace (JAX's own PGLE uses it so), and dropping it unstopped ends it without serializing."""
 
     def __init__(self) -> None:
         import jax
-        import jax._src.profiler as jax_profiler
+        from jax._src import profiler as jax_profiler
+        from jax._src.lib import _profiler
 
-        self._profiler = jax_profiler
-        self._annotation = jax.profiler.StepTraceAnnotation
-        self._user_start_trace: Callable[..., Any] = getattr(
-            jax_profiler.start_trace, "__wrapped__", jax_profiler.start_trace
-        )
-        try:
-            from jax._src.lib import _profiler
-
-            self._session = _profiler.ProfilerSession
-            self._options = _profiler.ProfileOptions
-        except (ImportError, AttributeError):
-            self._session = None
-        self._patch_start_trace()
-
-    def step_annotation(self, number: int) -> Any:
-        from tpuscope.tracing.xspace import STEP_ANNOTATION
-
-        return self._annotation(STEP_ANNOTATION, step_num=number)
+        self._module = jax_profiler
+        self._state: Any = jax_profiler._profile_state
+        for name in ("profile_session", "lock"):
+            getattr(self._state, name)
+        jax_profiler._profiler_server  # noqa: B018 - it must exist: a server's session would collide with ours
+        self._session = _profiler.ProfilerSession
+        self._options = _profiler.ProfileOptions
+        self.annotation = jax.profiler.StepTraceAnnotation
+        self._config = jax.config
+        self._cpu = jax.default_backend() == "cpu"
+        global _jax_state
+        wrapped: Any = self._state.lock
+        if not isinstance(wrapped, _GivingWayLock):
+            wrapped = _GivingWayLock(wrapped)
+            self._state.lock = wrapped
+            _jax_state = self._state
+        self.lock = wrapped.lock  # JAX's own, which the profiler's thread takes as start_trace does
 
     def busy(self) -> str:
-        """Why a capture cannot start now ("" when it can)."""
-        if self._profiler._profile_state.profile_session is not None:
-            return "a profiling session (jax.profiler.start_trace or trace) is active"
-        if self._profiler._profiler_server is not None:
+        """Why a capture cannot start now ("" when it can); called holding :attr:`lock`."""
+        if self._state.profile_session is not None:
+            return "a profiling session of the user's (jax.profiler.start_trace or trace) is active"
+        if getattr(self._module, "_profiler_server", None) is not None:
             return "a profiler server (jax.profiler.start_server) is running"
         return ""
 
-    def start(self) -> Any:
-        if self._session is None:
-            import tempfile
+    def pgle(self) -> bool:
+        """Whether JAX's PGLE may start a session of its own, in any jitted call (as JAX decides it)."""
+        return bool(getattr(self._config, "jax_enable_pgle", False)) and (
+            getattr(self._config, "jax_pgle_profiling_runs", 1) > 0
+        )
 
-            directory = tempfile.mkdtemp(prefix="tpuscope-profile-")
-            self._user_start_trace(directory)
-            return directory
+    def start(self) -> Any:
         options = self._options()
         if hasattr(options, "python_tracer_level"):
             options.python_tracer_level = 0  # the devices' ops, not every Python call
+        if self._cpu and hasattr(options, "enable_hlo_proto"):
+            # Nor the programs' HLO, which the parse does not read: on the CPU backend 40 % of the bytes and of
+            # the stop's cost. (Left on elsewhere: not measured on a TPU's or GPU's device planes.)
+            options.enable_hlo_proto = False
         return self._session(options)
 
-    def stop(self, session: Any) -> bytes:
-        if isinstance(session, str):  # the public path: a directory
-            import glob
-            import shutil
-
-            self._profiler.stop_trace()  # type: ignore[no-untyped-call]
-            try:
-                (path,) = glob.glob(os.path.join(session, "**", "*.xplane.pb"), recursive=True)
-                with open(path, "rb") as f:
-                    return f.read()
-            finally:
-                shutil.rmtree(session, ignore_errors=True)
+    @staticmethod
+    def stop(session: Any) -> bytes:
         return bytes(session.stop())
 
-    def _patch_start_trace(self) -> None:
-        """Make ``jax.profiler.start_trace`` (and ``trace()``, which calls it) end a capture first."""
-        original = self._user_start_trace
-        if getattr(self._profiler.start_trace, "__wrapped__", None) is original:
-            return  # wrapped already (another Monitor's)
-
-        def start_trace(*args: Any, **kwargs: Any) -> Any:
-            for profiler in list(_GIVE_WAY):
-                profiler.give_way()
-            return original(*args, **kwargs)
-
-        start_trace.__wrapped__ = original  # type: ignore[attr-defined]
-        start_trace.__doc__ = original.__doc__
-        import jax
-
-        self._profiler.start_trace = start_trace
-        jax.profiler.start_trace = start_trace
+    def unwrap_lock(self) -> None:
+        """Give JAX its own lock back (the process's last profiler closed)."""
+        if isinstance(self._state.lock, _GivingWayLock):
+            self._state.lock = self._state.lock.lock

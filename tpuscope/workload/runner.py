@@ -201,6 +201,9 @@ def _run(args: argparse.Namespace, body: Body | None, faults: Faults, job: distr
                 sinks=sinks,
                 spans_file=own(args.run_dir / "spans.jsonl"),
                 profile_period=args.profile_period,
+                # Our demo job opts in: a SIGTERM ends it at its next step, its summary printed and exit 143, a
+                # preemption (a job of several processes keeps JAX's own notifier, which takes SIGTERM after this).
+                sigterm=True,
             ) as monitor:
                 if body:
                     body(args, faults, monitor)

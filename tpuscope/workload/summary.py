@@ -104,8 +104,13 @@ class RunSummary:
         return counts
 
     def capture_seconds(self) -> float:
-        """What the captures cost the job: stopping and parsing the traces, off the training thread."""
+        """What the captures cost the job: starting and stopping the traces, off the training thread (the sidecar
+        parses them: :meth:`parse_seconds`)."""
         return sum(p.capture_s for p in self.profiles)
+
+    def parse_seconds(self) -> float:
+        """What parsing the captures cost the sidecar, in its own process."""
+        return sum(p.parse_s for p in self.profiles)
 
     def profile_lines(self) -> list[str]:
         if not self.profiles:
@@ -127,7 +132,10 @@ class RunSummary:
         counts = ", ".join(f"{n} {result}" for result, n in self.captures().items())
         cost = self.capture_seconds()
         wall = self.wall_seconds()
-        lines.append(f"captures      {counts}; {cost:.2f} s to stop and parse ({cost / wall:.1%} of {wall:.1f} s wall)")
+        lines.append(
+            f"captures      {counts}; {cost:.2f} s to start and stop ({cost / wall:.1%} of {wall:.1f} s wall), "
+            f"{self.parse_seconds():.2f} s of the sidecar's to parse"
+        )
         return lines
 
     def json(self) -> dict[str, Any]:

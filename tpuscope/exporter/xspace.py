@@ -1,8 +1,10 @@
 """Where the device time of a few profiled steps went, read from a jax profiler capture (a serialized XSpace).
 
-The capture (:mod:`tpuscope.tracing.profiles`) annotates each traced step with ``StepTraceAnnotation(STEP_ANNOTATION,
-step_num=n)`` and hands the XSpace bytes here, off the training thread. A fused jitted step cannot be timed from the
-host, but its trace can: per device and step, the time is split into
+The job's capture (:mod:`tpuscope.tracing.profiles`) annotates each traced step with
+``StepTraceAnnotation(events.STEP_ANNOTATION, step_num=n)`` and hands the XSpace to the sidecar, whose profile service
+(:mod:`tpuscope.exporter.profiles`) runs this module as a child process on it (``python -m tpuscope.exporter.xspace
+TRACE``: it prints the capture's :class:`~tpuscope.events.DeviceProfile` as JSON). A fused jitted step cannot be timed
+from the host, but its trace can: per device and step, the time is split into
 
 - compute: the union of the non-collective ops' time;
 - exposed collective: collective op time that no compute covers (on the CPU a collective's time includes waiting at
@@ -37,21 +39,25 @@ all there is.
 
 The parse is one pass over the events plus a sort of each line's ops and of each device's intervals. On the bench's
 default model (8 CPU devices) a step is about 8,000 events and 550 KB of trace; 5 steps parse in about 65 ms (of which
-reading the events' stats is most). jax is imported inside :func:`split_steps`, so importing this module costs nothing.
+reading the events' stats is most). The trace reader (jaxlib's ``ProfileData``) is imported inside :func:`split_steps`,
+so importing this module costs nothing; loading it costs its process about 100 MiB, which is why the sidecar parses in a
+child process.
 """
 
 from __future__ import annotations
 
 import bisect
+import contextlib
 import functools
+import importlib
 import itertools
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-# XProf's own step-marker name, so XProf finds the steps of a capture too.
-STEP_ANNOTATION = "train"
+from tpuscope import events
+from tpuscope.events import STEP_ANNOTATION
 
 # The HLO instruction names (and GPU kernel names) of collectives: an XLA opcode or a JAX collective primitive at the
 # start of the name, followed by its end or a separator (all-reduce-start.1, psum_invariant.28, all_gather.3), or a
@@ -254,9 +260,7 @@ def split_steps(xspace: bytes, skip_first: int = 1) -> ProfiledSteps | None:
     """The split of a capture's annotated steps; None when no step window remains or the trace holds no device op.
 
     ``skip_first``: windows to leave out at the start (the capture's own start is in the first)."""
-    from jax.profiler import ProfileData
-
-    step_starts, devices = _read(ProfileData.from_serialized_xspace(xspace))
+    step_starts, devices = _read(profile_data().from_serialized_xspace(xspace))
     windows = _windows(step_starts, skip_first)
     if not windows or not devices:
         return None
@@ -303,3 +307,60 @@ def _device_split(ordinal: int, ops: _Ops, windows: list[Interval]) -> tuple[Dev
 def _mean(values: Iterable[float]) -> float:
     listed = list(values)
     return sum(listed) / len(listed)
+
+
+def profile_data() -> Any:
+    """jaxlib's trace reader: from jaxlib alone where it can be (30 ms), else through the public ``jax.profiler``
+    (which imports all of jax: half a second)."""
+    try:
+        return importlib.import_module("jaxlib._profile_data").ProfileData
+    except (ImportError, AttributeError):
+        from jax.profiler import ProfileData
+
+        return ProfileData
+
+
+def device_profile(split: ProfiledSteps | None) -> events.DeviceProfile:
+    """The wire's form of a split: ``error`` when the trace measured nothing (no step window or no device op)."""
+    if split is None:
+        return events.DeviceProfile(result="error")
+    return events.DeviceProfile(
+        result="ok",
+        steps=split.steps,
+        devices=split.devices,
+        step_s=split.step_s,
+        compute_s=split.compute_s,
+        exposed_collective_s=split.exposed_collective_s,
+        overlapped_collective_s=split.overlapped_collective_s,
+        idle_s=split.idle_s,
+        slowest_compute_s=split.slowest_compute_s,
+    )
+
+
+def main(argv: Sequence[str]) -> int:
+    """``python -m tpuscope.exporter.xspace TRACE``: print the trace's DeviceProfile as JSON (the sidecar's parse).
+
+    At the lowest CPU priority: the training job beside it goes first. The file is opened without following a
+    link, and one over :data:`~tpuscope.events.PROFILE_MAX_BYTES` is refused unread."""
+    import os
+    import sys
+
+    import msgspec
+
+    (path,) = argv
+    with contextlib.suppress(OSError):
+        os.setpriority(os.PRIO_PROCESS, 0, 19)
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    with os.fdopen(fd, "rb") as trace:
+        data = trace.read(events.PROFILE_MAX_BYTES + 1)
+    if len(data) > events.PROFILE_MAX_BYTES:
+        print(f"{path}: over {events.PROFILE_MAX_BYTES} bytes", file=sys.stderr)
+        return 2
+    sys.stdout.buffer.write(msgspec.json.encode(device_profile(split_steps(data))))
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,227 @@
+"""The sidecar's device-profile service: it parses the traces that jobs capture, so that no job parses its own.
+
+A job's capture (:mod:`tpuscope.tracing.profiles`) ends with the serialized XSpace of a few steps. Reading it is a
+second or more of Python per few MB, which in the job would compete with the training loop for its GIL and cores. So
+the job only starts and stops the trace and hands the bytes over; the split comes back as the job's answer, and the
+job sends it on its next step event as before (``Step.profile``).
+
+The hand-over is a spool directory beside the socket (:func:`tpuscope.events.profile_spool`):
+
+- this service makes it as it starts and removes it as it stops: a job finds a sidecar that parses by finding it (an
+  older sidecar makes none, and its jobs take no captures). Whoever may connect to the socket may write into it (its
+  group bits follow ``--socket-mode``), without listing it: the names carry a random token per job process;
+- a job writes ``STEM.xspace.tmp`` and renames it ``STEM.xspace``: a trace here is whole;
+- this service answers ``STEM.json`` (the :class:`~tpuscope.events.DeviceProfile`, as JSON, written the same way) and
+  deletes the trace; the job reads and deletes the answer.
+
+One trace is parsed at a time, the oldest first; of a job's traces only its newest waits (an older one is answered
+``error`` and counted ``dropped``: the job stopped waiting for it). A trace over
+:data:`~tpuscope.events.PROFILE_MAX_BYTES` is deleted unread. Files of a job that died (a trace never renamed, an
+answer never read) are deleted after :data:`STALE_SECONDS`. Every outcome is counted in
+``tpuscope_profile_parses_total{result}``.
+
+Each parse runs in a child process (``python -m tpuscope.exporter.xspace TRACE``) at the lowest CPU priority: jaxlib's
+trace reader adds about 100 MiB to the process that loads it (this sidecar's budget is 80 MB); its C++ reads bytes any
+process allowed to send events can write (a crash costs a child, not the sidecar); and the training job beside it
+keeps its cores. Where jaxlib is not installed there is no parser: no spool, said once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import logging
+import os
+import shutil
+import stat
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from tpuscope import catalog, events
+
+log = logging.getLogger("tpuscope.exporter")
+
+POLL_SECONDS = 0.1  # how often the spool is looked at: what a job waits at most beyond the parse itself
+PARSE_TIMEOUT = 120.0  # the most one parse may take: a trace at the size cap parses in well under a minute
+STALE_SECONDS = 600.0  # a file older than this belongs to no job still waiting: deleted
+CLEAN_EVERY = 10.0  # seconds between two looks for stale files
+LOWEST_PRIORITY = 19  # the parser's nice value: the training job's threads go first
+
+
+class ProfileService:
+    """Parses the device traces jobs leave in the spool beside ``socket``, on a thread of its own."""
+
+    def __init__(self, socket: Path, socket_mode: int, metrics: dict[catalog.Metric, Any]) -> None:
+        self.spool = events.profile_spool(socket)
+        # Those allowed to connect (the socket's owner, its group where --socket-mode admits it) may create and
+        # remove files here, but not list them.
+        self._mode = 0o700 | (0o030 if socket_mode & 0o020 else 0)
+        parses = metrics[catalog.PROFILE_PARSES]
+        self._parses = {result: parses.labels(result) for result in catalog.PROFILE_PARSE_RESULTS}
+        self._seconds = metrics[catalog.PROFILE_PARSE_SECONDS]
+        self._stop = threading.Event()
+        self._child: subprocess.Popen[bytes] | None = None
+        self._thread: threading.Thread | None = None
+        self._cleaned = 0.0
+
+    def start(self) -> bool:
+        """Make the spool and start parsing; False (said once) where this sidecar cannot parse."""
+        try:
+            parser = importlib.util.find_spec("jaxlib")
+        except (ImportError, ValueError):  # ValueError: sys.modules["jaxlib"] is None, as where it is blocked
+            parser = None
+        if parser is None:
+            log.info("device profiles: jaxlib is not installed, so no trace is parsed here (jobs take no captures)")
+            return False
+        try:
+            self._make_spool()
+        except OSError as e:
+            log.warning("device profiles: cannot make %s (%s): jobs take no captures", self.spool, e)
+            return False
+        self._thread = threading.Thread(target=self._run, name="tpuscope-profiles", daemon=True)
+        self._thread.start()
+        log.info("device profiles: parsing the traces jobs leave in %s", self.spool)
+        return True
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Stop parsing (a parse under way is killed) and remove the spool: jobs see no service from now on."""
+        self._stop.set()
+        if (child := self._child) is not None:
+            with contextlib.suppress(OSError):
+                child.kill()
+        if self._thread is not None:
+            self._thread.join(timeout)
+            shutil.rmtree(self.spool, ignore_errors=True)
+
+    def _make_spool(self) -> None:
+        """The spool, made or taken over from a sidecar that died (whose waiting traces are parsed); anything else
+        at its path is left alone."""
+        try:
+            os.mkdir(self.spool, self._mode)
+        except FileExistsError:
+            if not stat.S_ISDIR(os.lstat(self.spool).st_mode):
+                raise NotADirectoryError(f"{self.spool} exists and is not a directory") from None
+        os.chmod(self.spool, self._mode)  # mkdir's mode passes through the umask
+
+    # --- the service's thread -------------------------------------------------------------------------------
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                parsed = self._step()
+            except Exception:  # a bug here must not end the service: the next look tries again
+                log.exception("device profiles: the spool could not be served")
+                parsed = False
+            if not parsed:
+                self._stop.wait(POLL_SECONDS)
+
+    def _step(self) -> bool:
+        """Parse the oldest waiting trace, if any; whether one was."""
+        now = time.time()
+        clean = now - self._cleaned > CLEAN_EVERY
+        if clean:
+            self._cleaned = now
+        newest: dict[str, tuple[int, str, float]] = {}  # job -> (seq, stem, mtime) of its newest trace
+        with os.scandir(self.spool) as entries:
+            for entry in entries:
+                stem = entry.name.removesuffix(events.PROFILE_TRACE_SUFFIX)
+                match = events.PROFILE_STEM.match(stem) if stem != entry.name else None
+                try:
+                    mtime = entry.stat(follow_symlinks=False).st_mtime
+                except FileNotFoundError:  # its job took it back
+                    continue
+                if match is None:  # an answer, a trace being written, a stranger: gone once stale
+                    if clean and now - mtime > STALE_SECONDS:
+                        self._remove(entry.name)
+                    continue
+                seq, job = int(match["seq"]), match["job"]
+                if job in newest:  # the job stopped waiting for the older one
+                    older, newer = sorted([newest[job], (seq, stem, mtime)])
+                    self._finish(older[1], events.DeviceProfile(result="error"), "dropped")
+                    newest[job] = newer
+                else:
+                    newest[job] = (seq, stem, mtime)
+        if not newest:
+            return False
+        _, stem, _ = min(newest.values(), key=lambda trace: trace[2])
+        profile, result = self._parse(self.spool / (stem + events.PROFILE_TRACE_SUFFIX))
+        self._finish(stem, profile, result)
+        return True
+
+    def _parse(self, path: Path) -> tuple[events.DeviceProfile, str]:
+        """The trace's profile and the parse's result (a value of PROFILE_PARSE_RESULTS), in a child process."""
+        error = events.DeviceProfile(result="error")
+        try:
+            st = os.lstat(path)
+        except OSError:
+            return error, "error"
+        if not stat.S_ISREG(st.st_mode):
+            return error, "error"
+        if st.st_size > events.PROFILE_MAX_BYTES:
+            return error, "too_large"
+        began = time.monotonic()
+        try:
+            self._child = subprocess.Popen(
+                [sys.executable, "-m", "tpuscope.exporter.xspace", os.fspath(path)],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+            )
+            with contextlib.suppress(OSError):  # at once, for its start-up too (the parser renices itself anyway)
+                os.setpriority(os.PRIO_PROCESS, self._child.pid, LOWEST_PRIORITY)
+            out, err = self._child.communicate(timeout=PARSE_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            self._child.kill()  # type: ignore[union-attr]
+            self._child.communicate()  # type: ignore[union-attr]
+            log.warning("device profiles: a trace of %d bytes took over %g s to parse", st.st_size, PARSE_TIMEOUT)
+            return error, "error"
+        except OSError as e:
+            log.warning("device profiles: cannot start the parser: %s", e)
+            return error, "error"
+        finally:
+            child, self._child = self._child, None
+        seconds = time.monotonic() - began
+        self._seconds.inc(seconds)
+        if child is None or child.returncode != 0:
+            if not path.exists():  # its job stopped waiting and took it back: nobody to answer
+                return error, "dropped"
+            if not self._stop.is_set():
+                tail = err.decode(errors="replace").strip().splitlines()[-1:] if child is not None else []
+                log.warning("device profiles: the parse of a trace failed: %s", tail[0] if tail else "no reason")
+            return error, "error"
+        try:
+            profile = msgspec.json.decode(out, type=events.DeviceProfile)
+        except msgspec.DecodeError as e:
+            log.warning("device profiles: the parser's answer is unreadable: %s", e)
+            return error, "error"
+        profile = msgspec.structs.replace(profile, parse_s=seconds)
+        return profile, "ok" if profile.result == "ok" else "empty"
+
+    def _finish(self, stem: str, profile: events.DeviceProfile, result: str) -> None:
+        """Answer the trace's job (unless it took the trace back), delete the trace, count the result."""
+        self._parses[result].inc()
+        trace = self.spool / (stem + events.PROFILE_TRACE_SUFFIX)
+        if not trace.exists():
+            return
+        answer = self.spool / (stem + events.PROFILE_ANSWER_SUFFIX)
+        partial = answer.with_name(answer.name + events.PROFILE_PARTIAL_SUFFIX)
+        try:
+            with contextlib.suppress(FileNotFoundError):
+                partial.unlink()
+            fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+            with os.fdopen(fd, "wb") as f:
+                os.fchmod(f.fileno(), 0o644)  # the job may run as another user of the socket's group
+                f.write(msgspec.json.encode(profile))
+            os.rename(partial, answer)
+        except OSError as e:
+            log.warning("device profiles: cannot answer %s: %s", stem, e)
+        self._remove(trace.name)
+
+    def _remove(self, name: str) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.spool / name)

@@ -1,0 +1,171 @@
+"""Every change the in-job library makes to the job's process, in one table, each with its switch.
+
+A library in someone else's training job is a guest: the job's signals, profiler, JAX config, loggers and
+device synchronisation belong to the job (OpenTelemetry's API makes the same promise: an instrumented library
+installs nothing until the application asks). So each process-wide change the Monitor can make is listed in
+:data:`HOOKS` with what it changes, its default, and why that default is safe. A change that alters how the
+job runs, stops, logs or profiles is off unless the job asks for it (``sigterm``); the ones on by default only
+observe, and each is proven harmless by a test that runs a real job with and without tpuscope and compares
+(tests/test_job_safety_*.py, named in the table).
+
+Each switch is a Monitor argument of the hook's name and an environment variable; the argument wins, and
+``TPUSCOPE_HOOKS=off`` (or ``Monitor(hooks=False)``) turns every one of them off at once, for a job that wants
+tpuscope to do nothing but send the events it is given. docs/hooks.md is generated from this table.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+log = logging.getLogger("tpuscope")
+
+# The one switch over them all.
+ALL_ENV = "TPUSCOPE_HOOKS"
+_TRUE = ("1", "true", "on", "yes")
+_FALSE = ("0", "false", "off", "no")
+
+
+@dataclass(frozen=True)
+class Hook:
+    """One process-wide change: ``name`` is also the Monitor's argument, ``env`` the variable that sets it."""
+
+    name: str
+    env: str
+    default: bool
+    changes: str  # what it does to the process
+    why: str  # why this default, and what proves it harmless
+    proof: str = ""  # the test that runs a real job with and without it
+
+
+SIGTERM = Hook(
+    "sigterm",
+    "TPUSCOPE_SIGTERM",
+    False,
+    "installs a Python SIGTERM handler that only sets a flag (`mon.preempted`); the next `mon.step()` raises "
+    "`Preempted` (exit 143) at the step boundary; a handler the job installed first is called too",
+    "a Python handler runs only between bytecodes, so it would keep a job that waits in a device call from "
+    "ending, and it is inherited by forked workers: the job's signals are the job's. Without it the sidecar "
+    "books preemption and maintenance from the metadata server (docs/failures.md)",
+    "tests/test_job_safety_signals.py",
+)
+SIGTERM_GRACE = Hook(
+    "sigterm_grace",
+    "TPUSCOPE_SIGTERM_GRACE",
+    False,
+    "with `sigterm`, ends the job with SIGTERM's default action this many seconds after the first SIGTERM, "
+    "armed by a thread that does not wait for the main thread (a wakeup fd); the preemption is sent first",
+    "no watchdog unless asked: none may be shorter than the pod's terminationGracePeriodSeconds, which only "
+    "the job's owner knows",
+    "tests/test_job_safety_signals.py",
+)
+JAX_COMPILES = Hook(
+    "jax_compiles",
+    "TPUSCOPE_JAX_COMPILES",
+    True,
+    "registers `jax.monitoring` listeners (compile stages, cache look-ups, traces: a function traced again is "
+    "a recompile, whatever the job's log levels) and one XLA runtime-error handler (a failed backend compile), "
+    "once per process, shared by every Monitor",
+    "JAX calls its listeners and the handler returns None: the job's compiles and errors are unchanged",
+    "tests/test_job_safety_compiles.py",
+)
+EXPLAIN_RECOMPILES = Hook(
+    "explain_recompiles",
+    "TPUSCOPE_EXPLAIN_RECOMPILES",
+    True,
+    "turns `jax_explain_cache_misses` on, only where the job left it untouched (not in the environment, not "
+    "set), for a budget of explanations (`jax_compiles.EXPLAIN_BUDGET`); hooks that setting's updates to hand "
+    "it back at the job's own `jax.config.update`; filters JAX's explanation and cache loggers to keep what the "
+    "setting raises to WARNING at DEBUG; restores the setting only if it is still tpuscope's",
+    "the job's log and config read as without it; the explanations name why a function was traced again "
+    "(without them a recompile's cause reads `unexplained`)",
+    "tests/test_job_safety_compiles.py",
+)
+PROFILES = Hook(
+    "profiles",
+    "TPUSCOPE_PROFILES",
+    True,
+    "samples a device profile of a few steps every `profile_period` (10 min) with JAX's one profiler "
+    "session; the sidecar parses it. Gives way to any `start_trace` of the job's, never runs with PGLE, "
+    "ends when the job leaves the step loop",
+    "the only way to split a fused step into compute and collective; bounded in time, memory and cost, "
+    "and the job's own traces come first",
+    "tests/test_job_safety_profiles.py",
+)
+EXCEPTHOOK = Hook(
+    "excepthook",
+    "TPUSCOPE_EXCEPTHOOK",
+    True,
+    "chains `sys.excepthook` to note the exception that ends the job, then calls the previous hook",
+    "an unclosed Monitor's exit reads a crash as a failure, not a clean stop; the traceback is printed as before",
+    "tests/test_monitor.py",
+)
+CLOSE_AT_EXIT = Hook(
+    "close_at_exit",
+    "TPUSCOPE_CLOSE_AT_EXIT",
+    True,
+    "registers an exit handler that closes an unclosed Monitor (its stop or failure event)",
+    "a job that never calls close() still says how it ended; bounded (2 s at most for spans)",
+    "tests/test_monitor.py",
+)
+
+HOOKS = (SIGTERM, SIGTERM_GRACE, JAX_COMPILES, EXPLAIN_RECOMPILES, PROFILES, EXCEPTHOOK, CLOSE_AT_EXIT)
+
+
+def enabled(
+    hook: Hook, argument: bool | None, every: bool | None = None, environ: Mapping[str, str] = os.environ
+) -> bool:
+    """Whether ``hook`` is on: the Monitor's argument for it if given, else its variable, else the Monitor's
+    ``hooks`` (``every``: False turns it off), else ``TPUSCOPE_HOOKS``, else its default. A value a variable
+    cannot mean is said at once and passed over."""
+    if argument is not None:
+        return bool(argument)
+    if (own := _flag(hook.env, environ)) is not None:
+        return own
+    if every is False or _flag(ALL_ENV, environ) is False:
+        return False
+    return hook.default
+
+
+def _flag(variable: str, environ: Mapping[str, str]) -> bool | None:
+    raw = environ.get(variable, "").strip().lower()
+    if raw in _TRUE:
+        return True
+    if raw in _FALSE:
+        return False
+    if raw:
+        log.warning(
+            "tpuscope: %s=%r is none of %s or %s: passed over", variable, raw, "/".join(_TRUE), "/".join(_FALSE)
+        )
+    return None
+
+
+def markdown() -> str:
+    """docs/hooks.md: the table, with the master switch."""
+    lines = [
+        "# What the in-job library changes in the job's process",
+        "",
+        "<!-- Generated from tpuscope/tracing/hooks.py by `tpuscope generate`; do not edit. -->",
+        "",
+        re.sub(r":\w+:`([^`]+)`", r"`\1`", (__doc__ or "").split("\n\n", 1)[1]).replace("``", "`").strip(),
+        "",
+        "| switch (Monitor argument) | variable | default | what it changes | why | proven harmless by |",
+        "|---|---|---|---|---|---|",
+    ]
+    for hook in HOOKS:
+        default = "on" if hook.default else "off"
+        lines.append(f"| `{hook.name}` | `{hook.env}` | {default} | {hook.changes} | {hook.why} | `{hook.proof}` |")
+    lines += [
+        "",
+        f"`{ALL_ENV}=off` or `Monitor(hooks=False)` turns all of them off; an argument or a hook's own variable "
+        "still turns one back on. Variables take 1/true/on/yes or 0/false/off/no.",
+        "",
+        "Besides these, importing `tpuscope.tracing` registers one `os.register_at_fork` hook, which touches "
+        "only tpuscope's own state: a forked child (a data loader's worker) forgets the parent's Monitors, so it "
+        "never speaks for the parent nor keeps the parent's connection to the sidecar open.",
+        "",
+    ]
+    return "\n".join(lines)
