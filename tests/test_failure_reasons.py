@@ -341,7 +341,7 @@ def test_a_job_that_swallows_the_sigterm_still_ends_after_its_grace(tmp_path: Pa
         """
         import time
         mon = Monitor("w", socket="none.sock", sinks=[record], traces=False, jax_compiles=False, sigterm=True,
-                      sigterm_grace=1.0)
+                      sigterm_grace=5.0)
         try:
             os.kill(os.getpid(), signal.SIGTERM)
             with mon.step(1):

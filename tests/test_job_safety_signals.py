@@ -189,7 +189,7 @@ def test_01_the_opt_in_watchdog_ends_a_hung_job_after_its_grace_its_preemption_s
     watchdog is armed as the signal lands (the wakeup fd, read by a thread of its own), not when the main
     thread gets back to bytecode (never, here), and ends the job with SIGTERM's default action after its
     grace, once the Monitor has sent the preemption (repro 07: the run was booked vanished)."""
-    grace = 3.0
+    grace = 5.0  # the shortest the Monitor takes (MIN_SIGTERM_GRACE)
     record = short_tmp / "events.jsonl"
     with Job(DEVICE_CALL_JOB, "grace", "0", str(record), str(grace)) as job:
         job.wait_for("ready")
@@ -370,7 +370,7 @@ async def main():
     heard = loop.create_future()
     loop.add_signal_handler(signal.SIGUSR1, heard.set_result, "SIGUSR1")  # asyncio's wakeup fd, set first
     mon = Monitor("async", socket=record + ".sock", sinks=[RecordSink(record)], traces=False, profile_period="off",
-                  jax_compiles=False, sigterm=True, sigterm_grace=1.0)
+                  jax_compiles=False, sigterm=True, sigterm_grace=5.0)
     os.kill(os.getpid(), signal.SIGUSR1)
     print("asyncio heard", await asyncio.wait_for(heard, 60), flush=True)
     os.kill(os.getpid(), signal.SIGTERM)

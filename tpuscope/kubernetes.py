@@ -19,7 +19,7 @@ from typing import Any
 
 import yaml
 
-from tpuscope import __version__, alerts
+from tpuscope import __version__, alerts, events
 from tpuscope.conventions import DEFAULT_PORT, SIDECAR_CONTAINER
 from tpuscope.generator_config import GeneratorConfig
 
@@ -37,6 +37,8 @@ ACCELERATOR, TOPOLOGY, CHIPS_PER_HOST, HOSTS, SLICES = "tpu-v5-lite-podslice", "
 SOCKET_VOLUME = "tpuscope-socket"
 SOCKET_DIR = "/run/tpuscope"
 SOCKET = f"{SOCKET_DIR}/events.sock"
+# The socket's volume holds the profile spool too: room for a few traces at their cap.
+SOCKET_VOLUME_SIZE = f"{4 * events.PROFILE_MAX_BYTES // 2**20}Mi"
 PORT_NAME = "metrics"
 # Both containers run as this user (pod-level securityContext): the socket keeps its default mode 0600,
 # which admits only its owner. fsGroup makes the emptyDir group-owned and setgid, so a training image
@@ -117,8 +119,9 @@ def sidecar_container() -> dict[str, Any]:
         "startupProbe": {**probe, "periodSeconds": 1, "failureThreshold": 30},
         "readinessProbe": {**probe, "periodSeconds": 10},
         "livenessProbe": {**probe, "periodSeconds": 10, "timeoutSeconds": 5, "failureThreshold": 3},
-        # About 50 MiB resident when idle here; the limit leaves room for many workloads' series.
-        "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"cpu": "500m", "memory": "256Mi"}},
+        # About 50 MiB resident when idle here; the limit leaves room for many workloads' series, and for the
+        # child that parses a device profile now and then (jaxlib's trace reader, about 100 MiB, and the trace).
+        "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"cpu": "500m", "memory": "512Mi"}},
         "securityContext": {
             "runAsNonRoot": True,
             "readOnlyRootFilesystem": True,  # it writes nothing but the socket, on the shared volume
@@ -177,7 +180,9 @@ def pod_template() -> dict[str, Any]:
             "initContainers": [sidecar_container()],
             "containers": [training_container()],
             # Memory-backed: the socket is all it holds.
-            "volumes": [{"name": SOCKET_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}}],
+            # On disk, not in memory: beside the socket lies the spool of device-profile traces (megabytes each,
+            # at most PROFILE_MAX_BYTES), which in a memory volume would count against the containers' limits.
+            "volumes": [{"name": SOCKET_VOLUME, "emptyDir": {"sizeLimit": SOCKET_VOLUME_SIZE}}],
         },
     }
 

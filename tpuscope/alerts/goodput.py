@@ -49,8 +49,11 @@ def alerts(config: GeneratorConfig) -> list[Alert]:
             DashboardUID.ONCALL,
             runbook="The job classified its failure: one alert per `reason`, each one of the [Failure reasons]"
             "(#failure-reasons) below, with what to do for it (the description links it). `vanished` is the "
-            "sidecar's word for a process that ended without one: a SIGKILL, often the kernel's OOM killer "
-            f"({AlertName.HOST_MEMORY_PRESSURE} fires before it, if it can). The work since the last checkpoint "
+            "sidecar's word for a process that ended without one and that no metadata server said the platform "
+            "ended: a signal, often the kernel's OOM killer's SIGKILL "
+            f"({AlertName.HOST_MEMORY_PRESSURE} fires before it, if it can), or a preemption where nothing tells "
+            "(docs/failures.md, Preemption and maintenance without a handler in the job). The work since the last "
+            "checkpoint "
             "was lost; read the job's logs for the failure. A preemption or a host maintenance event is the "
             f"platform's doing and makes no ticket: {AlertName.WORKLOAD_DOWN} pages if the job does not come back.",
         ),

@@ -250,11 +250,11 @@ class Aggregator:
             state = self._workload(e.workload)
             if state.peak_flops_per_second and e.duration_s:
                 achieved = e.flops / e.duration_s / state.peak_flops_per_second
+                if not math.isfinite(achieved):  # an absurd peak would make the average NaN for good
+                    return
                 # No more than the peak: a CPU's is an estimate (tracing/jax_costs.py), and one read low under load
                 # must not show MFU above 100 %.
                 achieved = min(achieved, 1.0)
-                if not math.isfinite(achieved):  # an absurd peak would make the average NaN for good
-                    return
                 state.mfu = achieved if state.mfu is None else state.mfu + MFU_SMOOTHING * (achieved - state.mfu)
                 m[catalog.MFU].labels(e.workload).set(state.mfu)
 

@@ -157,8 +157,9 @@ def serve(config: ServeConfig) -> int:
 
 
 def linger(seconds: float, http: MetricsServer, ingest: IngestLoop, hurry: threading.Event) -> None:
-    """Serve on after SIGTERM until a scrape has read the final state: no job connected (on Kubernetes the job
-    gets its SIGTERM at the same time, and books its last steps as it stops), no verdict pending on a job that
+    """Serve on after SIGTERM until a scrape has read the final state: no job connected (in a pod whose containers
+    get SIGTERM together the job books its last steps as it stops; a native sidecar gets it once the job has
+    exited), no verdict pending on a job that
     vanished, and a scrape begun after the last one left. At most ``seconds``; not at all for a sidecar nothing
     scrapes."""
     termed = time.monotonic()

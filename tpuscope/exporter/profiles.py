@@ -67,6 +67,7 @@ class ProfileService:
         self._seconds = metrics[catalog.PROFILE_PARSE_SECONDS]
         self._stop = threading.Event()
         self._child: subprocess.Popen[bytes] | None = None
+        self._spawning = threading.Lock()  # a child is started, or killed at stop, under it
         self._thread: threading.Thread | None = None
         self._cleaned = 0.0
 
@@ -92,9 +93,10 @@ class ProfileService:
     def stop(self, timeout: float = 5.0) -> None:
         """Stop parsing (a parse under way is killed) and remove the spool: jobs see no service from now on."""
         self._stop.set()
-        if (child := self._child) is not None:
-            with contextlib.suppress(OSError):
-                child.kill()
+        with self._spawning:  # a parse about to start sees the stop; one started is killed
+            if (child := self._child) is not None:
+                with contextlib.suppress(OSError):
+                    child.kill()
         if self._thread is not None:
             self._thread.join(timeout)
             shutil.rmtree(self.spool, ignore_errors=True)
@@ -166,12 +168,15 @@ class ProfileService:
             return error, "too_large"
         began = time.monotonic()
         try:
-            self._child = subprocess.Popen(
-                [sys.executable, "-m", "tpuscope.exporter.xspace", os.fspath(path)],
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-            )
+            with self._spawning:
+                if self._stop.is_set():
+                    return error, "error"
+                self._child = subprocess.Popen(
+                    [sys.executable, "-m", "tpuscope.exporter.xspace", os.fspath(path)],
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                )
             with contextlib.suppress(OSError):  # at once, for its start-up too (the parser renices itself anyway)
                 os.setpriority(os.PRIO_PROCESS, self._child.pid, LOWEST_PRIORITY)
             out, err = self._child.communicate(timeout=PARSE_TIMEOUT)

@@ -287,7 +287,10 @@ class SigtermWatch:
                 os.register_at_fork(after_in_child=self._forget_in_child)
                 self._fork_hook = True
         if grace_seconds is not None and self._watchdog is None:
-            self._watchdog = _Watchdog(grace_seconds, self._expire)
+            try:
+                self._watchdog = _Watchdog(grace_seconds, self._expire, self._learn_reason)
+            except Exception as e:  # no fd or thread to spare: no watchdog, and never the job's error
+                log.warning("tpuscope: no SIGTERM watchdog: %s: %s", type(e).__name__, e)
 
     def uninstall(self) -> None:
         """SIGTERM as it was before :meth:`install`, where the handler is still the one installed (native code
@@ -313,8 +316,14 @@ class SigtermWatch:
     def reason(self) -> str | None:
         """preemption or maintenance once a SIGTERM came (asking the VM's metadata server once), else None."""
         if self.received and self._reason is None:
-            self._reason = sigterm_reason()
+            self._learn_reason()
         return self._reason
+
+    def _learn_reason(self) -> None:
+        """Ask the metadata server now (the watchdog asks as it arms, on a thread of its own, so that its last
+        word, seconds later, need not wait for the answer)."""
+        if self._reason is None:
+            self._reason = sigterm_reason()
 
     def _on_sigterm(self, signum: int, frame: Any) -> None:
         signal.signal(signal.SIGTERM, self._previous)  # from now on, as before the Monitor
@@ -361,9 +370,10 @@ class _Watchdog:
     the Python handler, whichever comes first. A wakeup fd set before (asyncio's self-pipe, which learns its
     signals from it) is chained: every byte read is written on to it. Made in the main thread."""
 
-    def __init__(self, grace: float, expire: Callable[[], None]) -> None:
+    def __init__(self, grace: float, expire: Callable[[], None], armed: Callable[[], None]) -> None:
         self.grace = grace
         self._expire = expire
+        self._armed = armed  # called on a thread of its own as the watchdog arms
         self._lock = threading.Lock()
         self._timer: threading.Timer | None = None
         self._read_fd = self._write_fd = self._previous_fd = -1
@@ -388,11 +398,15 @@ class _Watchdog:
                 self._timer.name = "tpuscope-sigterm-watchdog"
                 self._timer.daemon = True
                 self._timer.start()
+                threading.Thread(
+                    target=_quietly, args=(self._armed,), name="tpuscope-sigterm-reason", daemon=True
+                ).start()
 
     def stop(self) -> None:
         """The wakeup fd back as it was (main thread), and the reading thread ended; a timer armed runs on."""
         if self._write_fd >= 0 and self._give_back_wakeup_fd():
-            os.close(self._write_fd)  # the reading thread reads the end of the pipe and leaves
+            with contextlib.suppress(OSError):
+                os.close(self._write_fd)  # the reading thread reads the end of the pipe and leaves
             self._write_fd = -1
 
     def forget_in_child(self) -> None:

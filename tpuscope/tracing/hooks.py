@@ -56,8 +56,9 @@ SIGTERM_GRACE = Hook(
     "sigterm_grace",
     "TPUSCOPE_SIGTERM_GRACE",
     False,
-    "with `sigterm`, ends the job with SIGTERM's default action this many seconds after the first SIGTERM, "
-    "armed by a thread that does not wait for the main thread (a wakeup fd); the preemption is sent first",
+    "a duration (`25s`; at least 5 s), not a switch: with `sigterm`, ends the job with SIGTERM's default action "
+    "that long after the first SIGTERM, armed by a thread that reads the signal wakeup fd (chained to one the job "
+    "set, as asyncio's) rather than waiting for the main thread; the preemption is sent first",
     "no watchdog unless asked: none may be shorter than the pod's terminationGracePeriodSeconds, which only "
     "the job's owner knows",
     "tests/test_job_safety_signals.py",
@@ -76,8 +77,8 @@ EXPLAIN_RECOMPILES = Hook(
     "explain_recompiles",
     "TPUSCOPE_EXPLAIN_RECOMPILES",
     True,
-    "turns `jax_explain_cache_misses` on, only where the job left it untouched (not in the environment, not "
-    "set), for a budget of explanations (`jax_compiles.EXPLAIN_BUDGET`); hooks that setting's updates to hand "
+    "turns `jax_explain_cache_misses` on, only where the job left it at its default (not in the environment, "
+    "False), for a budget of explanations (`jax_compiles.EXPLAIN_BUDGET`); hooks that setting's updates to hand "
     "it back at the job's own `jax.config.update`; filters JAX's explanation and cache loggers to keep what the "
     "setting raises to WARNING at DEBUG; restores the setting only if it is still tpuscope's",
     "the job's log and config read as without it; the explanations name why a function was traced again "
@@ -89,8 +90,10 @@ PROFILES = Hook(
     "TPUSCOPE_PROFILES",
     True,
     "samples a device profile of a few steps every `profile_period` (10 min) with JAX's one profiler "
-    "session; the sidecar parses it. Gives way to any `start_trace` of the job's, never runs with PGLE, "
-    "ends when the job leaves the step loop",
+    "session, on a thread of its own at the lowest CPU priority; the sidecar parses it. While a profiler lives, "
+    "JAX's profiler lock (`jax._src.profiler._profile_state.lock`) is wrapped so that any `start_trace`, "
+    "`stop_trace` or `trace()` of the job's first ends a capture (given back at the last close, and in a forked "
+    "child); never captures while PGLE is on; a capture ends when the job leaves the step loop",
     "the only way to split a fused step into compute and collective; bounded in time, memory and cost, "
     "and the job's own traces come first",
     "tests/test_job_safety_profiles.py",
@@ -161,11 +164,14 @@ def markdown() -> str:
     lines += [
         "",
         f"`{ALL_ENV}=off` or `Monitor(hooks=False)` turns all of them off; an argument or a hook's own variable "
-        "still turns one back on. Variables take 1/true/on/yes or 0/false/off/no.",
+        f"still turns one back on. The variables take 1/true/on/yes or 0/false/off/no, but "
+        f"`{SIGTERM_GRACE.env}`, a duration.",
         "",
-        "Besides these, importing `tpuscope.tracing` registers one `os.register_at_fork` hook, which touches "
-        "only tpuscope's own state: a forked child (a data loader's worker) forgets the parent's Monitors, so it "
-        "never speaks for the parent nor keeps the parent's connection to the sidecar open.",
+        "Besides these, `tpuscope.tracing` registers `os.register_at_fork` hooks (at import, and when `sigterm` "
+        "is installed) that put back in a forked child (a data loader's worker) what the parent's Monitors "
+        "changed: the child forgets the parent's Monitors, so it never speaks for the parent nor keeps the "
+        "parent's connection to the sidecar open; it gets the job's own SIGTERM disposition and wakeup fd, and "
+        "JAX's own profiler lock.",
         "",
     ]
     return "\n".join(lines)

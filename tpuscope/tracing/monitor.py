@@ -34,6 +34,7 @@ import logging
 import os
 import re
 import sys
+import threading
 import time
 import warnings
 import weakref
@@ -87,6 +88,7 @@ class _UncaughtException:
 
 _uncaught = _UncaughtException()
 _SIGTERM = failures.sigterm  # read at every step: one global look-up
+_closing = threading.Lock()
 
 # Every open Monitor, for the fork hook below (weak: a Monitor the job dropped is not kept alive by it).
 _open_monitors: weakref.WeakSet[Monitor] = weakref.WeakSet()
@@ -127,6 +129,10 @@ def sanitize_label(value: str) -> str:
     return clean or "unknown"
 
 
+# The shortest SIGTERM watchdog taken: a platform gives a job its grace period in tens of seconds (Kubernetes: 30).
+MIN_SIGTERM_GRACE = 5.0
+
+
 def _grace(value: float | str | None) -> float | None:
     """``sigterm_grace`` from the argument or ``$TPUSCOPE_SIGTERM_GRACE``: seconds, or None (no watchdog). A bad
     value is said at once and means no watchdog: the Monitor never raises."""
@@ -136,8 +142,9 @@ def _grace(value: float | str | None) -> float | None:
         return None
     try:
         seconds = durations.parse(value) if isinstance(value, str) else float(value)
-        if not seconds > 0:
-            raise ValueError("not a positive duration")
+        if not seconds >= MIN_SIGTERM_GRACE:
+            # "1" read as a switch would be a watchdog that kills the job's last save a second after the SIGTERM.
+            raise ValueError(f"a duration of at least {MIN_SIGTERM_GRACE:g} s (the pod's grace period, less a margin)")
     except (TypeError, ValueError) as e:
         log.warning("tpuscope: no SIGTERM watchdog: sigterm_grace %r: %s", value, e)
         return None
@@ -246,7 +253,7 @@ class Monitor:
             self._watch_jax_if_imported()  # a job that created its Monitor before importing jax
         return StepTimer(self, number)
 
-    def _host_number(self, value: Any) -> Any:
+    def _host_number(self, value: Any, advance: bool = True) -> Any:
         """The step number ``value`` holds, read without waiting on the device.
 
         A JAX step counter (``state.step``) is the result of the previous step's program: reading it at once
@@ -254,15 +261,21 @@ class Monitor:
         a step while the device runs the last. So it is read only once it is ready (``is_ready()`` asks without
         waiting); until then the step is numbered from the host's count, one past the last number read. Only
         the first step's counter is read regardless (there is no count yet; that step compiles anyway). A NumPy
-        number is what ``int()`` reads; anything else is returned as it is, and its step dropped at exit."""
+        number is what ``int()`` reads; anything else is returned as it is, and its step dropped at exit.
+        ``advance=False`` (a checkpoint's step, the counter after the last step's update) counts nothing: the
+        steps' numbers go on as they would without it."""
         is_ready = getattr(value, "is_ready", None)
         try:
             if is_ready is not None:
                 if self._last_step is not None and not is_ready():
+                    if not advance:
+                        return self._last_step + 1
                     self._last_step += 1
                     return self._last_step
-                self._last_step = events.as_int(value)
-                return self._last_step
+                number = events.as_int(value)
+                if advance:
+                    self._last_step = number
+                return number
             return events.as_int(value)
         except (TypeError, ValueError):
             return value
@@ -280,7 +293,7 @@ class Monitor:
 
         An exception inside the block records a failed checkpoint, then propagates.
         """
-        return CheckpointTimer(self, operation, step if type(step) is int else self._host_number(step))
+        return CheckpointTimer(self, operation, step if type(step) is int else self._host_number(step, advance=False))
 
     def orbax(self, manager: Any, *, raise_errors: bool = False) -> OrbaxCheckpoints:
         """Report every save and restore of an Orbax ``CheckpointManager``; use what it returns in its place:
@@ -533,11 +546,16 @@ class Monitor:
         itself, as from JAX's preemption sync point), or True (a failure tpuscope cannot name: ``other``).
         A SIGTERM the Monitor saw makes the end a preemption, even a clean one after a last save.
         """
-        if self._closed:
-            return
+        with _closing:  # once, whoever calls: the main thread, the exit handler, the SIGTERM watchdog's thread
+            if self._closed:
+                return
+            self._closed = True
         if isinstance(failed, BaseException):
             self.compile_failed(failed)
         reason = self._failure_reason(failed)
+        # The last word first: what follows may wait (a capture being stopped), and the SIGTERM watchdog gives
+        # its close only a moment before it ends the process.
+        self.lifecycle("stop" if reason is None else "failure", reason=reason or "none")
         if self._jax_watched:
             from tpuscope.tracing import jax_compiles
 
@@ -547,8 +565,6 @@ class Monitor:
                 device_profiles.release(self)
             except Exception:
                 log.debug("tpuscope: the device profiler failed to close", exc_info=True)
-        self.lifecycle("stop" if reason is None else "failure", reason=reason or "none")
-        self._closed = True
         if self._close_at_exit_on:
             atexit.unregister(self._close_at_exit)
         _open_monitors.discard(self)

@@ -378,11 +378,16 @@ class DeviceProfiler:
         with self._lock:
             if capture.yielded or self._closed:  # a user's trace began before ours could
                 busy = busy or "it gave way to a user's trace"
+            elif not jax.lock.acquire(blocking=False):
+                # A call of the user's holds JAX's lock (and may be waiting for this one): let it go first.
+                busy = busy or "a jax.profiler call of the user's was under way"
             else:
-                with jax.lock:  # JAX's own: no user's session can start between the look and ours
+                try:  # JAX's own lock: no user's session can start between the look and ours
                     busy = busy or jax.busy()
                     if not busy:
                         capture.session = jax.start()
+                finally:
+                    jax.lock.release()
         if busy:
             if not self._closed:
                 self._skipped(busy)
@@ -552,18 +557,26 @@ class _GivingWayLock:
     @staticmethod
     def _give_way() -> None:
         for profiler in list(_open):
-            profiler.give_way()
+            try:
+                profiler.give_way()
+            except Exception:  # JAX's lock is held by now: nothing may leave it so
+                log.debug("tpuscope: a capture failed to give way", exc_info=True)
 
+    # JAX's lock first, then ours give way: no capture can start in between (the profiler's thread only tries
+    # JAX's lock, never waits for it while it holds its own, so the two orders cannot deadlock).
     def __enter__(self) -> Any:
+        entered = self.lock.__enter__()
         self._give_way()
-        return self.lock.__enter__()
+        return entered
 
     def __exit__(self, *exc: object) -> Any:
         return self.lock.__exit__(*exc)
 
     def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
-        self._give_way()
-        return bool(self.lock.acquire(blocking, timeout))
+        acquired = bool(self.lock.acquire(blocking, timeout))
+        if acquired:
+            self._give_way()
+        return acquired
 
     def release(self) -> None:
         self.lock.release()
