@@ -70,12 +70,15 @@ for n in range(4):
     pending.append(not state["step"].is_ready())
     state = slow_step(state)
     timer.__exit__(None, None, None)
+    with mon.checkpoint("save", step=state["step"]):        # not ready either: numbered, and no step skipped
+        pass
 jax.block_until_ready(state)
 with mon.step(state["step"]):                               # ready now: read, and the count agrees with it
     pass
 mon.close()
 steps = [json.loads(line)["step"] for line in open(record) if json.loads(line)["type"] == "step"]
-print(json.dumps({"entries": entries, "pending": pending, "steps": steps, "device_s": per}))
+saves = [json.loads(line)["step"] for line in open(record) if json.loads(line)["type"] == "ckpt"]
+print(json.dumps({"entries": entries, "pending": pending, "steps": steps, "saves": saves, "device_s": per}))
 """
 
 
@@ -90,6 +93,7 @@ def test_a_jax_step_number_is_read_without_waiting_for_the_device() -> None:
     # Waiting for the device would take the rest of a step; a read of the host's count takes microseconds.
     assert max(waited) < 0.1 * result["device_s"], waited
     assert result["steps"] == [2, 3, 4, 5, 6, 7]  # two steps ran before the first
+    assert result["saves"] == [4, 5, 6, 7]  # each after its step: the counter the step made
 
 
 THROUGHPUT_JOB = r"""
