@@ -16,6 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from test_sidecar import scrape_when
 
 from tpuscope import catalog
@@ -248,3 +249,14 @@ def test_mfu_never_reads_above_one_whatever_the_peak_says(sidecar: SidecarProces
                 s.flops = 1e9
     scrape = scrape_when(sidecar.url, lambda s: s.value(catalog.STEPS.name, workload="mfu") == 5)
     assert scrape.value(catalog.MFU.name, workload="mfu") == 1.0
+
+
+def test_a_sigterm_grace_is_a_duration_of_at_least_five_seconds(monkeypatch: pytest.MonkeyPatch) -> None:
+    """README: ``sigterm_grace="25s"``; docs/hooks.md: the variable is a duration, not a switch: "1" would be a
+    watchdog that kills the job's last save a second after the SIGTERM (repro 07), so it is refused, said."""
+    from tpuscope.tracing.monitor import _grace
+
+    assert _grace("25s") == 25.0 and _grace(30) == 30.0 and _grace(None) is None
+    assert _grace("1") is None and _grace("on") is None and _grace(4.9) is None
+    monkeypatch.setenv(hooks.SIGTERM_GRACE.env, "1m")
+    assert _grace(None) == 60.0
