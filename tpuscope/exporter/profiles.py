@@ -177,7 +177,7 @@ class ProfileService:
                     stdout=subprocess.PIPE,
                     stderr=subprocess.PIPE,
                 )
-            with contextlib.suppress(OSError):  # at once, for its start-up too (the parser renices itself anyway)
+            with contextlib.suppress(OSError):  # at once, for its start-up too: the one place the parser is niced
                 os.setpriority(os.PRIO_PROCESS, self._child.pid, LOWEST_PRIORITY)
             out, err = self._child.communicate(timeout=PARSE_TIMEOUT)
         except subprocess.TimeoutExpired:

@@ -47,7 +47,6 @@ child process.
 from __future__ import annotations
 
 import bisect
-import contextlib
 import functools
 import importlib
 import itertools
@@ -340,16 +339,14 @@ def device_profile(split: ProfiledSteps | None) -> events.DeviceProfile:
 def main(argv: Sequence[str]) -> int:
     """``python -m tpuscope.exporter.xspace TRACE``: print the trace's DeviceProfile as JSON (the sidecar's parse).
 
-    At the lowest CPU priority: the training job beside it goes first. The file is opened without following a
-    link, and one over :data:`~tpuscope.events.PROFILE_MAX_BYTES` is refused unread."""
+    The sidecar runs it at the lowest CPU priority (exporter/profiles.py). The file is opened without following
+    a link, and one over :data:`~tpuscope.events.PROFILE_MAX_BYTES` is refused unread."""
     import os
     import sys
 
     import msgspec
 
     (path,) = argv
-    with contextlib.suppress(OSError):
-        os.setpriority(os.PRIO_PROCESS, 0, 19)
     fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
     with os.fdopen(fd, "rb") as trace:
         data = trace.read(events.PROFILE_MAX_BYTES + 1)

@@ -127,8 +127,8 @@ def peak_flops_per_second(devices: Sequence[Any], calibrate: bool = False) -> tu
 
 
 def _read_calibrations(path: Path) -> dict[str, dict[str, float]]:
-    """The stored peaks; an unreadable file, or an entry in an older format (a bare number, no time), is
-    measured again."""
+    """The stored peaks; an unreadable file, or an entry not of this form (a number and its time), is measured
+    again."""
     try:
         raw = json.loads(path.read_text())
     except (OSError, ValueError):
