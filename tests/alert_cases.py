@@ -122,12 +122,14 @@ def profiles(
     return result
 
 
-def collective_history(before: float, after: float, at: int, minutes: int, compute: float = 1.0) -> dict[str, str]:
+def collective_history(
+    before: float, after: float, at: int, minutes: int, compute: float = 1.0, team: dict[str, str] | None = None
+) -> dict[str, str]:
     """Two workers of workload w profiled every 10 minutes, each waiting ``before`` seconds a step on collectives no
     compute hides up to minute ``at``, ``after`` from then on, in a step of :data:`PROFILED_STEP` seconds."""
     result = {}
     for index in range(2):
-        where = place(index)
+        where = {**place(index), **(team or {})}
         waits = (before, after)
         parts = {
             "compute": f"{compute:g}x{minutes}",
@@ -143,17 +145,17 @@ def collective_history(before: float, after: float, at: int, minutes: int, compu
     return result
 
 
-def megascale(at: int, minutes: int, running: bool = True) -> dict[str, str]:
+def megascale(at: int, minutes: int, running: bool = True, team: dict[str, str] | None = None) -> dict[str, str]:
     """A multislice job's host whose runtime times 100 collectives a minute, every one within 10 ms up to minute
     ``at`` (a p99 of 9.9 ms), then every one between 10 and 100 ms (99.1 ms): ten times slower."""
-    bucket = {"operation": "collective_end_to_end", "buffer_size": "8MB"}
+    bucket = {"operation": "collective_end_to_end", "buffer_size": "8MB", **(team or {})}
     result = {
         s(c.MEGASCALE_LATENCY, "bucket", le="0.01", **bucket): f"0+100x{at} {100 * at}x{minutes - at - 1}",
         s(c.MEGASCALE_LATENCY, "bucket", le="0.1", **bucket): f"0+100x{minutes}",
         s(c.MEGASCALE_LATENCY, "bucket", le="+Inf", **bucket): f"0+100x{minutes}",
     }
     if running:
-        result[s(c.WORKLOAD_PROCESSES, **W)] = f"1x{minutes}"
+        result[s(c.WORKLOAD_PROCESSES, **W, **(team or {}))] = f"1x{minutes}"
     return result
 
 
@@ -229,6 +231,7 @@ def throttled(clock: float, **reasons: int) -> dict[str, str]:
 
 
 RUNNING = {s(c.WORKLOAD_PROCESSES, **W): "1x100"}
+CRASH_LOOPING = "Workload w failed 3 times in the last hour, preemptions and host maintenance not counted."
 JOBSET = {"job": "tpuscope", "namespace": "ml", "jobset": "llm"}
 
 CASES = [
@@ -689,33 +692,33 @@ CASES = [
         AlertName.WORKLOAD_CRASH_LOOPING,
         "critical",
         "10m",
-        {s(c.WORKLOAD_RESTARTS, reason="crash", **W): "_x5 1 2 3x5", **sidecar(10)},
+        {s(c.WORKLOAD_FAILURES, reason="other", **W): "_x5 1 2 3x5", **sidecar(10)},
         W,
-        "Workload w restarted 3 times in the last hour, preemptions not counted.",
+        CRASH_LOOPING,
     ),
-    # A 2-host JobSet with restartPolicy Never restarted 3 times in 40 minutes: 3 generations of new pods,
-    # each sidecar's counter born at 1.
+    # A 2-host JobSet with restartPolicy Never failed 3 times in 40 minutes: 3 generations of new pods, each
+    # sidecar's counter born at 1.
     Case(
         AlertName.WORKLOAD_CRASH_LOOPING,
         "critical",
         "40m",
-        generations(c.WORKLOAD_RESTARTS, workers=2, every=10, until=40, reason="crash", **W),
+        generations(c.WORKLOAD_FAILURES, workers=2, every=10, until=40, reason="other", **W),
         W,
-        "Workload w restarted 3 times in the last hour, preemptions not counted.",
+        CRASH_LOOPING,
     ),
     Case(
         AlertName.WORKLOAD_CRASH_LOOPING,
         None,
         "10m",
-        {s(c.WORKLOAD_RESTARTS, reason="crash", **W): "_x5 1 2x5", **sidecar(10)},
+        {s(c.WORKLOAD_FAILURES, reason="other", **W): "_x5 1 2x5", **sidecar(10)},
     ),
     Case(
         AlertName.WORKLOAD_CRASH_LOOPING,
         None,
         "10m",
-        {s(c.WORKLOAD_RESTARTS, reason="preemption", **W): "_x5 1 2 3x5", **sidecar(10)},
+        {s(c.WORKLOAD_FAILURES, reason="preemption", **W): "_x5 1 2 3x5", **sidecar(10)},
     ),
-    # One restart of a three-host job, seen by each host's sidecar: one restart, not three.
+    # One failure of a three-host job, seen by each host's sidecar: one failure, not three.
     Case(
         AlertName.WORKLOAD_CRASH_LOOPING,
         None,
@@ -724,7 +727,7 @@ CASES = [
             k: v
             for i in range(3)
             for k, v in {
-                s(c.WORKLOAD_RESTARTS, reason="crash", instance=f"h{i}:9478", worker=str(i), **W): "_x5 1x5",
+                s(c.WORKLOAD_FAILURES, reason="other", instance=f"h{i}:9478", worker=str(i), **W): "_x5 1x5",
                 **sidecar(10, instance=f"h{i}:9478", worker=str(i)),
             }.items()
         },
@@ -734,7 +737,7 @@ CASES = [
         AlertName.WORKLOAD_CRASH_LOOPING,
         None,
         "100m",
-        {s(c.WORKLOAD_RESTARTS, reason="crash", **W): values(3, 100, gap=GAP), **sidecar(100, gap=GAP)},
+        {s(c.WORKLOAD_FAILURES, reason="other", **W): values(3, 100, gap=GAP), **sidecar(100, gap=GAP)},
     ),
     Case(
         AlertName.COLLECTOR_DOWN,
@@ -903,8 +906,8 @@ CASES = [
         "critical",
         "5m",
         {s(c.HOST_MEMORY_AVAILABLE): "2e9x10", s(c.HOST_MEMORY_TOTAL): "64e9x10", s(c.WORKLOAD_PROCESSES, **W): "1x10"},
-        {**HOST, "signal": "available"},
-        "The host h:9478 has 3.125% of its memory available while a workload runs on it. The kernel's OOM killer "
+        {**W, "signal": "available"},
+        "A host of workload w has 3.125% of its memory available (the least of its hosts). The kernel's OOM killer "
         "will end the largest process, likely the training job.",
     ),
     # The same host with no workload on it: whatever fills its memory, no job of ours is at risk.
@@ -926,9 +929,10 @@ CASES = [
             s(c.JOB_MAJOR_PAGE_FAULTS, pid="42", **W): "0+30000x10",
             s(c.WORKLOAD_PROCESSES, **W): "1x10",
         },
-        {**HOST, "signal": "thrashing"},
-        "The host h:9478 swaps in 2MiB/s while its jobs read more than 100 pages a second back from disk: their "
-        "memory does not fit. The kernel's OOM killer will end the largest process, likely the training job.",
+        {**W, "signal": "thrashing"},
+        "A host of workload w swaps in 2MiB/s (the most of its hosts) while its processes read more than 100 pages a "
+        "second back from disk: their memory does not fit. The kernel's OOM killer will end the largest process, "
+        "likely the training job.",
     ),
     # Swapping in while the job hardly faults: another process's memory, not the job's.
     Case(

@@ -1,12 +1,14 @@
 """Run a real Alertmanager (Debian's ``prometheus-alertmanager``) on loopback, and a webhook that records.
 
-The end-to-end alerting test routes a real page through them.
+The end-to-end alerting test routes a real page through them; the routing tests post alerts straight to its
+API v2, as Prometheus does, and read back which it holds inhibited.
 """
 
 from __future__ import annotations
 
 import json
 import threading
+import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -26,6 +28,24 @@ class AlertmanagerServer(ServerProcess):
             "--cluster.listen-address=",  # one instance: no gossip port
         ]
         super().__init__(binary, "prometheus-alertmanager", flags, workdir)
+
+    def post_alerts(self, alerts: list[dict[str, Any]]) -> None:
+        """Send ``alerts`` as Prometheus does (POST /api/v2/alerts): each with labels, annotations, startsAt."""
+        request = urllib.request.Request(
+            f"{self.url}/api/v2/alerts",
+            data=json.dumps(alerts).encode(),
+            headers={"Content-Type": "application/json"},
+            method="POST",
+        )
+        with urllib.request.urlopen(request, timeout=10) as response:
+            response.read()
+
+    def alerts_status(self) -> list[dict[str, Any]]:
+        """Every alert it holds (GET /api/v2/alerts), with its ``status``: its state (active, suppressed) and
+        the fingerprints of the alerts that inhibit it (``inhibitedBy``), worked out as it answers."""
+        with urllib.request.urlopen(f"{self.url}/api/v2/alerts", timeout=10) as response:
+            alerts: list[dict[str, Any]] = json.load(response)
+        return alerts
 
 
 class Webhook:

@@ -11,13 +11,19 @@ from typing import Any
 
 import pytest
 import yaml
-from alert_cases import CASES, REGRESSION_STEPS, REGRESSION_SUM, Case
+from alert_cases import CASES as ONE_BY_ONE
+from alert_cases import REGRESSION_STEPS, REGRESSION_SUM, Case
+from alert_cases_freshness import CASES as FRESHNESS
+from alert_cases_incidents import CASES as INCIDENTS
+from alert_cases_incidents import READINGS
 from alertmanager import AlertmanagerServer, Webhook
 from conftest import require, wait_until
 
 from tpuscope import alerts, catalog, durations
 from tpuscope.alerts import recording
-from tpuscope.conventions import ALERT_PREFIX, PROFILE_FRESH, AlertName
+from tpuscope.alerts.causes import CAUSES, INHIBITIONS
+from tpuscope.alerts.rules import slo_windows
+from tpuscope.conventions import ALERT_PREFIX, BAD_RATE, BADPUT_RATIO, PROFILE_FRESH, WALL_ALL_RATE, AlertName
 from tpuscope.fleetsim.rules import scale_expr
 from tpuscope.generator_config import GeneratorConfig
 from tpuscope.testing.prometheus import PrometheusServer, target_of
@@ -29,6 +35,7 @@ pytestmark = pytest.mark.long
 
 ROOT = Path(__file__).resolve().parents[1]
 RULES = ROOT / "deploy/prometheus/tpuscope-rules.yaml"
+CASES = ONE_BY_ONE + FRESHNESS + INCIDENTS
 ALERTMANAGER = ROOT / "deploy/alertmanager/alertmanager.yml"
 
 
@@ -109,6 +116,50 @@ def test_every_alert_fires_with_exact_labels_and_annotations_and_stays_quiet_whe
         assert out.returncode == 0, f"{name} cases: " + out.stdout[-6000:] + out.stderr[-3000:]
 
 
+def test_the_recording_rules_read_what_they_should_under_failed_scrapes_and_long_outages(tmp_path: Path) -> None:
+    tests = []
+    for reading in READINGS:
+        labels = "{" + ", ".join(f'{k}="{v}"' for k, v in reading.labels.items()) + "}"
+        expected = [{"labels": labels, "value": reading.value}]
+        tests.append(
+            {
+                "name": reading.why,
+                "interval": "1m",
+                "input_series": [{"series": name, "values": values} for name, values in reading.series.items()],
+                "promql_expr_test": [{"expr": reading.expr, "eval_time": reading.eval_time, "exp_samples": expected}],
+            }
+        )
+    readings = tmp_path / "readings.yaml"
+    readings.write_text(yaml.safe_dump({"rule_files": [str(RULES)], "evaluation_interval": "1m", "tests": tests}))
+    out = run(require("promtool"), "test", "rules", str(readings))
+    assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-2000:]
+
+
+def test_the_goodput_ratios_read_each_workloads_two_terms_once_and_no_workers_series() -> None:
+    """Issue 35: the ratios summed the per-worker unbooked series four times over windows up to 3 days (72 M
+    samples a cycle at 1,000 hosts). Each window's ratio now reads two per-workload series, once each; the cost
+    itself is measured by `tpuscope bench rule-cost` (docs/bench.md)."""
+    groups = yaml.safe_load(RULES.read_text())["groups"]
+    recorded = {rule["record"]: rule["expr"] for group in groups for rule in group["rules"] if "record" in rule}
+    ratios = {name: expr for name, expr in recorded.items() if name.startswith(BADPUT_RATIO)}
+    assert len(ratios) == len(slo_windows(1 - Thresholds().goodput_objective))
+    for name, expr in ratios.items():
+        window = name.removeprefix(BADPUT_RATIO)
+        assert expr == f"sum_over_time({BAD_RATE}[{window}]) / sum_over_time({WALL_ALL_RATE}[{window}])", name
+    for term in (BAD_RATE, WALL_ALL_RATE):  # the terms are per workload: no worker's series reaches a ratio
+        assert "sum by (namespace, jobset, workload)" in recorded[term] or "+ on (" in recorded[term], term
+
+
+def test_every_alert_names_its_one_cause_and_every_inhibition_relates_alerts_that_exist() -> None:
+    assert set(CAUSES) == set(AlertName)
+    for rule in INHIBITIONS:
+        assert rule.source and rule.targets and not set(rule.source) & set(rule.targets), rule
+    text = (ROOT / "docs/alerts.md").read_text()
+    assert "## One cause, one notification" in text
+    for name, cause in CAUSES.items():
+        assert f"**The cause it stands for:** {cause}." in text, name
+
+
 def test_a_step_time_baseline_is_three_hours_long_whatever_the_evaluation_interval(tmp_path: Path) -> None:
     """2.5 hours of history, then steps twice as slow: no baseline yet, at Prometheus' 30 s evaluation
     interval as at promtool's 1 m (a count of 180 recorded samples was 3 hours at 1 m, 90 minutes at 30 s)."""
@@ -131,12 +182,21 @@ def test_every_alert_and_severity_has_a_firing_case_and_a_quiet_one() -> None:
 
 
 def test_a_device_profile_counts_for_three_of_the_jobs_default_periods_in_real_and_simulated_time() -> None:
-    """The rules may not import the in-job library, which sets the period: this ties the two. The fleet
-    simulator compresses the freshness window with the rest of time."""
-    assert recording.PROFILE_FRESH_SECONDS == 3 * profiles.DEFAULT_PERIOD
+    """A capture is fresh for three of the periods its job exports; from a job too old to export one, for three of
+    the default periods. The rules may not import the in-job library, which sets the default: this ties the two,
+    and the catalogue's help to both. The fleet simulator compresses the constant window with the rest of time,
+    and leaves the exported period, in the job's own seconds, as it is (not its factor either)."""
+    fresh_periods = recording.PROFILE_FRESH_PERIODS
+    assert fresh_periods * profiles.DEFAULT_PERIOD == recording.PROFILE_FRESH_SECONDS
+    help_says = f"fresh for {fresh_periods} of them; from a job too old to say it, for "
+    assert help_says + f"{durations.human(recording.PROFILE_FRESH_SECONDS)}." in catalog.PROFILE_PERIOD.help
     (fresh,) = (rule["expr"] for rule in recording.profile_rules() if rule["record"] == PROFILE_FRESH)
-    assert f"> time() - {recording.PROFILE_FRESH_SECONDS} " in fresh
-    assert f"> time() - {recording.PROFILE_FRESH_SECONDS / 10:g} " in scale_expr(fresh, 10)
+    period = f"> time() - {catalog.PROFILE_PERIOD.name} * {fresh_periods} "
+    assert period in fresh
+    assert f"> time() - {recording.PROFILE_FRESH_SECONDS} unless {catalog.PROFILE_PERIOD.name}" in fresh
+    simulated = scale_expr(fresh, 10)
+    assert period in simulated
+    assert f"> time() - {recording.PROFILE_FRESH_SECONDS / 10:g} unless {catalog.PROFILE_PERIOD.name}" in simulated
 
 
 def test_amtool_accepts_the_configuration_and_routes_pages_and_tickets() -> None:

@@ -17,6 +17,13 @@ queries, taken from the dashboards as Grafana gets them, run against it at one i
 - ``train`` lost half a day's goodput 10 days ago and a whole day 35 days ago; ``serve``'s latency SLO
   missed by 3% of requests for a day 10 days ago: the error budgets cover the SLO's 30 days, not the
   dashboard's hour, nor anything older.
+- In Kubernetes, namespace ``ml``: every sidecar's series carry its pod's target labels, as the scrape's
+  relabelings give them (the JobSet, the pod's controller), and kube-state-metrics (v2) has described the
+  cluster's objects for the last hour. ``train`` and ``tune`` are JobSets whose Jobs ``train-workers-0`` and
+  ``tune-workers-0`` run their pods; ``serve`` is a Deployment whose ReplicaSet ``serve-5d8f`` runs 2 replicas
+  (its previous one, ``serve-7c9b``, scaled to 0 by the rollout, stays listed). ``old`` is a JobSet deleted
+  30 minutes ago: its 2 sidecars were seen until then, and its Job and pods went with it. ``eval`` is a
+  JobSet whose Job completed 20 minutes ago: its sidecar went then, its Job and pod stay listed.
 """
 
 from __future__ import annotations
@@ -34,7 +41,7 @@ from conftest import require
 from test_dashboards import ALL, BOARDS, panel_titled, step_values, substitute
 
 from tpuscope import catalog as c
-from tpuscope import conventions, durations
+from tpuscope import conventions, durations, kubernetes
 from tpuscope.dashboards import promql
 from tpuscope.prometheus_api import PrometheusAPI
 from tpuscope.promql import SIDECAR_START, le
@@ -47,6 +54,17 @@ HOUR, DAY = 3600, 86_400
 V5E, V6E = 197e12, 918e12  # a chip's peak FLOP/s (tracing.jax_costs.PEAK_TFLOPS)
 CHIPS = 4  # per host
 MFU = 0.5
+
+ROOT = Path(__file__).resolve().parents[1]
+RULES = ROOT / "deploy/prometheus/tpuscope-rules.yaml"  # as generated: what a Prometheus evaluates
+
+NAMESPACE = "ml"
+# kube-state-metrics' own target: its series' namespace and pod are the objects' (honor_labels).
+KSM_TARGET = {"job": "kube-state-metrics", "instance": "10.8.0.5:8080"}
+KSM_SINCE = -RANGE  # it lists the objects alive in the last hour
+PHASES = ("Pending", "Running", "Succeeded", "Failed", "Unknown")  # kube_pod_status_phase's, one series each
+# The labels that name a pod's controller, on a sidecar's series and on the rules' view of kube-state-metrics.
+CONTROLLER_OF = ("namespace", kubernetes.CONTROLLER_KIND, kubernetes.CONTROLLER_NAME)
 
 # Prometheus ends a gone target's series at once (staleness markers); a backfilled TSDB has none, so the
 # lookback that would otherwise show a gone series for 5 more minutes is cut to just over one scrape.
@@ -75,9 +93,11 @@ class Fleet:
             f"{name}{{{text}}} {value(t):.17g} {self.at + t}" for t in range(start, end + 1, every)
         )
 
-    def sidecar(self, instance: str, slice_: str, worker: str, start: int, end: int) -> dict[str, str]:
-        """A sidecar scraped from ``start`` to ``end``; the labels its series carry."""
-        target = {"job": "tpuscope", "instance": instance}
+    def sidecar(
+        self, instance: str, pod: Mapping[str, str], slice_: str, worker: str, start: int, end: int
+    ) -> dict[str, str]:
+        """A sidecar in ``pod`` (its target labels) scraped from ``start`` to ``end``; the labels its series carry."""
+        target = {"job": kubernetes.JOB, "instance": instance, **pod}
         self.series("up", target, start, end, lambda t: 1)
         host = {**target, "slice": slice_, "worker": worker}
         self.series(SIDECAR_START, host, start, end, lambda t: self.at + start)
@@ -96,9 +116,11 @@ def fleet(at: int) -> Fleet:
     train, tune = {"workload": "train"}, {"workload": "tune"}
     for worker in range(4):
         # The first pods: up two hours ago, the failure at -31 min, gone at -30 min.
-        first = f.sidecar(f"train-{worker}-a:9478", "0", str(worker), -2 * HOUR, -1800)
+        pod = job_pod(f, "train", f"{worker}-a", {-2 * HOUR: "Running", -1860: "Failed"}, -1800)
+        first = f.sidecar(f"train-{worker}-a:9478", pod, "0", str(worker), -2 * HOUR, -1800)
         # The pods after the restart: new sidecars, new instances, the same slice and worker.
-        second = f.sidecar(f"train-{worker}-b:9478", "0", str(worker), -1680, 0)
+        pod = job_pod(f, "train", f"{worker}-b", {-1740: "Pending", -1680: "Running"}, 0)
+        second = f.sidecar(f"train-{worker}-b:9478", pod, "0", str(worker), -1680, 0)
         f.counter(c.WORKLOAD_FAILURES.name, {**first, **train, "reason": "crash"}, -1860, -1800, {-1860: 1})
         out_of_memory = {**first, **train, "stage": "backend", "reason": "out_of_memory"}
         f.counter(c.COMPILE_FAILURES.name, out_of_memory, -1870, -1800, {-1870: 1})
@@ -120,18 +142,99 @@ def fleet(at: int) -> Fleet:
             running(f, {**host, **train}, "v5e", CHIPS * V5E, start, end)
         profiled(f, {**second, **train}, STRAGGLER_PROFILE if worker == STRAGGLER else PEER_PROFILE)
     for worker in range(2):
-        host = f.sidecar(f"tune-{worker}:9478", "0", str(worker), -2400, 0)
+        pod = job_pod(f, "tune", str(worker), {-2400: "Running"}, 0)
+        host = f.sidecar(f"tune-{worker}:9478", pod, "0", str(worker), -2400, 0)
         running(f, {**host, **tune}, "v6e", CHIPS * V6E, -2400, 0)
-    # A serving workload, every request of the last two hours within the objective.
-    serve = {**f.sidecar("serve-0:9478", "0", "0", -2 * HOUR, 0), "workload": "serve"}
+    # A serving workload, every request of the last two hours within the objective (at its first replica).
+    replicas = [replicaset_pod(f, "serve-5d8f", name) for name in ("x7k2p", "q9m4n")]
+    serve = {**f.sidecar("serve-0:9478", replicas[0], "0", "0", -2 * HOUR, 0), "workload": "serve"}
+    f.sidecar("serve-1:9478", replicas[1], "0", "0", -2 * HOUR, 0)
     within = {**serve, "le": le(DEFAULT.inference_latency_seconds)}
     for name, labels in (
         (c.INFERENCE_REQUEST_DURATION.series("bucket"), within),
         (c.INFERENCE_REQUEST_DURATION.series("count"), serve),
     ):
         f.series(name, labels, -2 * HOUR, 0, lambda t: 10 * (t + 2 * HOUR))
+    # A JobSet deleted 30 minutes ago, its Job and pods with it; one whose Job completed 20 minutes ago.
+    for worker in range(2):
+        pod = job_pod(f, "old", str(worker), {-2 * HOUR: "Running"}, -1800)
+        f.sidecar(f"old-{worker}:9478", pod, "0", str(worker), -2 * HOUR, -1800)
+    pod = job_pod(f, "eval", "0", {-2 * HOUR: "Running", -1200: "Succeeded"}, 0)
+    f.sidecar("eval-0:9478", pod, "0", "0", -2 * HOUR, -1200)
+    cluster(f)
     recorded(f)
     return f
+
+
+def placed(pod: str, controller_kind: str, controller: str, jobset: str = "") -> dict[str, str]:
+    """The target labels the scrape's relabelings give a sidecar in ``pod`` (none for an absent meta label:
+    a pod of no JobSet has no jobset)."""
+    labels = {
+        "pod": pod,
+        "namespace": NAMESPACE,
+        "node": f"gke-tpu-node-of-{pod}",
+        "jobset": jobset,
+        kubernetes.CONTROLLER_KIND: controller_kind,
+        kubernetes.CONTROLLER_NAME: controller,
+    }
+    assert set(labels) <= set(kubernetes.TARGET_LABELS), "only what the relabelings give"
+    return {label: value for label, value in labels.items() if value}
+
+
+def job_pod(f: Fleet, jobset: str, suffix: str, phases: Mapping[int, str], end: int) -> dict[str, str]:
+    """A pod of the one Job of ``jobset`` (``<jobset>-workers-0``) as kube-state-metrics lists it, in each of
+    ``phases`` from its time on, until ``end``; the target labels of its sidecar."""
+    job = f"{jobset}-workers-0"
+    pod = placed(f"{job}-{suffix}", "Job", job, jobset)
+    listed(f, pod, phases, end)
+    return pod
+
+
+def replicaset_pod(f: Fleet, replicaset: str, suffix: str) -> dict[str, str]:
+    """A pod of ``replicaset`` running all along; the target labels of its sidecar."""
+    pod = placed(f"{replicaset}-{suffix}", "ReplicaSet", replicaset)
+    listed(f, pod, {KSM_SINCE: "Running"}, 0)
+    return pod
+
+
+def listed(f: Fleet, pod: Mapping[str, str], phases: Mapping[int, str], end: int) -> None:
+    """kube-state-metrics' series of a pod (target labels ``pod``) in each of ``phases`` from its time on."""
+    start = max(KSM_SINCE, min(phases))
+    kind, controller = (pod[label] for label in CONTROLLER_OF[1:])
+    named = {**KSM_TARGET, "namespace": NAMESPACE, "pod": pod["pod"], "uid": f"uid-{pod['pod']}"}
+    created = {"node": pod["node"], "created_by_kind": kind, "created_by_name": controller}
+    f.series("kube_pod_info", {**named, **created}, start, end, constant(1))
+    for phase in PHASES:
+        f.series("kube_pod_status_phase", {**named, "phase": phase}, start, end, in_phase(phases, phase))
+
+
+def constant(value: float) -> Callable[[int], float]:
+    return lambda t: value
+
+
+def in_phase(phases: Mapping[int, str], phase: str) -> Callable[[int], float]:
+    """1 while the latest of ``phases`` at or before the time is ``phase``, else 0."""
+    return lambda t: float(phases[max(k for k in phases if k <= t)] == phase)
+
+
+def cluster(f: Fleet) -> None:
+    """kube-state-metrics' series of the controllers, and of its own pod (in every cluster it watches)."""
+    for jobset, end in (("train", 0), ("tune", 0), ("old", -1800), ("eval", 0)):
+        job = {**KSM_TARGET, "namespace": NAMESPACE, "job_name": f"{jobset}-workers-0"}
+        f.series("kube_job_info", job, KSM_SINCE, end, constant(1))
+        owner = {"owner_kind": "JobSet", "owner_name": jobset, "owner_is_controller": "true"}
+        f.series("kube_job_owner", {**job, **owner}, KSM_SINCE, end, constant(1))
+    # A Job's conditions, once it has them: eval's completed at -20 min.
+    finished = {**KSM_TARGET, "namespace": NAMESPACE, "job_name": "eval-workers-0"}
+    for condition, value in (("true", 1), ("false", 0), ("unknown", 0)):
+        f.series("kube_job_complete", {**finished, "condition": condition}, -1200, 0, constant(value))
+    for replicaset, replicas in (("serve-5d8f", 2), ("serve-7c9b", 0)):
+        labels = {**KSM_TARGET, "namespace": NAMESPACE, "replicaset": replicaset}
+        f.series("kube_replicaset_spec_replicas", labels, KSM_SINCE, 0, constant(replicas))
+        owner = {"owner_kind": "Deployment", "owner_name": "serve", "owner_is_controller": "true"}
+        f.series("kube_replicaset_owner", {**labels, **owner}, KSM_SINCE, 0, constant(1))
+    own = {"pod": "kube-state-metrics-6f7b9-k2x8v", "namespace": "monitoring", "uid": "uid-ksm"}
+    f.series("kube_pod_info", {**KSM_TARGET, **own, "created_by_kind": "ReplicaSet"}, KSM_SINCE, 0, constant(1))
 
 
 def running(f: Fleet, labels: dict[str, str], accelerator: str, peak: float, start: int, end: int) -> None:
@@ -155,11 +258,11 @@ def profiled(f: Fleet, labels: dict[str, str], parts: dict[str, float]) -> None:
     on, and what the recording rules record of them (the straggler rule's ratios to the median)."""
     first, end = CAPTURES[0], 0
     for part, seconds in parts.items():
-        f.series(c.PROFILE_TIME.name, {**labels, "part": part}, first, end, lambda t, s=seconds: s)
+        f.series(c.PROFILE_TIME.name, {**labels, "part": part}, first, end, constant(seconds))
         median = sorted([PEER_PROFILE[part]] * 3 + [STRAGGLER_PROFILE[part]])[1:3]
         over = {**labels, "part": part}
-        f.series(conventions.PROFILE_OVER_MEDIAN, over, first, end, lambda t, s=seconds, m=median: s / (sum(m) / 2))
-        f.series(conventions.PROFILE_FRESH, over, first, end, lambda t, s=seconds: s)
+        f.series(conventions.PROFILE_OVER_MEDIAN, over, first, end, constant(seconds / (sum(median) / 2)))
+        f.series(conventions.PROFILE_FRESH, over, first, end, constant(seconds))
     f.series(c.PROFILE_STEP.name, labels, first, end, lambda t: sum(parts.values()))
     f.series(c.PROFILE_OVERLAP.name, labels, first, end, lambda t: 0.5)
     f.series(c.PROFILE_IMBALANCE.name, labels, first, end, lambda t: 1.1 if parts is STRAGGLER_PROFILE else 1.0)
@@ -186,12 +289,18 @@ def recorded(f: Fleet) -> None:
     def productive(t: int) -> float:  # 4 hosts' seconds a second, half of it lost 10 days ago, all 35 days ago
         return bad_on(35, bad_on(10, 4, 2)(t), 0)(t)
 
+    # Per workload as the rules name one (tpuscope.promql.WORKLOAD): its namespace and JobSet too, where it has them.
+    train = {"namespace": NAMESPACE, "jobset": "train", "workload": "train"}
+    serve = {"namespace": NAMESPACE, "workload": "serve"}
     rate = conventions.GOODPUT_RATE
-    every_5m(rate, {"workload": "train", "category": "productive"}, productive)
-    every_5m(rate, {"workload": "train", "category": "lost"}, lambda t: 4 - productive(t))
-    every_5m(conventions.WALL_RATE, {"workload": "train"}, lambda t: 4)
-    every_5m(conventions.REQUESTS_RATE, {"workload": "serve"}, lambda t: 10)
-    every_5m(conventions.REQUESTS_FAST_RATE, {"workload": "serve"}, lambda t: bad_on(35, bad_on(10, 10, 9.7)(t), 0)(t))
+    every_5m(rate, {**train, "category": "productive"}, productive)
+    every_5m(rate, {**train, "category": "lost"}, lambda t: 4 - productive(t))
+    every_5m(conventions.WALL_RATE, train, lambda t: 4)
+    # The goodput SLO's two terms, as the rules sum them from the above (no worker went unbooked here).
+    every_5m(conventions.BAD_RATE, train, lambda t: 4 - productive(t))
+    every_5m(conventions.WALL_ALL_RATE, train, lambda t: 4)
+    every_5m(conventions.REQUESTS_RATE, serve, lambda t: 10)
+    every_5m(conventions.REQUESTS_FAST_RATE, serve, lambda t: bad_on(35, bad_on(10, 10, 9.7)(t), 0)(t))
 
 
 @contextlib.contextmanager
@@ -373,3 +482,31 @@ def test_the_collective_panel_sets_the_last_half_hour_against_the_six_hours_befo
         baseline = values((api, at), ONCALL, title, "B", by=("workload",))
     assert now == {("train",): 0.05}
     assert baseline == {("train",): 0.02}
+
+
+def recording_rule(name: str) -> str:
+    """The expression of the recording rule ``name`` as the generated rule file holds it."""
+    groups = yaml.safe_load(RULES.read_text())["groups"]
+    exprs = [rule["expr"] for group in groups for rule in group["rules"] if rule.get("record") == name]
+    assert len(exprs) == 1, f"{name}: {len(exprs)} rules in {RULES.name} (stale? `make generate`)"
+    return str(exprs[0])
+
+
+def test_kube_state_metrics_says_which_controllers_still_want_their_pods(prometheus: tuple[PrometheusAPI, int]) -> None:
+    """The Jobs of the running JobSets and the Deployment's current ReplicaSet, labelled as their pods' sidecars
+    name them: not the deleted JobSet's Job (its sidecars seen 30 minutes ago), nor the completed Job, nor the
+    ReplicaSet scaled to 0."""
+    api, at = prometheus
+    result = api.query(recording_rule(conventions.CONTROLLER_WANTED), at=at)
+    assert all(set(r["metric"]) == set(CONTROLLER_OF) for r in result), (
+        "labelled as a sidecar's target names its controller"
+    )
+    wanted = {tuple(r["metric"][label] for label in CONTROLLER_OF): float(r["value"][1]) for r in result}
+    assert wanted == {
+        (NAMESPACE, "Job", "train-workers-0"): 1,
+        (NAMESPACE, "Job", "tune-workers-0"): 1,
+        (NAMESPACE, "ReplicaSet", "serve-5d8f"): 1,
+    }
+    # The join with the sidecars: the controllers that the target labels of the sidecars up now name.
+    serving = api.query(f'group by ({", ".join(CONTROLLER_OF)}) (up{{job="{kubernetes.JOB}"}})', at=at)
+    assert set(wanted) == {tuple(r["metric"][label] for label in CONTROLLER_OF) for r in serving}

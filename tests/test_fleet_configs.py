@@ -9,6 +9,7 @@ import shutil
 import subprocess
 import urllib.parse
 import urllib.request
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -28,7 +29,13 @@ PROMETHEUS = ROOT / "deploy/prometheus/prometheus.yml"
 RULES = ROOT / "deploy/prometheus/tpuscope-rules.yaml"
 COLLECTOR = ROOT / "deploy/otel-collector/config.yaml"
 CONFIG = yaml.safe_load(PROMETHEUS.read_text())
-(SCRAPE,) = CONFIG["scrape_configs"]
+SCRAPES = {scrape["job_name"]: scrape for scrape in CONFIG["scrape_configs"]}
+SCRAPE = SCRAPES[kubernetes.JOB]
+KSM = SCRAPES["kube-state-metrics"]
+# The labels Kubernetes SD gives an endpoint of a Service (role endpointslice): the Service's name label, as
+# the kube-state-metrics Helm chart and its own manifests set it, and the port's name.
+KSM_SERVICE = "__meta_kubernetes_service_label_app_kubernetes_io_name"
+PORT_NAME = "__meta_kubernetes_endpointslice_port_name"
 
 
 def pod_label(name: str) -> str:
@@ -36,20 +43,22 @@ def pod_label(name: str) -> str:
     return "__meta_kubernetes_pod_label_" + re.sub(r"[^a-zA-Z0-9_]", "_", name)
 
 
-def without_kubernetes_sd(directory: Path, targets: list[dict[str, Any]], interval: str = "") -> Path:
-    """prometheus.yml with its Kubernetes SD swapped for a file of ``targets``, written into ``directory``
-    beside a copy of the rule file, so that its relative rule_files resolves as it does in deployment.
+def without_kubernetes_sd(directory: Path, targets: Mapping[str, list[dict[str, Any]]], interval: str = "") -> Path:
+    """prometheus.yml with each scrape's Kubernetes SD swapped for a file of its ``targets`` (by job name; none
+    where not given), written into ``directory`` beside a copy of the rule file, so that its relative
+    rule_files resolves as it does in deployment.
 
     Debian's prometheus and promtool are built without Kubernetes SD (its client library is not packaged),
     so this is how the rest of the file is checked here; the SD block itself is checked below."""
     config = yaml.safe_load(PROMETHEUS.read_text())
     for scrape in config["scrape_configs"]:
         del scrape["kubernetes_sd_configs"]
-        scrape["file_sd_configs"] = [{"files": ["targets.json"], "refresh_interval": "1s"}]
+        found = directory / f"{scrape['job_name']}.json"
+        found.write_text(json.dumps(targets.get(scrape["job_name"], [])))
+        scrape["file_sd_configs"] = [{"files": [found.name], "refresh_interval": "1s"}]
     if interval:  # a test's Prometheus: quick, and sending nothing off this machine
         config["global"].update(scrape_interval=interval, scrape_timeout=interval, evaluation_interval=interval)
         del config["remote_write"], config["alerting"]
-    (directory / "targets.json").write_text(json.dumps(targets))
     shutil.copy(RULES, directory / RULES.name)
     (directory / "prometheus.yml").write_text(yaml.safe_dump(config))
     return directory / "prometheus.yml"
@@ -63,8 +72,8 @@ def test_promtool_checks_the_config_and_its_rule_file(tmp_path: Path) -> None:
     direct = promtool_check(PROMETHEUS)
     if direct.returncode != 0:  # only Debian's missing Kubernetes SD may stop it
         unknown = re.findall(r"field (\w+) not found", direct.stderr)
-        assert unknown == ["kubernetes_sd_configs"], direct.stdout + direct.stderr
-    out = promtool_check(without_kubernetes_sd(tmp_path, []))
+        assert set(unknown) == {"kubernetes_sd_configs"}, direct.stdout + direct.stderr
+    out = promtool_check(without_kubernetes_sd(tmp_path, {}))
     assert out.returncode == 0, out.stdout + out.stderr
     assert "SUCCESS: 1 rule files found" in out.stdout
     rules = sum(len(g["rules"]) for g in yaml.safe_load(RULES.read_text())["groups"])
@@ -95,6 +104,9 @@ def test_a_real_prometheus_scrapes_only_the_sidecar_and_labels_it(tmp_path: Path
         "__meta_kubernetes_namespace": "ml-research",
         "__meta_kubernetes_pod_node_name": "gke-tpu-v5e-pool-1-node-3",
         "__meta_kubernetes_pod_label_jobset_sigs_k8s_io_jobset_name": "llm-pretrain",
+        # A JobSet's pod is its Job's: the JobSet owns the Jobs, each Job its pods.
+        "__meta_kubernetes_pod_controller_kind": "Job",
+        "__meta_kubernetes_pod_controller_name": "llm-pretrain-slice-1",
         "__meta_kubernetes_pod_phase": "Running",
     }
     with SidecarProcess(short_tmp / "events.sock") as sidecar:
@@ -115,7 +127,7 @@ def test_a_real_prometheus_scrapes_only_the_sidecar_and_labels_it(tmp_path: Path
                 },
             },
         ]
-        config = without_kubernetes_sd(tmp_path, targets, interval="1s")
+        config = without_kubernetes_sd(tmp_path, {kubernetes.JOB: targets}, interval="1s")
         flags = [f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'data'}"]
         with ServerProcess("prometheus", "prometheus", flags, tmp_path) as prometheus:
             assert wait_until(lambda: bool(api(prometheus, "targets")["activeTargets"]), timeout=20)
@@ -128,6 +140,9 @@ def test_a_real_prometheus_scrapes_only_the_sidecar_and_labels_it(tmp_path: Path
                 "namespace": pod["__meta_kubernetes_namespace"],
                 "node": pod["__meta_kubernetes_pod_node_name"],
                 "jobset": "llm-pretrain",
+                # the controller the rules join with kube-state-metrics' series of it
+                kubernetes.CONTROLLER_KIND: "Job",
+                kubernetes.CONTROLLER_NAME: "llm-pretrain-slice-1",
             }
             assert len(found["droppedTargets"]) == 3
             build_info = f'{catalog.BUILD_INFO.name}{{job="tpuscope", pod="{pod["__meta_kubernetes_pod_name"]}"}}'
@@ -137,6 +152,39 @@ def test_a_real_prometheus_scrapes_only_the_sidecar_and_labels_it(tmp_path: Path
             assert {g["name"] for g in api(prometheus, "rules")["groups"]} == {
                 g["name"] for g in alerts.rule_groups(GeneratorConfig())
             }
+
+
+def test_the_kube_state_metrics_scrape_keeps_its_labels() -> None:
+    """Its series' namespace and pod are the objects', which the rules join with the sidecars' own; and its
+    targets are the endpoints of a Service, whose meta labels the test below gives them."""
+    assert KSM["honor_labels"] is True
+    assert [sd["role"] for sd in KSM["kubernetes_sd_configs"]] == ["endpointslice"]
+
+
+def test_a_real_prometheus_scrapes_kube_state_metrics_only_where_it_serves_the_objects(tmp_path: Path) -> None:
+    """Debian's Prometheus, given the endpoints Kubernetes SD would find: of kube-state-metrics' Services, as
+    its Helm chart and its own manifests name their ports, only the ports of the objects' metrics."""
+    endpoints = {
+        "127.0.0.1:11": ("kube-state-metrics", "http"),  # the Helm chart's
+        "127.0.0.1:12": ("kube-state-metrics", "http-metrics"),  # kube-state-metrics' own manifests'
+        "127.0.0.1:13": ("kube-state-metrics", "metrics"),  # the Helm chart's self-monitoring port
+        "127.0.0.1:14": ("kube-state-metrics", "telemetry"),  # the manifests' self-monitoring port
+        "127.0.0.1:15": ("node-exporter", "http-metrics"),  # another Service's port of the same name
+        "127.0.0.1:16": ("", "http"),  # a Service without the label
+    }
+    targets = [
+        {"targets": [address], "labels": {KSM_SERVICE: service, PORT_NAME: port}}
+        for address, (service, port) in endpoints.items()
+    ]
+    config = without_kubernetes_sd(tmp_path, {KSM["job_name"]: targets}, interval="1s")
+    flags = [f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'data'}"]
+    with ServerProcess("prometheus", "prometheus", flags, tmp_path) as prometheus:
+        assert wait_until(lambda: len(api(prometheus, "targets")["droppedTargets"]) == 4, timeout=20)
+        found = api(prometheus, "targets")
+    kept = [{"instance": address, "job": KSM["job_name"]} for address in ("127.0.0.1:11", "127.0.0.1:12")]
+    assert (
+        sorted((target["labels"] for target in found["activeTargets"]), key=lambda labels: labels["instance"]) == kept
+    )
 
 
 def test_remote_write_sends_tpuscope_series_and_the_recording_rules_only() -> None:
@@ -161,6 +209,8 @@ def test_remote_write_sends_tpuscope_series_and_the_recording_rules_only() -> No
     # The rules' count of rare events reads when each sidecar started (tpuscope.promql.grown).
     assert kept(SIDECAR_START, "tpuscope") and not kept(SIDECAR_START, "node-exporter")
     assert not kept("node_cpu_seconds_total", "node-exporter") and not kept("ALERTS")
+    # The rules that read kube-state-metrics run in each cluster: their results are sent, its series are not.
+    assert not kept("kube_job_info", KSM["job_name"]) and not kept("kube_pod_info", KSM["job_name"])
     queue = remote["queue_config"]
     assert queue["max_shards"] >= 10 and queue["capacity"] >= queue["max_samples_per_send"]
 

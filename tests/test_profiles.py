@@ -48,6 +48,7 @@ def test_a_fused_step_profiled_splits_into_compute_exposed_collective_and_idle(s
         assert p["compute_s"] > 0 and p["capture_s"] > 0 and p["trace_bytes"] > 0
         assert p["parse_s"] > 0, "the sidecar parsed it, and said what that cost"
         assert p["slowest_compute_s"] >= p["compute_s"]
+    assert all(p["period_s"] > 0 for p in job["profiles"]), "every attempt says the period it follows"
     # K is a power of two: every host that captures at a step captures the same steps
     assert job["every"] & (job["every"] - 1) == 0
 
@@ -186,3 +187,52 @@ def test_the_parse_seconds_ride_on_the_wire_both_ways_with_older_peers() -> None
     assert (older.result, older.trace_bytes) == ("ok", 720_000)
     read = msgspec.msgpack.decode(msgspec.msgpack.encode(older), type=events.DeviceProfile)
     assert read.parse_s == 0.0 and read.capture_s == 0.3
+
+
+def test_each_attempt_says_the_period_the_job_aims_at_its_widening_included() -> None:
+    """The rules count a capture fresh for a few of its job's periods: every attempt (a busy one too) says it, the
+    configured one until K is chosen, then K steps at the step time, doubled with K when a capture cost too much."""
+    profiler = DeviceProfiler(DEFAULT_PERIOD)
+    profiler._skipped("a test")
+    said = profiler.take()
+    assert said is not None and said.result == "busy" and said.period_s == DEFAULT_PERIOD
+    for n in range(20):
+        profiler.step_ended(n, 0.1, None)
+    assert profiler.every == 8192
+    profiler._skipped("a test")
+    said = profiler.take()
+    assert said is not None and said.period_s == pytest.approx(819.2)  # 8192 steps of 0.1 s
+    profiler._widen(cost=60.0)  # far over the budget of 0.5 % of 819 s
+    assert profiler.every == 16384
+    profiler._count("error", events.DeviceProfile(result="error"))
+    said = profiler.take()
+    assert said is not None and said.period_s == pytest.approx(1638.4)
+    profiler.close()
+
+
+def test_a_period_longer_than_an_event_may_carry_is_said_as_the_longest_it_may() -> None:
+    """A field out of bounds would have the sidecar reject the whole step that carries the profile."""
+    profiler = DeviceProfiler(30 * 86400.0)
+    profiler._skipped("a test")
+    said = profiler.take()
+    assert said is not None and said.period_s == events.MAX_SECONDS
+    step = events.Step("w", 3, 0.1, profile=said)
+    assert events.decode(events.encode(step)) == step
+    profiler.close()
+
+
+def test_the_period_rides_on_the_wire_both_ways_with_older_peers() -> None:
+    """``period_s`` is a trailing field: a sidecar older than it reads a newer job's step, and a newer sidecar reads
+    an older job's profile with the period 0 (unknown: the rules judge it by the default period)."""
+    import msgspec
+
+    fields = msgspec.structs.fields(events.DeviceProfile)
+    assert fields[-1].name == "period_s" and fields[-1].default == 0.0
+    older_type = msgspec.defstruct(
+        "DeviceProfile", [(f.name, f.type, f.default) for f in fields[:-1]], array_like=True, frozen=True
+    )
+    newer = events.DeviceProfile("ok", 2, 8, 0.09, 0.05, 0.02, 0.0, 0.02, 0.05, 0.3, 720_000, 0.6, period_s=900.0)
+    older = msgspec.msgpack.decode(msgspec.msgpack.encode(newer), type=older_type)
+    assert msgspec.structs.astuple(older) == msgspec.structs.astuple(newer)[:-1]
+    read = msgspec.msgpack.decode(msgspec.msgpack.encode(older), type=events.DeviceProfile)
+    assert read.period_s == 0.0 and read.parse_s == 0.6

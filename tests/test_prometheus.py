@@ -90,7 +90,7 @@ def test_metrics_pass_promtool_check_metrics_with_every_collector_on(short_tmp: 
         mon.recompile("input_types")
         mon.emit(events.CompileFailure("lint", "backend", "unsupported"))
         # A step carrying a device profile, as the Monitor sends one after a capture (tests/test_profiles.py).
-        profile = events.DeviceProfile("ok", 2, 8, 0.03, 0.015, 0.005, 0.002, 0.01, 0.02, 0.3, 250_000)
+        profile = events.DeviceProfile("ok", 2, 8, 0.03, 0.015, 0.005, 0.002, 0.01, 0.02, 0.3, 250_000, period_s=600.0)
         mon.emit(events.Step("lint", 13, 0.03, compute_s=0.03, profile=profile))
         mon.lifecycle("stop")  # ended cleanly: its end time
         Monitor("lint-down", socket=sidecar.socket).close(failed=True)  # down since its failure

@@ -308,6 +308,7 @@ PROFILED = events.DeviceProfile(
     slowest_compute_s=0.66,
     capture_s=2.5,
     trace_bytes=1000,
+    period_s=900.0,
 )
 
 
@@ -339,6 +340,7 @@ def test_a_step_with_a_profile_sets_the_profile_series(sidecar: SidecarProcess) 
             (catalog.PROFILE_TIME.name, "idle"): 0.1,
             (catalog.PROFILE_OVERLAP.name, ""): 0.25,  # 0.1 of 0.4 collective seconds hidden
             (catalog.PROFILE_IMBALANCE.name, ""): 1.1,
+            (catalog.PROFILE_PERIOD.name, ""): 900.0,
         }
     )
     assert scrape.value(catalog.STEP_DURATION.series("count"), workload="prof") == 1  # the step counts as ever
@@ -351,10 +353,16 @@ def test_a_step_with_a_profile_sets_the_profile_series(sidecar: SidecarProcess) 
 
 
 def test_a_busy_or_failed_capture_is_only_counted(sidecar: SidecarProcess) -> None:
-    """It measured nothing: its attempt and its cost are counted, but no gauge is set, so the rules never read
-    its zeros as a profile."""
-    for step, result, cost in ((1, "busy", 0.0), (2, "error", 0.5), (3, "error", 0.25)):
-        profile = events.DeviceProfile(result, capture_s=cost)
+    """It measured nothing: its attempt and its cost are counted, but no gauge of a measure is set, so the rules
+    never read its zeros as a profile. It still says the job's period (the last one known: a job older than the
+    field says 0, unknown), by which the rules judge the age of the last capture that measured."""
+    attempts: tuple[tuple[int, events.ProfileResult, float, float], ...] = (
+        (1, "busy", 0.0, 1200.0),
+        (2, "error", 0.5, 2400.0),
+        (3, "error", 0.25, 0.0),
+    )
+    for step, result, cost, period in attempts:
+        profile = events.DeviceProfile(result, capture_s=cost, period_s=period)
         send(sidecar.socket, events.encode(events.Step(workload="unprof", step=step, duration_s=1.0, profile=profile)))
     scrape = scrape_when(sidecar.url, lambda s: s.value(catalog.STEPS.name, workload="unprof") == 3)
     assert profile_series(scrape, "unprof") == {
@@ -362,4 +370,19 @@ def test_a_busy_or_failed_capture_is_only_counted(sidecar: SidecarProcess) -> No
         (catalog.PROFILE_CAPTURES.name, "error"): 2,
         (catalog.PROFILE_CAPTURE_SECONDS.name, ""): 0.75,
         (catalog.PROFILE_CAPTURE_BYTES.name, ""): 0,
+        (catalog.PROFILE_PERIOD.name, ""): 2400.0,
     }
+
+
+def test_the_period_goes_with_an_expired_workload(short_tmp: Path) -> None:
+    """A finished job's period must not outlive its other profile series: the rules would judge a later job of the
+    same name by it."""
+    path = short_tmp / "s.sock"
+    with SidecarProcess(path, "127.0.0.1:0", "--workload-expiry", "2s", "--collectors=none") as sidecar:
+        step = events.Step(workload="ended", step=1, duration_s=1.0, compute_s=1.0, profile=PROFILED)
+        send(path, events.encode(step))
+        scrape = scrape_when(sidecar.url, lambda s: s.has(catalog.PROFILE_PERIOD.name, workload="ended"))
+        assert scrape.value(catalog.PROFILE_PERIOD.name, workload="ended") == 900.0
+        scrape = scrape_when(sidecar.url, lambda s: not profile_series(s, "ended"), timeout=30)
+        assert not scrape.has(catalog.PROFILE_PERIOD.name, workload="ended")
+        assert scrape.value(catalog.WORKLOADS_EXPIRED.name) == 1

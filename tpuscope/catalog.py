@@ -346,6 +346,16 @@ PROFILE_LAST_CAPTURE = _metric(
     unit="seconds",
     group=PROFILE_GROUP,
 )
+PROFILE_PERIOD = _metric(
+    "profile_period_seconds",
+    Kind.GAUGE,
+    "Wall seconds the job aims at between two device-profile captures, as its latest attempt said (a whole "
+    "number of steps near the configured period, widened where a capture cost too much). The rules count a "
+    "capture fresh for 3 of them; from a job too old to say it, for 30 min.",
+    W,
+    unit="seconds",
+    group=PROFILE_GROUP,
+)
 
 # --- Utilization and goodput ---------------------------------------------------
 UTILIZATION_GROUP = "Utilization and goodput"

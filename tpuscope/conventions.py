@@ -99,6 +99,11 @@ PROFILE_OVER_MEDIAN = f"worker_part:{c.PROFILE_TIME.name}:over_median"
 PROFILE_SHARE = f"workload_part:{c.PROFILE_TIME.name}:share"
 GOODPUT_RATE = f"workload_category:{c.GOODPUT.base_name}:rate5m"
 WALL_RATE = f"workload:{c.GOODPUT_WALL.base_name}:rate5m"
+# Per workload, the goodput SLO's two terms, each once: its bad time (the badput booked as it happens and the
+# wall time no sidecar booked) and its wall time (booked or not), a second a second. The ratio of each window
+# reads these, not the per-worker series they sum (issue 35: 5x fewer samples).
+BAD_RATE = f"workload:{c.GOODPUT.base_name}_bad:rate5m"
+WALL_ALL_RATE = f"workload:{c.GOODPUT_WALL.base_name}_with_unbooked:rate5m"
 # Per worker (workload, slice, worker), the wall time no sidecar booked, a second a second while none serves it:
 # its pod went, sidecar and all.
 UNBOOKED_RATE = f"worker:{c.GOODPUT_WALL.base_name}_unbooked:rate"
@@ -108,8 +113,23 @@ RUN_MEMORY = "1h"
 # A worker no sidecar has served for this long, its run not ended, is down since its last step (its pod went
 # with its sidecar): longer than a few failed scrapes, and Prometheus' own lookback.
 DOWN_AFTER = "5m"
-# Per worker whose run has not ended cleanly (seen in the last RUN_MEMORY): the processes it last had.
+# Per worker seen in the last RUN_MEMORY whose run has not ended cleanly: the processes it last had. What
+# Prometheus alone infers; RUNNING corrects it where kube-state-metrics is scraped.
+RUNNING_INFERRED = f"worker:{c.WORKLOAD_PROCESSES.name}:running_inferred"
+# Per Kubernetes controller of a sidecar's pod (the target labels CONTROLLER), 1 while it still wants its pods,
+# as kube-state-metrics says: a Job that exists and has not finished, a ReplicaSet or StatefulSet of one
+# replica or more. A deleted JobSet's Jobs, a Deployment scaled to zero: no series.
+CONTROLLER_WANTED = f"namespace_controller:{c.WORKLOAD_PROCESSES.name}:wanted"
+CONTROLLER = "controller_kind, controller"
+# Per worker whose run goes on: RUNNING_INFERRED, less the workers whose controller kube-state-metrics says is
+# gone, plus the workers not seen for longer than RUN_MEMORY whose controller still wants its pods (Pending).
 RUNNING = f"worker:{c.WORKLOAD_PROCESSES.name}:running"
+# Per worker, 1 while a sidecar serves it, or while its sidecar's target is listed but not scraped (up == 0, a
+# NetworkPolicy, an overloaded Prometheus): what cannot be seen is not counted down.
+SERVED = f"worker:{c.GOODPUT_WALL.base_name}:served"
+# Per worker and reason, its failures of the last hour over its successive sidecars (tpuscope.promql.grown): what
+# TpuscopeWorkloadFailed and TpuscopeWorkloadCrashLooping read, recorded once.
+FAILURES_HOUR = f"worker_reason:{c.WORKLOAD_FAILURES.base_name}:grown1h"
 # Per worker, since when it has been down: its sidecar's gauge, or its last step when its pod went with it.
 DOWN_SINCE = f"worker:{c.WORKLOAD_DOWN_SINCE.name}:last"
 # The goodput SLO's bad time, a matcher on the category label: the categories booked as they happen. Productive

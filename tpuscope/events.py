@@ -46,8 +46,10 @@ SOCKET_ENV = "TPUSCOPE_SOCKET"
 # $ also matches before a final newline, and "llm\n" would be a second workload beside "llm".
 LabelValue = Annotated[str, msgspec.Meta(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.:/-]*\Z")]
 Text = Annotated[str, msgspec.Meta(max_length=256)]
-# A week bounds any duration we report; NaN fails the check, infinity too.
-Seconds = Annotated[float, msgspec.Meta(ge=0.0, le=7 * 86400.0)]
+# A week bounds any duration we report; NaN fails the check, infinity too. A sender clamps a duration that may be
+# longer (a configured period) to it: one field out of bounds rejects its whole event.
+MAX_SECONDS = 7 * 86400.0
+Seconds = Annotated[float, msgspec.Meta(ge=0.0, le=MAX_SECONDS)]
 Count = Annotated[int, msgspec.Meta(ge=0, le=2**63 - 1)]
 Flops = Annotated[float, msgspec.Meta(ge=0.0, le=1e30)]
 # A W3C trace id in lowercase hex, or empty: the step's spans were not kept.
@@ -98,8 +100,10 @@ class DeviceProfile(msgspec.Struct, array_like=True, frozen=True):
     exposed_collective_s + idle_s == step_s``. ``slowest_compute_s``: the compute of the local device with
     the most. ``capture_s``: what the capture cost the job (starting and stopping the trace, on its profiler's
     thread); ``trace_bytes``: the serialized trace's size; ``parse_s``: what parsing it cost the sidecar (a
-    trailing field: 0 from a job or sidecar older than it). A capture that measured nothing (``result`` busy or
-    error) has zeros, but for what it cost.
+    trailing field: 0 from a job or sidecar older than it). ``period_s``: the wall seconds the job now aims at
+    between two captures, its widening included (a trailing field: 0, unknown, from a job older than it); the
+    rules count a capture fresh for a few of them. A capture that measured nothing (``result`` busy or error)
+    has zeros, but for what it cost and the period.
     """
 
     result: ProfileResult
@@ -114,6 +118,7 @@ class DeviceProfile(msgspec.Struct, array_like=True, frozen=True):
     capture_s: Seconds = 0.0
     trace_bytes: Count = 0
     parse_s: Seconds = 0.0
+    period_s: Seconds = 0.0
 
     def overlap(self) -> float | None:
         """The share of the collective ops' time that compute covered; None without collective ops."""

@@ -15,6 +15,12 @@ SIDECAR_START = "process_start_time_seconds"
 # A new target's first scrape comes within this of its start: service discovery and one scrape interval,
 # Prometheus' lookback (5 minutes) as the bound.
 FIRST_SCRAPE_SECONDS = 300.0
+# The labels that name one workload in the rules: its Kubernetes namespace and JobSet where its pods have them (the
+# scrape's target labels, on every series its sidecars serve), and its own name. Its alerts keep them, so that an
+# Alertmanager routes them by team as it routes kube-prometheus' alerts, and two teams' workloads of the same name
+# stay apart. Outside Kubernetes the first two are absent: the workload alone.
+PLACEMENT = "namespace, jobset"
+WORKLOAD = f"{PLACEMENT}, workload"
 # The labels that name one worker of a job for its whole life, across the pods it runs in.
 WORKER = ", ".join(HOST_LABELS)
 

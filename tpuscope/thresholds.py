@@ -75,8 +75,10 @@ class Thresholds:
     downtime_seconds: float = 900.0
     """A workload down this long (a process failed or vanished, and none has started since) pages: the time a
     scheduler may take to put a preempted job back."""
-    crash_loop_restarts: float = 3
-    """Restarts in an hour that make a crash loop (a page); a single failure makes a ticket."""
+    crash_loop_failures: float = 3
+    """The job's own failures in an hour that make a crash loop (a page), however it restarts; the platform's
+    (preemption, maintenance, and the peers that vanished with a preempted worker) not counted. A single failure
+    makes a ticket."""
     ingest_loss_ratio: float = 0.01
     """Share of a sidecar's events dropped or invalid above which its step metrics undercount."""
     exporter_down_share: float = 0.1

@@ -6,7 +6,7 @@ from tpuscope import catalog as c
 from tpuscope.alerts.rules import Alert, new_or_increase, running
 from tpuscope.conventions import AlertName, DashboardUID
 from tpuscope.generator_config import GeneratorConfig
-from tpuscope.promql import series
+from tpuscope.promql import WORKLOAD, series
 
 SAVE = 'operation="save"'
 ERROR = 'result="error"'
@@ -30,7 +30,7 @@ def alerts(config: GeneratorConfig) -> list[Alert]:
         Alert(
             AlertName.CHECKPOINT_STALE,
             "critical",
-            f"time() - max by (workload) ({last_success}) > {t.checkpoint_age_seconds:g} {running()}",
+            f"time() - max by ({WORKLOAD}) ({last_success}) > {t.checkpoint_age_seconds:g} {running()}",
             "A running workload has no recent good checkpoint.",
             "Workload {{ $labels.workload }} last saved a checkpoint {{ $value | humanizeDuration }} ago: that much "
             "work is lost if it fails now.",
@@ -40,7 +40,7 @@ def alerts(config: GeneratorConfig) -> list[Alert]:
         Alert(
             AlertName.CHECKPOINT_MISSING,
             "warning",
-            f"max by (workload) ({series(c.STEPS)}) > 0 unless on (workload) {last_success} {running()}",
+            f"max by ({WORKLOAD}) ({series(c.STEPS)}) > 0 unless on ({WORKLOAD}) {last_success} {running()}",
             "A training workload has never saved a checkpoint.",
             "Workload {{ $labels.workload }} has been stepping for "
             f"{t.checkpoint_age_seconds / 3600:g} h without a good checkpoint: a failure loses all of it.",
@@ -51,8 +51,8 @@ def alerts(config: GeneratorConfig) -> list[Alert]:
         Alert(
             AlertName.CHECKPOINT_TIME_HIGH,
             "warning",
-            f"sum by (workload) (rate({series(c.GOODPUT, CHECKPOINTING)}[1h]))"
-            f" / sum by (workload) (rate({series(c.GOODPUT_WALL)}[1h])) > {t.checkpoint_share:g}",
+            f"sum by ({WORKLOAD}) (rate({series(c.GOODPUT, CHECKPOINTING)}[1h]))"
+            f" / sum by ({WORKLOAD}) (rate({series(c.GOODPUT_WALL)}[1h])) > {t.checkpoint_share:g}",
             "Checkpointing takes a large share of wall time.",
             "Workload {{ $labels.workload }} spends {{ $value | humanizePercentage }} of its wall time checkpointing.",
             DashboardUID.JOB,

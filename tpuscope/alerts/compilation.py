@@ -13,7 +13,7 @@ from tpuscope.alerts.rules import (
 )
 from tpuscope.conventions import AlertName, DashboardUID
 from tpuscope.generator_config import GeneratorConfig
-from tpuscope.promql import SIDECAR_START, series
+from tpuscope.promql import SIDECAR_START, WORKLOAD, series
 
 BACKEND = 'stage="backend"'
 HIT = 'result="hit"'
@@ -42,7 +42,7 @@ def alerts(config: GeneratorConfig) -> list[Alert]:
             AlertName.RECOMPILING,
             "warning",
             f"{new_or_increase(c.COMPILE_DURATION, '30m', BACKEND, suffix='count', only=steady)}"
-            f" > {t.steady_state_compiles:g} unless on (workload) {new_or_increase(c.WORKLOAD_RESTARTS, '1h')} > 0",
+            f" > {t.steady_state_compiles:g} unless on ({WORKLOAD}) {new_or_increase(c.WORKLOAD_RESTARTS, '1h')} > 0",
             "A workload keeps recompiling in its steady state.",
             "Workload {{ $labels.workload }} compiled {{ $value }} programs in 30 minutes, an hour after it began "
             "stepping.",
@@ -55,7 +55,7 @@ def alerts(config: GeneratorConfig) -> list[Alert]:
             AlertName.COMPILE_CACHE_HIT_RATIO_LOW,
             "warning",
             # A workload with no hit at all has no hit series: it reads 0, not nothing.
-            f"({new_or_increase(c.COMPILE_CACHE_REQUESTS, '1h', HIT)} or on (workload) {lookups} * 0)"
+            f"({new_or_increase(c.COMPILE_CACHE_REQUESTS, '1h', HIT)} or on ({WORKLOAD}) {lookups} * 0)"
             f" / {lookups} < {t.compile_cache_hit_ratio:g} and {lookups} >= 10",
             "The persistent compilation cache misses.",
             "Workload {{ $labels.workload }} hit the compilation cache for {{ $value | humanizePercentage }} of its "
@@ -67,7 +67,7 @@ def alerts(config: GeneratorConfig) -> list[Alert]:
         Alert(
             AlertName.COMPILE_FAILING,
             "warning",
-            f"{new_or_increase(c.COMPILE_FAILURES, '1h', by='workload, stage, reason')} > 0",
+            f"{new_or_increase(c.COMPILE_FAILURES, '1h', by=f'{WORKLOAD}, stage, reason')} > 0",
             "A workload's programs fail to compile.",
             "Workload {{ $labels.workload }} failed to compile {{ $value }} times in the last hour, at the "
             "{{ $labels.stage }} stage, reason {{ $labels.reason }}. What to do: "

@@ -3,14 +3,37 @@
 from __future__ import annotations
 
 from tpuscope import catalog as c
-from tpuscope.alerts.rules import FAILURE_REASON_ANCHOR, Alert, burn_rate_alerts, new_or_increase, reason_runbook
-from tpuscope.conventions import BADPUT_RATIO, DOWN_SINCE, AlertName, DashboardUID
-from tpuscope.failures import PLATFORM_REASONS
+from tpuscope.alerts.rules import FAILURE_REASON_ANCHOR, Alert, burn_rate_alerts, reason_runbook
+from tpuscope.conventions import BADPUT_RATIO, DOWN_SINCE, FAILURES_HOUR, AlertName, DashboardUID
+from tpuscope.failures import PLATFORM_REASONS, VANISHED
 from tpuscope.generator_config import GeneratorConfig
-from tpuscope.promql import series
+from tpuscope.promql import WORKER, WORKLOAD, add, series
 
-PLANNED = 'reason!="preemption"'  # a preemption is the platform's doing, not a crash
-NOT_THE_PLATFORM = f'reason!~"{"|".join(PLATFORM_REASONS)}"'  # failures the job is to answer for
+PLATFORM = f'reason=~"{"|".join(PLATFORM_REASONS)}"'  # the platform's doing, not the job's
+NOT_THE_PLATFORM = f'reason!~"{"|".join((*PLATFORM_REASONS, VANISHED))}"'  # failures the job named itself
+WORKER_OF = f"{WORKLOAD}, {WORKER}"
+
+
+def failed(matcher: str, by: str = WORKER_OF) -> str:
+    """Each worker's failures of the last hour that ``matcher`` picks, over its successive sidecars (recorded:
+    :func:`tpuscope.alerts.recording.failure_rules`)."""
+    return f"sum by ({by}) ({FAILURES_HOUR}{{{matcher}}})"
+
+
+def vanished_on_its_own() -> str:
+    """Each worker's processes of the last hour that ended without a word (``vanished``), less those the platform
+    explains: when the platform preempts one slice of a job, or takes a host for maintenance, its peers' processes
+    end without a word too (the job restarts as a whole), and only the preempted hosts are told. Each platform
+    event of the workload (the most any worker was told of) accounts for one vanishing of each worker."""
+    platform = f"max by ({WORKLOAD}) ({failed(PLATFORM)})"
+    vanished = failed(f'reason="{VANISHED}"')
+    return f"(clamp_min({vanished} - on ({WORKLOAD}) group_left () {platform}, 0) or {vanished})"
+
+
+def own_failures() -> str:
+    """Each worker's failures of the last hour that the job answers for: those it named, and its processes that
+    vanished on their own."""
+    return add(failed(NOT_THE_PLATFORM), vanished_on_its_own(), on=WORKER_OF)
 
 
 def alerts(config: GeneratorConfig) -> list[Alert]:
@@ -29,41 +52,70 @@ def alerts(config: GeneratorConfig) -> list[Alert]:
         Alert(
             AlertName.WORKLOAD_DOWN,
             "critical",
-            f"time() - min by (workload) ({DOWN_SINCE}) > {t.downtime_seconds:g}",
+            f"time() - min by ({WORKLOAD}) ({DOWN_SINCE}) > {t.downtime_seconds:g}",
             "A workload is down and has not started again.",
             "Workload {{ $labels.workload }} has been down for {{ $value | humanizeDuration }}: a process failed or "
             "vanished, or its pod went with its sidecar, and none has started since.",
             DashboardUID.ONCALL,
+            # A restarted Prometheus evaluates its rules before its first scrapes: a moment when nothing is served.
+            for_="2m",
             runbook="Is the job being rescheduled (pending pods, quota, a preempted slice), or did it give up? Every "
-            "minute down is badput (downtime). A workload that never comes back is forgotten, and its outage with "
-            "it: by its sidecar an hour after its last process left (--workload-expiry), by Prometheus an hour "
-            "after its last series.",
+            "minute down is badput (downtime). Down means: its sidecar says so (a process failed or vanished, none "
+            "started since), or no sidecar has served a worker of it for 5 minutes while its run had not ended "
+            "cleanly (its pod went, sidecar and all, or its sidecar expired it). A sidecar that Prometheus cannot "
+            "scrape (`up == 0`: a NetworkPolicy, an overloaded Prometheus) is not a worker down: "
+            f"{AlertName.EXPORTER_DOWN} says that. Where kube-state-metrics is scraped (with its default resources; "
+            "deploy/prometheus/prometheus.yml), Kubernetes says more: a workload whose pods' controller is gone (a "
+            "JobSet or Job deleted, a Deployment or StatefulSet scaled to zero) ended on purpose and is not down; a "
+            "Job's workload whose Job still wants its pods is down until they run again, however long they stay "
+            "Pending; a pod that kube-state-metrics says is not ready (its node dead) is down though its target is "
+            "still listed. A Job that failed for good (its backoff limit, its JobSet's restarts spent) is still "
+            "wanted: it pages until someone deletes it. A suspended Job (Kueue) is wanted too. Pods of a kind "
+            "kube-state-metrics does not describe (a Kubeflow JAXJob, a RayCluster) are inferred as without it. "
+            "Without kube-state-metrics, Prometheus infers: a worker not seen for an hour (the sidecar's "
+            "--workload-expiry, the rules' memory) is forgotten, and its outage with it, so a job deleted while down "
+            "pages for up to that hour, and one whose pods stay Pending longer stops paging. A replica removed by a "
+            "scale-down that did not end cleanly reads down for that hour, with or without it.",
         ),
         Alert(
             AlertName.WORKLOAD_FAILED,
             "warning",
-            f"{new_or_increase(c.WORKLOAD_FAILURES, '1h', NOT_THE_PLATFORM, by='workload, reason')} > 0",
+            # One alert per reason, each worker's failures of the job's own counted once (the most any worker saw).
+            f"max by ({WORKLOAD}, reason) ({FAILURES_HOUR}{{{NOT_THE_PLATFORM}}}) > 0"
+            f' or label_replace(max by ({WORKLOAD}) ({vanished_on_its_own()}) > 0, "reason", "{VANISHED}", "", "")',
             "A workload failed.",
             "Workload {{ $labels.workload }} failed in the last hour, reason {{ $labels.reason }} (failures: "
             "{{ $value }}). What to do: " + reason_runbook(config, FAILURE_REASON_ANCHOR),
             DashboardUID.ONCALL,
+            # The preempted host's verdict waits on its metadata server; its peers' `vanished` does not.
+            "2m",
             runbook="The job classified its failure: one alert per `reason`, each one of the [Failure reasons]"
             "(#failure-reasons) below, with what to do for it (the description links it). `vanished` is the "
             "sidecar's word for a process that ended without one and that no metadata server said the platform "
             "ended: a signal, often the kernel's OOM killer's SIGKILL "
             f"({AlertName.HOST_MEMORY_PRESSURE} fires before it, if it can), or a preemption where nothing tells "
-            "(docs/failures.md, Preemption and maintenance without a handler in the job). The work since the last "
-            "checkpoint "
-            "was lost; read the job's logs for the failure. A preemption or a host maintenance event is the "
-            f"platform's doing and makes no ticket: {AlertName.WORKLOAD_DOWN} pages if the job does not come back.",
+            "(docs/failures.md, Preemption and maintenance without a handler in the job). When the platform "
+            "preempts one slice of a job, or takes one host for maintenance, the other workers' processes end "
+            "without a word too: each such event of the workload in the hour accounts for one `vanished` of each "
+            "worker, which makes no ticket. The work since the last checkpoint was lost; read the job's logs for "
+            "the failure. A preemption or a host maintenance event is the platform's doing and makes no ticket: "
+            f"{AlertName.WORKLOAD_DOWN} pages if the job does not come back.",
         ),
         Alert(
             AlertName.WORKLOAD_CRASH_LOOPING,
             "critical",
-            f"{new_or_increase(c.WORKLOAD_RESTARTS, '1h', PLANNED)} >= {t.crash_loop_restarts:g}",
-            "A workload restarts over and over.",
-            "Workload {{ $labels.workload }} restarted {{ $value }} times in the last hour, preemptions not counted.",
+            f"max by ({WORKLOAD}) ({own_failures()}) >= {t.crash_loop_failures:g}",
+            "A workload fails over and over.",
+            "Workload {{ $labels.workload }} failed {{ $value }} times in the last hour, preemptions and host "
+            "maintenance not counted.",
             DashboardUID.ONCALL,
-            runbook="A crash loop burns chips without progress: stop it, read the first failure's logs.",
+            "2m",
+            runbook="A crash loop burns chips without progress: stop it, read the first failure's logs. It counts "
+            "the job's own failures in the hour, those it named and its processes that vanished on their own, "
+            "however the job restarts (a JobSet's new pods, a process restarted in place, before its first "
+            "checkpoint or after): not the platform's preemptions and maintenance, nor the peers' processes that "
+            f"ended with them. Its {AlertName.WORKLOAD_FAILED} tickets and {AlertName.WORKLOAD_DOWN} page are "
+            "inhibited while it fires. A pod deleted under a running job (a redeploy, a drain, a queue's "
+            "preemption) ends its processes without a word: `vanished`, counted; three in an hour page.",
         ),
     ]

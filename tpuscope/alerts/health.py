@@ -8,9 +8,11 @@ from tpuscope import catalog as c
 from tpuscope.alerts.rules import Alert
 from tpuscope.conventions import LIBTPU_COLLECTOR, SIDECAR_CONTAINER, AlertName, DashboardUID
 from tpuscope.generator_config import GeneratorConfig
-from tpuscope.promql import series
+from tpuscope.promql import PLACEMENT, WORKLOAD, series
 
-HOST = "job, instance"  # a scrape target: one host's sidecar
+# A scrape target, one host's sidecar, with its pod's namespace and JobSet (the target labels): an alert on a host
+# names the team whose job runs there.
+HOST = f"{PLACEMENT}, job, instance"
 # Which of its two signals TpuscopeHostMemoryPressure fires on, a label of the alert.
 SIGNAL = "signal"
 AVAILABLE, THRASHING = "available", "thrashing"
@@ -22,23 +24,27 @@ SWAP_IN = 'direction="in"'
 
 
 def host_memory_pressure(config: GeneratorConfig) -> str:
-    """A host's memory short while a workload runs on it, or the host thrashing: swapping in while its jobs'
-    processes read pages back from disk. Each side labelled with its signal."""
+    """A workload's host short of memory, or thrashing: swapping in while its jobs' processes read pages back
+    from disk. Per workload, not per host (one job's leak on four hosts is one page): the worst of its hosts,
+    each side labelled with its signal."""
     t = config.thresholds
     available = (
         f"max by ({HOST}) ({series(c.HOST_MEMORY_AVAILABLE)}) / max by ({HOST}) ({series(c.HOST_MEMORY_TOTAL)})"
         f" < {t.host_memory_available_ratio:g}"
-        f" and on ({HOST}) sum by ({HOST}) ({series(c.WORKLOAD_PROCESSES)}) > 0"
     )
     swap_in = f"sum by ({HOST}) (rate({series(c.HOST_SWAP_IO, SWAP_IN)}[5m]))"
     faults = f"sum by ({HOST}) (rate({series(c.JOB_MAJOR_PAGE_FAULTS)}[5m]))"
     thrashing = (
         f"{swap_in} > {t.swap_in_bytes_per_second:.15g} and on ({HOST}) {faults} > {t.major_faults_per_second:g}"
     )
-    return (
-        f'label_replace({available}, "{SIGNAL}", "{AVAILABLE}", "", "")'
-        f' or label_replace({thrashing}, "{SIGNAL}", "{THRASHING}", "", "")'
-    )
+    # The workloads with a process on each host: a host's figure, once per workload on it.
+    here = f"group by ({HOST}, {WORKLOAD}) ({series(c.WORKLOAD_PROCESSES)} > 0)"
+
+    def worst(aggregate: str, per_host: str, signal: str) -> str:
+        per_workload = f"{aggregate} by ({WORKLOAD}) (({per_host}) * on ({HOST}) group_right () {here})"
+        return f'label_replace({per_workload}, "{SIGNAL}", "{signal}", "", "")'
+
+    return f"{worst('min', available, AVAILABLE)} or {worst('max', thrashing, THRASHING)}"
 
 
 def alerts(config: GeneratorConfig) -> list[Alert]:
@@ -100,7 +106,7 @@ def alerts(config: GeneratorConfig) -> list[Alert]:
         Alert(
             AlertName.INGEST_LOSING_EVENTS,
             "warning",
-            f"sum by (job, instance) (rate({lost}[5m])) / sum by (job, instance) (rate({series(c.INGEST_EVENTS)}[5m]))"
+            f"sum by ({HOST}) (rate({lost}[5m])) / sum by ({HOST}) (rate({series(c.INGEST_EVENTS)}[5m]))"
             f" > {t.ingest_loss_ratio:g}",
             "A sidecar loses events from its jobs.",
             "The sidecar {{ $labels.instance }} lost {{ $value | humanizePercentage }} of its events (dropped or "
@@ -112,7 +118,7 @@ def alerts(config: GeneratorConfig) -> list[Alert]:
         Alert(
             AlertName.HOST_CPU_SATURATED,
             "warning",
-            f"avg by (job, instance) ({series(c.HOST_CPU_UTILIZATION)}) > {t.host_cpu_ratio:g}",
+            f"avg by ({HOST}) ({series(c.HOST_CPU_UTILIZATION)}) > {t.host_cpu_ratio:g}",
             "A training host's CPU is saturated.",
             "The CPU of {{ $labels.instance }} is {{ $value | humanizePercentage }} busy: it cannot feed its chips.",
             DashboardUID.ONCALL,
@@ -123,14 +129,16 @@ def alerts(config: GeneratorConfig) -> list[Alert]:
             AlertName.HOST_MEMORY_PRESSURE,
             "critical",
             host_memory_pressure(config),
-            "A training host runs out of memory: the OOM killer is near.",
-            f'The host {{{{ $labels.instance }}}} {{{{ if eq $labels.{SIGNAL} "{AVAILABLE}" }}}}has '
-            "{{ $value | humanizePercentage }} of its memory available while a workload runs on it{{ else }}swaps "
-            "in {{ $value | humanize1024 }}B/s while its jobs read more than "
+            "A workload's host runs out of memory: the OOM killer is near.",
+            f'A host of workload {{{{ $labels.workload }}}} {{{{ if eq $labels.{SIGNAL} "{AVAILABLE}" }}}}has '
+            "{{ $value | humanizePercentage }} of its memory available (the least of its hosts){{ else }}swaps in "
+            "{{ $value | humanize1024 }}B/s (the most of its hosts) while its processes read more than "
             f"{t.major_faults_per_second:g} pages a second back from disk: their memory does not fit"
             "{{ end }}. The kernel's OOM killer will end the largest process, likely the training job.",
             DashboardUID.ONCALL,
             "2m",
+            "One alert per workload and signal, its worst host's figure (the On-call dashboard's host memory "
+            "panels say which hosts): one job's leak on many hosts is one page. "
             f"Two signals, the `{SIGNAL}` label says which. `{AVAILABLE}`: the kernel's MemAvailable under "
             f"{t.host_memory_available_ratio:.0%} of the host's memory while a workload runs there. `{THRASHING}`: "
             f"the host swapping in more than {t.swap_in_bytes_per_second / 2**20:g} MiB/s while its jobs' processes "

@@ -6,7 +6,7 @@ from tpuscope import catalog as c
 from tpuscope.alerts.rules import Alert, running
 from tpuscope.conventions import MEMORY_USED, AlertName, DashboardUID
 from tpuscope.generator_config import GeneratorConfig
-from tpuscope.promql import series
+from tpuscope.promql import WORKLOAD, series
 
 
 def alerts(config: GeneratorConfig) -> list[Alert]:
@@ -15,7 +15,7 @@ def alerts(config: GeneratorConfig) -> list[Alert]:
         Alert(
             AlertName.MEMORY_SPILL,
             "warning",
-            f"max by (workload, program) ({series(c.MEMORY_SPILL)}) > 0 {running()}",
+            f"max by ({WORKLOAD}, program) ({series(c.MEMORY_SPILL)}) > 0 {running()}",
             "A compiled program spills to host memory.",
             "Program {{ $labels.program }} of workload {{ $labels.workload }} places {{ $value | humanize1024 }}B "
             "in host memory.",

@@ -16,13 +16,17 @@ from tpuscope import catalog as c
 from tpuscope import durations
 from tpuscope.alerts.rules import per_workload, slo_windows
 from tpuscope.conventions import (
+    BAD_RATE,
     BADPUT_CATEGORIES,
     BADPUT_RATIO,
     COMPUTE_MEDIAN,
     COMPUTE_OVER_MEDIAN,
     COMPUTE_PER_WORKER,
+    CONTROLLER,
+    CONTROLLER_WANTED,
     DOWN_AFTER,
     DOWN_SINCE,
+    FAILURES_HOUR,
     GOODPUT_RATE,
     MEMORY_USED,
     PHASE_SHARE,
@@ -34,22 +38,28 @@ from tpuscope.conventions import (
     REQUESTS_RATE,
     RUN_MEMORY,
     RUNNING,
+    RUNNING_INFERRED,
+    SERVED,
     SLOW_REQUESTS_RATIO,
     STEP_MEAN,
     STEP_P99,
     STEPS_RATE,
     UNBOOKED_RATE,
+    WALL_ALL_RATE,
     WALL_RATE,
 )
 from tpuscope.generator_config import GeneratorConfig
-from tpuscope.promql import add, le, series
+from tpuscope.promql import PLACEMENT, WORKLOAD, add, grown, le, series
 
 WORKER = "job, instance, slice, worker"
 COMPUTE = 'phase="compute"'
 RAW_UP_TO = "1h"  # SLO windows up to this read the raw counters; longer ones the recorded 5m rates
-# A worker's device profile counts this long after the sidecar received it: three of the job's default periods
-# (tpuscope.tracing.profiles.DEFAULT_PERIOD, which this room may not import; a test ties the two), so one
-# busy or failed capture does not drop a worker, and a worker that stopped capturing drops out.
+# A worker's device profile counts for this many of the periods its job says it captures at
+# (tpuscope_profile_period_seconds) after the sidecar received it, so that one busy or failed capture does not
+# drop a worker, and a worker that stopped capturing drops out...
+PROFILE_FRESH_PERIODS = 3
+# ...and, from a job too old to say its period, this long: three of the default periods
+# (tpuscope.tracing.profiles.DEFAULT_PERIOD, which this room may not import; a test ties the two).
 PROFILE_FRESH_SECONDS = 1800
 # The multislice runtime's collective latency (its collective_end_to_end operation), the p99 over 5 minutes of
 # each worker: what TpuscopeCollectiveLatencySpike compares with its own 6 hours before (a quantile of the raw
@@ -60,11 +70,20 @@ COLLECTIVE_END_TO_END = 'operation="collective_end_to_end"'
 
 
 # One worker of a workload: its sidecars come and go with its pods, the worker stays.
-RUN = "workload, slice, worker"
+RUN = f"{WORKLOAD}, slice, worker"
+
+
+# kube-state-metrics' series (its v2 names, default resources): each namespace it lists. A controller is judged
+# gone only in a namespace it lists, and one scrape it misses is no controller gone (its series looked back for
+# KSM_BLIP).
+KSM_NAMESPACES = "kube_namespace_created"
+KSM_BLIP = "5m"
+# The kinds of pod controller kube-state-metrics describes, that the rules judge by it (controllers_wanted).
+CONTROLLER_KINDS = ("Job", "ReplicaSet", "StatefulSet")
 
 
 def recording_rules(config: GeneratorConfig) -> list[dict[str, str]]:
-    return step_rules() + profile_rules() + unbooked_rules() + slo_rules(config) + collective_rules()
+    return step_rules() + profile_rules() + unbooked_rules() + slo_rules(config) + collective_rules() + failure_rules()
 
 
 def step_rules() -> list[dict[str, str]]:
@@ -76,35 +95,35 @@ def step_rules() -> list[dict[str, str]]:
     return [
         {
             "record": STEPS_RATE,
-            "expr": f"max by (workload) (rate({series(c.STEPS)}[5m]))",
+            "expr": f"max by ({WORKLOAD}) (rate({series(c.STEPS)}[5m]))",
         },
         {
             "record": STEP_MEAN,
-            "expr": f"sum by (workload) (rate({step_sum}[5m]))"
-            f" / sum by (workload) (rate({series(c.STEP_DURATION, suffix='count')}[5m]))",
+            "expr": f"sum by ({WORKLOAD}) (rate({step_sum}[5m]))"
+            f" / sum by ({WORKLOAD}) (rate({series(c.STEP_DURATION, suffix='count')}[5m]))",
         },
         {
             "record": STEP_P99,
-            "expr": "histogram_quantile(0.99, sum by (workload, le)"
+            "expr": f"histogram_quantile(0.99, sum by ({WORKLOAD}, le)"
             f" (rate({series(c.STEP_DURATION, suffix='bucket')}[5m])))",
         },
         {
             "record": PHASE_SHARE,
-            "expr": f"sum by (workload, phase) (rate({phase_sum}[5m])) / ignoring (phase) group_left"
-            f" sum by (workload) (rate({step_sum}[5m]))",
+            "expr": f"sum by ({WORKLOAD}, phase) (rate({phase_sum}[5m])) / ignoring (phase) group_left"
+            f" sum by ({WORKLOAD}) (rate({step_sum}[5m]))",
         },
         {
             "record": COMPUTE_PER_WORKER,
-            "expr": f"sum by (workload, {WORKER}) (rate({compute_sum}[5m]))"
-            f" / sum by (workload, {WORKER}) (rate({compute_count}[5m]))",
+            "expr": f"sum by ({WORKLOAD}, {WORKER}) (rate({compute_sum}[5m]))"
+            f" / sum by ({WORKLOAD}, {WORKER}) (rate({compute_count}[5m]))",
         },
         {
             "record": COMPUTE_MEDIAN,
-            "expr": f"quantile by (workload) (0.5, {COMPUTE_PER_WORKER})",
+            "expr": f"quantile by ({WORKLOAD}) (0.5, {COMPUTE_PER_WORKER})",
         },
         {  # the straggler's measure, for the alert and for a fleet's own panels
             "record": COMPUTE_OVER_MEDIAN,
-            "expr": f"{COMPUTE_PER_WORKER} / on (workload) group_left () {COMPUTE_MEDIAN}",
+            "expr": f"{COMPUTE_PER_WORKER} / on ({WORKLOAD}) group_left () {COMPUTE_MEDIAN}",
         },
         {
             "record": MEMORY_USED,
@@ -118,66 +137,142 @@ def profile_rules() -> list[dict[str, str]]:
     host-timed phases cannot split compute from collectives (issue 22).
 
     The profile gauges hold the latest capture until the next, and linger in the sidecar of a finished job:
-    only a capture younger than :data:`PROFILE_FRESH_SECONDS` of a worker whose process is connected counts.
+    only a capture younger than :data:`PROFILE_FRESH_PERIODS` of the worker's periods (a job too old to say its
+    period: :data:`PROFILE_FRESH_SECONDS`) of a worker whose process is connected counts. The period is in the
+    seconds the job runs by, which the fleet simulator does not compress (it compresses the rules' windows, and
+    a simulated job's captures would come at the period it says): the simulator divides the constant window, a
+    ``time() - seconds``, and never the period.
     A median of 0 (no worker waits on collectives at all) divides nothing: a ratio to it would be NaN or
     infinite, so the worker has none.
     """
-    fresh = (
-        f"{series(c.PROFILE_LAST_CAPTURE)} > time() - {PROFILE_FRESH_SECONDS} and {series(c.WORKLOAD_PROCESSES)} > 0"
-    )
+    last, period = series(c.PROFILE_LAST_CAPTURE), series(c.PROFILE_PERIOD)
+    # The period after the minus: fleetsim.rules.scale_expr divides a number that follows "time() - ".
+    within_periods = f"{last} > time() - {period} * {PROFILE_FRESH_PERIODS}"
+    within_default = f"({last} > time() - {PROFILE_FRESH_SECONDS} unless {period})"
+    fresh = f"({within_periods} or {within_default}) and {series(c.WORKLOAD_PROCESSES)} > 0"
     return [
         {
             "record": PROFILE_FRESH,
-            "expr": f"{series(c.PROFILE_TIME)} and on (workload, {WORKER}) ({fresh})",
+            "expr": f"{series(c.PROFILE_TIME)} and on ({WORKLOAD}, {WORKER}) ({fresh})",
         },
         {
             "record": PROFILE_MEDIAN,
-            "expr": f"quantile by (workload, part) (0.5, {PROFILE_FRESH})",
+            "expr": f"quantile by ({WORKLOAD}, part) (0.5, {PROFILE_FRESH})",
         },
         {  # the profiled straggler's measures: far more compute than its peers, far less waiting on them
             "record": PROFILE_OVER_MEDIAN,
-            "expr": f"{PROFILE_FRESH} / on (workload, part) group_left () ({PROFILE_MEDIAN} > 0)",
+            "expr": f"{PROFILE_FRESH} / on ({WORKLOAD}, part) group_left () ({PROFILE_MEDIAN} > 0)",
         },
         {  # the mean over workers of each one's share: a worker's parts add up to its profiled step
             "record": PROFILE_SHARE,
-            "expr": f"avg by (workload, part) ({PROFILE_FRESH} / ignoring (part) group_left ()"
+            "expr": f"avg by ({WORKLOAD}, part) ({PROFILE_FRESH} / ignoring (part) group_left ()"
             f" ({series(c.PROFILE_STEP)} > 0))",
         },
     ]
 
 
 def unbooked_rules() -> list[dict[str, str]]:
-    """The wall time no sidecar booked, per worker, and since when a worker is down: what Prometheus alone can
-    vouch for (docs/goodput.md).
+    """The wall time no sidecar booked, per worker, and since when a worker is down: what Prometheus can vouch
+    for, with kube-state-metrics where it is scraped (docs/goodput.md, docs/alerts.md).
 
     A preemption deletes the pod, sidecar and all: from then until the next pod's sidecar sees the job start
     again, nobody books the workload's downtime. Prometheus still holds the worker's series: a worker seen in
     the last :data:`RUN_MEMORY` that has not ended cleanly (its end time later than its last step or start)
-    runs on, a second a second for each process it last had. While no sidecar serves it, all of that is
-    unbooked; while one does, none (the rule records 0, so a window's sum counts the time it was served too).
+    runs on, a second a second for each process it last had (:data:`RUNNING_INFERRED`). kube-state-metrics
+    corrects that guess both ways (:data:`RUNNING`): a worker whose pod's controller is gone (a JobSet deleted,
+    a Deployment scaled to zero) ended on purpose; one not seen for longer, whose controller still wants its
+    pods, is down still (its pods Pending). While no sidecar serves the worker, all of its time is unbooked;
+    while one does, or while its sidecar's target is listed but cannot be scraped (:data:`SERVED`), none (the
+    rule records 0, so a window's sum counts the time it was served too).
     """
     wall, end, last = series(c.GOODPUT_WALL), series(c.WORKLOAD_END_TIME), series(c.LAST_STEP)
 
-    def latest(selector: str) -> str:
-        return f"max by ({RUN}) (last_over_time({selector}[{RUN_MEMORY}]))"
+    def latest(selector: str, by: str = RUN) -> str:
+        return f"max by ({by}) (last_over_time({selector}[{RUN_MEMORY}]))"
 
-    seen = f"count by ({RUN}) (last_over_time({wall}[{RUN_MEMORY}]))"
-    processes = f"({latest(series(c.WORKLOAD_PROCESSES))} or {seen} * 0 + 1)"
-    served = f"count by ({RUN}) ({wall})"  # a sidecar serves the worker now
-    # Served lately: one failed scrape (stale series) is not a pod gone.
-    lately = f"count by ({RUN}) (last_over_time({wall}[{DOWN_AFTER}]))"
+    placed = f"{RUN}, {CONTROLLER}"  # a worker and the controller of its pod (absent outside Kubernetes)
+    seen = f"count by ({placed}) (last_over_time({wall}[{RUN_MEMORY}]))"
+    processes = f"({latest(series(c.WORKLOAD_PROCESSES), by=placed)} or {seen} * 0 + 1)"
+    ended = f"{latest(end)} >= on ({RUN}) {latest(last)}"
+    # Gone on kube-state-metrics' word only: a controller of a kind it describes, in a namespace it lists, that it
+    # no longer says wants its pods. A kind it does not describe (a JAXJob, a RayCluster) is inferred as before.
+    known = f'{RUNNING_INFERRED}{{controller_kind=~"{"|".join(CONTROLLER_KINDS)}"}}'
+    gone = (
+        f"{known} unless on (namespace, {CONTROLLER}) {CONTROLLER_WANTED}"
+        f" and on (namespace) group by (namespace) (last_over_time({KSM_NAMESPACES}[{KSM_BLIP}]))"
+    )
+    # Only a Job's workers are remembered: a Job that wants its pods wants every worker of it. A ReplicaSet or
+    # StatefulSet scaled down still wants some replicas, not the one that went.
+    remembered = (
+        f'last_over_time({RUNNING}{{controller_kind="{CONTROLLER_KINDS[0]}"}}[{RUN_MEMORY}])'
+        f" unless on ({RUN}) {seen} and on (namespace, {CONTROLLER}) {CONTROLLER_WANTED}"
+    )
+    target = "on (job, instance)"  # the scrape target of the sidecar that served the worker
+    # A pod kube-state-metrics says is not ready (its node dead, the pod being deleted) is not merely unscraped.
+    not_ready = 'kube_pod_status_ready{condition="true"} == 0'
+    unscraped = f"{target} up == 0 unless on (namespace, pod) {not_ready}"
+    per_target = f"{RUN}, job, instance, pod"  # a sidecar target, and its pod for kube-state-metrics
+    served = (
+        f"group by ({per_target}) ({wall})"
+        # listed but not scraped: a failed scrape, a NetworkPolicy; the pod is there. Remembered as long as that
+        # lasts, beyond the hour its series are looked back for.
+        f" or group by ({per_target}) (last_over_time({wall}[{RUN_MEMORY}]) and {unscraped})"
+        f" or (last_over_time({SERVED}[{DOWN_AFTER}]) and {unscraped})"
+        # not listed yet or any more: Prometheus just started, or the pod just went (down after DOWN_AFTER)
+        f" or group by ({per_target}) (last_over_time({wall}[{DOWN_AFTER}]) unless {target} up)"
+    )
+    # A worker whose run goes on and that nobody serves: a second a second for each process it last had, one at
+    # least (a job whose processes all failed, expired by its sidecar, is down still). Once per worker, whatever
+    # controllers its pods had in the hour.
+    running = f"max by ({RUN}) ({RUNNING})"
     return [
-        {  # recorded once for the two rules below: its hour-long look-backs are the costly part
-            "record": RUNNING,
-            "expr": f"{processes} unless on ({RUN}) {latest(end)} >= on ({RUN}) {latest(last)}",
+        {"record": CONTROLLER_WANTED, "expr": controllers_wanted()},
+        {  # recorded once for the rules below: its hour-long look-backs are the costly part
+            "record": RUNNING_INFERRED,
+            "expr": f"{processes} unless on ({RUN}) {ended}",
         },
-        {"record": UNBOOKED_RATE, "expr": f"({RUNNING} unless on ({RUN}) {served}) or {RUNNING} * 0"},
-        {  # down: as its sidecar says, or, gone with its pod, since its last step (or start)
+        {  # reads its own past: a Job's worker kube-state-metrics vouches for is remembered as long as it does
+            "record": RUNNING,
+            "expr": f"({RUNNING_INFERRED} unless on ({placed}) ({gone})) or ({remembered})",
+        },
+        {"record": SERVED, "expr": served},
+        {
+            "record": UNBOOKED_RATE,
+            "expr": f"(clamp_min({running}, 1) unless on ({RUN}) {SERVED}) or {running} * 0",
+        },
+        {  # down: as its sidecar says, or, gone with its pod, since its last step (or start), remembered
             "record": DOWN_SINCE,
             "expr": f"max by ({RUN}) ({series(c.WORKLOAD_DOWN_SINCE)})"
-            f" or ({latest(last)} unless on ({RUN}) {lately} and on ({RUN}) {RUNNING})",
+            f" or (({latest(last)} or last_over_time({DOWN_SINCE}[{RUN_MEMORY}]))"
+            f" unless on ({RUN}) {SERVED} and on ({RUN}) {RUNNING})",
         },
     ]
+
+
+def controllers_wanted() -> str:
+    """Each controller of pods that still wants them, as kube-state-metrics says, labelled as the sidecars'
+    targets name their pod's controller (namespace, controller_kind, controller): a Job that exists and has not
+    completed (a JobSet's Jobs, which it deletes with itself; a Job that failed for good is wanted still, its
+    workload down until someone deletes it), a ReplicaSet (a Deployment's) or a StatefulSet of one replica or
+    more. Each series is looked back for :data:`KSM_BLIP`: one missed scrape is no controller gone."""
+
+    def recent(metric: str) -> str:
+        return f"last_over_time({metric}[{KSM_BLIP}])"
+
+    def named(selector: str, kind: str, label: str) -> str:
+        renamed = f'label_replace({selector}, "controller", "$1", "{label}", "(.+)")'
+        return f'group by (namespace, {CONTROLLER}) (label_replace({renamed}, "controller_kind", "{kind}", "", ""))'
+
+    job, replicaset, statefulset = CONTROLLER_KINDS
+    complete = 'kube_job_complete{condition="true"}'
+    completed = f"{recent(complete)} == 1"
+    return " or ".join(
+        (
+            named(f"({recent('kube_job_info')} unless on (namespace, job_name) {completed})", job, "job_name"),
+            named(f"{recent('kube_replicaset_spec_replicas')} > 0", replicaset, "replicaset"),
+            named(f"{recent('kube_statefulset_replicas')} > 0", statefulset, "statefulset"),
+        )
+    )
 
 
 def slo_rules(config: GeneratorConfig) -> list[dict[str, str]]:
@@ -185,21 +280,25 @@ def slo_rules(config: GeneratorConfig) -> list[dict[str, str]]:
     slow = f'le="{le(config.thresholds.inference_latency_seconds)}"'
     within = series(c.INFERENCE_REQUEST_DURATION, slow, suffix="bucket")
     total = series(c.INFERENCE_REQUEST_DURATION, suffix="count")
+    unbooked = f"sum by ({WORKLOAD}) ({UNBOOKED_RATE})"
+    bad = f"sum by ({WORKLOAD}) ({GOODPUT_RATE}{{{BADPUT_CATEGORIES}}})"
     rules = [
-        {"record": GOODPUT_RATE, "expr": per_workload("rate", series(c.GOODPUT), "5m", by="workload, category")},
+        {"record": GOODPUT_RATE, "expr": per_workload("rate", series(c.GOODPUT), "5m", by=f"{WORKLOAD}, category")},
         {"record": WALL_RATE, "expr": per_workload("rate", series(c.GOODPUT_WALL), "5m")},
+        # The goodput SLO's terms, each workload's once (the unbooked time of its workers summed here, not in
+        # each window's ratio): a bad rate of 0 where nothing bad was booked, so that every window has both.
+        {"record": WALL_ALL_RATE, "expr": add(WALL_RATE, unbooked, on=WORKLOAD)},
+        {"record": BAD_RATE, "expr": f"{add(bad, unbooked, on=WORKLOAD)} or {WALL_ALL_RATE} * 0"},
         {"record": REQUESTS_FAST_RATE, "expr": per_workload("rate", within, "5m")},
         {"record": REQUESTS_RATE, "expr": per_workload("rate", total, "5m")},
     ]
     t = config.thresholds
     # Sums, not averages, of the 5-minute rates: a category that began mid-window counts 0 before. Goodput sums
-    # them in every window, the time no sidecar booked (unbooked_rules: downtime, bad and wall time) being a
-    # rule's alone; the latency SLO reads the raw counters up to RAW_UP_TO, more exact. Each SLO's ratio is
+    # its two recorded terms in every window, the time no sidecar booked (unbooked_rules: downtime, bad and wall
+    # time) in both; the latency SLO reads the raw counters up to RAW_UP_TO, more exact. Each SLO's ratio is
     # recorded over the windows its own burn rates read.
     for window in slo_windows(1 - t.goodput_objective):
-        unbooked = per_workload("sum_over_time", UNBOOKED_RATE, window)
-        bad = add(per_workload("sum_over_time", f"{GOODPUT_RATE}{{{BADPUT_CATEGORIES}}}", window), unbooked)
-        wall = add(per_workload("sum_over_time", WALL_RATE, window), unbooked)
+        bad, wall = (f"sum_over_time({rate}[{window}])" for rate in (BAD_RATE, WALL_ALL_RATE))
         rules.append({"record": f"{BADPUT_RATIO}{window}", "expr": f"{bad} / {wall}"})
     for window in slo_windows(1 - t.inference_latency_objective):
         if durations.parse(window) <= durations.parse(RAW_UP_TO):
@@ -218,6 +317,14 @@ def collective_rules() -> list[dict[str, str]]:
     return [
         {
             "record": COLLECTIVE_P99,
-            "expr": f"histogram_quantile(0.99, sum by ({WORKER}, le) (rate({buckets}[5m])))",
+            "expr": f"histogram_quantile(0.99, sum by ({PLACEMENT}, {WORKER}, le) (rate({buckets}[5m])))",
         },
     ]
+
+
+def failure_rules() -> list[dict[str, str]]:
+    """Each worker's failures of the last hour, by reason: the counter's growth summed over the worker's successive
+    sidecars (a restarted pod is a new sidecar, its counters born at 1). Recorded once for the two alerts that
+    read it, which would otherwise read every sidecar's counters over the hour eight times over."""
+    grew = grown(series(c.WORKLOAD_FAILURES), "1h")
+    return [{"record": FAILURES_HOUR, "expr": f"sum by ({RUN}, reason) ({grew})"}]

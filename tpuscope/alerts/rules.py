@@ -25,7 +25,7 @@ from tpuscope import catalog as c
 from tpuscope import durations
 from tpuscope.conventions import AlertName, DashboardUID
 from tpuscope.generator_config import GeneratorConfig
-from tpuscope.promql import each_worker_once, grown, series
+from tpuscope.promql import WORKLOAD, each_worker_once, grown, series
 
 # The anchors of docs/alerts.md's runbooks for each value of a closed set of reasons (tpuscope.failures), the value
 # appended: an alert that keeps the reason label links the runbook of the reason it fires for.
@@ -101,7 +101,7 @@ class Alert:
 
 
 def new_or_increase(
-    counter: c.Metric, window: str, *matchers: str, suffix: str = "", only: str = "", by: str = "workload"
+    counter: c.Metric, window: str, *matchers: str, suffix: str = "", only: str = "", by: str = WORKLOAD
 ) -> str:
     """How much a workload's counter of rare events grew in ``window``, a series born in it counted in
     full and a sidecar gone since counted too (:func:`tpuscope.promql.grown`).
@@ -115,12 +115,12 @@ def new_or_increase(
     return each_worker_once(f"{grew} {only}" if only else grew, by=by)
 
 
-def per_workload(function: str, selector: str, window: str, by: str = "workload") -> str:
-    """``sum by (workload) (function(selector[window]))``: a range function's result per workload."""
+def per_workload(function: str, selector: str, window: str, by: str = WORKLOAD) -> str:
+    """``sum by (namespace, jobset, workload) (function(selector[window]))``: a range function's result per workload."""
     return f"sum by ({by}) ({function}({selector}[{window}]))"
 
 
-def running(what: str = "workload") -> str:
+def running(what: str = WORKLOAD) -> str:
     """``and`` the workloads with a process connected: a finished job's gauges linger in its sidecar."""
     return f"and on ({what}) max by ({what}) ({series(c.WORKLOAD_PROCESSES)}) > 0"
 
@@ -153,11 +153,11 @@ def burn_rate_alerts(
             bound = rate * budget
             condition = f"{ratio_rule}{long} > {bound:g} and {ratio_rule}{short} > {bound:g}"
             if existed:
-                condition += f" and on (workload) max by (workload) ({existed} offset {long}) >= 0"
+                condition += f" and on ({WORKLOAD}) max by ({WORKLOAD}) ({existed} offset {long}) >= 0"
             if volume:
                 recorded, fewest = volume
                 events = f"avg_over_time({recorded}[{long}]) * {durations.parse(long):g}"
-                condition += f" and on (workload) {events} >= {fewest:g}"
+                condition += f" and on ({WORKLOAD}) {events} >= {fewest:g}"
             conditions.append(f"({condition})")
         windows = " or ".join(long for long, _, _, level in burn_rates(budget) if level == severity)
         result.append(

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from tpuscope import catalog as c
-from tpuscope.alerts.rules import Alert, burn_rate_alerts, running
+from tpuscope.alerts.rules import Alert, burn_rate_alerts
 from tpuscope.conventions import REQUESTS_RATE, SLOW_REQUESTS_RATIO, AlertName, DashboardUID
 from tpuscope.generator_config import GeneratorConfig
-from tpuscope.promql import series
+from tpuscope.promql import WORKLOAD, series
 
 
 def alerts(config: GeneratorConfig) -> list[Alert]:
@@ -26,18 +26,22 @@ def alerts(config: GeneratorConfig) -> list[Alert]:
         Alert(
             AlertName.MODEL_STALE,
             "warning",
-            # Per version: a replica that missed a roll-out still serves the old one.
-            f"time() - max by (workload, version) ({series(c.MODEL_LOADED)}) > {t.model_age_seconds:g} {running()}",
+            # Per version (a replica that missed a roll-out still serves the old one), the oldest load of the
+            # replicas serving it now: one replica rescheduled, loading the same old model again, is no newer model.
+            f"time() - min by ({WORKLOAD}, version) ({series(c.MODEL_LOADED)}"
+            f" and on (job, instance, workload) {series(c.WORKLOAD_PROCESSES)} > 0) > {t.model_age_seconds:g}",
             "A serving workload serves an old model.",
             "Workload {{ $labels.workload }} serves model version {{ $labels.version }}, loaded "
             "{{ $value | humanizeDuration }} ago (stale from "
             f"{t.model_age_seconds / 86400:g} days).",
             DashboardUID.SERVING,
             "1h",
-            "No replica of the workload has loaded a newer model for longer than model_age_seconds: the pipeline "
+            "A replica of the workload serves a model loaded longer ago than model_age_seconds: the pipeline "
             "that trains, evaluates and publishes models has stopped, or the roll-out that loads them did not "
             "reach these replicas (one alert per version still served). Check the latest published version and "
             "the deployment's roll-out; a model meant to be served this long wants a larger model_age_seconds. "
-            f"Its age counts from the load the serving process reports ({c.MODEL_LOADED.name}).",
+            "Its age counts from the oldest load among the replicas serving it now, as each serving process "
+            f"reports it ({c.MODEL_LOADED.name}): a replica rescheduled yesterday that loaded the same version "
+            "again does not make it young.",
         ),
     ]

@@ -19,7 +19,7 @@ from tpuscope.conventions import (
     DashboardUID,
 )
 from tpuscope.generator_config import GeneratorConfig
-from tpuscope.promql import series
+from tpuscope.promql import PLACEMENT, WORKLOAD, series
 
 # Where a measure comes from, a label of the alerts that have two: the workload's fresh device profiles, or
 # the phases the job times on the host (tpuscope.alerts.recording.profile_rules).
@@ -31,7 +31,7 @@ def from_profiles_else_host(profiled: str, host: str, otherwise: str = "host") -
     ``otherwise``: the source label of the second."""
     return (
         f'label_replace({profiled}, "{SOURCE}", "profile", "", "")'
-        f' or label_replace({host} unless on (workload) {PROFILE_SHARE}, "{SOURCE}", "{otherwise}", "", "")'
+        f' or label_replace({host} unless on ({WORKLOAD}) {PROFILE_SHARE}, "{SOURCE}", "{otherwise}", "", "")'
     )
 
 
@@ -59,13 +59,13 @@ def collective_spike(config: GeneratorConfig) -> str:
     multislice runtime's collective p99 of its slowest host against that host's baseline."""
     t = config.thresholds
     profiled = (
-        f"max by (workload) ({against_baseline(f'{PROFILE_MEDIAN}{{{EXPOSED}}}')}) > {t.collective_spike_factor:g}"
-        f" and on (workload) max by (workload) ({PROFILE_SHARE}{{{EXPOSED}}}) > {t.collective_spike_min_share:g}"
+        f"max by ({WORKLOAD}) ({against_baseline(f'{PROFILE_MEDIAN}{{{EXPOSED}}}')}) > {t.collective_spike_factor:g}"
+        f" and on ({WORKLOAD}) max by ({WORKLOAD}) ({PROFILE_SHARE}{{{EXPOSED}}}) > {t.collective_spike_min_share:g}"
     )
     # The runtime's series have no workload label: the workload running on the host (one job holds its chips).
     workload_here = f"(topk by (job, instance) (1, {series(c.WORKLOAD_PROCESSES)} > 0) * 0 + 1)"
     megascale = (
-        f"max by (workload) (({against_baseline(COLLECTIVE_P99)})"
+        f"max by ({WORKLOAD}) (({against_baseline(COLLECTIVE_P99)})"
         f" * on (job, instance) group_left (workload) {workload_here}) > {t.collective_spike_factor:g}"
     )
     return from_profiles_else_host(profiled, megascale, otherwise="megascale")
@@ -83,7 +83,7 @@ def alerts(config: GeneratorConfig) -> list[Alert]:
         Alert(
             AlertName.WORKLOAD_STALLED,
             "critical",
-            f"time() - max by (workload) ({series(c.LAST_PROGRESS)}) > {t.stall_seconds:g} {running()}",
+            f"time() - max by ({WORKLOAD}) ({series(c.LAST_PROGRESS)}) > {t.stall_seconds:g} {running()}",
             "A workload has stopped making progress.",
             "Workload {{ $labels.workload }} has completed no step for {{ $value | humanizeDuration }}, nor any "
             "checkpoint or compile stage (counted from the last of them, or from its start), while its processes "
@@ -130,8 +130,8 @@ def alerts(config: GeneratorConfig) -> list[Alert]:
             AlertName.SYNC_BOUND,
             "warning",
             from_profiles_else_host(
-                f'max by (workload) ({PROFILE_SHARE}{{part="exposed_collective"}}) > {t.sync_share:g}',
-                f'max by (workload) ({PHASE_SHARE}{{phase="sync"}}) > {t.sync_share:g}',
+                f'max by ({WORKLOAD}) ({PROFILE_SHARE}{{part="exposed_collective"}}) > {t.sync_share:g}',
+                f'max by ({WORKLOAD}) ({PHASE_SHARE}{{phase="sync"}}) > {t.sync_share:g}',
             ),
             "A workload spends much of its steps in collectives.",
             "Workload {{ $labels.workload }} spends {{ $value | humanizePercentage }} of its step time "
@@ -179,7 +179,7 @@ def alerts(config: GeneratorConfig) -> list[Alert]:
         Alert(
             AlertName.LOW_DUTY_CYCLE,
             "warning",
-            f"avg by (job, instance) ({series(c.DUTY_CYCLE)}) < {t.duty_cycle_low:g}"
+            f"avg by ({PLACEMENT}, job, instance) ({series(c.DUTY_CYCLE)}) < {t.duty_cycle_low:g}"
             f" and on (job, instance) {series(c.WORKLOAD_PROCESSES)}",
             "A host's chips are mostly idle while a workload runs on it.",
             "The chips of {{ $labels.instance }} were busy {{ $value | humanizePercentage }} of the time.",
@@ -190,7 +190,7 @@ def alerts(config: GeneratorConfig) -> list[Alert]:
         Alert(
             AlertName.LOW_MFU,
             "warning",
-            f"avg by (workload) ({series(c.MFU)}) < {t.mfu_low:g} {running()}",
+            f"avg by ({WORKLOAD}) ({series(c.MFU)}) < {t.mfu_low:g} {running()}",
             "A workload uses a small share of its chips' peak FLOP/s.",
             "Workload {{ $labels.workload }} reaches {{ $value | humanizePercentage }} model FLOPs utilization.",
             DashboardUID.JOB,

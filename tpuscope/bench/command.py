@@ -20,15 +20,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "mode",
         nargs="?",
-        choices=["perf", "flood", "soak"],
+        choices=["perf", "flood", "soak", "rule-cost"],
         help="perf: benchmark tpuscope's own cost against its targets and its peers (table and JSON); "
         "flood: jobs sending at ten times the supported event rate against one sidecar, and what it held; "
-        "soak: the workload, a sidecar and a real Prometheus for --minutes, then what was lost (nothing)",
+        "soak: the workload, a sidecar and a real Prometheus for --minutes, then what was lost (nothing); "
+        "rule-cost: what each group of one or more rules files costs Prometheus (samples read, seconds) on a "
+        "backfilled fleet",
     )
     parser.add_argument(
         "--perf-json",
+        "--json",
         type=Path,
-        help="perf, flood, soak: where the JSON goes (default run/perf.json, run/flood.json, run/soak.json)",
+        help="perf, flood, soak, rule-cost: where the JSON goes (default run/perf.json, run/flood.json, "
+        "run/soak.json, run/rule-cost.json)",
     )
     parser.add_argument("--seconds", type=float, default=30.0, help="flood: how long to flood (default %(default)s)")
     parser.add_argument("--minutes", type=float, default=10.0, help="soak: how long to run (default %(default)s)")
@@ -51,6 +55,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="benchmark: the Monitor's cost per step of the JAX workload, on against off, interleaved (uses --steps)",
     )
+    rule_cost = parser.add_argument_group("rule-cost")
+    rule_cost.add_argument(
+        "--rules",
+        action="append",
+        metavar="[NAME=]FILE",
+        help="a rules file to measure, labelled NAME (default: its file name); repeat it to compare, the first "
+        "is the baseline of the ratios (default deploy/prometheus/tpuscope-rules.yaml)",
+    )
+    # Sized to run in a few minutes on this project's 2-core machine; the samples read grow with the hosts.
+    rule_cost.add_argument("--hosts", type=int, default=128, help="hosts, 16 to a workload (default %(default)s)")
+    # The longest SLO window's; the intervals are deploy/prometheus/prometheus.yml's.
+    rule_cost.add_argument("--days", type=float, default=3.0, help="days of history (default %(default)s)")
+    rule_cost.add_argument(
+        "--interval", default="30s", help="rule evaluation interval, and the recorded series' (default %(default)s)"
+    )
+    rule_cost.add_argument("--scrape-interval", default="15s", help="sidecar scrape interval (default %(default)s)")
     runner.add_arguments(parser)
 
 
@@ -67,6 +87,10 @@ def main(args: argparse.Namespace) -> int:
         from tpuscope.bench import soak
 
         return soak.run(args)
+    if args.mode == "rule-cost":
+        from tpuscope.bench import rule_cost
+
+        return rule_cost.run(args)
     if args.scrape_latency:
         from tpuscope.bench import scrape_latency
 

@@ -10,10 +10,9 @@ from __future__ import annotations
 from typing import Any
 
 from tpuscope import catalog as c
-from tpuscope.conventions import BADPUT_CATEGORIES, GOODPUT_RATE, SLO_PERIOD, UNBOOKED_RATE, WALL_RATE, DashboardUID
+from tpuscope.conventions import BAD_RATE, SLO_PERIOD, WALL_ALL_RATE, DashboardUID
 from tpuscope.dashboards import panels as p
 from tpuscope.dashboards import promql as q
-from tpuscope.promql import add
 from tpuscope.thresholds import Thresholds
 
 TITLE = "tpuscope / Fleet overview"
@@ -126,10 +125,10 @@ def now(t: Thresholds) -> p.Section:
 
 def goodput(t: Thresholds) -> p.Section:
     badput = f"sum by (category) ({q.rate(c.GOODPUT, q.ne('category', 'productive'), window=q.HOUR)})"
-    # The time no sidecar booked (a pod gone, sidecar and all) is downtime: bad, and wall time.
-    unbooked = q.slo_period_sum(UNBOOKED_RATE, by="workload")
-    bad = add(q.slo_period_sum(GOODPUT_RATE, BADPUT_CATEGORIES, by="workload"), unbooked)
-    wall = add(q.slo_period_sum(WALL_RATE, by="workload"), unbooked)
+    # The goodput SLO's two terms as the alerts read them: the time no sidecar booked (a pod gone, sidecar and
+    # all) is downtime, bad and wall time, in both.
+    bad = q.slo_period_sum(BAD_RATE, by="workload")
+    wall = q.slo_period_sum(WALL_ALL_RATE, by="workload")
     budget_left = f"1 - ({bad} / {wall}) / {1 - t.goodput_objective:g}"
     return p.Section(
         "Goodput and its objective",

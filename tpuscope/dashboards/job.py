@@ -236,10 +236,12 @@ def device_profile(t: Thresholds) -> p.Section:
                 "Age of the latest device profile",
                 "Seconds since the oldest of the workers' latest captures that measured something: how old the "
                 "sampled device-profile figures may be. A capture comes every 10 minutes by default (longer where the "
-                "job widened its period); much older, the job stopped profiling: busy or failing captures "
-                "(see Device profile captures), or profiles turned off.",
+                "job widened its period: its period, beside it); a capture counts in the alerts for three of its "
+                "job's periods (30 minutes from a job that does not say its period). Much older, the job stopped "
+                "profiling: busy or failing captures (see Device profile captures), or profiles turned off.",
                 "s",
-                p.query(f"time() - min by (workload) ({q.selector(c.PROFILE_LAST_CAPTURE)})", "{{workload}}"),
+                p.query(f"time() - min by (workload) ({q.selector(c.PROFILE_LAST_CAPTURE)})", "{{workload}} age"),
+                p.query(f"max by (workload) ({q.selector(c.PROFILE_PERIOD)})", "{{workload}} period"),
                 span=4,
                 height=8,
             ),

@@ -259,13 +259,16 @@ class Aggregator:
                 m[catalog.MFU].labels(e.workload).set(state.mfu)
 
     def _profile(self, workload: str, p: events.DeviceProfile) -> None:
-        """A device-profile capture, riding on a step. Every attempt is counted with its cost; only one that
-        measured sets the gauges and their timestamp: a busy or failed capture leaves the last reading, whose
-        age the rules judge it by."""
+        """A device-profile capture, riding on a step. Every attempt is counted with its cost, and says the job's
+        period where it knows it (a busy or failed one too: the rules judge the last reading's age by it); only
+        one that measured sets the other gauges and their timestamp: a busy or failed capture leaves the last
+        reading."""
         m = self.metrics
         m[catalog.PROFILE_CAPTURES].labels(workload, p.result).inc()
         m[catalog.PROFILE_CAPTURE_SECONDS].labels(workload).inc(p.capture_s)
         m[catalog.PROFILE_CAPTURE_BYTES].labels(workload).inc(p.trace_bytes)
+        if p.period_s:  # 0: a job older than the field, whose captures the rules judge by the default period
+            m[catalog.PROFILE_PERIOD].labels(workload).set(p.period_s)
         if p.result != "ok":
             return
         m[catalog.PROFILE_STEP].labels(workload).set(p.step_s)

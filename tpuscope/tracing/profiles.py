@@ -10,7 +10,8 @@ JAX itself uses, held in memory) and hands the trace to the sidecar, which parse
   divisible by K. Hosts of a synchronous job step in lockstep and measure nearly the same step time, so
   they choose the same K; where one chose twice another's (near a power-of-two boundary, or after
   widening its period), its captures are still a subset of the other's: every host that captures at a
-  step captures the same steps.
+  step captures the same steps. Each attempt's event says the wall time K steps now take
+  (``DeviceProfile.period_s``): the sidecar serves it, and the rules count a capture fresh for a few of them.
 - **What it costs the job.** On the training thread, while a capture runs: a step annotation and a clock
   read per step (about a microsecond). On the profiler's thread, at the lowest CPU priority: starting and
   stopping the trace (JAX's stop serializes it without holding the GIL) and writing it into the sidecar's
@@ -434,14 +435,24 @@ class DeviceProfiler:
         if answer is None:
             return
         profile = msgspec.structs.replace(answer, capture_s=cost, trace_bytes=len(trace))
+        if profile.result == "ok":
+            self._widen(cost)  # before it is counted: its event says the period the next capture follows
         self._count(profile.result, profile)
         if profile.result != "ok":
             self._say("empty", "the sidecar found no traced step or device op in a device-profile capture (error)")
-            return
-        # The period's wall time is K steps; a capture dearer than its budget of it doubles K.
+
+    def _widen(self, cost: float) -> None:
+        """The period's wall time is K steps; a capture dearer than its budget of it doubles K."""
         if cost > COST_BUDGET * self.every * max(self._step_time, 1e-6):
             self.every *= 2
             log.info("tpuscope: a device-profile capture cost %.3f s; capturing every %d steps", cost, self.every)
+
+    def aimed_period(self) -> float:
+        """The wall seconds the job now aims at between two captures: K steps at the step time measured between
+        the latest two (K's widening included), or, until K is chosen, the configured period. Clamped to what
+        an event may carry: a longer one would have the sidecar reject the whole step."""
+        aimed = self.every * self._step_time if self.every != NEVER and self._step_time > 0 else self.period
+        return min(aimed, events.MAX_SECONDS)
 
     def _hand_over(self, trace: bytes) -> events.DeviceProfile | None:
         """Leave the trace in the sidecar's spool and wait for its answer; None when there is none (counted)."""
@@ -488,6 +499,7 @@ class DeviceProfiler:
 
     def _count(self, result: str, profile: events.DeviceProfile) -> None:
         self.captures[result] += 1
+        profile = msgspec.structs.replace(profile, period_s=self.aimed_period())
         with self._handoff:
             self._ready = profile
             self.watching = True

@@ -1,0 +1,79 @@
+"""promtool cases for how long a device profile counts (issue 35): three of the periods its job exports, or, from a
+job too old to export one, 30 minutes.
+
+A job that captures every hour must not have its straggler resolve and re-open each hour: its last capture is still
+fresh 50 minutes on. The cases profile once, at minute 0, and look later. tests/alert_cases.py appends them to its
+cases.
+"""
+
+from __future__ import annotations
+
+from alert_cases import HOST, PROFILED_STEP, Case, W, phases, place, profiles, s, workers
+
+from tpuscope import catalog as c
+from tpuscope.conventions import AlertName
+
+HOURLY = 3600.0  # seconds: a job's profile_period="1h"
+# Worker 3's devices compute twice as long as its peers' and it hardly waits at collectives: the straggler.
+STRAGGLING = ((1.0, 1.0), (1.0, 1.0), (1.0, 1.0), (2.0, 0.02))
+STRAGGLER_LABELS = {**W, **HOST, **place(3), "source": "profile"}
+STRAGGLER_SAYS = (
+    "Worker 3 (h3:9478, slice 0) of workload w takes 2.00x its workload's median compute time per step (a straggler "
+    "from 1.2x), in its sampled device profiles, and waits at collectives far less than its peers, who wait for it."
+)
+# Half of each step waiting on collectives that no compute hides, on every worker.
+WAITING = ((1.0, PROFILED_STEP / 2), (1.0, PROFILED_STEP / 2))
+
+
+def profiled_once(
+    *parts: tuple[float, float], minutes: int, period: float | None, periodless: tuple[int, ...] = ()
+) -> dict[str, str]:
+    """Device profiles of workload w's workers as :func:`alert_cases.profiles` has them, captured at minute 0 and
+    never again, each worker's job exporting ``period`` seconds (None: no worker exports one, an older job) but
+    the workers in ``periodless``."""
+    result = profiles(*parts, minutes=minutes, until=0)
+    if period is not None:
+        for index in range(len(parts)):
+            if index not in periodless:
+                result[s(c.PROFILE_PERIOD, **place(index))] = f"{period:g}x{minutes}"
+    return result
+
+
+def straggling(minutes: int, period: float | None, periodless: tuple[int, ...] = ()) -> dict[str, str]:
+    """Four workers whose host timers see no straggler (a step jitted whole), and whose profile shows worker 3."""
+    return {
+        **workers(1, 1, 1, 1, minutes=minutes),
+        **profiled_once(*STRAGGLING, minutes=minutes, period=period, periodless=periodless),
+    }
+
+
+CASES = [
+    # 50 minutes after an hourly job's capture, it is fresh: the straggler it shows is still named.
+    Case(AlertName.STRAGGLER, "warning", "50m", straggling(50, HOURLY), STRAGGLER_LABELS, STRAGGLER_SAYS),
+    # Three hours and ten minutes on, past three of its periods: stale, and the host timers see no straggler.
+    Case(AlertName.STRAGGLER, None, "190m", straggling(190, HOURLY)),
+    # A job too old to export its period: fresh for 30 minutes, as before ...
+    Case(AlertName.STRAGGLER, "warning", "25m", straggling(25, None), STRAGGLER_LABELS, STRAGGLER_SAYS),
+    # ... and no longer 50 minutes on.
+    Case(AlertName.STRAGGLER, None, "50m", straggling(50, None)),
+    # Worker by worker: the straggler's own job exports no period (its peers' do), so its capture is stale at 50
+    # minutes, and the three fresh peers show no straggler.
+    Case(AlertName.STRAGGLER, None, "50m", straggling(50, HOURLY, periodless=(3,))),
+    # SyncBound reads the fresh profiles too: an hourly job's capture still says it waits, where its host timers
+    # (0 s of sync in a step jitted whole) cannot.
+    Case(
+        AlertName.SYNC_BOUND,
+        "warning",
+        "50m",
+        {**phases(io=0, sync=0, minutes=50), **profiled_once(*WAITING, minutes=50, period=HOURLY)},
+        {**W, "source": "profile"},
+        "Workload w spends 50% of its step time waiting on collectives that no compute hides, in its sampled "
+        "device profiles.",
+    ),
+    Case(
+        AlertName.SYNC_BOUND,
+        None,
+        "190m",
+        {**phases(io=0, sync=0, minutes=190), **profiled_once(*WAITING, minutes=190, period=HOURLY)},
+    ),
+]
