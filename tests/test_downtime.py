@@ -175,13 +175,16 @@ def test_with_the_sidecar_gone_in_the_gap_prometheus_books_the_time_nobody_did(
     started = time.time()
     first = SidecarProcess(tmp_path / "s.sock", f"127.0.0.1:{ports[0]}")
     targets = [f"127.0.0.1:{port}" for port in ports]
-    with PrometheusServer(tmp_path / "prom", targets, rule_files=[fast_rules]) as prom:
+    # Discovered, as a pod's target is: the first goes with its pod, not merely down (a target listed but unscraped
+    # is a NetworkPolicy, not a pod gone).
+    with PrometheusServer(tmp_path / "prom", targets, rule_files=[fast_rules], discovered=True) as prom:
         assert wait_until(lambda: prom.scalar("max(up)") == 1, timeout=20)
         seen: dict[str, float | None] = {}
 
         def sidecar_goes() -> None:
             time.sleep(2)  # scraped a last time, the job gone
             first.stop()
+            prom.discover(targets[1:])
             assert wait_until(lambda: (prom.scalar(f'sum({UNBOOKED_RATE}{{workload="down"}})') or 0) > 0, timeout=10)
             assert wait_until(lambda: prom.scalar(f'min({DOWN_SINCE}{{workload="down"}})') is not None, timeout=30)
             seen["down since"] = prom.scalar(f'min({DOWN_SINCE}{{workload="down"}})')

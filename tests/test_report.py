@@ -77,7 +77,8 @@ def run(module_tmp: Path) -> Iterator[Run]:
             firing = prom.query(f'ALERTS{{alertstate="firing", workload="{WORKLOAD}"}}')
             return {a["metric"]["alertname"] for a in firing} >= EXPECTED_ALERTS
 
-        assert wait_until(fired, timeout=60), prom.query("ALERTS")
+        # WorkloadFailed waits a minute (for: 1m) for a preemption's verdict before it fires.
+        assert wait_until(fired, timeout=150), prom.query("ALERTS")
         time.sleep(2)  # one more scrape: the last events are in Prometheus
         recording = module_tmp / "events.jsonl"
         yield Run(prom.url, recording, started, read_records(recording), module_tmp)
@@ -327,7 +328,7 @@ def test_a_report_from_prometheus_reads_each_capture_of_each_worker_once(short_t
     workers[0][-600] = {"compute": 0.07, "exposed_collective": 0.02, "overlap": 0.6, "imbalance": 1.2}
     workers[1][-600] = {"compute": 0.06, "exposed_collective": 0.03, "overlap": 0.5, "imbalance": 1.1}
     for worker, captures in enumerate(workers):
-        labels = {**fleet.sidecar(f"w{worker}:9478", "0", str(worker), -7200, 0), "workload": "fused"}
+        labels = {**fleet.sidecar(f"w{worker}:9478", {}, "0", str(worker), -7200, 0), "workload": "fused"}
         fleet.counter(catalog.STEPS.name, labels, -7200, 0, {-7200: 1})
         serve_profiles(fleet, labels, {-4000: before} | {t: {**f, "idle": 0.01} for t, f in captures.items()})
         if worker == 0:

@@ -87,8 +87,8 @@ def alerts(config: GeneratorConfig) -> list[Alert]:
             "Workload {{ $labels.workload }} failed in the last hour, reason {{ $labels.reason }} (failures: "
             "{{ $value }}). What to do: " + reason_runbook(config, FAILURE_REASON_ANCHOR),
             DashboardUID.ONCALL,
-            # The preempted host's verdict waits on its metadata server; its peers' `vanished` does not.
-            "2m",
+            # The preempted host's verdict waits on its metadata server (seconds); its peers' `vanished` does not.
+            "1m",
             runbook="The job classified its failure: one alert per `reason`, each one of the [Failure reasons]"
             "(#failure-reasons) below, with what to do for it (the description links it). `vanished` is the "
             "sidecar's word for a process that ended without one and that no metadata server said the platform "
@@ -109,7 +109,7 @@ def alerts(config: GeneratorConfig) -> list[Alert]:
             "Workload {{ $labels.workload }} failed {{ $value }} times in the last hour, preemptions and host "
             "maintenance not counted.",
             DashboardUID.ONCALL,
-            "2m",
+            "1m",
             runbook="A crash loop burns chips without progress: stop it, read the first failure's logs. It counts "
             "the job's own failures in the hour, those it named and its processes that vanished on their own, "
             "however the job restarts (a JobSet's new pods, a process restarted in place, before its first "

@@ -218,9 +218,10 @@ def unbooked_rules() -> list[dict[str, str]]:
         # lasts, beyond the hour its series are looked back for.
         f" or group by ({per_target}) (last_over_time({wall}[{RUN_MEMORY}]) and {unscraped})"
         f" or (last_over_time({SERVED}[{DOWN_AFTER}]) and {unscraped})"
-        # not listed yet or any more: Prometheus just started, or the pod just went (down after DOWN_AFTER)
-        f" or group by ({per_target}) (last_over_time({wall}[{DOWN_AFTER}]) unless {target} up)"
     )
+    # Not listed yet or any more: Prometheus just started, or the pod just went. Its time is unbooked at once, but
+    # it is down only after DOWN_AFTER (a restarted Prometheus has not scraped yet; no page for that).
+    unlisted_lately = f"group by ({RUN}) (last_over_time({wall}[{DOWN_AFTER}]) unless {target} up)"
     # A worker whose run goes on and that nobody serves: a second a second for each process it last had, one at
     # least (a job whose processes all failed, expired by its sidecar, is down still). Once per worker, whatever
     # controllers its pods had in the hour.
@@ -244,7 +245,7 @@ def unbooked_rules() -> list[dict[str, str]]:
             "record": DOWN_SINCE,
             "expr": f"max by ({RUN}) ({series(c.WORKLOAD_DOWN_SINCE)})"
             f" or (({latest(last)} or last_over_time({DOWN_SINCE}[{RUN_MEMORY}]))"
-            f" unless on ({RUN}) {SERVED} and on ({RUN}) {RUNNING})",
+            f" unless on ({RUN}) {SERVED} unless on ({RUN}) {unlisted_lately} and on ({RUN}) {RUNNING})",
         },
     ]
 

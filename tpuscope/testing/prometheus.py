@@ -7,6 +7,7 @@ process, and the HTTP query API.
 
 from __future__ import annotations
 
+import json
 import shutil
 import socket
 import subprocess
@@ -100,11 +101,14 @@ class PrometheusServer(ServerProcess):
         external_labels: dict[str, str] | None = None,
         remote_write: list[dict[str, Any]] = (),  # type: ignore[assignment]
         flags: list[str] = (),  # type: ignore[assignment]
+        discovered: bool = False,
     ):
         """``labels`` are added to every target (as a fleet's relabelling adds pod and namespace);
         ``scrape`` is merged into the scrape config (``scheme``, ``tls_config``, ``basic_auth``, ...);
         ``external_labels`` and ``remote_write`` are the configuration's own sections; ``flags`` go to the
-        command line (``--web.enable-remote-write-receiver`` for a central one). No targets: it scrapes nothing."""
+        command line (``--web.enable-remote-write-receiver`` for a central one). No targets: it scrapes nothing.
+        ``discovered``: the targets come from a file (file_sd) that :meth:`discover` rewrites, as a pod's target
+        comes and goes with the pod; otherwise they are static, listed even while down."""
         workdir.mkdir(parents=True, exist_ok=True)
         static: dict[str, Any] = {"targets": targets}
         if labels:
@@ -114,7 +118,13 @@ class PrometheusServer(ServerProcess):
             # Prometheus reads rule_files relative to its config file, which lives in workdir: absolute paths.
             "rule_files": [str(Path(rule_file).resolve()) for rule_file in rule_files],
         }
-        if targets:
+        self._targets_file = workdir / "targets.json"
+        self._labels = labels
+        if discovered:
+            self.discover(targets)
+            found = {"file_sd_configs": [{"files": [str(self._targets_file)], "refresh_interval": "1s"}]}
+            config["scrape_configs"] = [{"job_name": "tpuscope", **found, **(scrape or {})}]
+        elif targets:
             config["scrape_configs"] = [{"job_name": "tpuscope", "static_configs": [static], **(scrape or {})}]
         if external_labels:
             config["global"]["external_labels"] = external_labels
@@ -126,6 +136,14 @@ class PrometheusServer(ServerProcess):
         command = [f"--config.file={workdir / 'prometheus.yml'}", f"--storage.tsdb.path={workdir / 'data'}", *flags]
         super().__init__(binary, "prometheus", command, workdir)
         self.api = PrometheusAPI(self.url, timeout=10)
+
+    def discover(self, targets: list[str]) -> None:
+        """The targets service discovery lists now (``discovered`` servers): written whole, then renamed, so that
+        Prometheus never reads half a file."""
+        group: dict[str, Any] = {"targets": targets, **({"labels": self._labels} if self._labels else {})}
+        written = self._targets_file.with_suffix(".tmp")
+        written.write_text(json.dumps([group]))
+        written.replace(self._targets_file)
 
     def query(self, expr: str) -> list[dict[str, Any]]:
         """An instant query; returns the result vector (each item has ``metric`` and ``value``)."""
