@@ -20,7 +20,7 @@ demo: setup
 # `long` first (tests/conftest.py). One worker more than the cores: a good part of the suite waits on
 # real time (alerts' for-durations, Prometheus' scrapes, a stall), and the extra worker fills it. On 2
 # cores, from a fresh clone: 643 s of pytest on one worker (TEST_WORKERS=1), 308 s on three, before the
-# multi-host tests (575 s on three at issue 34, with its job-safety tests: each runs real jobs twice). Those (tests/test_multihost.py) run alone after the rest: 4 JAX processes, 3 Prometheus
+# multi-host tests (575 s on three at issue 34, with its job-safety tests: each runs real jobs twice; 562 s at issue 35). Those (tests/test_multihost.py) run alone after the rest: 4 JAX processes, 3 Prometheus
 # and 4 sidecars at a time, for about 4 minutes, took the cores from the timing-sensitive tests beside them
 # (with them in the pool, four of seven fresh-clone runs failed one of those, each time another).
 TEST_WORKERS ?= $(shell echo $$(( $$(nproc) + 1 )))
