@@ -23,6 +23,11 @@ PLACEMENT = "namespace, jobset"
 WORKLOAD = f"{PLACEMENT}, workload"
 # The labels that name one worker of a job for its whole life, across the pods it runs in.
 WORKER = ", ".join(HOST_LABELS)
+# One worker of a workload, as the rules group it: its sidecars come and go with its pods, the worker stays.
+RUN = f"{WORKLOAD}, {WORKER}"
+# A scrape target, one host's sidecar, with its pod's namespace and JobSet (the target labels): an alert on a host
+# names the team whose job runs there.
+TARGET = f"{PLACEMENT}, job, instance"
 
 
 def series(metric: Metric, *matchers: str, suffix: str = "") -> str:

@@ -7,14 +7,13 @@ from tpuscope.alerts.rules import FAILURE_REASON_ANCHOR, Alert, burn_rate_alerts
 from tpuscope.conventions import BADPUT_RATIO, DOWN_SINCE, FAILURES_HOUR, AlertName, DashboardUID
 from tpuscope.failures import PLATFORM_REASONS, VANISHED
 from tpuscope.generator_config import GeneratorConfig
-from tpuscope.promql import WORKER, WORKLOAD, add, series
+from tpuscope.promql import RUN, WORKLOAD, add, series
 
 PLATFORM = f'reason=~"{"|".join(PLATFORM_REASONS)}"'  # the platform's doing, not the job's
 NOT_THE_PLATFORM = f'reason!~"{"|".join((*PLATFORM_REASONS, VANISHED))}"'  # failures the job named itself
-WORKER_OF = f"{WORKLOAD}, {WORKER}"
 
 
-def failed(matcher: str, by: str = WORKER_OF) -> str:
+def failed(matcher: str, by: str = RUN) -> str:
     """Each worker's failures of the last hour that ``matcher`` picks, over its successive sidecars (recorded:
     :func:`tpuscope.alerts.recording.failure_rules`)."""
     return f"sum by ({by}) ({FAILURES_HOUR}{{{matcher}}})"
@@ -33,7 +32,7 @@ def vanished_on_its_own() -> str:
 def own_failures() -> str:
     """Each worker's failures of the last hour that the job answers for: those it named, and its processes that
     vanished on their own."""
-    return add(failed(NOT_THE_PLATFORM), vanished_on_its_own(), on=WORKER_OF)
+    return add(failed(NOT_THE_PLATFORM), vanished_on_its_own(), on=RUN)
 
 
 def alerts(config: GeneratorConfig) -> list[Alert]:

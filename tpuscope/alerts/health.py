@@ -8,11 +8,8 @@ from tpuscope import catalog as c
 from tpuscope.alerts.rules import Alert
 from tpuscope.conventions import LIBTPU_COLLECTOR, SIDECAR_CONTAINER, AlertName, DashboardUID
 from tpuscope.generator_config import GeneratorConfig
-from tpuscope.promql import PLACEMENT, WORKLOAD, series
+from tpuscope.promql import TARGET, WORKLOAD, series
 
-# A scrape target, one host's sidecar, with its pod's namespace and JobSet (the target labels): an alert on a host
-# names the team whose job runs there.
-HOST = f"{PLACEMENT}, job, instance"
 # Which of its two signals TpuscopeHostMemoryPressure fires on, a label of the alert.
 SIGNAL = "signal"
 AVAILABLE, THRASHING = "available", "thrashing"
@@ -29,19 +26,19 @@ def host_memory_pressure(config: GeneratorConfig) -> str:
     each side labelled with its signal."""
     t = config.thresholds
     available = (
-        f"max by ({HOST}) ({series(c.HOST_MEMORY_AVAILABLE)}) / max by ({HOST}) ({series(c.HOST_MEMORY_TOTAL)})"
+        f"max by ({TARGET}) ({series(c.HOST_MEMORY_AVAILABLE)}) / max by ({TARGET}) ({series(c.HOST_MEMORY_TOTAL)})"
         f" < {t.host_memory_available_ratio:g}"
     )
-    swap_in = f"sum by ({HOST}) (rate({series(c.HOST_SWAP_IO, SWAP_IN)}[5m]))"
-    faults = f"sum by ({HOST}) (rate({series(c.JOB_MAJOR_PAGE_FAULTS)}[5m]))"
+    swap_in = f"sum by ({TARGET}) (rate({series(c.HOST_SWAP_IO, SWAP_IN)}[5m]))"
+    faults = f"sum by ({TARGET}) (rate({series(c.JOB_MAJOR_PAGE_FAULTS)}[5m]))"
     thrashing = (
-        f"{swap_in} > {t.swap_in_bytes_per_second:.15g} and on ({HOST}) {faults} > {t.major_faults_per_second:g}"
+        f"{swap_in} > {t.swap_in_bytes_per_second:.15g} and on ({TARGET}) {faults} > {t.major_faults_per_second:g}"
     )
     # The workloads with a process on each host: a host's figure, once per workload on it.
-    here = f"group by ({HOST}, {WORKLOAD}) ({series(c.WORKLOAD_PROCESSES)} > 0)"
+    here = f"group by ({TARGET}, {WORKLOAD}) ({series(c.WORKLOAD_PROCESSES)} > 0)"
 
     def worst(aggregate: str, per_host: str, signal: str) -> str:
-        per_workload = f"{aggregate} by ({WORKLOAD}) (({per_host}) * on ({HOST}) group_right () {here})"
+        per_workload = f"{aggregate} by ({WORKLOAD}) (({per_host}) * on ({TARGET}) group_right () {here})"
         return f'label_replace({per_workload}, "{SIGNAL}", "{signal}", "", "")'
 
     return f"{worst('min', available, AVAILABLE)} or {worst('max', thrashing, THRASHING)}"
@@ -106,7 +103,7 @@ def alerts(config: GeneratorConfig) -> list[Alert]:
         Alert(
             AlertName.INGEST_LOSING_EVENTS,
             "warning",
-            f"sum by ({HOST}) (rate({lost}[5m])) / sum by ({HOST}) (rate({series(c.INGEST_EVENTS)}[5m]))"
+            f"sum by ({TARGET}) (rate({lost}[5m])) / sum by ({TARGET}) (rate({series(c.INGEST_EVENTS)}[5m]))"
             f" > {t.ingest_loss_ratio:g}",
             "A sidecar loses events from its jobs.",
             "The sidecar {{ $labels.instance }} lost {{ $value | humanizePercentage }} of its events (dropped or "
@@ -118,7 +115,7 @@ def alerts(config: GeneratorConfig) -> list[Alert]:
         Alert(
             AlertName.HOST_CPU_SATURATED,
             "warning",
-            f"avg by ({HOST}) ({series(c.HOST_CPU_UTILIZATION)}) > {t.host_cpu_ratio:g}",
+            f"avg by ({TARGET}) ({series(c.HOST_CPU_UTILIZATION)}) > {t.host_cpu_ratio:g}",
             "A training host's CPU is saturated.",
             "The CPU of {{ $labels.instance }} is {{ $value | humanizePercentage }} busy: it cannot feed its chips.",
             DashboardUID.ONCALL,
@@ -158,7 +155,7 @@ def alerts(config: GeneratorConfig) -> list[Alert]:
             AlertName.DEVICE_THROTTLED,
             "warning",
             f"({series(c.CLOCK, SM)} / {series(c.CLOCK_MAX, SM)} < {t.throttle_clock_ratio:g})"
-            f" * on ({HOST}, device, accelerator, source) group_right ()"
+            f" * on ({TARGET}, device, accelerator, source) group_right ()"
             f" ({series(c.THROTTLED, THROTTLE_REASONS)} == 1)",
             "A GPU's clocks are held down: it is throttled.",
             "GPU {{ $labels.device }} ({{ $labels.accelerator }}) of {{ $labels.instance }} runs its SM clock at "

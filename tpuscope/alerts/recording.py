@@ -49,7 +49,7 @@ from tpuscope.conventions import (
     WALL_RATE,
 )
 from tpuscope.generator_config import GeneratorConfig
-from tpuscope.promql import PLACEMENT, WORKLOAD, add, grown, le, series
+from tpuscope.promql import PLACEMENT, RUN, WORKLOAD, add, grown, le, series
 
 WORKER = "job, instance, slice, worker"
 COMPUTE = 'phase="compute"'
@@ -67,10 +67,6 @@ PROFILE_FRESH_SECONDS = 1800
 # alone read it.
 COLLECTIVE_P99 = f"worker:{c.MEGASCALE_LATENCY.name}:collective_p99_5m"
 COLLECTIVE_END_TO_END = 'operation="collective_end_to_end"'
-
-
-# One worker of a workload: its sidecars come and go with its pods, the worker stays.
-RUN = f"{WORKLOAD}, slice, worker"
 
 
 # kube-state-metrics' series (its v2 names, default resources): each namespace it lists. A controller is judged
@@ -216,8 +212,8 @@ def unbooked_rules() -> list[dict[str, str]]:
         f"group by ({per_target}) ({wall})"
         # listed but not scraped: a failed scrape, a NetworkPolicy; the pod is there. Remembered as long as that
         # lasts, beyond the hour its series are looked back for.
-        f" or group by ({per_target}) (last_over_time({wall}[{RUN_MEMORY}]) and {unscraped})"
-        f" or (last_over_time({SERVED}[{DOWN_AFTER}]) and {unscraped})"
+        f" or (group by ({per_target}) (last_over_time({wall}[{RUN_MEMORY}]))"
+        f" or last_over_time({SERVED}[{DOWN_AFTER}])) and {unscraped}"
     )
     # Not listed yet or any more: Prometheus just started, or the pod just went. Its time is unbooked at once, but
     # it is down only after DOWN_AFTER (a restarted Prometheus has not scraped yet; no page for that).

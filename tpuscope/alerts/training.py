@@ -19,7 +19,7 @@ from tpuscope.conventions import (
     DashboardUID,
 )
 from tpuscope.generator_config import GeneratorConfig
-from tpuscope.promql import PLACEMENT, WORKLOAD, series
+from tpuscope.promql import TARGET, WORKLOAD, series
 
 # Where a measure comes from, a label of the alerts that have two: the workload's fresh device profiles, or
 # the phases the job times on the host (tpuscope.alerts.recording.profile_rules).
@@ -179,7 +179,7 @@ def alerts(config: GeneratorConfig) -> list[Alert]:
         Alert(
             AlertName.LOW_DUTY_CYCLE,
             "warning",
-            f"avg by ({PLACEMENT}, job, instance) ({series(c.DUTY_CYCLE)}) < {t.duty_cycle_low:g}"
+            f"avg by ({TARGET}) ({series(c.DUTY_CYCLE)}) < {t.duty_cycle_low:g}"
             f" and on (job, instance) {series(c.WORKLOAD_PROCESSES)}",
             "A host's chips are mostly idle while a workload runs on it.",
             "The chips of {{ $labels.instance }} were busy {{ $value | humanizePercentage }} of the time.",

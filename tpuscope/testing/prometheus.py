@@ -110,9 +110,6 @@ class PrometheusServer(ServerProcess):
         ``discovered``: the targets come from a file (file_sd) that :meth:`discover` rewrites, as a pod's target
         comes and goes with the pod; otherwise they are static, listed even while down."""
         workdir.mkdir(parents=True, exist_ok=True)
-        static: dict[str, Any] = {"targets": targets}
-        if labels:
-            static["labels"] = labels
         config: dict[str, Any] = {
             "global": {"scrape_interval": scrape_interval, "evaluation_interval": scrape_interval},
             # Prometheus reads rule_files relative to its config file, which lives in workdir: absolute paths.
@@ -125,7 +122,8 @@ class PrometheusServer(ServerProcess):
             found = {"file_sd_configs": [{"files": [str(self._targets_file)], "refresh_interval": "1s"}]}
             config["scrape_configs"] = [{"job_name": "tpuscope", **found, **(scrape or {})}]
         elif targets:
-            config["scrape_configs"] = [{"job_name": "tpuscope", "static_configs": [static], **(scrape or {})}]
+            static = [self._group(targets)]
+            config["scrape_configs"] = [{"job_name": "tpuscope", "static_configs": static, **(scrape or {})}]
         if external_labels:
             config["global"]["external_labels"] = external_labels
         if remote_write:
@@ -140,10 +138,13 @@ class PrometheusServer(ServerProcess):
     def discover(self, targets: list[str]) -> None:
         """The targets service discovery lists now (``discovered`` servers): written whole, then renamed, so that
         Prometheus never reads half a file."""
-        group: dict[str, Any] = {"targets": targets, **({"labels": self._labels} if self._labels else {})}
         written = self._targets_file.with_suffix(".tmp")
-        written.write_text(json.dumps([group]))
+        written.write_text(json.dumps([self._group(targets)]))
         written.replace(self._targets_file)
+
+    def _group(self, targets: list[str]) -> dict[str, Any]:
+        """A target group, static or discovered: the targets, and the labels added to each."""
+        return {"targets": targets, **({"labels": self._labels} if self._labels else {})}
 
     def query(self, expr: str) -> list[dict[str, Any]]:
         """An instant query; returns the result vector (each item has ``metric`` and ``value``)."""
