@@ -19,13 +19,14 @@ from alert_cases_incidents import READINGS
 from alertmanager import AlertmanagerServer, Webhook
 from conftest import require, wait_until
 
-from tpuscope import alerts, catalog, durations
+from tpuscope import alerts, catalog, conventions, durations
 from tpuscope.alerts import recording
 from tpuscope.alerts.causes import CAUSES, INHIBITIONS
 from tpuscope.alerts.rules import slo_windows
 from tpuscope.conventions import ALERT_PREFIX, BAD_RATE, BADPUT_RATIO, PROFILE_FRESH, WALL_ALL_RATE, AlertName
 from tpuscope.fleetsim.rules import scale_expr
 from tpuscope.generator_config import GeneratorConfig
+from tpuscope.promql import WORKLOAD
 from tpuscope.testing.prometheus import PrometheusServer, target_of
 from tpuscope.thresholds import Thresholds
 from tpuscope.tracing import profiles
@@ -186,17 +187,28 @@ def test_a_device_profile_counts_for_three_of_the_jobs_default_periods_in_real_a
     the default periods. The rules may not import the in-job library, which sets the default: this ties the two,
     and the catalogue's help to both. The fleet simulator compresses the constant window with the rest of time,
     and leaves the exported period, in the job's own seconds, as it is (not its factor either)."""
-    fresh_periods = recording.PROFILE_FRESH_PERIODS
-    assert fresh_periods * profiles.DEFAULT_PERIOD == recording.PROFILE_FRESH_SECONDS
+    fresh_periods, fresh_seconds = conventions.PROFILE_FRESH_PERIODS, conventions.PROFILE_FRESH_SECONDS
+    assert fresh_periods * profiles.DEFAULT_PERIOD == fresh_seconds
     help_says = f"fresh for {fresh_periods} of them; from a job too old to say it, for "
-    assert help_says + f"{durations.human(recording.PROFILE_FRESH_SECONDS)}." in catalog.PROFILE_PERIOD.help
+    assert help_says + f"{durations.human(fresh_seconds)}." in catalog.PROFILE_PERIOD.help
     (fresh,) = (rule["expr"] for rule in recording.profile_rules() if rule["record"] == PROFILE_FRESH)
     period = f"> time() - {catalog.PROFILE_PERIOD.name} * {fresh_periods} "
     assert period in fresh
-    assert f"> time() - {recording.PROFILE_FRESH_SECONDS} unless {catalog.PROFILE_PERIOD.name}" in fresh
+    assert f"> time() - {fresh_seconds} unless {catalog.PROFILE_PERIOD.name}" in fresh
     simulated = scale_expr(fresh, 10)
     assert period in simulated
-    assert f"> time() - {recording.PROFILE_FRESH_SECONDS / 10:g} unless {catalog.PROFILE_PERIOD.name}" in simulated
+    assert f"> time() - {fresh_seconds / 10:g} unless {catalog.PROFILE_PERIOD.name}" in simulated
+
+
+def test_a_device_profile_counts_once_it_is_a_mean_of_the_configured_steps() -> None:
+    """Issue 36: the rules judge a worker's profile once the sidecar's mean holds ``profile_min_steps`` steps, the
+    threshold from the one config; a sidecar that does not say how many is judged as before (``unless``)."""
+    thresholds = Thresholds(profile_min_steps=7)
+    (fresh,) = (rule["expr"] for rule in recording.profile_rules(thresholds) if rule["record"] == PROFILE_FRESH)
+    too_few = f" unless on ({WORKLOAD}, {recording.WORKER}) {catalog.PROFILE_STEPS.name} < 7"
+    assert fresh.endswith(too_few)
+    with pytest.raises(ValueError, match="profile_min_steps"):
+        Thresholds(profile_min_steps=0)
 
 
 def test_amtool_accepts_the_configuration_and_routes_pages_and_tickets() -> None:

@@ -53,6 +53,7 @@ CLOSED: dict[Label, tuple[str, ...]] = {  # every value the code can give it
     ),
     Label.SOURCE: (*typing.get_args(typing.get_type_hints(events.DeviceMemory)["source"]), libtpu.SOURCE, nvml.SOURCE),
     Label.CATEGORY: goodput.CATEGORIES,
+    Label.CLASSIFIED_BY: catalog.PROFILE_OP_CLASSIFIERS,
     Label.VERSION: (__version__,),
     Label.COLLECTOR: tuple(collectors.COLLECTORS),
     Label.DIRECTION: ("read", "write", "receive", "transmit"),

@@ -229,8 +229,9 @@ outcomes, during = [], 0
 for n in range(300):
     with (mon.step(n) if monitored else contextlib.nullcontext()):
         x = train_step(x).block_until_ready()
-    # The user traces 2 steps (their mon.step inside) every 7 steps, and a few times right as a capture runs.
-    if n >= 30 and (n % 7 == 0 or (ours_running() and during < 3)):
+    # The user traces 2 steps (their mon.step inside) every 11 steps (a capture spans 7: room for one between), and
+    # a few times right as a capture runs.
+    if n >= 30 and (n % 11 == 0 or (ours_running() and during < 3)):
         during += ours_running()
         d = os.path.join(tmp, str(n))
         try:
@@ -504,10 +505,6 @@ def test_the_spool_admits_whom_the_socket_admits(short_tmp: Path) -> None:
     assert mode == 0o730, oct(mode)  # the group may create and remove files, not list them
 
 
-NO_JAXLIB_SIDECAR = (
-    "import sys; sys.modules['jaxlib'] = None\n"  # jaxlib cannot be imported here
-    "from tpuscope.cli import main; sys.exit(main())\n"
-)
 JOB_OF_AN_OLDER_SIDECAR = r"""
 import logging
 logging.basicConfig(level=logging.INFO)
@@ -525,11 +522,13 @@ print(json.dumps({"captures": captures}))
 
 
 def test_without_a_sidecar_that_parses_the_job_takes_no_captures(short_tmp: Path) -> None:
-    """A sidecar that cannot parse (no jaxlib; or one older than the service) makes no spool: the job takes no
-    capture, parses nothing itself, and says so once."""
+    """A sidecar that offers no parsing (one older than the service, or one that could not make its spool: here a
+    file stands at its path) makes no spool: the job takes no capture, parses nothing itself, and says so once."""
     socket = short_tmp / "ev.sock"
+    stranger = events.profile_spool(socket)
+    stranger.write_text("not a spool")
     proc = subprocess.Popen(
-        [sys.executable, "-c", NO_JAXLIB_SIDECAR, "serve", "--listen", "127.0.0.1:0", "--socket", str(socket)],
+        [sys.executable, "-m", "tpuscope", "serve", "--listen", "127.0.0.1:0", "--socket", str(socket)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -537,11 +536,12 @@ def test_without_a_sidecar_that_parses_the_job_takes_no_captures(short_tmp: Path
     try:
         assert proc.stdout is not None
         assert "tpuscope serve: metrics at" in proc.stdout.readline()
-        assert not events.profile_spool(socket).exists()
+        assert not events.profile_spool(socket).is_dir()
         job = run(JOB_OF_AN_OLDER_SIDECAR, str(socket))
     finally:
         proc.terminate()
         _, log = proc.communicate(timeout=30)
-    assert "jaxlib is not installed" in log
+    assert "exists and is not a directory): jobs take no captures" in log, log
+    assert stranger.read_text() == "not a spool"  # left alone
     assert job["captures"] == dict.fromkeys(events.PROFILE_RESULTS, 0)
     assert job["log"].count("no device-profile captures while the sidecar") == 1, job["log"][-2000:]

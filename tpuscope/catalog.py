@@ -52,6 +52,7 @@ class Label(enum.StrEnum):
     WORKER = "worker"
     PART = "part"
     CAUSE = "cause"
+    CLASSIFIED_BY = "classified_by"
 
 
 # Where in a multi-host job the sidecar runs: every series it serves carries these two
@@ -274,11 +275,18 @@ CHECKPOINT_LAST_SUCCESS = _metric(
 PROFILE_GROUP = "Device profiles (sampled from device traces)"
 # The parts a profiled step's window splits into: they add up to tpuscope_profile_step_seconds.
 PROFILE_PARTS = ("compute", "exposed_collective", "idle")
+# The profile gauges are a mean over the measured steps of this many of the workload's latest captures that
+# measured something, those still fresh (conventions.PROFILE_FRESH_PERIODS): a capture measures a few steps
+# (5, at least 4), and one step's exposed collective time can differ from the next's by half (issue 36).
+PROFILE_MEAN_CAPTURES = 3
+_OVER_STEPS = f"over the steps of the last {PROFILE_MEAN_CAPTURES} fresh device-profile captures"
+# How the parser told a device op's kind: by its HLO category (as XProf does), or by its name alone (a trace
+# without categories: the CPU backend, an older runtime).
+PROFILE_OP_CLASSIFIERS = ("category", "name")
 PROFILE_STEP = _metric(
     "profile_step_seconds",
     Kind.GAUGE,
-    "A step's time on the devices in the latest device-profile capture: the mean over its steps (the first "
-    "left out) and this host's devices.",
+    f"A step's time on the devices, the mean {_OVER_STEPS} and this host's devices.",
     W,
     unit="seconds",
     group=PROFILE_GROUP,
@@ -286,20 +294,39 @@ PROFILE_STEP = _metric(
 PROFILE_TIME = _metric(
     "profile_time_seconds",
     Kind.GAUGE,
-    "Where a profiled step's time went on this host's devices (mean per step and device, latest capture): "
+    f"Where a profiled step's time went on this host's devices, the mean per step and device {_OVER_STEPS}: "
     "compute (the union of non-collective ops), exposed_collective (collective ops no compute covers: waiting "
-    "for the other devices and hosts), idle (no op at all: waiting for the host, the input, the next "
-    "dispatch). The parts add up to tpuscope_profile_step_seconds.",
+    "for the other devices and hosts), idle (no op at all: waiting for the host, the input, the next dispatch, "
+    "and on a host with more devices than free cores, one device's ops waiting for the CPU threads the others "
+    "hold). The parts add up to tpuscope_profile_step_seconds.",
     W,
     Label.PART,
     unit="seconds",
     group=PROFILE_GROUP,
 )
+PROFILE_TIME_STDDEV = _metric(
+    "profile_time_stddev_seconds",
+    Kind.GAUGE,
+    f"The spread of each part of tpuscope_profile_time_seconds from step to step: its standard deviation "
+    f"{_OVER_STEPS} (0 from one step, or from captures of a job too old to send its steps one by one).",
+    W,
+    Label.PART,
+    unit="seconds",
+    group=PROFILE_GROUP,
+)
+PROFILE_STEPS = _metric(
+    "profile_measured_steps",
+    Kind.GAUGE,
+    "How many measured steps the device-profile gauges are a mean of: the rules judge a worker's profile only "
+    "from a few steps on.",
+    W,
+    group=PROFILE_GROUP,
+)
 PROFILE_OVERLAP = _metric(
     "profile_collective_overlap_ratio",
     Kind.GAUGE,
-    "Share of the collective ops' time that compute covered, in the latest capture (1: every collective "
-    "hidden behind compute).",
+    f"Share of the collective ops' time that compute covered, {_OVER_STEPS} (1: every collective hidden behind "
+    "compute).",
     W,
     unit="ratio",
     group=PROFILE_GROUP,
@@ -307,9 +334,19 @@ PROFILE_OVERLAP = _metric(
 PROFILE_IMBALANCE = _metric(
     "profile_device_imbalance_ratio",
     Kind.GAUGE,
-    "The compute of this host's busiest device over its devices' mean, in the latest capture (1: balanced).",
+    f"The compute of this host's busiest device over its devices' mean, {_OVER_STEPS} (1: balanced).",
     W,
     unit="ratio",
+    group=PROFILE_GROUP,
+)
+PROFILE_OPS = _metric(
+    "profile_device_ops_total",
+    Kind.COUNTER,
+    "Device ops in the captured traces, by how the parser told their kind (compute or collective): category "
+    "(their HLO category, as XProf does) or name (no category in the trace: the CPU backend, an older runtime; "
+    "a guess from the op's name).",
+    W,
+    Label.CLASSIFIED_BY,
     group=PROFILE_GROUP,
 )
 PROFILE_CAPTURES = _metric(

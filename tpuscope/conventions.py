@@ -97,6 +97,15 @@ PROFILE_FRESH = f"worker_part:{c.PROFILE_TIME.name}:fresh"
 PROFILE_MEDIAN = f"workload_part:{c.PROFILE_TIME.name}:median"
 PROFILE_OVER_MEDIAN = f"worker_part:{c.PROFILE_TIME.name}:over_median"
 PROFILE_SHARE = f"workload_part:{c.PROFILE_TIME.name}:share"
+# A worker's device profile counts for this many of the periods its job says it captures at
+# (tpuscope_profile_period_seconds) after the sidecar received it, so that one busy or failed capture does not
+# drop a worker, and a worker that stopped capturing drops out. The sidecar averages the captures it received
+# within as long (catalog.PROFILE_MEAN_CAPTURES of them), the rules judge the gauges as long: one window for both.
+PROFILE_FRESH_PERIODS = 3
+# ...and, from a job too old to say its period, this long: three of the default periods
+# (tpuscope.tracing.profiles.DEFAULT_PERIOD, which the generators and the sidecar may not import; a test ties
+# the two).
+PROFILE_FRESH_SECONDS = 1800
 GOODPUT_RATE = f"workload_category:{c.GOODPUT.base_name}:rate5m"
 WALL_RATE = f"workload:{c.GOODPUT_WALL.base_name}:rate5m"
 # Per workload, the goodput SLO's two terms, each once: its bad time (the badput booked as it happens and the

@@ -90,20 +90,39 @@ def profile_spool(socket_path: str | os.PathLike[str]) -> Path:
     return Path(os.fspath(socket_path) + ".profiles")
 
 
+# The most measured steps a capture's event carries one by one (DeviceProfile.per_step): a capture measures a few.
+PROFILE_MAX_STEPS = 64
+
+
+class ProfiledStep(msgspec.Struct, array_like=True, frozen=True):
+    """One measured step of a capture, each figure a mean over the host's devices (as in DeviceProfile)."""
+
+    step_s: Seconds
+    compute_s: Seconds
+    exposed_collective_s: Seconds
+    overlapped_collective_s: Seconds
+    idle_s: Seconds
+    slowest_compute_s: Seconds
+
+
 class DeviceProfile(msgspec.Struct, array_like=True, frozen=True):
     """Where the device time of a few sampled steps went, from a device trace the job took in-process.
 
-    Each figure is a mean per step and per local device over the captured steps (the first of a capture
-    left out): ``compute_s`` is the union of the non-collective ops' time, ``exposed_collective_s`` the
-    collective ops' time that no compute covers, ``overlapped_collective_s`` the rest of it, ``idle_s`` the
-    step minus every op (waiting for the host, the input, the next dispatch). ``compute_s +
+    Each figure is a mean per step and per local device over the measured steps (tpuscope.exporter.xspace
+    says which): ``compute_s`` is the union of the non-collective ops' time, ``exposed_collective_s`` the
+    collective ops' time that no compute covers, ``overlapped_collective_s`` the collective time (ops, or async
+    ones in flight) that compute covers, ``idle_s`` the step minus every op (the host, the input, the next
+    dispatch; on the CPU backend also devices waiting for the host's cores). ``compute_s +
     exposed_collective_s + idle_s == step_s``. ``slowest_compute_s``: the compute of the local device with
     the most. ``capture_s``: what the capture cost the job (starting and stopping the trace, on its profiler's
     thread); ``trace_bytes``: the serialized trace's size; ``parse_s``: what parsing it cost the sidecar (a
     trailing field: 0 from a job or sidecar older than it). ``period_s``: the wall seconds the job now aims at
     between two captures, its widening included (a trailing field: 0, unknown, from a job older than it); the
     rules count a capture fresh for a few of them. A capture that measured nothing (``result`` busy or error)
-    has zeros, but for what it cost and the period.
+    has zeros, but for what it cost and the period. ``per_step``: the measured steps one by one, so that the
+    sidecar can average several captures and say their spread (trailing: empty from an older parser).
+    ``ops_by_category`` / ``ops_by_name``: the device ops the parser classified by their HLO category (as XProf
+    does) and those it could only tell by name (no category in the trace: the CPU backend, an older runtime).
     """
 
     result: ProfileResult
@@ -119,6 +138,9 @@ class DeviceProfile(msgspec.Struct, array_like=True, frozen=True):
     trace_bytes: Count = 0
     parse_s: Seconds = 0.0
     period_s: Seconds = 0.0
+    per_step: Annotated[tuple[ProfiledStep, ...], msgspec.Meta(max_length=PROFILE_MAX_STEPS)] = ()
+    ops_by_category: Count = 0
+    ops_by_name: Count = 0
 
     def overlap(self) -> float | None:
         """The share of the collective ops' time that compute covered; None without collective ops."""

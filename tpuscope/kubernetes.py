@@ -128,7 +128,7 @@ def sidecar_container() -> dict[str, Any]:
         "readinessProbe": {**probe, "periodSeconds": 10},
         "livenessProbe": {**probe, "periodSeconds": 10, "timeoutSeconds": 5, "failureThreshold": 3},
         # About 50 MiB resident when idle here; the limit leaves room for many workloads' series, and for the
-        # child that parses a device profile now and then (jaxlib's trace reader, about 100 MiB, and the trace).
+        # child that parses a device profile now and then (about 5 times the trace's bytes, at most 384 MiB).
         "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"cpu": "500m", "memory": "512Mi"}},
         "securityContext": {
             "runAsNonRoot": True,

@@ -40,6 +40,11 @@ class Thresholds:
     """Collective sync above this share of step time: the job is sync-bound (or waits on a straggler)."""
     straggler_factor: float = 1.2
     """A worker whose compute time per step is this many times its workload's median is a straggler."""
+    profile_min_steps: float = 4
+    """Measured steps a worker's device-profile gauges must be a mean of (tpuscope_profile_measured_steps) before
+    the rules judge the worker by them, rather than by its host-timed phases: one step's exposed collective time
+    can differ from the next's by half. A capture measures 5 steps (at least 4), so one capture suffices; an older
+    job's captures of 2 steps wait for a second. A sidecar too old to serve the count is judged as before."""
     compile_cache_hit_ratio: float = 0.5
     """Below this share of cache hits, the persistent compilation cache is not doing its job."""
 
@@ -107,6 +112,8 @@ class Thresholds:
             raise ValueError("throttle_clock_ratio must be above 0 and at most 1 (a share of the maximum clock)")
         if self.collective_spike_factor <= 1:
             raise ValueError("collective_spike_factor must be above 1 (a multiple of the baseline)")
+        if self.profile_min_steps < 1:
+            raise ValueError("profile_min_steps must be 1 or more (a mean of no step is no measure)")
         for name in ("swap_in_bytes_per_second", "major_faults_per_second", "model_age_seconds"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be above 0")

@@ -31,6 +31,8 @@ from tpuscope.conventions import (
     MEMORY_USED,
     PHASE_SHARE,
     PROFILE_FRESH,
+    PROFILE_FRESH_PERIODS,
+    PROFILE_FRESH_SECONDS,
     PROFILE_MEDIAN,
     PROFILE_OVER_MEDIAN,
     PROFILE_SHARE,
@@ -50,17 +52,11 @@ from tpuscope.conventions import (
 )
 from tpuscope.generator_config import GeneratorConfig
 from tpuscope.promql import PLACEMENT, RUN, WORKLOAD, add, grown, le, series
+from tpuscope.thresholds import DEFAULT, Thresholds
 
 WORKER = "job, instance, slice, worker"
 COMPUTE = 'phase="compute"'
 RAW_UP_TO = "1h"  # SLO windows up to this read the raw counters; longer ones the recorded 5m rates
-# A worker's device profile counts for this many of the periods its job says it captures at
-# (tpuscope_profile_period_seconds) after the sidecar received it, so that one busy or failed capture does not
-# drop a worker, and a worker that stopped capturing drops out...
-PROFILE_FRESH_PERIODS = 3
-# ...and, from a job too old to say its period, this long: three of the default periods
-# (tpuscope.tracing.profiles.DEFAULT_PERIOD, which this room may not import; a test ties the two).
-PROFILE_FRESH_SECONDS = 1800
 # The multislice runtime's collective latency (its collective_end_to_end operation), the p99 over 5 minutes of
 # each worker: what TpuscopeCollectiveLatencySpike compares with its own 6 hours before (a quantile of the raw
 # buckets over so long a window would read every host's every bucket and scrape at each evaluation). The alerts
@@ -79,7 +75,14 @@ CONTROLLER_KINDS = ("Job", "ReplicaSet", "StatefulSet")
 
 
 def recording_rules(config: GeneratorConfig) -> list[dict[str, str]]:
-    return step_rules() + profile_rules() + unbooked_rules() + slo_rules(config) + collective_rules() + failure_rules()
+    return (
+        step_rules()
+        + profile_rules(config.thresholds)
+        + unbooked_rules()
+        + slo_rules(config)
+        + collective_rules()
+        + failure_rules()
+    )
 
 
 def step_rules() -> list[dict[str, str]]:
@@ -128,16 +131,19 @@ def step_rules() -> list[dict[str, str]]:
     ]
 
 
-def profile_rules() -> list[dict[str, str]]:
+def profile_rules(thresholds: Thresholds = DEFAULT) -> list[dict[str, str]]:
     """What the sampled device profiles say of each workload and worker: the measures of a fused step, whose
     host-timed phases cannot split compute from collectives (issue 22).
 
-    The profile gauges hold the latest capture until the next, and linger in the sidecar of a finished job:
-    only a capture younger than :data:`PROFILE_FRESH_PERIODS` of the worker's periods (a job too old to say its
-    period: :data:`PROFILE_FRESH_SECONDS`) of a worker whose process is connected counts. The period is in the
-    seconds the job runs by, which the fleet simulator does not compress (it compresses the rules' windows, and
-    a simulated job's captures would come at the period it says): the simulator divides the constant window, a
-    ``time() - seconds``, and never the period.
+    The profile gauges hold the mean over the steps of the worker's last few fresh captures until the next
+    capture (issue 36: one capture's few steps are too noisy to judge by), and linger in the sidecar of a
+    finished job. A worker counts once its gauges are a mean of ``profile_min_steps`` measured steps or more (a
+    sidecar too old to say how many: at once, as before), and only while its latest capture is younger than
+    :data:`PROFILE_FRESH_PERIODS` of the worker's periods (a job too old to say its period:
+    :data:`PROFILE_FRESH_SECONDS`) and its process is connected. The period is in the seconds the job runs by,
+    which the fleet simulator does not compress (it compresses the rules' windows, and a simulated job's captures
+    would come at the period it says): the simulator divides the constant window, a ``time() - seconds``, and
+    never the period.
     A median of 0 (no worker waits on collectives at all) divides nothing: a ratio to it would be NaN or
     infinite, so the worker has none.
     """
@@ -146,10 +152,12 @@ def profile_rules() -> list[dict[str, str]]:
     within_periods = f"{last} > time() - {period} * {PROFILE_FRESH_PERIODS}"
     within_default = f"({last} > time() - {PROFILE_FRESH_SECONDS} unless {period})"
     fresh = f"({within_periods} or {within_default}) and {series(c.WORKLOAD_PROCESSES)} > 0"
+    too_few = f"{series(c.PROFILE_STEPS)} < {thresholds.profile_min_steps:g}"
     return [
         {
             "record": PROFILE_FRESH,
-            "expr": f"{series(c.PROFILE_TIME)} and on ({WORKLOAD}, {WORKER}) ({fresh})",
+            "expr": f"{series(c.PROFILE_TIME)} and on ({WORKLOAD}, {WORKER}) ({fresh})"
+            f" unless on ({WORKLOAD}, {WORKER}) {too_few}",
         },
         {
             "record": PROFILE_MEDIAN,

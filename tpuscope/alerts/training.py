@@ -6,11 +6,12 @@ from __future__ import annotations
 
 from tpuscope import catalog as c
 from tpuscope import durations
-from tpuscope.alerts.recording import COLLECTIVE_P99, PROFILE_FRESH_SECONDS
+from tpuscope.alerts.recording import COLLECTIVE_P99
 from tpuscope.alerts.rules import Alert, running
 from tpuscope.conventions import (
     COMPUTE_OVER_MEDIAN,
     PHASE_SHARE,
+    PROFILE_FRESH_SECONDS,
     PROFILE_MEDIAN,
     PROFILE_OVER_MEDIAN,
     PROFILE_SHARE,
@@ -143,7 +144,9 @@ def alerts(config: GeneratorConfig) -> list[Alert]:
             DashboardUID.JOB,
             "15m",
             "The share comes from the workload's device profiles where it has fresh ones (the `source` label says "
-            "`profile`): the collective time no compute overlaps, averaged over the workers; otherwise from its "
+            "`profile`): the collective time no compute overlaps, each worker's mean over the steps of its last "
+            f"{c.PROFILE_MEAN_CAPTURES} fresh captures ({t.profile_min_steps:g} steps at least), averaged over the "
+            "workers; otherwise from its "
             'host-timed sync phase (`source="host"`), which reads 0 for a step jitted whole, where collectives run '
             f"inside the program. Look for a straggler first ({AlertName.STRAGGLER}); then the interconnect, the "
             "sharding, and what keeps the compiler from overlapping the collectives with compute.",
@@ -170,7 +173,9 @@ def alerts(config: GeneratorConfig) -> list[Alert]:
             DashboardUID.JOB,
             "10m",
             "Every worker waits for it at each collective. Where the workload has fresh device profiles "
-            "(`source=\"profile\"`) the worker's profiled compute is over the factor times its workload's median "
+            '(`source="profile"`: each worker\'s mean over the steps of its last '
+            f"{c.PROFILE_MEAN_CAPTURES} fresh captures, {t.profile_min_steps:g} steps at least) the worker's "
+            "profiled compute is over the factor times its workload's median "
             'and its exposed collective time under the median divided by the factor; otherwise (`source="host"`) '
             "its host-timed compute phase is over the factor times the median (a step jitted whole times the same "
             "on every worker, so only profiles find its straggler). Check the host: thermal throttling, a failing "

@@ -118,8 +118,8 @@ def steps(t: Thresholds) -> p.Section:
 # What every device-profile panel must say: where its figures come from and how old they may be.
 SAMPLED = (
     "Sampled: from the device traces the job takes of a few steps every 10 minutes by default (the same steps "
-    "on every host), each worker's latest capture, so a figure holds until the next one (Age of the latest "
-    "device profile says how old it is)."
+    f"on every host), each worker's mean over the steps of its last {c.PROFILE_MEAN_CAPTURES} fresh captures, so a "
+    "figure holds until the next capture (Age of the latest device profile says how old it is)."
 )
 
 
@@ -131,6 +131,13 @@ def device_profile(t: Thresholds) -> p.Section:
         return f"sum (avg_over_time({q.selector(metric, *matchers)}[{q.RANGE}]))"
 
     exposed_share = q.share(over_range(c.PROFILE_TIME, q.eq("part", "exposed_collective")), over_range(c.PROFILE_STEP))
+    # Each part's step-to-step spread as a share of its mean (the coefficient of variation), per worker: a part
+    # of 0 s has no spread to speak of.
+    spread = f"{q.selector(c.PROFILE_TIME_STDDEV)} / ({q.selector(c.PROFILE_TIME)} > 0)"
+    named = q.eq(c.Label.CLASSIFIED_BY, c.PROFILE_OP_CLASSIFIERS[1])  # told by name only
+    by_name = (
+        f"sum ({q.events(c.PROFILE_OPS, named, window=q.RANGE)}) / sum ({q.events(c.PROFILE_OPS, window=q.RANGE)})"
+    )
     capture_cost = f"{q.once_per_job(c.PROFILE_CAPTURE_SECONDS, window=q.RANGE)} / {q.SECONDS[q.RANGE]}"
     trace_bytes = (
         f"sum ({q.events(c.PROFILE_CAPTURE_BYTES, window=q.RANGE)})"
@@ -143,10 +150,12 @@ def device_profile(t: Thresholds) -> p.Section:
                 "Device profile: where the step's device time went",
                 "Each part's share of a profiled step on the devices: compute (the union of the non-collective "
                 "ops), exposed collective (collective ops no compute hides: waiting for the other devices and "
-                "hosts) and idle (no op at all: waiting for the host, the input, the next dispatch), stacked to "
-                "100%, over the workload's workers. Unlike the host-timed phases above, this splits one fused "
-                f"program's time. {SAMPLED} A wide exposed collective band: a straggler (below), the "
-                "interconnect or the sharding; a wide idle band: the host or the input do not keep up.",
+                "hosts) and idle (no op at all: waiting for the host, the input, the next dispatch, and where a "
+                "host has more devices than free cores, one device's ops waiting for CPU threads the others hold), "
+                "stacked to 100%, over the workload's workers. Unlike the host-timed phases above, this splits one "
+                f"fused program's time. {SAMPLED} A wide exposed collective band: a straggler (below), the "
+                "interconnect or the sharding; a wide idle band: the host, the input or the host's cores do not "
+                "keep up.",
                 "percentunit",
                 p.query(q.share(parts, step, ignoring="part"), "{{part}}"),
                 stacked=True,
@@ -211,6 +220,41 @@ def device_profile(t: Thresholds) -> p.Section:
                 limits=p.ratio_high_is_bad(t.straggler_factor),
                 min_value=None,
                 span=8,
+            ),
+            p.timeseries_panel(
+                "Device profile: step-to-step spread, by part",
+                "Each part's standard deviation from one measured step to the next, over its mean (the "
+                "coefficient of variation), averaged over the workload's workers: how far one step may stray from "
+                "the figures above, which are means over the steps of each worker's last "
+                f"{c.PROFILE_MEAN_CAPTURES} fresh captures. An exposed collective that varies by half from step to "
+                "step is common; a spread that grows while the mean holds: a peer or the interconnect at times "
+                f"slow. {SAMPLED}",
+                "percentunit",
+                p.query(f"avg by (workload, part) ({spread})", "{{part}}"),
+                min_value=None,
+                span=12,
+            ),
+            p.stat_panel(
+                "Device profile: measured steps averaged",
+                "How many measured steps the device-profile figures of the workload's thinnest worker are a mean "
+                f"of. Under {t.profile_min_steps:g} the alerts do not judge the worker by its profile yet (a "
+                f"capture measures a few steps: the first captures after a start). {SAMPLED}",
+                "short",
+                p.query(f"min by (workload) ({q.selector(c.PROFILE_STEPS)})", "{{workload}}", instant=True),
+                limits=p.low_is_bad(t.profile_min_steps),
+                span=6,
+                height=8,
+            ),
+            p.stat_panel(
+                "Device ops told by name only",
+                "The share of the device ops in the sampled device traces over the range whose kind (compute or "
+                "collective) the parser could only guess from their name, the trace giving no HLO category (the "
+                "CPU backend, an older runtime). Near 0 on a TPU or GPU; high there, the compute and collective "
+                "split may be off.",
+                "percentunit",
+                p.query(by_name, instant=True),
+                span=6,
+                height=8,
             ),
             p.timeseries_panel(
                 "Device profile captures, by result",

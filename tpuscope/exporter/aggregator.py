@@ -15,12 +15,15 @@ from __future__ import annotations
 
 import logging
 import math
+import statistics
 import time
-from collections.abc import Callable, Hashable
+from collections import deque
+from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from tpuscope import __version__, catalog, events
+from tpuscope.conventions import PROFILE_FRESH_PERIODS, PROFILE_FRESH_SECONDS
 from tpuscope.exporter.labels import LIMITED, OTHER_LABELS, LabelLimiter
 from tpuscope.exporter.samples import SampleStore
 from tpuscope.goodput import CATEGORIES as GOODPUT_CATEGORIES
@@ -36,6 +39,55 @@ MFU_SMOOTHING = 0.1
 DEVICE_MEMORY_OWNER = "workload"
 
 
+@dataclass(frozen=True)
+class Capture:
+    """A device-profile capture that measured something, as the sidecar keeps it to average with the next."""
+
+    received: float  # Unix time
+    steps: tuple[events.ProfiledStep, ...]
+
+
+def measured_steps(p: events.DeviceProfile) -> tuple[events.ProfiledStep, ...]:
+    """The capture's steps one by one; from a parser too old to send them, ``steps`` steps each equal to its
+    means (they weigh as many steps in the mean, and add no spread)."""
+    if p.per_step:
+        return p.per_step
+    mean = events.ProfiledStep(
+        p.step_s, p.compute_s, p.exposed_collective_s, p.overlapped_collective_s, p.idle_s, p.slowest_compute_s
+    )
+    return (mean,) * max(p.steps, 1)
+
+
+@dataclass(frozen=True)
+class ProfileSummary:
+    """What the profile gauges serve: the mean over the steps of the captures kept, and each part's spread."""
+
+    steps: int
+    step_s: float
+    parts: dict[str, float]  # catalog.PROFILE_PARTS -> the mean seconds per step
+    stddev: dict[str, float]  # catalog.PROFILE_PARTS -> the population standard deviation, in seconds
+    overlap: float | None
+    imbalance: float | None
+
+    @classmethod
+    def of(cls, captures: Iterable[Capture]) -> ProfileSummary:
+        steps = [step for capture in captures for step in capture.steps]
+        # each part is the step's field of its name: compute -> compute_s
+        by_part = {part: [getattr(step, f"{part}_s") for step in steps] for part in catalog.PROFILE_PARTS}
+        # Ratios of sums, not means of ratios: a step without collectives has no overlap, yet counts 0 s in both.
+        overlapped = math.fsum(step.overlapped_collective_s for step in steps)
+        exposed = math.fsum(by_part["exposed_collective"])
+        compute, slowest = math.fsum(by_part["compute"]), math.fsum(step.slowest_compute_s for step in steps)
+        return cls(
+            steps=len(steps),
+            step_s=statistics.fmean(step.step_s for step in steps),
+            parts={part: statistics.fmean(values) for part, values in by_part.items()},
+            stddev={part: statistics.pstdev(values) for part, values in by_part.items()},
+            overlap=overlapped / (overlapped + exposed) if overlapped + exposed > 0 else None,
+            imbalance=slowest / compute if compute > 0 else None,
+        )
+
+
 @dataclass
 class WorkloadState:
     """What the sidecar remembers of one workload between its events."""
@@ -46,6 +98,9 @@ class WorkloadState:
     start_served: bool = False  # the start-time gauge holds the first start this sidecar saw
     peak_flops_per_second: float = 0.0
     mfu: float | None = None
+    # The latest captures that measured, oldest first: the profile gauges' mean is over their steps.
+    captures: deque[Capture] = field(default_factory=lambda: deque(maxlen=catalog.PROFILE_MEAN_CAPTURES))
+    profile_period: float = 0.0  # the job's capture period as its latest attempt said it (0: unknown)
     # Monotonic time of its latest event, or of its last process leaving: the expiry clock.
     last_seen: float = field(default_factory=time.monotonic)
 
@@ -267,19 +322,40 @@ class Aggregator:
         m[catalog.PROFILE_CAPTURES].labels(workload, p.result).inc()
         m[catalog.PROFILE_CAPTURE_SECONDS].labels(workload).inc(p.capture_s)
         m[catalog.PROFILE_CAPTURE_BYTES].labels(workload).inc(p.trace_bytes)
+        state = self._workload(workload)
         if p.period_s:  # 0: a job older than the field, whose captures the rules judge by the default period
             m[catalog.PROFILE_PERIOD].labels(workload).set(p.period_s)
+            state.profile_period = p.period_s
         if p.result != "ok":
             return
-        m[catalog.PROFILE_STEP].labels(workload).set(p.step_s)
-        parts = m[catalog.PROFILE_TIME]
-        for part in catalog.PROFILE_PARTS:  # each part is the profile's field of its name: compute -> compute_s
-            parts.labels(workload, part).set(getattr(p, f"{part}_s"))
+        ops = m[catalog.PROFILE_OPS]
+        for classifier, count in zip(catalog.PROFILE_OP_CLASSIFIERS, (p.ops_by_category, p.ops_by_name), strict=True):
+            ops.labels(workload, classifier).inc(count)
+        self._keep_fresh(state)
+        state.captures.append(Capture(self._now, measured_steps(p)))
+        self._serve_profile(workload, ProfileSummary.of(state.captures))
+        m[catalog.PROFILE_LAST_CAPTURE].labels(workload).set(self._now)
+
+    def _keep_fresh(self, state: WorkloadState) -> None:
+        """Drop the kept captures that the rules would no longer count fresh: a mean of the last few captures
+        must not carry one from before a long pause (a job that stopped capturing, then resumed)."""
+        period = state.profile_period
+        fresh_for = period * PROFILE_FRESH_PERIODS if period else PROFILE_FRESH_SECONDS
+        while state.captures and state.captures[0].received <= self._now - fresh_for:
+            state.captures.popleft()
+
+    def _serve_profile(self, workload: str, summary: ProfileSummary) -> None:
+        m = self.metrics
+        m[catalog.PROFILE_STEP].labels(workload).set(summary.step_s)
+        m[catalog.PROFILE_STEPS].labels(workload).set(summary.steps)
+        parts, spread = m[catalog.PROFILE_TIME], m[catalog.PROFILE_TIME_STDDEV]
+        for part in catalog.PROFILE_PARTS:
+            parts.labels(workload, part).set(summary.parts[part])
+            spread.labels(workload, part).set(summary.stddev[part])
         # A ratio with nothing to divide (no collective, no compute) is undefined: no series rather than
         # a 0 that reads "nothing hidden" or a former capture's value.
-        self._ratio(catalog.PROFILE_OVERLAP, workload, p.overlap())
-        self._ratio(catalog.PROFILE_IMBALANCE, workload, p.imbalance())
-        m[catalog.PROFILE_LAST_CAPTURE].labels(workload).set(self._now)
+        self._ratio(catalog.PROFILE_OVERLAP, workload, summary.overlap)
+        self._ratio(catalog.PROFILE_IMBALANCE, workload, summary.imbalance)
 
     def _ratio(self, metric: catalog.Metric, workload: str, value: float | None) -> None:
         if value is not None:

@@ -20,16 +20,17 @@ One trace is parsed at a time, the oldest first; of a job's traces only its newe
 answer never read) are deleted after :data:`STALE_SECONDS`. Every outcome is counted in
 ``tpuscope_profile_parses_total{result}``.
 
-Each parse runs in a child process (``python -m tpuscope.exporter.xspace TRACE``) at the lowest CPU priority: jaxlib's
-trace reader adds about 100 MiB to the process that loads it (this sidecar's budget is 80 MB); its C++ reads bytes any
-process allowed to send events can write (a crash costs a child, not the sidecar); and the training job beside it
-keeps its cores. Where jaxlib is not installed there is no parser: no spool, said once.
+Each parse runs in a child process (``python -m tpuscope.exporter.xspace TRACE``) at the lowest CPU priority: the
+protobuf runtime's C parser reads bytes any process allowed to send events can write (a crash costs a child, not the
+sidecar); the decoded trace and its intervals (about 5 times the trace's bytes, at most
+:data:`~tpuscope.exporter.xspace.PARSE_MEMORY_BYTES`) are the child's, not this sidecar's (whose budget is 80 MB);
+and the training job beside it keeps its cores. The parser needs no jax: only protobuf, which the sidecar has anyway
+(OTLP).
 """
 
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import logging
 import os
 import shutil
@@ -72,14 +73,7 @@ class ProfileService:
         self._cleaned = 0.0
 
     def start(self) -> bool:
-        """Make the spool and start parsing; False (said once) where this sidecar cannot parse."""
-        try:
-            parser = importlib.util.find_spec("jaxlib")
-        except (ImportError, ValueError):  # ValueError: sys.modules["jaxlib"] is None, as where it is blocked
-            parser = None
-        if parser is None:
-            log.info("device profiles: jaxlib is not installed, so no trace is parsed here (jobs take no captures)")
-            return False
+        """Make the spool and start parsing; False (said once) where it cannot be made."""
         try:
             self._make_spool()
         except OSError as e:

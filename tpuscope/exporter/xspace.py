@@ -6,52 +6,87 @@ The job's capture (:mod:`tpuscope.tracing.profiles`) annotates each traced step 
 TRACE``: it prints the capture's :class:`~tpuscope.events.DeviceProfile` as JSON). A fused jitted step cannot be timed
 from the host, but its trace can: per device and step, the time is split into
 
-- compute: the union of the non-collective ops' time;
-- exposed collective: collective op time that no compute covers (on the CPU a collective's time includes waiting at
-  its rendezvous for the slower devices: that wait is the straggler signal, so it counts as collective time);
-- overlapped collective: the rest of the collective time, hidden under compute;
-- idle: the step window that no op covers (waiting for the host, the input or the next dispatch).
+- compute: the time some non-collective op runs;
+- exposed collective: the time a collective op runs and no compute does (on the CPU a collective's time includes
+  waiting at its rendezvous for the slower devices; on a TPU the ``*-done`` op of an async collective waits for it:
+  that wait is the straggler signal, so it counts as collective time);
+- overlapped collective: the time a collective runs, or an async one is in flight (between its ``*-start`` and its
+  ``*-done``), under compute: what the compiler hid;
+- idle: the step window that no op covers. What idle holds depends on the device: the host's input, the next
+  dispatch, a host callback; on the CPU backend also a device's ops waiting for CPU threads the other devices hold
+  (on a loaded host, about half of it), since 8 "devices" share a few cores.
 
-``compute + exposed collective + idle == step`` by construction: exposed collective is the collective union minus the
-compute union, so compute and exposed collective are disjoint and together make up the union of all ops.
+``compute + exposed collective + idle == step`` by construction: exposed collective is the collective op time minus
+compute, so compute and exposed collective are disjoint and together make up the union of all ops.
 
-Step windows come from the host: window k is [start of step k, start of step k+1). With asynchronous dispatch a
-step's device work runs after its Python annotation has ended, so consecutive starts give the steady-state period, not
-the annotation's own length. The last annotated step only closes the window before it, and the first windows (the
-capture started inside them) are left out. Ops straddling a window's edge are clipped to it.
+The trace is read as XProf reads it (xprof/convert/xplane_to_step_events.cc, xplane_to_op_metrics_db.cc): straight
+from the XSpace protobuf (:mod:`tpuscope.exporter.xplane`), so that the event metadata's stats, where TPU and GPU
+runtimes keep each op's ``hlo_category``, are seen.
 
 Which events are ops:
 
-- CPU backend (what the tests run): there are no device planes. Each XLA thunk is an event on a ``/host:CPU`` thread
-  line with the stats ``hlo_op`` and ``device_ordinal``. One program's thunks hop between threads (a thunk that waits
-  at a rendezvous resumes on another), so a device's ops are gathered over all lines. Control-flow thunks (while,
-  conditional, call) run their bodies inline on the same thread: an op that encloses another op of its device on its
-  line is such a container, and only the ops it encloses count (else a loop's gaps would read as compute).
-- GPU and TPU (not testable on this machine's CPU): ``/device:GPU:N`` / ``/device:TPU:N`` planes, one per device,
-  whose "XLA Ops" line holds the HLO ops; without it (a raw GPU capture) the "Stream #..." lines hold the kernels.
-  Where device planes exist, the host's thunk events are ignored so that nothing is counted twice.
+- TPU and GPU: ``/device:TPU:N`` / ``/device:GPU:N`` planes, one per device, whose "XLA Ops" line holds the HLO
+  ops; without it (a raw GPU capture) the "Stream #..." lines hold the kernels. Ops nest on a line (a fusion and
+  what it holds, a while and its body): as XProf takes an op's self time, each op counts for the time none of the
+  ops it encloses runs, in its own category. A GPU's copies and fills (CUPTI's ``Memcpy*``, ``Memset*``) are not
+  ops: XProf files them as the host's input, and so here they leave the device idle. Where device planes exist, the
+  host's events are ignored so that nothing is counted twice.
+- CPU backend (what the tests run live): there are no device planes. Each XLA thunk is an event on a ``/host:CPU``
+  thread line with the stats ``hlo_op`` and ``device_ordinal``. One program's thunks hop between threads (a thunk
+  that waits at a rendezvous resumes on another), so a device's ops are gathered over all lines. Control-flow thunks
+  (while, conditional, call) run their bodies inline on the same thread: an op that encloses another op of its
+  device on its line is such a container, and only the ops it encloses count (else a loop's gaps, the host's own
+  overhead, would read as compute).
 
-Collectives are told by name (``COLLECTIVE_OP``): XLA names each instruction after its opcode or, for JAX, after the
-primitive (``all-reduce``, ``psum.7``, ``psum_invariant.28``, ``all_gather.3``, ``ppermute.3``...), and XProf
-(xprof/convert/xplane_to_step_events.cc) takes GPU kernels whose names start with ``nccl`` as collectives. TPU keeps
-an ``hlo_category`` stat in the event metadata, but ``ProfileEvent.stats`` does not show metadata stats, so names are
-all there is.
+Which ops are collectives: by the ``hlo_category`` stat of the op's event metadata, as XProf classifies them
+(:data:`COLLECTIVE_CATEGORIES`: it catches a ``fusion.12`` that holds a reduce-scatter, whose name says nothing);
+the async ops' categories (``async-start``, ``async-done``) say only that they are async, and their names say which
+(``all-reduce-done.3``). Where an op has no category (the CPU backend, CUPTI's kernels), its name tells
+(:data:`COLLECTIVE_OP`: XLA names an instruction after its opcode or, for JAX, after the primitive, and XProf
+takes GPU kernels whose names start with ``nccl`` as collectives). Each op is counted by how it was told
+(``ops_by_category``, ``ops_by_name``).
 
-The parse is one pass over the events plus a sort of each line's ops and of each device's intervals. On the bench's
-default model (8 CPU devices) a step is about 8,000 events and 550 KB of trace; 5 steps parse in about 65 ms (of which
-reading the events' stats is most). The trace reader (jaxlib's ``ProfileData``) is imported inside :func:`split_steps`,
-so importing this module costs nothing; loading it costs its process about 100 MiB, which is why the sidecar parses in a
-child process.
+An async collective is a ``*-start`` op and a ``*-done`` op of the same kind on the same line; each ``*-done``
+closes the oldest open ``*-start`` of its kind (libtpu also draws each async op's flight on an "Async XLA Ops"
+line: its collectives are read as in flight too). Their own time is collective op time; the time between them is the
+collective in flight: overlapped where compute runs, idle where nothing does (the core waits in the ``*-done``
+op, not in a gap).
+
+Step windows, one source for every device of the capture (so that a step's devices meet in it), the first that
+every device with ops has:
+
+1. the device's own "Steps" line (a TPU's: each event one step of that core, numbered by its ``group_id`` or its
+   name), but for a step that began before the first annotation (the capture may have started inside it) and a last
+   one under half the others' median (the capture's stop may have cut it);
+2. a GPU's kernels grouped by the step that launched them: the step annotation that the driver call with the
+   kernel's CUPTI ``correlation_id`` nests in, or, for a launch from a runtime thread, the annotation begun last
+   before it (XProf follows the runtime's flow events there); step k from its first kernel to the first kernel of
+   step k+1, so a GPU's idle between two steps is in the step (XProf's GPU step ends at its last kernel);
+3. the host's step annotations, window k being [start of step k, start of step k+1): with asynchronous dispatch a
+   step's device work runs after its Python annotation has ended, so consecutive starts give the steady-state
+   period, not the annotation's own length; the last annotated step only closes the window before it;
+4. without steps or annotations (batched inference, a job that annotates no step), each run of a program (the
+   events of a device's "XLA Modules" line).
+
+Empty windows are left out, and ops straddling a window's edge are clipped to it.
+
+The parse reads one plane at a time and keeps each device's intervals as flat arrays, merged as they come: it
+holds about 5 times the trace's bytes (a 30 MB trace of 1.9 million ops: 150 MB; the bench's 3 MB: 40 MB), and
+its process may map :data:`PARSE_MEMORY_BYTES` at most. On the bench's default model (8 CPU devices) a step is
+about 8,000 events and 550 KB of trace; tests/test_xspace.py prints the time a parse takes. Importing this module
+loads no jax, and reading a trace needs only protobuf: a sidecar without jaxlib parses too.
 """
 
 from __future__ import annotations
 
+import array
 import bisect
 import functools
-import importlib
 import itertools
 import re
-from collections.abc import Iterable, Sequence
+import statistics
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -60,20 +95,73 @@ from tpuscope.events import STEP_ANNOTATION
 
 # The HLO instruction names (and GPU kernel names) of collectives: an XLA opcode or a JAX collective primitive at the
 # start of the name, followed by its end or a separator (all-reduce-start.1, psum_invariant.28, all_gather.3), or a
-# kernel name starting with nccl.
+# kernel name starting with nccl (any case, as XProf's ClassifyGpuEvent).
 COLLECTIVE_OP = re.compile(
     r"^(?:nccl"
     r"|(?:ragged[-_])?(?:all[-_]reduce|all[-_]gather|reduce[-_]scatter|all[-_]to[-_]all"
-    r"|collective[-_]permute|collective[-_]broadcast|psum|pmax|pmin|ppermute|pbroadcast)(?:$|[-_.]))"
+    r"|collective[-_]permute|collective[-_]broadcast|psum|pmax|pmin|ppermute|pbroadcast)(?:$|[-_.]))",
+    re.IGNORECASE,
 )
+# The HLO categories of collectives, as tsl names them (xla_op_utils.h; XProf's IsCollective in
+# xprof/convert/smart_suggestion/signal_provider.h), with their async halves and fusions; send and recv move data
+# between devices too (a pipeline's stages).
+COLLECTIVE_CATEGORIES = frozenset(
+    {
+        "all-reduce",
+        "all-reduce-start",
+        "all-reduce-done",
+        "all-reduce fusion",
+        "all-reduce-scatter fusion",
+        "all-to-all",
+        "ragged-all-to-all",
+        "all-gather",
+        "all-gather-start",
+        "all-gather-done",
+        "all-gather fusion",
+        "reduce-scatter",
+        "reduce-scatter fusion",
+        "collective-permute",
+        "collective-permute-start",
+        "collective-permute-done",
+        "collective-broadcast",
+        "megacore fusion",
+        "host recv",
+        "host recv-done",
+        "host send",
+        "host send-done",
+        "send",
+        "send-done",
+        "recv",
+        "recv-done",
+    }
+)
+# Categories that say an op is one half of an async pair, not what it does: its name says that.
+ASYNC_CATEGORIES = frozenset({"async-start", "async-done", "async-update"})
+# The halves of an async op, at the end of its name's kind: all-reduce-start.3, all-gather-done.
+ASYNC_HALF = re.compile(r"^(?P<kind>.+?)-(?P<half>start|done)(?:[._]\d+)*$")
 
 # The planes of real devices; their trailing number is the device's ordinal.
 DEVICE_PLANE = re.compile(r"^/device:(?:GPU|TPU):(\d+)$")
 HOST_PLANE = "/host:CPU"
 OPS_LINE = "XLA Ops"
+ASYNC_OPS_LINE = "Async XLA Ops"  # libtpu: each async op's time in flight, from its start to its done
+STEPS_LINE = "Steps"
+MODULES_LINE = "XLA Modules"
 STREAM_LINE_PREFIX = "Stream #"
+COPY_EVENTS = ("Memcpy", "Memset")  # CUPTI's names of a GPU's copies and fills (MemcpyH2D, MemcpyD2H...)
+# Stat names, as tsl/profiler/utils/xplane_schema.h spells them.
+HLO_CATEGORY = "hlo_category"
+HLO_OP = "hlo_op"
+DEVICE_ORDINAL = "device_ordinal"
+STEP_NUM = "step_num"
+GROUP_ID = "group_id"
+CORRELATION_ID = "correlation_id"  # CUPTI's: a kernel's and the driver call's that launched it
 
-Interval = tuple[float, float]
+# The most memory the sidecar's parse child may map: a trace costs about 5 times its bytes to parse (a 30 MB one of
+# 1.9 million ops about 150 MB, a 3 MB one about 40 MB), so this parses traces of 70 MB or so, and leaves the
+# sidecar's container (512 MiB) room for the sidecar itself.
+PARSE_MEMORY_BYTES = 384 << 20
+Interval = tuple[int, int]  # picoseconds: a trace's clock is epoch nanoseconds, past a float's exact integers
 
 
 @dataclass(frozen=True)
@@ -89,26 +177,42 @@ class DeviceSplit:
 
 
 @dataclass(frozen=True)
+class StepSplit:
+    """One measured step, each figure a mean over the devices that ran it, in seconds."""
+
+    step_s: float
+    compute_s: float
+    exposed_collective_s: float
+    overlapped_collective_s: float
+    idle_s: float
+    slowest_compute_s: float  # the compute of the device with the most in this step
+
+
+@dataclass(frozen=True)
 class ProfiledSteps:
     """The split of the measured steps; each figure a mean per step and per device, in seconds."""
 
     steps: int  # steps measured
     devices: int  # devices measured: those with any op in the capture
     step_s: float  # the step window
-    compute_s: float  # union of non-collective (leaf) op time within the window
+    compute_s: float  # the time some non-collective op runs, within the window
     exposed_collective_s: float  # collective op time no compute covers
-    overlapped_collective_s: float  # collective op time covered by compute
+    overlapped_collective_s: float  # collective op or in-flight time compute covers
     idle_s: float  # the window minus the union of all ops
     slowest_compute_s: float  # per step, the compute of the device with the most, averaged over steps
     per_device: tuple[DeviceSplit, ...] = ()  # by device ordinal: the straggler's view
+    per_step: tuple[StepSplit, ...] = ()  # in time order: the spread from one step to the next
+    ops_by_category: int = 0  # ops told collective or not by their HLO category
+    ops_by_name: int = 0  # ops told by name only (no category in the trace)
+    windows_from: str = ""  # "device" (a plane's Steps line), "annotation" (the host's) or "module" (program runs)
 
 
 # --- interval math over sorted, disjoint (start, end) lists ------------------------------------------------------
 
 
-def union(intervals: Iterable[Interval]) -> list[Interval]:
+def union(intervals: Iterable[tuple[float, float]]) -> list[Any]:
     """The union of any intervals, as sorted disjoint intervals (touching ones merged, empty ones dropped)."""
-    merged: list[Interval] = []
+    merged: list[Any] = []
     for start, end in sorted(intervals):
         if end <= start:
             continue
@@ -120,12 +224,12 @@ def union(intervals: Iterable[Interval]) -> list[Interval]:
     return merged
 
 
-def total(intervals: Iterable[Interval]) -> float:
+def total(intervals: Iterable[tuple[float, float]]) -> Any:
     """The summed length of disjoint intervals."""
     return sum(end - start for start, end in intervals)
 
 
-def clip(intervals: Sequence[Interval], low: float, high: float) -> list[Interval]:
+def clip(intervals: Sequence[Any], low: float, high: float) -> list[Any]:
     """The parts of sorted disjoint intervals inside [low, high): a bisection, so each window costs only its own ops."""
     if high <= low:
         return []
@@ -137,9 +241,9 @@ def clip(intervals: Sequence[Interval], low: float, high: float) -> list[Interva
     return inside
 
 
-def subtract(intervals: Sequence[Interval], cover: Sequence[Interval]) -> list[Interval]:
+def subtract(intervals: Sequence[Any], cover: Sequence[Any]) -> list[Any]:
     """The parts of sorted disjoint ``intervals`` that sorted disjoint ``cover`` leaves uncovered: one merge pass."""
-    left: list[Interval] = []
+    left: list[Any] = []
     j = 0
     for start, end in intervals:
         while j < len(cover) and cover[j][1] <= start:
@@ -155,26 +259,232 @@ def subtract(intervals: Sequence[Interval], cover: Sequence[Interval]) -> list[I
     return left
 
 
+# --- telling ops apart -------------------------------------------------------------------------------------------
+
+
+@functools.lru_cache(maxsize=4096)
+def is_collective(name: str) -> bool:
+    """Whether an op of this name is a collective (``COLLECTIVE_OP``); a program has a few hundred names at most."""
+    return COLLECTIVE_OP.match(name) is not None
+
+
+def instruction(name: str) -> str:
+    """An op's HLO instruction name: libtpu names an op by its whole HLO text (``%all-reduce.3 = f32[...] ...``)."""
+    return name[1:].split(" ", 1)[0] if name.startswith("%") else name
+
+
+def is_collective_op(name: str, category: str | None) -> bool:
+    """Whether an op is a collective: by its HLO category where it has one, as XProf tells; else by its name."""
+    if category is None or category in ASYNC_CATEGORIES:
+        return is_collective(instruction(name))
+    return category in COLLECTIVE_CATEGORIES
+
+
+def async_half(name: str) -> tuple[str, str] | None:
+    """``(kind, "start" | "done")`` for the half of an async collective (``all-reduce-start.3``), else None."""
+    match = ASYNC_HALF.match(instruction(name))
+    if match is None or not is_collective(match["kind"]):
+        return None
+    return match["kind"], match["half"]
+
+
 # --- reading the trace -------------------------------------------------------------------------------------------
 
 
 @dataclass
 class _Ops:
-    """One device's leaf ops, as raw intervals (ns), compute and collective apart."""
+    """One device's ops, as raw intervals (ps): compute and collective op time, and async collectives in flight."""
 
-    compute: list[Interval] = field(default_factory=list)
-    collective: list[Interval] = field(default_factory=list)
+    # Flat (start, end, start, end...) arrays of 8-byte integers: a busy device's ops are hundreds of thousands of
+    # intervals, which as tuples of Python ints would cost ten times the memory (the sidecar's parse is bounded).
+    compute: array.array[int] = field(default_factory=lambda: array.array("q"))
+    collective: array.array[int] = field(default_factory=lambda: array.array("q"))
+    in_flight: array.array[int] = field(default_factory=lambda: array.array("q"))
+    steps: list[tuple[int, Interval]] = field(default_factory=list)  # (number, window) from the Steps line
+    modules: list[tuple[int, Interval]] = field(default_factory=list)  # (index, run) from the XLA Modules line
+    kernels: list[tuple[int, Interval]] = field(default_factory=list)  # (correlation id, span) of a GPU's kernels
 
 
-# An op read from a line: start, and minus its end (ns: a plain tuple sort then puts an op before the ops it encloses
+@dataclass
+class _Trace:
+    """What a capture holds: the host's step annotations and each device's ops, and how ops were told apart."""
+
+    step_starts: dict[int, int] = field(default_factory=dict)  # step number -> earliest start (ps)
+    host_ops: dict[int, _Ops] = field(default_factory=dict)  # the CPU backend's thunks, by device ordinal
+    device_ops: dict[int, _Ops] = field(default_factory=dict)  # device planes' ops, by device ordinal
+    by_category: int = 0  # device ops told by their HLO category
+    by_name: int = 0  # device ops told by name only
+    host_thunks: int = 0  # the CPU backend's thunks: all told by name
+    annotated: list[tuple[int, int, int]] = field(default_factory=list)  # every thread's (start, end, step number)
+    launches: list[tuple[int, int, int]] = field(default_factory=list)  # (correlation id, step or -1, launch time)
+    launched: dict[int, int] = field(default_factory=dict)  # a kernel's correlation id -> the step that launched it
+    origin_ns: int | None = None  # the first line's start: times are picoseconds from it (epoch ps overflow int64)
+
+    def base(self, line: Any) -> int:
+        """Where a line's events' offsets count from, in picoseconds from the trace's origin."""
+        if self.origin_ns is None:
+            self.origin_ns = int(line.timestamp_ns)
+        return (int(line.timestamp_ns) - self.origin_ns) * 1000
+
+    def resolve_launches(self) -> None:
+        """A kernel's step: the annotation its launch nests in on its thread; else, where a runtime thread launched
+        it, the step whose annotation began last before the launch (XProf follows the runtime's own flow events
+        there; this reading holds while the job's thread does not run a step ahead of its launches)."""
+        starts = sorted((start, number) for start, _, number in self.annotated)
+        for correlation_id, number, at in self.launches:
+            if number < 0 and (i := bisect.bisect_right(starts, (at, 1 << 62)) - 1) >= 0:
+                number = starts[i][1]
+            if number >= 0:
+                self.launched[correlation_id] = number
+
+
+class _Plane:
+    """A plane's two tables, looked up once per metadata id rather than once per event."""
+
+    def __init__(self, plane: Any) -> None:
+        self.plane = plane
+        self.stat_ids = {meta.name: key for key, meta in plane.stat_metadata.items()}
+
+    def stat_id(self, name: str) -> int:
+        return int(self.stat_ids.get(name, -1))
+
+    def text(self, stat: Any) -> str:
+        """A stat's string: its own, or the name of the stat metadata its ref_value names."""
+        if stat.HasField("ref_value"):
+            meta = self.plane.stat_metadata.get(stat.ref_value)
+            return str(meta.name) if meta is not None else ""
+        return str(stat.str_value)
+
+    @staticmethod
+    def number(stat: Any) -> int:
+        kind = stat.WhichOneof("value")
+        return int(getattr(stat, kind)) if kind in ("int64_value", "uint64_value") else -1
+
+    def category(self, metadata_id: int) -> str | None:
+        return self._categories.get(metadata_id)
+
+    def kind(self, metadata_id: int) -> tuple[bool, tuple[str, str] | None, bool]:
+        """Whether the ops of this metadata are collectives, which half of an async collective they are (or None),
+        and whether that was told by category: once per metadata id, not per event."""
+        if (known := self._kinds.get(metadata_id)) is None:
+            name, category = self.name(metadata_id), self.category(metadata_id)
+            collective = is_collective_op(name, category)
+            known = self._kinds[metadata_id] = (
+                collective,
+                async_half(name) if collective else None,
+                category is not None,
+            )
+        return known
+
+    @functools.cached_property
+    def _kinds(self) -> dict[int, tuple[bool, tuple[str, str] | None, bool]]:
+        return {}
+
+    @functools.cached_property
+    def _categories(self) -> dict[int, str]:
+        wanted = self.stat_id(HLO_CATEGORY)
+        return {
+            key: self.text(stat)
+            for key, meta in self.plane.event_metadata.items()
+            for stat in meta.stats
+            if stat.metadata_id == wanted
+        }
+
+    def name(self, metadata_id: int) -> str:
+        meta = self.plane.event_metadata.get(metadata_id)
+        return str(meta.name) if meta is not None else ""
+
+    def is_copy(self, metadata_id: int) -> bool:
+        return self.name(metadata_id).startswith(COPY_EVENTS)
+
+
+def _read(data: bytes) -> _Trace:
+    """What a serialized capture holds, one plane at a time: each device's ops are merged into their unions as its
+    plane is read, so the parse holds one plane's events at most, not the whole trace's."""
+    from tpuscope.exporter import xplane
+
+    trace = _Trace()
+    for plane in xplane.planes(data):
+        if plane.name == HOST_PLANE:
+            _read_host(_Plane(plane), trace)
+        elif match := DEVICE_PLANE.match(plane.name):
+            _read_device(_Plane(plane), int(match.group(1)), trace)
+    trace.resolve_launches()
+    return trace
+
+
+def _start(trace: _Trace, line: Any, event: Any) -> int:
+    return trace.base(line) + int(event.offset_ps)
+
+
+def _read_host(plane: _Plane, trace: _Trace) -> None:
+    """The host's step annotations, and (the CPU backend) its threads' thunks.
+
+    Reading stats is most of the parse's cost, so they are read only where they can matter, and only until what is
+    looked for is found: a thunk's event is named by its HLO instruction, whose names XLA keeps to
+    ``[A-Za-z0-9_.-]`` (its NameUniquer), while most other events ("Wait for donation holds", "end: dot.1",
+    "ThunkExecutor::Execute", the Python tracer's "$file.py:12 f") have a space or a colon; and a thunk's first
+    stats are ``hlo_op`` and ``device_ordinal``, before the costlier source location and flow ids."""
+    metadata = plane.plane.event_metadata
+    steps = {key for key, meta in metadata.items() if meta.name == STEP_ANNOTATION}
+    thunks = {key for key, meta in metadata.items() if " " not in meta.name and ":" not in meta.name} - steps
+    step_num, hlo_op, ordinal = plane.stat_id(STEP_NUM), plane.stat_id(HLO_OP), plane.stat_id(DEVICE_ORDINAL)
+    correlation = plane.stat_id(CORRELATION_ID)
+    for line in plane.plane.lines:
+        ops: list[_Op] = []
+        annotated: list[tuple[int, int, int]] = []  # this thread's steps: (start, end, number)
+        launches: list[tuple[int, int]] = []  # this thread's kernel launches: (start, correlation id)
+        for event in line.events:
+            key = event.metadata_id
+            if key in steps:
+                for stat in event.stats:
+                    if stat.metadata_id == step_num and (number := plane.number(stat)) >= 0:
+                        start = _start(trace, line, event)
+                        trace.step_starts[number] = min(trace.step_starts.get(number, start), start)
+                        annotated.append((start, start + int(event.duration_ps), number))
+                        break
+            elif key in thunks:
+                op: str | None = None
+                device = -1
+                for stat in event.stats:
+                    if stat.metadata_id == hlo_op:
+                        op = plane.text(stat)
+                    elif stat.metadata_id == ordinal:
+                        device = plane.number(stat)
+                    elif stat.metadata_id == correlation:  # a driver call (cuLaunchKernel): has no HLO op
+                        launches.append((_start(trace, line, event), plane.number(stat)))
+                        break
+                    if op is not None and device >= 0:
+                        start = _start(trace, line, event)
+                        ops.append((start, -(start + int(event.duration_ps)), device, op))
+                        break
+        trace.host_thunks += len(ops)
+        _add_leaves(ops, trace.host_ops)
+        trace.annotated.extend(annotated)
+        trace.launches.extend(_launched_in(annotated, launches))
+
+
+def _launched_in(annotated: list[tuple[int, int, int]], launches: list[tuple[int, int]]) -> list[tuple[int, int, int]]:
+    """Which step launched each kernel, ``(correlation id, step number or -1, launch time)``: the step annotation
+    its driver call nests in on the same thread (as XProf groups a GPU's kernels into steps, through CUPTI's
+    correlation ids); -1 where it nests in none (a runtime thread launched it: see _Trace.resolve_launches)."""
+    annotated = sorted(annotated)
+    starts = [start for start, _, _ in annotated]
+    found = []
+    for at, correlation_id in launches:
+        i = bisect.bisect_right(starts, at) - 1
+        found.append((correlation_id, annotated[i][2] if i >= 0 and at < annotated[i][1] else -1, at))
+    return found
+
+
+# An op read from a line: start, and minus its end (ps: a plain tuple sort then puts an op before the ops it encloses
 # even when they start together), device ordinal, HLO name.
-_Op = tuple[float, float, int, str]
+_Op = tuple[int, int, int, str]
 
 
 def _add_leaves(line_ops: list[_Op], devices: dict[int, _Ops]) -> None:
-    """Add a line's ops to their devices, leaving out the containers (ops enclosing another op of their device).
-
-    Events on one thread nest like a call stack, so a stack of the ops still open finds each op's parent."""
+    """Add a CPU thread's thunks to their devices, leaving out the containers (ops enclosing another op of their
+    device). Events on one thread nest like a call stack, so a stack of the ops still open finds each op's parent."""
     line_ops.sort()
     container = [False] * len(line_ops)
     open_ops: list[int] = []
@@ -189,134 +499,257 @@ def _add_leaves(line_ops: list[_Op], devices: dict[int, _Ops]) -> None:
     for (start, minus_end, device, name), enclosing in zip(line_ops, container, strict=True):
         if not enclosing:
             ops = devices.setdefault(device, _Ops())
-            (ops.collective if is_collective(name) else ops.compute).append((start, -minus_end))
+            (ops.collective if is_collective(name) else ops.compute).extend((start, -minus_end))
 
 
-@functools.lru_cache(maxsize=4096)
-def is_collective(name: str) -> bool:
-    """Whether an op of this name is a collective (``COLLECTIVE_OP``); a program has a few hundred names at most."""
-    return COLLECTIVE_OP.match(name) is not None
+def _read_device(plane: _Plane, ordinal: int, trace: _Trace) -> None:
+    """A device plane's ops (its "XLA Ops" line, else its stream lines) and its own steps (its "Steps" line)."""
+    lines = list(plane.plane.lines)
+    ops_lines = [line for line in lines if line.name == OPS_LINE] or [
+        line for line in lines if line.name.startswith(STREAM_LINE_PREFIX)
+    ]
+    ops = trace.device_ops.setdefault(ordinal, _Ops())
+    for line in ops_lines:
+        _add_device_line(plane, line, ops, trace)
+    for line in lines:
+        if line.name == ASYNC_OPS_LINE:  # the collectives in flight, where libtpu draws them itself
+            for event in line.events:
+                if plane.kind(event.metadata_id)[0]:
+                    start = _start(trace, line, event)
+                    ops.in_flight.extend((start, start + int(event.duration_ps)))
+    group_id = plane.stat_id(GROUP_ID)
+    for line in lines:
+        if line.name == STEPS_LINE:
+            for index, event in enumerate(line.events):
+                number = next((plane.number(s) for s in event.stats if s.metadata_id == group_id), -1)
+                if number < 0:
+                    name = plane.name(event.metadata_id)
+                    number = int(name) if name.isdigit() else index
+                start = _start(trace, line, event)
+                ops.steps.append((number, (start, start + int(event.duration_ps))))
+        elif line.name == MODULES_LINE:
+            for index, event in enumerate(line.events):
+                start = _start(trace, line, event)
+                ops.modules.append((index, (start, start + int(event.duration_ps))))
+    if not (ops.compute or ops.collective):
+        del trace.device_ops[ordinal]
 
 
-def _read(profile: Any) -> tuple[dict[int, float], dict[int, _Ops]]:
-    """The start (ns) of each annotated step by step number, and each device's leaf ops."""
-    step_starts: dict[int, float] = {}
-    host_ops: dict[int, _Ops] = {}
-    device_ops: dict[int, _Ops] = {}
-    for plane in profile.planes:
-        if plane.name == HOST_PLANE:
-            for line in plane.lines:
-                _add_leaves(_read_host_line(line, step_starts), host_ops)
-        elif match := DEVICE_PLANE.match(plane.name):
-            ordinal = int(match.group(1))
-            lines = list(plane.lines)
-            ops_lines = [line for line in lines if line.name == OPS_LINE] or [
-                line for line in lines if line.name.startswith(STREAM_LINE_PREFIX)
-            ]
-            for line in ops_lines:
-                _add_leaves([(event.start_ns, -event.end_ns, ordinal, event.name) for event in line.events], device_ops)
-    return step_starts, device_ops or host_ops
+def _add_device_line(plane: _Plane, line: Any, ops: _Ops, trace: _Trace) -> None:
+    """A device line's ops, each for its self time (the time no op it encloses runs) in its own kind; async
+    collectives' halves paired into their time in flight.
 
-
-def _read_host_line(line: Any, step_starts: dict[int, float]) -> list[_Op]:
-    """A host thread's thunks; its step annotations go into ``step_starts`` (the earliest start of each number).
-
-    Reading stats is most of the parse's cost, so they are read only where they can matter, and only until what is
-    looked for is found: a thunk's event is named by its HLO instruction, whose names XLA keeps to
-    ``[A-Za-z0-9_.-]`` (its NameUniquer), while most other events ("Wait for donation holds", "end: dot.1",
-    "ThunkExecutor::Execute", the Python tracer's "$file.py:12 f") have a space or a colon; and a thunk's first
-    stats are ``hlo_op`` and ``device_ordinal``, before the costlier source location and flow ids."""
-    ops: list[_Op] = []
-    for event in line.events:
-        name = event.name
-        if " " in name or ":" in name:
-            continue
-        op: str | None = None
-        device: int | None = None
-        for key, value in event.stats:
-            if key == "step_num" and name == STEP_ANNOTATION and isinstance(value, int):
-                step_starts[value] = min(step_starts.get(value, event.start_ns), event.start_ns)
+    One pass in time order with a stack of the ops still open, each piece of self time merged into the last as it
+    comes (a TPU's ops run back to back): a line of 240,000 ops leaves a few thousand intervals, not a list of
+    every op. A line whose events are not in time order (the profiler writes them in order) is sorted first."""
+    open_starts: dict[str, list[int]] = defaultdict(list)  # async kind -> starts still waiting for their done
+    correlation = plane.stat_id(CORRELATION_ID) if line.name.startswith(STREAM_LINE_PREFIX) else -2
+    base = trace.base(line)
+    events: Iterable[Any] = line.events
+    offsets = [(event.offset_ps, -event.duration_ps) for event in line.events[:2]]
+    if any(a > b for a, b in itertools.pairwise(event.offset_ps for event in line.events)) or offsets != sorted(
+        offsets
+    ):
+        events = sorted(line.events, key=lambda event: (event.offset_ps, -event.duration_ps))
+    compute, collective_time = _Merged(ops.compute), _Merged(ops.collective)
+    stack: list[list[Any]] = []  # the ops still open: [end, merged list of its kind, where its self time resumes]
+    for event in events:
+        collective, half, by_category = plane.kind(event.metadata_id)
+        if half is None and not collective and plane.is_copy(event.metadata_id):
+            continue  # CUPTI's copies on a GPU's stream lines: the host's input, not compute (as XProf files them)
+        start = base + int(event.offset_ps)
+        end = start + int(event.duration_ps)
+        for stat in event.stats if correlation >= 0 else ():
+            if stat.metadata_id == correlation:  # a GPU kernel: the step that launched it is found on the host
+                ops.kernels.append((plane.number(stat), (start, end)))
                 break
-            if key == "hlo_op":
-                op = str(value)
-            elif key == "device_ordinal" and isinstance(value, int):
-                device = value
-            if op is not None and device is not None:
-                ops.append((event.start_ns, -event.end_ns, device, op))
-                break
-    return ops
+        if by_category:
+            trace.by_category += 1
+        else:
+            trace.by_name += 1
+        if half is not None:
+            kind, which = half
+            if which == "start":
+                open_starts[kind].append(start)
+            elif open_starts[kind]:
+                ops.in_flight.extend((open_starts[kind].pop(0), end))
+        _close_until(stack, start, end)
+        if stack:  # inside an op: that op's self time pauses here
+            parent = stack[-1]
+            parent[1].add(parent[2], start)
+            parent[2] = max(parent[2], start)
+        stack.append([end, collective_time if collective else compute, start])
+    _close_until(stack, None, None)
 
 
-def _windows(step_starts: dict[int, float], skip_first: int) -> list[Interval]:
-    """The measured step windows: [start of a step, start of the next) in time order, the first ``skip_first`` out.
+def _close_until(stack: list[list[Any]], start: int | None, end: int | None) -> None:
+    """Close the open ops that an op from ``start`` to ``end`` is not inside (all of them at None): those that
+    ended by its start, and one it outlasts (ops of a line nest or follow; one that overlaps without nesting is
+    taken as a neighbour, not a parent). Each adds the rest of its self time."""
+    while stack and (start is None or end is None or stack[-1][0] <= start or stack[-1][0] < end):
+        end, merged, resume = stack.pop()
+        merged.add(resume, end)
+        if stack:
+            stack[-1][2] = max(stack[-1][2], end)
+
+
+class _Merged:
+    """Intervals in a flat array that merges each new one into the last where they touch (they mostly come in
+    order)."""
+
+    def __init__(self, flat: array.array[int]) -> None:
+        self.flat = flat
+
+    def add(self, start: int, end: int) -> None:
+        if end <= start:
+            return
+        flat = self.flat
+        if flat and flat[-2] <= start <= flat[-1]:
+            if end > flat[-1]:
+                flat[-1] = end
+        else:
+            flat.extend((start, end))
+
+
+def _pairs(flat: array.array[int]) -> Iterator[Interval]:
+    """The (start, end) intervals of a flat array."""
+    return zip(flat[0::2], flat[1::2], strict=True)
+
+
+# --- the split ---------------------------------------------------------------------------------------------------
+
+
+Windows = dict[int, list[tuple[int, Interval]]]  # device ordinal -> its (step number, window) in time order
+
+
+def _windows(trace: _Trace, devices: dict[int, _Ops], skip_first: int) -> tuple[str, Windows]:
+    """The capture's step windows, and where they come from: one source for every device (steps numbered one way,
+    so that a step's devices meet in it), the first that every device with ops has: its own steps (a TPU's Steps
+    line; a GPU's kernels by the step that launched them), the host's annotations, its programs' runs."""
+    first_annotation = min(trace.step_starts.values(), default=None)
+    annotated = _annotation_windows(trace.step_starts, skip_first)
+    sources: list[tuple[str, Callable[[_Ops], list[tuple[int, Interval]]]]] = [
+        ("device", lambda ops: _device_steps(ops.steps, first_annotation)),
+        ("device", lambda ops: _launched_windows(ops.kernels, trace.launched)),
+        ("annotation", lambda ops: annotated),
+        ("module", lambda ops: sorted(ops.modules, key=lambda run: run[1])),
+    ]
+    for name, source in sources:
+        windows = {ordinal: [w for w in source(ops) if w[1][1] > w[1][0]] for ordinal, ops in devices.items()}
+        if windows and all(windows.values()):
+            return name, windows
+    return "", {}
+
+
+def _annotation_windows(step_starts: dict[int, int], skip_first: int) -> list[tuple[int, Interval]]:
+    """The host's step windows: [start of a step, start of the next) in time order, numbered by the step that
+    begins them, the first ``skip_first`` out.
 
     Time order, not step-number order: the windows are the timeline's, whatever the numbers say."""
-    starts = sorted(step_starts.values())
-    return list(itertools.pairwise(starts))[skip_first:]
+    starts = sorted((start, number) for number, start in step_starts.items())
+    return [(number, (start, following)) for (start, number), (following, _) in itertools.pairwise(starts)][skip_first:]
 
 
-def split_steps(xspace: bytes, skip_first: int = 1) -> ProfiledSteps | None:
-    """The split of a capture's annotated steps; None when no step window remains or the trace holds no device op.
+def _device_steps(steps: list[tuple[int, Interval]], first_annotation: int | None) -> list[tuple[int, Interval]]:
+    """A device's own steps, in time order, but for one that began before the first annotation (the capture may
+    have begun inside it) and a last one much shorter than the others (the capture's stop may have cut it)."""
+    kept = [
+        s for s in sorted(steps, key=lambda step: step[1]) if first_annotation is None or s[1][0] >= first_annotation
+    ]
+    if len(kept) >= 3:
+        *others, (_, (start, end)) = kept
+        if end - start < 0.5 * statistics.median(high - low for _, (low, high) in others):
+            kept.pop()
+    return kept
 
-    ``skip_first``: windows to leave out at the start (the capture's own start is in the first)."""
-    step_starts, devices = _read(profile_data().from_serialized_xspace(xspace))
-    windows = _windows(step_starts, skip_first)
-    if not windows or not devices:
+
+def split_steps(xspace: bytes, skip_first: int = 0) -> ProfiledSteps | None:
+    """The split of a capture's steps; None when no step window remains or the trace holds no device op.
+
+    ``skip_first``: annotation windows to leave out at the start (the job annotates only steps whose windows the
+    session saw whole: none by default)."""
+    trace = _read(xspace)
+    devices = trace.device_ops or trace.host_ops
+    windows_from, measured = _windows(trace, devices, skip_first)
+    if not measured:
         return None
-    splits = [_device_split(ordinal, devices[ordinal], windows) for ordinal in sorted(devices)]
-    per_device = tuple(split for split, _ in splits)
-    compute_by_window = zip(*(computes for _, computes in splits), strict=True)
+    per_device: list[DeviceSplit] = []
+    by_step: dict[int, list[tuple[int, int, int, int, int]]] = defaultdict(list)
+    for ordinal in sorted(measured):
+        split, steps = _device_split(ordinal, devices[ordinal], measured[ordinal])
+        per_device.append(split)
+        for number, parts in steps:
+            by_step[number].append(parts)
+    per_step = tuple(_step_split(by_step[number]) for number in sorted(by_step, key=lambda n: _first(n, measured)))
     return ProfiledSteps(
-        steps=len(windows),
+        steps=len(per_step),
         devices=len(per_device),
-        step_s=_mean(d.step_s for d in per_device),
-        compute_s=_mean(d.compute_s for d in per_device),
-        exposed_collective_s=_mean(d.exposed_collective_s for d in per_device),
-        overlapped_collective_s=_mean(d.overlapped_collective_s for d in per_device),
-        idle_s=_mean(d.idle_s for d in per_device),
-        slowest_compute_s=_mean(max(computes) for computes in compute_by_window) * 1e-9,
-        per_device=per_device,
+        step_s=_mean(s.step_s for s in per_step),
+        compute_s=_mean(s.compute_s for s in per_step),
+        exposed_collective_s=_mean(s.exposed_collective_s for s in per_step),
+        overlapped_collective_s=_mean(s.overlapped_collective_s for s in per_step),
+        idle_s=_mean(s.idle_s for s in per_step),
+        slowest_compute_s=_mean(s.slowest_compute_s for s in per_step),
+        per_device=tuple(per_device),
+        per_step=per_step,
+        ops_by_category=trace.by_category if trace.device_ops else 0,
+        ops_by_name=trace.by_name if trace.device_ops else trace.host_thunks,
+        windows_from=windows_from or "annotation",
     )
 
 
-def _device_split(ordinal: int, ops: _Ops, windows: list[Interval]) -> tuple[DeviceSplit, list[float]]:
-    """One device's split over the windows, and its compute (ns) in each window."""
-    compute_ops, collective_ops = union(ops.compute), union(ops.collective)
-    computes: list[float] = []
-    exposed = overlapped = 0.0
-    for low, high in windows:
-        compute, collective = clip(compute_ops, low, high), clip(collective_ops, low, high)
-        computes.append(total(compute))
-        exposed_here = total(subtract(collective, compute))
-        exposed += exposed_here
-        overlapped += total(collective) - exposed_here
-    span, compute_t = sum(high - low for low, high in windows), sum(computes)
-    per_step_s = 1e-9 / len(windows)
-    split = DeviceSplit(
-        device=ordinal,
-        step_s=span * per_step_s,
-        compute_s=compute_t * per_step_s,
-        exposed_collective_s=exposed * per_step_s,
-        overlapped_collective_s=overlapped * per_step_s,
-        idle_s=(span - compute_t - exposed) * per_step_s,
+def _launched_windows(kernels: list[tuple[int, Interval]], launched: dict[int, int]) -> list[tuple[int, Interval]]:
+    """A GPU's own steps: step k from its first kernel that step k launched to the first that step k+1 did (the
+    device's period, its idle between steps included; XProf takes a GPU step the same way, to its last kernel)."""
+    first: dict[int, int] = {}
+    for correlation_id, (start, _) in kernels:
+        if (number := launched.get(correlation_id)) is not None:
+            first[number] = min(first.get(number, start), start)
+    starts = sorted((start, number) for number, start in first.items())
+    return [(number, (start, following)) for (start, number), (following, _) in itertools.pairwise(starts)]
+
+
+def _first(number: int, windows: dict[int, list[tuple[int, Interval]]]) -> int:
+    """When step ``number`` began on the first device that ran it: steps are listed in time order."""
+    return min(window[0] for steps in windows.values() for n, window in steps if n == number)
+
+
+PS = 1e-12
+
+
+def _device_split(
+    ordinal: int, ops: _Ops, windows: list[tuple[int, Interval]]
+) -> tuple[DeviceSplit, list[tuple[int, tuple[int, int, int, int, int]]]]:
+    """One device's split over its windows, and each window's parts (ps): step, compute, exposed and overlapped
+    collective, idle."""
+    compute_ops, collective_ops = union(_pairs(ops.compute)), union(_pairs(ops.collective))
+    # what overlap is judged on: in flight counts
+    collective_time = union(itertools.chain(collective_ops, _pairs(ops.in_flight)))
+    steps: list[tuple[int, tuple[int, int, int, int, int]]] = []
+    for number, (low, high) in windows:
+        compute = clip(compute_ops, low, high)
+        computed = total(compute)
+        exposed = total(subtract(clip(collective_ops, low, high), compute))
+        busy = clip(collective_time, low, high)
+        overlapped = total(busy) - total(subtract(busy, compute))
+        steps.append((number, (high - low, computed, exposed, overlapped, high - low - computed - exposed)))
+    per_step = PS / len(steps)
+    sums = [sum(parts[i] for _, parts in steps) for i in range(5)]
+    split = DeviceSplit(ordinal, *(value * per_step for value in sums))
+    return split, steps
+
+
+def _step_split(devices: list[tuple[int, int, int, int, int]]) -> StepSplit:
+    """A step's split: the mean over the devices that ran it, and the most compute of any."""
+    step, compute, exposed, overlapped, idle = (
+        sum(parts[i] for parts in devices) / len(devices) * PS for i in range(5)
     )
-    return split, computes
+    return StepSplit(step, compute, exposed, overlapped, idle, max(parts[1] for parts in devices) * PS)
 
 
 def _mean(values: Iterable[float]) -> float:
     listed = list(values)
     return sum(listed) / len(listed)
-
-
-def profile_data() -> Any:
-    """jaxlib's trace reader: from jaxlib alone where it can be (30 ms), else through the public ``jax.profiler``
-    (which imports all of jax: half a second)."""
-    try:
-        return importlib.import_module("jaxlib._profile_data").ProfileData
-    except (ImportError, AttributeError):
-        from jax.profiler import ProfileData
-
-        return ProfileData
 
 
 def device_profile(split: ProfiledSteps | None) -> events.DeviceProfile:
@@ -333,6 +766,19 @@ def device_profile(split: ProfiledSteps | None) -> events.DeviceProfile:
         overlapped_collective_s=split.overlapped_collective_s,
         idle_s=split.idle_s,
         slowest_compute_s=split.slowest_compute_s,
+        per_step=tuple(
+            events.ProfiledStep(
+                step_s=s.step_s,
+                compute_s=s.compute_s,
+                exposed_collective_s=s.exposed_collective_s,
+                overlapped_collective_s=s.overlapped_collective_s,
+                idle_s=s.idle_s,
+                slowest_compute_s=s.slowest_compute_s,
+            )
+            for s in split.per_step[-events.PROFILE_MAX_STEPS :]
+        ),
+        ops_by_category=split.ops_by_category,
+        ops_by_name=split.ops_by_name,
     )
 
 
@@ -340,11 +786,18 @@ def main(argv: Sequence[str]) -> int:
     """``python -m tpuscope.exporter.xspace TRACE``: print the trace's DeviceProfile as JSON (the sidecar's parse).
 
     The sidecar runs it at the lowest CPU priority (exporter/profiles.py). The file is opened without following
-    a link, and one over :data:`~tpuscope.events.PROFILE_MAX_BYTES` is refused unread."""
+    a link, and one over :data:`~tpuscope.events.PROFILE_MAX_BYTES` is refused unread. The process may use
+    :data:`PARSE_MEMORY_BYTES` at most: a trace too big to parse in it fails here (a MemoryError, counted an error
+    by the sidecar), not the sidecar's container."""
     import os
+    import resource
     import sys
 
     import msgspec
+
+    _, hard = resource.getrlimit(resource.RLIMIT_AS)
+    if hard == resource.RLIM_INFINITY or hard > PARSE_MEMORY_BYTES:
+        resource.setrlimit(resource.RLIMIT_AS, (PARSE_MEMORY_BYTES, hard))
 
     (path,) = argv
     fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)

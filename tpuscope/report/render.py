@@ -105,7 +105,9 @@ def _sections(report: Report) -> Iterable[tuple[str, str, str, Draw | None, str]
             "the mean of the captures in the window (from Prometheus, each worker's). Compute is the union of "
             "the non-collective ops, exposed collective the collective ops no compute hid (waiting for the "
             "other devices and hosts: a straggler, the interconnect, the sharding), idle the time with no op "
-            "at all (waiting for the host, the input, the next dispatch). Unlike the host-timed phases above, "
+            "at all (waiting for the host, the input, the next dispatch, and where a host has more devices than "
+            "free cores, one device's ops waiting for CPU threads the others hold). Unlike the host-timed phases "
+            "above, "
             "this splits one fused program.",
             None,
             _profile_table(report.profile),

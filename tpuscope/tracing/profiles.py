@@ -12,14 +12,22 @@ JAX itself uses, held in memory) and hands the trace to the sidecar, which parse
   widening its period), its captures are still a subset of the other's: every host that captures at a
   step captures the same steps. Each attempt's event says the wall time K steps now take
   (``DeviceProfile.period_s``): the sidecar serves it, and the rules count a capture fresh for a few of them.
+- **Which of them are measured.** The session starts on the profiler's thread while the step that asked for
+  it runs: that step is neither traced whole nor annotated (a trace's first annotation is the step after it, or
+  later on a starved host: never a step the session began inside). The first step begun inside the session is a
+  lead-in, not annotated either: ops dispatched before the session (an asynchronous job's earlier steps) began
+  untraced, and a window they ran into would read their time as idle. Then :data:`CAPTURED_STEPS` steps are
+  annotated, and the sidecar measures every window between two consecutive annotations the trace holds: 5
+  steps, and still 4 should the trace lack one.
 - **What it costs the job.** On the training thread, while a capture runs: a step annotation and a clock
-  read per step (about a microsecond). On the profiler's thread, at the lowest CPU priority: starting and
-  stopping the trace (JAX's stop serializes it without holding the GIL) and writing it into the sidecar's
+  read per annotated step (about a microsecond). On the profiler's thread, at the lowest CPU priority: starting
+  and stopping the trace (JAX's stop serializes it without holding the GIL) and writing it into the sidecar's
   spool; never a parse. That cost is measured each time (``capture_s``); a capture costing more than
   :data:`COST_BUDGET` of its period's wall time doubles K.
 - **Bounded.** JAX's profiler buffers every op it sees in host memory (hundreds of MB a second on a busy
-  CPU backend), so a capture must not outlive its steps: it ends after :data:`CAPTURED_STEPS` traced steps,
-  or is discarded (counted ``error``, said once) when the job goes :data:`DEADLINE_STEPS` mean step times
+  CPU backend), so a capture must not outlive its steps: it ends after its lead-in and :data:`CAPTURED_STEPS`
+  annotated steps (with the end of the step that asked, 8 steps' ops: 0.2 s of the bench's 25 ms steps), or is
+  discarded (counted ``error``, said once) when the job goes :data:`DEADLINE_STEPS` mean step times
   (at least :data:`DEADLINE_FLOOR`) without starting or ending a step: an eval, a checkpoint, the loop's end.
   Each step pushes that deadline forward; the profiler's thread waits for it. (``ProfileOptions.duration_ms``
   bounds only a remote capture through a profiler server; an in-process session ignores it.)
@@ -68,10 +76,12 @@ log = logging.getLogger("tpuscope")
 
 PERIOD_ENV = "TPUSCOPE_PROFILE_PERIOD"
 DEFAULT_PERIOD = 600.0  # seconds: a capture every 10 minutes of steps
-# Steps annotated per capture, all inside the session (it starts on the profiler's thread, and the steps
-# before it runs are not annotated). Their starts bound the windows the sidecar measures; the first window
-# is left out (the profiler's own start lands in it): 2 steps measured.
-CAPTURED_STEPS = 4
+# Steps begun inside a capture's session before its first annotated one, themselves not annotated: ops dispatched
+# before the session began untraced, and a window they ran into would read their time as idle.
+LEAD_IN_STEPS = 1
+# Steps annotated per capture, after the lead-in. The sidecar measures every window [start of an annotated step,
+# start of the next) the trace holds: 5 steps measured, and 4 should the trace hold one annotation fewer.
+CAPTURED_STEPS = 6
 WARMUP_STEPS = 10  # a process's first steps compile: no capture, and their time does not count
 COST_BUDGET = 0.005  # the most of its period's wall time a capture may cost before the period widens
 STEP_TIME_SMOOTHING = 0.1  # weight of the newest step in the mean step time that K follows
@@ -196,7 +206,8 @@ class _Capture:
     deadline: float  # time.monotonic(): pushed forward by each step the job starts or ends
     busy: str = ""  # why it may not start, known on the training thread (PGLE is on)
     session: Any = None  # our profiler session, while it runs (set and cleared under DeviceProfiler._lock)
-    annotated: int = 0  # steps annotated inside the session
+    begun: int = 0  # steps begun inside the session, the lead-in's included
+    annotated: int = 0  # steps annotated inside the session (and ended)
     done: threading.Event = field(default_factory=threading.Event)  # its steps are traced, or it must end now
     yielded: bool = False  # ended for a user's trace
 
@@ -254,6 +265,9 @@ class DeviceProfiler:
             if capture.session is None or capture.done.is_set() or self._jax is None:
                 return None
             capture.deadline = time.monotonic() + capture.allowance
+            capture.begun += 1
+            if capture.begun <= LEAD_IN_STEPS:
+                return None
             annotation = self._jax.annotation(events.STEP_ANNOTATION, step_num=number)
             annotation.__enter__()
             return annotation
@@ -304,13 +318,15 @@ class DeviceProfiler:
             self.every = self._steps_per(self.period)
 
     def _steps_per(self, seconds: float) -> int:
-        """K for a period: a power of two (see the module's docstring), at least the steps a capture traces."""
-        steps = max(seconds / max(self._step_time, 1e-6), CAPTURED_STEPS + 2)
-        return 1 << max(0, round(math.log2(steps)))
+        """K for a period: a power of two (see the module's docstring), and at least twice the steps a capture
+        spans (the one that asks, the lead-in, the annotated ones: 8, so 16): a capture asked for while the last
+        one still waits for its answer is skipped, and the period the job says would be half the one it keeps."""
+        floor = 1 << math.ceil(math.log2(2 * (1 + LEAD_IN_STEPS + CAPTURED_STEPS)))
+        return max(floor, 1 << max(0, round(math.log2(seconds / max(self._step_time, 1e-6)))))
 
     def _request(self, number: int) -> None:
         """Begin a capture at step ``number``: the profiler's thread starts the session, and the training
-        thread annotates the steps that begin while it runs."""
+        thread annotates the steps that begin while it runs, after the lead-in."""
         jax = self._jax_api()  # here, once: the worker and this thread would race to make it
         if jax is None:
             return
