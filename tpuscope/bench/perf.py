@@ -71,9 +71,10 @@ TINY = Size(
     scrapes=5,
     settle_seconds=0.5,
     annotations=500,
-    # K is chosen after 20 steps (16, 32, or 64 on a loaded machine): a capture by step 69, answered by the sidecar
-    # a second or two (30 to 60 steps) later.
-    capture_steps=160,
+    # K is chosen after 20 steps (16, 32, or 64 on a loaded machine): a capture by step 69 that spans 8 steps (more
+    # where its session starts late), answered by the sidecar a second or more (30 to 100 steps on a loaded
+    # machine) later.
+    capture_steps=320,
 )
 # The capture run's period, in steps of the split workload (the fused one is a little faster). K, the steps
 # between captures, is chosen after the Monitor's 20th step from the warm steps' time: 16 or 32. Each capture
