@@ -233,11 +233,12 @@ def test_spill_on_the_cpu_says_why_it_cannot_be_injected(bench: Callable[..., Ru
 def test_fused_mode_reports_the_program_as_compute_and_the_device_trace_splits_it(
     bench: Callable[..., Run], module_tmp: Path
 ) -> None:
-    # A short period: captures from step 20 on, so that a short run has some (a job's default is 10 minutes). The
-    # sidecar's answer comes a second or more after a capture, from a parser at the lowest CPU priority, which a
-    # loaded machine (the suite's other workers) starves for seconds: the run's 200 steps leave it room (at 120
-    # and a 1 s period, a fresh-clone CI saw no answer before the last step).
-    run = bench("fused", "--steps", "200", "--checkpoint-every", "0", "--fused", "--profile-period", "0.3s")
+    # A short period: captures from step 32 on, so that a short run has some (a job's default is 10 minutes). The
+    # sidecar's answer comes a second or more after a capture of 8 steps, from a parser at the lowest CPU priority,
+    # which a loaded machine (the suite's other workers) starves for seconds: the run's 500 steps leave it room (at
+    # 200 and captures of 8 steps, a fresh-clone CI saw no answer before the last step; at 120 and a 1 s period,
+    # with captures of 5, neither).
+    run = bench("fused", "--steps", "500", "--checkpoint-every", "0", "--fused", "--profile-period", "0.3s")
     shares = phase_shares(run.steps[1:])
     assert shares["sync"] == 0 and shares["compute"] > 0.6, shares  # host-timed: the collectives are inside compute
     assert all(s.flops > 0 for s in run.steps)
