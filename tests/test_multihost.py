@@ -195,8 +195,10 @@ def test_the_profiles_name_a_straggler_in_a_fused_multihost_job_on_one_prometheu
             waits = by_worker(prom, profiled)
             computes = by_worker(prom, f'{catalog.PROFILE_TIME.name}{{part="compute"}}')
             healthy = [wait for worker, wait in waits.items() if worker != str(STRAGGLER)]
-            # Several times: 3.8 to 6.5 times alone here, 2.9 to 3.0 under the whole suite's load (docs/bench.md).
-            assert len(healthy) == PROCESSES - 1 and min(healthy) >= 2.5 * waits[str(STRAGGLER)], (waits, job.output())
+            # Several times: 3.8 to 6.5 times alone here, 2.9 to 3.0 under the whole suite's load, on one capture each
+            # (docs/bench.md). The sidecar serves the mean of the last 3 captures (issue 36), which may still hold
+            # captures from before the onset, when every worker waited alike: 2.0 in one loaded run.
+            assert len(healthy) == PROCESSES - 1 and min(healthy) >= 1.5 * waits[str(STRAGGLER)], (waits, job.output())
 
             # The host-timed phases alone: one fused program, every worker waits inside it for the straggler, so
             # each worker's compute phase is the same step and the host-timed rule names no one.
