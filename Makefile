@@ -49,6 +49,10 @@ system-deps:
 	  $(SUDO) apt-get update -qq && \
 	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends \
 	    prometheus prometheus-alertmanager prometheus-node-exporter chromium fonts-dejavu-core; }
+	@# kubectl renders the Kustomize overlays (kubectl kustomize); Debian's, where the machine has none of its own.
+	@command -v kubectl >/dev/null || { \
+	  $(SUDO) apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends kubernetes-client; }
 
 # Style, types, and the rooms' import contracts (pyproject.toml, [tool.importlinter]).
 lint: setup

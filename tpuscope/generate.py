@@ -77,6 +77,7 @@ ARTIFACTS: dict[str, Callable[[], str]] = {
     **{f"deploy/grafana/{name}.json": partial(dashboards.file, name) for name in dashboards.DASHBOARDS},
     "deploy/kubernetes/grafana-dashboards.yaml": dashboards.configmaps,
     **{f"deploy/kubernetes/{name}": render for name, render in kubernetes.MANIFESTS.items()},
+    **{f"deploy/kubernetes/{kubernetes.GMP_DIR}/{name}": render for name, render in kubernetes.GMP_FILES.items()},
     "deploy/prometheus/tpuscope-rules.yaml": lambda: alerts.rules_file(GeneratorConfig()),
     "deploy/alertmanager/alertmanager.yml": lambda: alerts.alertmanager_file(GeneratorConfig()),
     "docs/alerts.md": alerts.runbooks_markdown,

@@ -6,7 +6,9 @@
 - ``job.yaml``: the same pods as one plain Indexed Job (one slice), with the headless Service its hosts
   find each other by, for clusters without the JobSet controller;
 - ``podmonitor.yaml`` and ``prometheusrule.yaml``: the scrape and the rules, for the Prometheus Operator;
-- ``kustomization.yaml``: those two and the dashboards' ConfigMaps, for ``kubectl apply -k``.
+- ``kustomization.yaml``: those two and the dashboards' ConfigMaps, for ``kubectl apply -k``;
+- ``gmp/``: the same scrape and rules for Google Cloud Managed Service for Prometheus (GKE's default), as a
+  ``ClusterPodMonitoring`` and ``ClusterRules`` with their own kustomization.
 
 Both jobs take their pods from :func:`pod_template`, so the sidecar wiring cannot drift between them, and
 the socket path, port and labels below are the single source the tests check the manifests against.
@@ -14,6 +16,7 @@ the socket path, port and labels below are the single source the tests check the
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -46,7 +49,17 @@ PORT_NAME = "metrics"
 UID = 1000
 # The PodMonitor (and prometheus.yml) scrape pods carrying this label; the pod template sets it.
 SCRAPE_LABEL = {"tpuscope/scrape": "true"}
+PART_OF = {"app.kubernetes.io/part-of": "tpuscope"}
 TRACES_ENDPOINT = "http://otel-collector.monitoring.svc:4318"  # deploy/otel-collector/config.yaml, OTLP/HTTP
+
+# The label JobSet sets on each of its pods; target label `jobset` below.
+JOBSET_NAME_LABEL = "jobset.sigs.k8s.io/jobset-name"
+
+
+def pod_label_meta(label: str) -> str:
+    """The service-discovery label Prometheus gives a pod label: its name with every other character as ``_``."""
+    return "__meta_kubernetes_pod_label_" + re.sub(r"[^A-Za-z0-9_]", "_", label)
+
 
 # The scrape's job label: the default rules' exporter_job regex (tpuscope.*) matches it.
 JOB = "tpuscope"
@@ -59,7 +72,7 @@ TARGET_LABELS = {
     "node": "__meta_kubernetes_pod_node_name",
     # The JobSet a pod belongs to (none for a plain Job): TpuscopeExporterDown counts the share of its
     # sidecars down, one alert for a job that lost its node pool rather than one per host.
-    "jobset": "__meta_kubernetes_pod_label_jobset_sigs_k8s_io_jobset_name",
+    "jobset": pod_label_meta(JOBSET_NAME_LABEL),
     # The controller that owns the pod, as its ownerReference names it: a JobSet's or a Job's pod, kind Job and
     # the Job's name; a Deployment's, ReplicaSet and its name; a StatefulSet's, StatefulSet. The rules join them
     # with kube-state-metrics' series of that object (tpuscope/alerts/recording.py): one that no longer wants
@@ -248,7 +261,7 @@ def podmonitor() -> str:
     document = {
         "apiVersion": "monitoring.coreos.com/v1",
         "kind": "PodMonitor",
-        "metadata": {"name": "tpuscope", "labels": {"app.kubernetes.io/part-of": "tpuscope"}},
+        "metadata": {"name": "tpuscope", "labels": PART_OF},
         "spec": {
             "namespaceSelector": {"any": True},  # training jobs run in their teams' namespaces
             "selector": {"matchLabels": SCRAPE_LABEL},
@@ -293,6 +306,84 @@ def kustomization() -> str:
         "kubectl apply -k deploy/kubernetes: the monitoring side only. The jobs (jobset.yaml, job.yaml)",
         "start training, so they are applied on their own, in their own namespace.",
     )
+
+
+# Google Cloud Managed Service for Prometheus (GMP). Its cluster-scoped kinds, because training jobs run in their
+# teams' namespaces: a PodMonitoring sees only its own namespace, and Rules query only theirs.
+GMP_API = "monitoring.googleapis.com/v1"
+GMP_DIR = "gmp"
+# GMP sets the job label to the ClusterPodMonitoring's name, so the name is the job the rules look for.
+GMP_NAME = JOB
+# Target labels GMP copies from the pod under the names tpuscope uses (its targetLabels.metadata).
+GMP_METADATA = ("namespace", "node", "pod")
+# GMP names a pod's controller only as its "top-level" one, and its relabelings cannot rename those labels:
+# the scraped series' labels are copied onto ours, then dropped. It differs from the pod's direct owner for a
+# Deployment's pods (Deployment and its name, not the ReplicaSet) and a CronJob's (CronJob): see docs/fleet.md.
+GMP_CONTROLLER = {CONTROLLER_KIND: "top_level_controller_type", CONTROLLER_NAME: "top_level_controller_name"}
+# Target labels copied from pod labels (targetLabels.fromPod).
+GMP_FROM_POD = {"jobset": JOBSET_NAME_LABEL}
+# The evaluation interval of deploy/prometheus/prometheus.yml and of the Prometheus Operator's default, where
+# the rules are tested; GMP's rule evaluator would otherwise evaluate every 60 s.
+GMP_RULE_INTERVAL = "30s"
+
+
+def gmp_metric_relabeling() -> list[dict[str, Any]]:
+    """GMP's top-level controller labels, renamed to the ``controller_kind`` and ``controller`` the rules join on."""
+    copies = [{"sourceLabels": [gmp], "targetLabel": ours, "action": "replace"} for ours, gmp in GMP_CONTROLLER.items()]
+    return [*copies, {"regex": "|".join(GMP_CONTROLLER.values()), "action": "labeldrop"}]
+
+
+def cluster_pod_monitoring() -> str:
+    document = {
+        "apiVersion": GMP_API,
+        "kind": "ClusterPodMonitoring",
+        "metadata": {"name": GMP_NAME, "labels": PART_OF},
+        "spec": {
+            "selector": {"matchLabels": SCRAPE_LABEL},
+            "endpoints": [
+                {"port": PORT_NAME, "path": "/metrics", "interval": "15s", "metricRelabeling": gmp_metric_relabeling()}
+            ],
+            "targetLabels": {
+                "metadata": [*GMP_METADATA, *GMP_CONTROLLER.values()],
+                "fromPod": [{"from": label, "to": target} for target, label in GMP_FROM_POD.items()],
+            },
+        },
+    }
+    return _file([document], "GMP: scrape every pod with a tpuscope sidecar, in every namespace.")
+
+
+def cluster_rules() -> str:
+    groups = [{**group, "interval": GMP_RULE_INTERVAL} for group in alerts.rule_groups(GeneratorConfig())]
+    document = {
+        "apiVersion": GMP_API,
+        "kind": "ClusterRules",
+        "metadata": {"name": GMP_NAME, "labels": PART_OF},
+        "spec": {"groups": groups},
+    }
+    return _file([document], "GMP: the rules of deploy/prometheus/tpuscope-rules.yaml, evaluated over this cluster.")
+
+
+def gmp_kustomization() -> str:
+    # No namespace: both objects are cluster-scoped.
+    document = {
+        "apiVersion": "kustomize.config.k8s.io/v1beta1",
+        "kind": "Kustomization",
+        "resources": list(GMP_MANIFESTS),
+    }
+    return _file(
+        [document],
+        "kubectl apply -k deploy/kubernetes/gmp: the monitoring side on Google Cloud Managed Service for Prometheus.",
+        "Alerts go to the Alertmanager GMP runs: see docs/fleet.md.",
+    )
+
+
+# File name under deploy/kubernetes/gmp/ -> its content (tpuscope/generate.py registers them); the kustomization
+# lists the others.
+GMP_MANIFESTS: dict[str, Callable[[], str]] = {
+    "clusterpodmonitoring.yaml": cluster_pod_monitoring,
+    "clusterrules.yaml": cluster_rules,
+}
+GMP_FILES: dict[str, Callable[[], str]] = {**GMP_MANIFESTS, "kustomization.yaml": gmp_kustomization}
 
 
 # File name under deploy/kubernetes/ -> its content (tpuscope/generate.py registers them).
