@@ -135,13 +135,6 @@ XEventMetadata = _message("XEventMetadata")
 XStatMetadata = _message("XStatMetadata")
 
 
-def parse(data: bytes) -> Any:
-    """An XSpace from its serialized bytes (a ``*.xplane.pb`` file, or what ``jax.profiler`` hands over)."""
-    space = XSpace()
-    space.ParseFromString(data)
-    return space
-
-
 def planes(data: bytes) -> Iterator[Any]:
     """Each XPlane of a serialized XSpace, decoded one at a time: a plane decoded is about six times its bytes, so a
     reader that is done with one before the next holds one plane's worth, not the whole trace's. Raises ValueError

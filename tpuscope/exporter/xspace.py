@@ -88,7 +88,7 @@ import statistics
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from tpuscope import events
 from tpuscope.events import STEP_ANNOTATION
@@ -338,12 +338,22 @@ class _Trace:
                 self.launched[correlation_id] = number
 
 
+class _Kind(NamedTuple):
+    """What the events of one metadata id are, told once per id."""
+
+    collective: bool
+    half: tuple[str, str] | None  # (kind, "start" | "done") for a half of an async collective
+    by_category: bool  # told by the HLO category (else by name)
+    copy: bool  # a GPU's copy or fill (CUPTI's Memcpy*, Memset*): the host's input, not an op
+
+
 class _Plane:
     """A plane's two tables, looked up once per metadata id rather than once per event."""
 
     def __init__(self, plane: Any) -> None:
         self.plane = plane
         self.stat_ids = {meta.name: key for key, meta in plane.stat_metadata.items()}
+        self._kinds: dict[int, _Kind] = {}
 
     def stat_id(self, name: str) -> int:
         return int(self.stat_ids.get(name, -1))
@@ -363,22 +373,18 @@ class _Plane:
     def category(self, metadata_id: int) -> str | None:
         return self._categories.get(metadata_id)
 
-    def kind(self, metadata_id: int) -> tuple[bool, tuple[str, str] | None, bool]:
-        """Whether the ops of this metadata are collectives, which half of an async collective they are (or None),
-        and whether that was told by category: once per metadata id, not per event."""
+    def kind(self, metadata_id: int) -> _Kind:
+        """What the events of this metadata are: once per metadata id, not per event."""
         if (known := self._kinds.get(metadata_id)) is None:
             name, category = self.name(metadata_id), self.category(metadata_id)
             collective = is_collective_op(name, category)
-            known = self._kinds[metadata_id] = (
+            known = self._kinds[metadata_id] = _Kind(
                 collective,
                 async_half(name) if collective else None,
                 category is not None,
+                not collective and name.startswith(COPY_EVENTS),
             )
         return known
-
-    @functools.cached_property
-    def _kinds(self) -> dict[int, tuple[bool, tuple[str, str] | None, bool]]:
-        return {}
 
     @functools.cached_property
     def _categories(self) -> dict[int, str]:
@@ -393,9 +399,6 @@ class _Plane:
     def name(self, metadata_id: int) -> str:
         meta = self.plane.event_metadata.get(metadata_id)
         return str(meta.name) if meta is not None else ""
-
-    def is_copy(self, metadata_id: int) -> bool:
-        return self.name(metadata_id).startswith(COPY_EVENTS)
 
 
 def _read(data: bytes) -> _Trace:
@@ -514,7 +517,7 @@ def _read_device(plane: _Plane, ordinal: int, trace: _Trace) -> None:
     for line in lines:
         if line.name == ASYNC_OPS_LINE:  # the collectives in flight, where libtpu draws them itself
             for event in line.events:
-                if plane.kind(event.metadata_id)[0]:
+                if plane.kind(event.metadata_id).collective:
                     start = _start(trace, line, event)
                     ops.in_flight.extend((start, start + int(event.duration_ps)))
     group_id = plane.stat_id(GROUP_ID)
@@ -546,16 +549,13 @@ def _add_device_line(plane: _Plane, line: Any, ops: _Ops, trace: _Trace) -> None
     correlation = plane.stat_id(CORRELATION_ID) if line.name.startswith(STREAM_LINE_PREFIX) else -2
     base = trace.base(line)
     events: Iterable[Any] = line.events
-    offsets = [(event.offset_ps, -event.duration_ps) for event in line.events[:2]]
-    if any(a > b for a, b in itertools.pairwise(event.offset_ps for event in line.events)) or offsets != sorted(
-        offsets
-    ):
-        events = sorted(line.events, key=lambda event: (event.offset_ps, -event.duration_ps))
+    if any(_order(a) > _order(b) for a, b in itertools.pairwise(line.events)):
+        events = sorted(line.events, key=_order)
     compute, collective_time = _Merged(ops.compute), _Merged(ops.collective)
     stack: list[list[Any]] = []  # the ops still open: [end, merged list of its kind, where its self time resumes]
     for event in events:
-        collective, half, by_category = plane.kind(event.metadata_id)
-        if half is None and not collective and plane.is_copy(event.metadata_id):
+        collective, half, by_category, copy = plane.kind(event.metadata_id)
+        if copy:
             continue  # CUPTI's copies on a GPU's stream lines: the host's input, not compute (as XProf files them)
         start = base + int(event.offset_ps)
         end = start + int(event.duration_ps)
@@ -573,24 +573,29 @@ def _add_device_line(plane: _Plane, line: Any, ops: _Ops, trace: _Trace) -> None
                 open_starts[kind].append(start)
             elif open_starts[kind]:
                 ops.in_flight.extend((open_starts[kind].pop(0), end))
-        _close_until(stack, start, end)
+        _close_until(stack, (start, end))
         if stack:  # inside an op: that op's self time pauses here
             parent = stack[-1]
             parent[1].add(parent[2], start)
             parent[2] = max(parent[2], start)
         stack.append([end, collective_time if collective else compute, start])
-    _close_until(stack, None, None)
+    _close_until(stack, None)
 
 
-def _close_until(stack: list[list[Any]], start: int | None, end: int | None) -> None:
-    """Close the open ops that an op from ``start`` to ``end`` is not inside (all of them at None): those that
-    ended by its start, and one it outlasts (ops of a line nest or follow; one that overlaps without nesting is
-    taken as a neighbour, not a parent). Each adds the rest of its self time."""
-    while stack and (start is None or end is None or stack[-1][0] <= start or stack[-1][0] < end):
-        end, merged, resume = stack.pop()
-        merged.add(resume, end)
+def _order(event: Any) -> tuple[int, int]:
+    """A line's time order: by start, and of two that start together the longer first (a parent before its child)."""
+    return event.offset_ps, -event.duration_ps
+
+
+def _close_until(stack: list[list[Any]], op: Interval | None) -> None:
+    """Close the open ops that ``op`` is not inside (all of them at None): those that ended by its start, and those
+    it outlasts (ops of a line nest or follow; one that overlaps without nesting is taken as a neighbour, not a
+    parent). Each adds the rest of its self time."""
+    while stack and (op is None or stack[-1][0] <= op[0] or stack[-1][0] < op[1]):
+        closed_end, merged, resume = stack.pop()
+        merged.add(resume, closed_end)
         if stack:
-            stack[-1][2] = max(stack[-1][2], end)
+            stack[-1][2] = max(stack[-1][2], closed_end)
 
 
 class _Merged:
@@ -675,12 +680,14 @@ def split_steps(xspace: bytes, skip_first: int = 0) -> ProfiledSteps | None:
         return None
     per_device: list[DeviceSplit] = []
     by_step: dict[int, list[tuple[int, int, int, int, int]]] = defaultdict(list)
+    began: dict[int, int] = {}  # each step's start on the first device that ran it: steps in time order
     for ordinal in sorted(measured):
         split, steps = _device_split(ordinal, devices[ordinal], measured[ordinal])
         per_device.append(split)
-        for number, parts in steps:
+        for (number, parts), (_, (start, _)) in zip(steps, measured[ordinal], strict=True):
             by_step[number].append(parts)
-    per_step = tuple(_step_split(by_step[number]) for number in sorted(by_step, key=lambda n: _first(n, measured)))
+            began[number] = min(began.get(number, start), start)
+    per_step = tuple(_step_split(by_step[number]) for number in sorted(by_step, key=began.__getitem__))
     return ProfiledSteps(
         steps=len(per_step),
         devices=len(per_device),
@@ -707,11 +714,6 @@ def _launched_windows(kernels: list[tuple[int, Interval]], launched: dict[int, i
             first[number] = min(first.get(number, start), start)
     starts = sorted((start, number) for number, start in first.items())
     return [(number, (start, following)) for (start, number), (following, _) in itertools.pairwise(starts)]
-
-
-def _first(number: int, windows: dict[int, list[tuple[int, Interval]]]) -> int:
-    """When step ``number`` began on the first device that ran it: steps are listed in time order."""
-    return min(window[0] for steps in windows.values() for n, window in steps if n == number)
 
 
 PS = 1e-12
