@@ -15,6 +15,7 @@ import tempfile
 # Spans from the tests' Monitors go to a scratch file, not into the working tree (tests that
 # check spans set their own destination).
 os.environ.setdefault("TPUSCOPE_SPANS_FILE", os.path.join(tempfile.mkdtemp(prefix="ts-spans-"), "spans.jsonl"))
+import statistics
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -93,6 +94,27 @@ def run_bench_json(mode: str, *flags: str, directory: Path, timeout: float) -> d
     assert run.returncode == 0, run.stdout + run.stderr
     report: dict[str, Any] = json.loads(out_json.read_text())
     return report
+
+
+def assert_promtool_checks_rules(groups: list[dict[str, Any]], directory: Path) -> None:
+    """``groups``, written as a rules file, pass ``promtool check rules`` with every lint fatal, all of them read."""
+    import yaml
+
+    extracted = directory / "rules.yaml"
+    extracted.write_text(yaml.safe_dump({"groups": groups}))
+    out = subprocess.run(
+        [require("promtool"), "check", "rules", "--lint=all", "--lint-fatal", str(extracted)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert f"SUCCESS: {sum(len(g['rules']) for g in groups)} rules found" in out.stdout
+
+
+def variation(values: list[float]) -> float:
+    """The coefficient of variation: the standard deviation over the mean."""
+    return statistics.pstdev(values) / statistics.fmean(values)
 
 
 def wait_until(condition: Callable[[], bool], timeout: float = 20.0) -> bool:

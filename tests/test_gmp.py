@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from conftest import require
+from conftest import assert_promtool_checks_rules, require
 
 from tpuscope import kubernetes
 
@@ -106,16 +106,7 @@ def test_the_clusterrules_hold_the_rule_file(tmp_path: Path) -> None:
     rules_file = yaml.safe_load((ROOT / "deploy/prometheus/tpuscope-rules.yaml").read_text())["groups"]
     assert [{k: v for k, v in g.items() if k != "interval"} for g in groups] == rules_file
     assert {g["interval"] for g in groups} == {kubernetes.GMP_RULE_INTERVAL}
-    extracted = tmp_path / "rules.yaml"
-    extracted.write_text(yaml.safe_dump({"groups": groups}))
-    out = subprocess.run(
-        [require("promtool"), "check", "rules", "--lint=all", "--lint-fatal", str(extracted)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert out.returncode == 0, out.stdout + out.stderr
-    assert f"SUCCESS: {sum(len(g['rules']) for g in groups)} rules found" in out.stdout
+    assert_promtool_checks_rules(groups, tmp_path)
 
 
 def test_kustomize_renders_the_gmp_install() -> None:

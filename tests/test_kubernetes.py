@@ -5,14 +5,13 @@ from __future__ import annotations
 import argparse
 import copy
 import re
-import subprocess
 from pathlib import Path
 from typing import Any
 
 import kubernetes_validate
 import pytest
 import yaml
-from conftest import require
+from conftest import assert_promtool_checks_rules
 from kubernetes_validate.utils import all_versions
 
 from tpuscope import catalog, kubernetes
@@ -185,17 +184,7 @@ def test_the_prometheusrule_holds_the_rule_file(tmp_path: Path) -> None:
     assert rule["apiVersion"] == "monitoring.coreos.com/v1"
     groups = rule["spec"]["groups"]
     assert groups == yaml.safe_load((ROOT / "deploy/prometheus/tpuscope-rules.yaml").read_text())["groups"]
-    extracted = tmp_path / "rules.yaml"
-    extracted.write_text(yaml.safe_dump({"groups": groups}))
-    out = subprocess.run(
-        [require("promtool"), "check", "rules", "--lint=all", "--lint-fatal", str(extracted)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert out.returncode == 0, out.stdout + out.stderr
-    rules = sum(len(g["rules"]) for g in groups)
-    assert f"SUCCESS: {rules} rules found" in out.stdout
+    assert_promtool_checks_rules(groups, tmp_path)
 
 
 def test_kustomize_applies_the_monitoring_side() -> None:

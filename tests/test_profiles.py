@@ -5,15 +5,14 @@ from __future__ import annotations
 
 import json
 import logging
-import statistics
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import variation, wait_until
 
 from tpuscope import catalog, events
 from tpuscope.scrape import Scrape
@@ -76,10 +75,6 @@ def test_a_fused_step_profiled_splits_into_compute_exposed_collective_and_idle(s
     assert len(whole) >= len(ok), sessions
 
 
-def coefficient_of_variation(values: list[float]) -> float:
-    return statistics.pstdev(values) / statistics.mean(values)
-
-
 def test_where_the_collective_wait_varies_by_half_the_alert_series_varies_less_than_any_one_capture(
     sidecar: SidecarProcess,
 ) -> None:
@@ -110,26 +105,25 @@ def test_where_the_collective_wait_varies_by_half_the_alert_series_varies_less_t
     try:
         job = run_job(sidecar, 60, "0.3", "--captures", "7", "--workload", workload, "--straggle-jitter", "0")
         ok = [p for p in job["profiles"] if p["result"] == "ok"]
-        deadline = time.monotonic() + 30  # the sidecar has every profile the job sent once it counts them
-        while not (served and served[-1][0] >= len(ok)) and time.monotonic() < deadline:
-            time.sleep(0.05)
+        # the sidecar has every profile the job sent once it counts them
+        wait_until(lambda: bool(served) and served[-1][0] >= len(ok), timeout=30)
     finally:
         stop.set()
         watcher.join(timeout=10)
     exposed_per_step = [[step[2] for step in p["per_step"]] for p in ok]
     every_step = [e for capture in exposed_per_step for e in capture]
-    within = [coefficient_of_variation(capture) for capture in exposed_per_step]
+    within = [variation(capture) for capture in exposed_per_step]
     alert_series = [share for seen, share in served if seen >= 3]  # once the mean holds 3 captures
     print(
         f"{len(ok)} captures of {[len(c) for c in exposed_per_step]} steps; exposed collective step to step: CV "
-        f"{coefficient_of_variation(every_step):.0%} ({min(every_step) * 1e3:.2f} to {max(every_step) * 1e3:.2f} ms); "
+        f"{variation(every_step):.0%} ({min(every_step) * 1e3:.2f} to {max(every_step) * 1e3:.2f} ms); "
         f"within each capture: CV {', '.join(f'{cv:.0%}' for cv in within)}; the alert series over 3 captures, "
-        f"{len(alert_series)} values: CV {coefficient_of_variation(alert_series):.0%} "
+        f"{len(alert_series)} values: CV {variation(alert_series):.0%} "
         f"({min(alert_series):.3f} to {max(alert_series):.3f} of the step)"
     )
-    assert coefficient_of_variation(every_step) >= 0.5, "the run's collective wait must vary by half or more"
+    assert variation(every_step) >= 0.5, "the run's collective wait must vary by half or more"
     assert len(alert_series) >= 2, served
-    assert coefficient_of_variation(alert_series) < min(within)
+    assert variation(alert_series) < min(within)
 
 
 def test_a_users_trace_during_a_capture_works_and_so_do_the_next(sidecar: SidecarProcess) -> None:

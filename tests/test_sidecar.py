@@ -18,7 +18,7 @@ from pathlib import Path
 
 import msgspec
 import pytest
-from conftest import wait_for
+from conftest import variation, wait_for
 from prometheus_client import CollectorRegistry
 
 from tpuscope import catalog, conventions, events
@@ -405,11 +405,6 @@ def capture(exposed: tuple[float, ...], compute: float = 0.5) -> events.DevicePr
 
 def served(registry: CollectorRegistry) -> Scrape:
     return Scrape(Writer(registry).render(openmetrics=False).decode())
-
-
-def variation(values: list[float]) -> float:
-    """The coefficient of variation: the standard deviation over the mean."""
-    return statistics.pstdev(values) / statistics.fmean(values)
 
 
 def send_capture(aggregator: Aggregator, workload: str, at: float, profile: events.DeviceProfile) -> None:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import select
 import shutil
 import subprocess
 import sys
@@ -28,7 +27,7 @@ import pytest
 from conftest import wait_for
 
 from tpuscope import catalog, generate
-from tpuscope.workload.sidecar import READY
+from tpuscope.workload.sidecar import SidecarProcess
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = "tpuscope"
@@ -159,55 +158,13 @@ def test_the_venv_runs_the_wheel_not_the_checkout_and_has_no_jax(installed: Inst
     assert version.stdout.strip() == f"{PACKAGE} {VERSION}"
 
 
-class Serving:
-    """``tpuscope serve`` from the venv on a port the kernel picks; its URL from the line it prints when ready."""
-
-    def __init__(self, installed: Installed, socket: Path) -> None:
-        self.log = socket.with_name("serve.log")
-        with open(self.log, "w") as log:
-            self.proc = subprocess.Popen(
-                # No linger after SIGTERM for Prometheus' last scrape: the test has read what it needs by then.
-                [
-                    str(installed.venv / "bin" / PACKAGE),
-                    "serve",
-                    "--listen=127.0.0.1:0",
-                    f"--socket={socket}",
-                    "--shutdown-linger=0",
-                ],
-                cwd=installed.home,
-                env=installed.env,
-                stdout=subprocess.PIPE,
-                stderr=log,
-                text=True,
-            )
-        self.url = self._ready(timeout=30)
-
-    def _ready(self, timeout: float) -> str:
-        assert self.proc.stdout is not None
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline and self.proc.poll() is None:
-            if select.select([self.proc.stdout], [], [], 0.1)[0] and (
-                match := READY.match(self.proc.stdout.readline().strip())
-            ):
-                return match["url"]
-        self.stop()
-        raise AssertionError(f"tpuscope serve from the wheel did not start: {self.log.read_text()}")
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(20)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        if self.proc.stdout:
-            self.proc.stdout.close()
-
-
 def test_serve_is_scraped_and_report_reads_the_recording(installed: Installed, short_tmp: Path) -> None:
     socket = short_tmp / "events.sock"
     recording = short_tmp / "events.jsonl"
-    sidecar = Serving(installed, socket)
+    sidecar = SidecarProcess(
+        socket, env=installed.env, inherit_env=False, command=(str(installed.venv / "bin" / PACKAGE),),
+        cwd=installed.home, timeout=30,
+    )  # fmt: skip
     try:
         bench = installed.command(
             "bench", "--synthetic", f"--workload={WORKLOAD}", f"--steps={STEPS}", "--step-time=0.005",
@@ -215,7 +172,7 @@ def test_serve_is_scraped_and_report_reads_the_recording(installed: Installed, s
         )  # fmt: skip
         assert bench.returncode == 0, bench.stdout[-2000:] + bench.stderr[-2000:]
         scrape = wait_for(sidecar.url, lambda s: s.value(catalog.STEPS.name, workload=WORKLOAD) >= STEPS)
-        assert scrape.value(catalog.STEPS.name, workload=WORKLOAD) == STEPS, sidecar.log.read_text()[-2000:]
+        assert scrape.value(catalog.STEPS.name, workload=WORKLOAD) == STEPS, sidecar.log()[-2000:]
     finally:
         sidecar.stop()
     out = short_tmp / "report"

@@ -13,17 +13,22 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
 from tpuscope import events
 
 READY = re.compile(r"^tpuscope serve: metrics at (?P<url>\S+), events at (?P<socket>.+)$")
+# How a sidecar is started by default: this interpreter's tpuscope.
+THIS_TPUSCOPE = (sys.executable, "-m", "tpuscope")
 
 
 class SidecarProcess:
-    """``with SidecarProcess(socket, listen="127.0.0.1:0") as sidecar: sidecar.url``"""
+    """``with SidecarProcess(socket, listen="127.0.0.1:0") as sidecar: sidecar.url``
+
+    ``env`` is added to this process's environment, or, with ``inherit_env=False``, is the whole of it; ``command``
+    runs tpuscope (another installation's: a wheel's venv), from ``cwd``."""
 
     def __init__(
         self,
@@ -32,6 +37,9 @@ class SidecarProcess:
         *extra: str,
         timeout: float = 20.0,
         env: Mapping[str, str] | None = None,
+        inherit_env: bool = True,
+        command: Sequence[str] = THIS_TPUSCOPE,
+        cwd: Path | None = None,
     ) -> None:
         self.socket = socket
         # The log goes to a file beside the socket: a pipe nobody reads would
@@ -43,11 +51,12 @@ class SidecarProcess:
             extra = (*extra, "--shutdown-linger", "0")
         with open(self.log_path, "w") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "tpuscope", "serve", "--listen", listen, "--socket", os.fspath(socket), *extra],
+                [*command, "serve", "--listen", listen, "--socket", os.fspath(socket), *extra],
                 stdout=subprocess.PIPE,
                 stderr=log,
                 text=True,
-                env={**os.environ, **env} if env else None,
+                env=({**os.environ, **env} if inherit_env else dict(env)) if env is not None else None,
+                cwd=cwd,
             )
         self.url = self._wait_ready(timeout)
 
