@@ -172,6 +172,23 @@ def test_an_op_counts_for_its_self_time_in_its_own_category() -> None:
     assert parts(split(space)) == [60, 20, 0, 20]
 
 
+def test_an_op_that_outlasts_ops_it_began_inside_leaves_each_of_them_its_whole_time() -> None:
+    # Ops on a line nest or follow; one that overlaps without nesting (here it starts inside a while and its body
+    # op and outlasts both) is their neighbour, not their child: the while keeps all of its 100 us.
+    space = XSpaceBuilder()
+    annotations(space, [0, 200])
+    device(
+        space,
+        0,
+        [
+            ("while.1", "control flow", 0, 100),
+            ("fusion.1", "loop fusion", 10, 50),
+            ("all-reduce.2", "all-reduce", 40, 120),
+        ],
+    )
+    assert parts(split(space)) == [100, 20, 60, 80]
+
+
 def test_a_devices_steps_line_gives_its_windows_and_a_step_begun_before_the_first_annotation_is_left_out() -> None:
     space = XSpaceBuilder()
     annotations(space, [50, 150, 250])  # the job's annotations: the device's steps lag them
