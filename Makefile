@@ -9,7 +9,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: demo test perf setup system-deps lint generate clean
+.PHONY: demo test perf image setup system-deps lint generate clean
 
 demo: setup
 	rm -rf run/demo  # a fresh run each time: the workload resumes from checkpoints it finds
@@ -28,9 +28,14 @@ test: setup system-deps lint
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --ignore tests/test_multihost.py
 	$(BIN)/python -m pytest tests/test_multihost.py
 
-# tpuscope's own cost against its targets, beside its peers (README, Performance): a table and run/perf.json.
+# tpuscope's own cost against its targets, beside its peers (docs/performance.md): a table and run/perf.json.
 perf: setup system-deps
 	$(BIN)/tpuscope bench perf --perf-json run/perf.json
+
+# The sidecar image (deploy/image/Containerfile), made from Debian's packages and the wheel, with no base image
+# or registry needed: localhost/tpuscope:VERSION, or deploy/image/build.sh NAME:TAG. docs/deploy.md.
+image: setup
+	deploy/image/build.sh
 
 setup: $(VENV)/.installed
 
@@ -53,6 +58,11 @@ system-deps:
 	@command -v kubectl >/dev/null || { \
 	  $(SUDO) apt-get update -qq && \
 	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends kubernetes-client; }
+	@# podman builds and runs the sidecar image (tests/test_image.py; iptables publishes its port); mmdebstrap
+	@# unpacks its Debian base.
+	@command -v podman >/dev/null && command -v runc >/dev/null && command -v mmdebstrap >/dev/null || { \
+	  $(SUDO) apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends podman runc iptables mmdebstrap; }
 
 # Style, types, and the rooms' import contracts (pyproject.toml, [tool.importlinter]).
 lint: setup

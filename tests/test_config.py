@@ -107,7 +107,7 @@ def test_cli_reports_config_errors_without_a_traceback() -> None:
     assert "Traceback" not in out.stderr
 
 
-def test_readme_documents_every_option() -> None:
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+def test_the_sidecar_guide_documents_every_option() -> None:
+    guide = (Path(__file__).resolve().parents[1] / "docs" / "sidecar.md").read_text()
     for option in config.OPTIONS:
-        assert f"| `{option.flag}` | `{option.env}` |" in readme, option.flag
+        assert f"| `{option.flag}` | `{option.env}` |" in guide, option.flag

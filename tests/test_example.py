@@ -62,7 +62,7 @@ def example_env(directory: Path, **variables: str) -> dict[str, str]:
 def test_the_example_reports_steps_phases_compiles_checkpoints_and_mfu(
     sidecar: SidecarProcess, short_tmp: Path
 ) -> None:
-    """The README's command with fewer steps: TRAIN_STEPS=30 CHECKPOINT_EVERY=10 python examples/train.py."""
+    """docs/instrument.md's command with fewer steps: TRAIN_STEPS=30 CHECKPOINT_EVERY=10 python examples/train.py."""
     env = example_env(
         short_tmp,
         TPUSCOPE_SOCKET=str(sidecar.socket),
@@ -109,11 +109,16 @@ def test_the_example_adds_at_most_six_lines_of_code_to_the_plain_loop() -> None:
     assert len(removed) <= 1, removed  # the CheckpointManager's line, now wrapped by mon.orbax
 
 
-def test_the_readme_shows_the_example_as_it_is() -> None:
+def test_the_docs_show_the_example_as_it_is() -> None:
+    """The README shows the example's loop (its main function) as it is; docs/instrument.md the whole file."""
+    example = EXAMPLE.read_text()
+    loop = example[example.index("def main() -> None:") : example.index("\n\nif __name__")]
     readme = (ROOT / "README.md").read_text()
-    section = readme[readme.index("## Instrument a training loop") : readme.index("## Traces")]
-    assert f"```python\n{EXAMPLE.read_text()}```" in section
+    section = readme[readme.index("## Instrument a training loop") : readme.index("## Run it on a cluster")]
+    assert f"```python\n{loop}```" in section
     assert "TRAIN_STEPS=" in section and "python examples/train.py" in section
+    guide = (ROOT / "docs" / "instrument.md").read_text()
+    assert f"```python\n{example}```" in guide[guide.index("## The loop") : guide.index("## Traces")]
 
 
 def test_the_plain_loop_runs_and_resumes(short_tmp: Path) -> None:

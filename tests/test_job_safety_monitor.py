@@ -252,8 +252,8 @@ def test_mfu_never_reads_above_one_whatever_the_peak_says(sidecar: SidecarProces
 
 
 def test_a_sigterm_grace_is_a_duration_of_at_least_five_seconds(monkeypatch: pytest.MonkeyPatch) -> None:
-    """README: ``sigterm_grace="25s"``; docs/hooks.md: the variable is a duration, not a switch: "1" would be a
-    watchdog that kills the job's last save a second after the SIGTERM (repro 07), so it is refused, said."""
+    """docs/instrument.md: ``sigterm_grace="25s"``; docs/hooks.md: the variable is a duration, not a switch: "1"
+    would be a watchdog that kills the job's last save a second after the SIGTERM (repro 07), so it is refused, said."""
     from tpuscope.tracing.monitor import _grace
 
     assert _grace("25s") == 25.0 and _grace(30) == 30.0 and _grace(None) is None

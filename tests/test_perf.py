@@ -1,6 +1,6 @@
 """`tpuscope bench perf` runs from the command line at a tiny size and writes well-formed results.
 
-Nothing here is timed: the figures of a tiny run mean nothing. The README quotes a full run.
+Nothing here is timed: the figures of a tiny run mean nothing. docs/performance.md quotes a full run.
 """
 
 from __future__ import annotations
