@@ -32,7 +32,8 @@ mmdebstrap --quiet --variant=extract --include=python3-minimal,libpython3.11-std
   bookworm "$context/rootfs.tar"
 
 echo "2/3 the wheel and its dependencies, for Python 3.11 on glibc 2.36 ($arch)"
-"$python" -m build --wheel --outdir "$context/dist" "$root" >"$context/wheel.log" 2>&1 \
+# The sdist, then the wheel built from it in a scratch directory: nothing left over in the checkout's build/.
+"$python" -m build --outdir "$context/dist" "$root" >"$context/wheel.log" 2>&1 \
   || { cat "$context/wheel.log" >&2; exit 1; }
 wheel="$(ls "$context"/dist/tpuscope-*.whl)"
 # pip takes a glibc's wheels only when told each tag it may use: manylinux_2_36 (bookworm) down to 2_5.
@@ -44,7 +45,9 @@ rm -rf "$context/site-packages/bin"  # pip's scripts name this machine's python;
 cp "$root/deploy/image/Containerfile" "$root/deploy/image/tpuscope" "$context/"
 
 echo "3/3 the image: $engine build"
-"$engine" build --quiet --format docker --tag "$tag" --label "org.opencontainers.image.version=$version" "$context" >/dev/null 2>"$context/build.log" \
+# podman writes OCI images by default, whose config has no HEALTHCHECK: ask for docker's format.
+format=(); [ "$(basename "$engine")" = podman ] && format=(--format docker)
+"$engine" build --quiet "${format[@]}" --tag "$tag" --label "org.opencontainers.image.version=$version" "$context" >/dev/null 2>"$context/build.log" \
   || { cat "$context/build.log" >&2; exit 1; }
 # The images this one replaces, untagged now, go (only tpuscope's: the label says whose).
 "$engine" image prune --force --filter "label=org.opencontainers.image.title=tpuscope" >/dev/null
