@@ -9,7 +9,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: demo test perf image setup system-deps lint generate clean
+.PHONY: demo test perf fleet-scale image setup system-deps lint generate clean
 
 demo: setup
 	rm -rf run/demo  # a fresh run each time: the workload resumes from checkpoints it finds
@@ -32,8 +32,16 @@ test: setup system-deps lint
 perf: setup system-deps
 	$(BIN)/tpuscope bench perf --perf-json run/perf.json
 
+# The rules, the boards and Prometheus' storage at 64, 256 and 1,000 hosts, beside node-exporter-mixin's rules
+# when PEER_RULES names them rendered (docs/fleet.md, "A thousand hosts"): most of an hour on 2 cores.
+FLEET_HOSTS ?= 64,256,1000
+BOARD_HOURS ?= 6
+fleet-scale: setup system-deps
+	$(BIN)/tpuscope bench fleet-scale --fleet-hosts $(FLEET_HOSTS) --board-hours $(BOARD_HOURS) \
+	  $(if $(PEER_RULES),--peer-rules $(PEER_RULES)) --json run/fleet-scale.json
+
 # The sidecar image (deploy/image/Containerfile), made from Debian's packages and the wheel, with no base image
-# or registry needed: localhost/tpuscope:VERSION, or deploy/image/build.sh NAME:TAG. docs/deploy.md.
+# or registry needed: localhost/tpuscope:VERSION, or deploy/image/build.sh NAME:TAG. docs/fleet.md.
 image: setup
 	deploy/image/build.sh
 

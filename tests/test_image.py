@@ -60,7 +60,7 @@ def built(module_tmp: Path) -> Built:
     conf = module_tmp / "containers.conf"
     conf.write_text(CONTAINERS_CONF)
     env = {**os.environ, "CONTAINERS_CONF": str(conf)}
-    # The command as docs/deploy.md gives it.
+    # The command as docs/fleet.md gives it.
     make = subprocess.run(["make", "image"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert make.returncode == 0, make.stdout[-3000:] + make.stderr[-3000:]
     said = re.search(rf"^built {re.escape(IMAGE)}: (\d+) MB$", make.stdout, re.MULTILINE)

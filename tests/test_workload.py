@@ -289,3 +289,14 @@ def test_async_checkpoints_report_when_durable(bench: Callable[..., Run], module
     assert 0 < blocked < sum(c.duration_s for c in saves)
     checkpointing = metrics.value(catalog.GOODPUT.name, workload="async", category="checkpoint")
     assert checkpointing <= blocked + 1e-6
+
+
+def test_one_workload_on_a_sidecar_is_within_the_per_host_series_budget(
+    baseline: Run, module_sidecar: SidecarProcess
+) -> None:
+    """The series a host serves for the bench's default run (its workload's, and the sidecar's own), against
+    the budget docs/fleet.md states; `tpuscope bench fleet-scale` checks a fused run with profiles and 8 TPU chips."""
+    metrics = scrape(module_sidecar, baseline)
+    mine = [s for s in metrics.samples if s.labels.get("workload") in (None, baseline.workload)]
+    assert len(mine) > 100, len(mine)  # a scrape that read nothing would pass the budget
+    assert len(mine) <= catalog.HOST_SERIES_BUDGET, len(mine)

@@ -867,3 +867,9 @@ BUILD_INFO = _metric(
 del _dev
 
 CATALOG: tuple[Metric, ...] = tuple(v for v in list(globals().values()) if isinstance(v, Metric))
+
+# The series one sidecar may serve: a host of 8 accelerators with every collector on and one workload (the
+# fused bench with device profiles and the fake libtpu serves about 940, 546 of them the multislice latency
+# histograms). node_exporter serves about 1,000 to 1,500 on a Linux host. Checked by `tpuscope bench
+# fleet-scale` on its recorded series set and by tests/test_fleet_scale.py on the bench's default run.
+HOST_SERIES_BUDGET = 1_500

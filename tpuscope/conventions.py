@@ -95,6 +95,11 @@ MEMORY_USED = f"device:{c.DEVICE_MEMORY_USED.name}:ratio_limit"
 # worker, its median over the workload, each worker's over that median, and each part's share of the step.
 PROFILE_FRESH = f"worker_part:{c.PROFILE_TIME.name}:fresh"
 PROFILE_MEDIAN = f"workload_part:{c.PROFILE_TIME.name}:median"
+# The multislice runtime's collective latency (its collective_end_to_end operation), the p99 over 5 minutes of
+# each worker: what TpuscopeCollectiveLatencySpike compares with its own 6 hours before, and what the on-call
+# board draws (a quantile of the raw buckets over a day would read every host's every bucket at each sample:
+# about 200 M samples at 1,000 hosts, docs/fleet.md).
+COLLECTIVE_P99 = f"worker:{c.MEGASCALE_LATENCY.name}:collective_p99_5m"
 PROFILE_OVER_MEDIAN = f"worker_part:{c.PROFILE_TIME.name}:over_median"
 PROFILE_SHARE = f"workload_part:{c.PROFILE_TIME.name}:share"
 # A worker's device profile counts for this many of the periods its job says it captures at

@@ -19,6 +19,7 @@ from tpuscope.conventions import (
     BAD_RATE,
     BADPUT_CATEGORIES,
     BADPUT_RATIO,
+    COLLECTIVE_P99,
     COMPUTE_MEDIAN,
     COMPUTE_OVER_MEDIAN,
     COMPUTE_PER_WORKER,
@@ -57,11 +58,6 @@ from tpuscope.thresholds import DEFAULT, Thresholds
 WORKER = "job, instance, slice, worker"
 COMPUTE = 'phase="compute"'
 RAW_UP_TO = "1h"  # SLO windows up to this read the raw counters; longer ones the recorded 5m rates
-# The multislice runtime's collective latency (its collective_end_to_end operation), the p99 over 5 minutes of
-# each worker: what TpuscopeCollectiveLatencySpike compares with its own 6 hours before (a quantile of the raw
-# buckets over so long a window would read every host's every bucket and scrape at each evaluation). The alerts
-# alone read it.
-COLLECTIVE_P99 = f"worker:{c.MEGASCALE_LATENCY.name}:collective_p99_5m"
 COLLECTIVE_END_TO_END = 'operation="collective_end_to_end"'
 
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from tpuscope import catalog as c
 from tpuscope import durations
-from tpuscope.alerts.recording import COLLECTIVE_P99
 from tpuscope.alerts.rules import Alert, running
 from tpuscope.conventions import (
+    COLLECTIVE_P99,
     COMPUTE_OVER_MEDIAN,
     PHASE_SHARE,
     PROFILE_FRESH_SECONDS,

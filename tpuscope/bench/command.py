@@ -20,19 +20,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "mode",
         nargs="?",
-        choices=["perf", "flood", "soak", "rule-cost"],
+        choices=["perf", "flood", "soak", "rule-cost", "fleet-scale"],
         help="perf: benchmark tpuscope's own cost against its targets and its peers (table and JSON); "
         "flood: jobs sending at ten times the supported event rate against one sidecar, and what it held; "
         "soak: the workload, a sidecar and a real Prometheus for --minutes, then what was lost (nothing); "
         "rule-cost: what each group of one or more rules files costs Prometheus (samples read, seconds) on a "
-        "backfilled fleet",
+        "backfilled fleet; fleet-scale: one sidecar's real series set on N hosts, with the rules, the dashboards' "
+        "queries and a peer's rules, against the budgets of docs/fleet.md",
     )
     parser.add_argument(
         "--perf-json",
         "--json",
         type=Path,
-        help="perf, flood, soak, rule-cost: where the JSON goes (default run/perf.json, run/flood.json, "
-        "run/soak.json, run/rule-cost.json)",
+        help="perf, flood, soak, rule-cost, fleet-scale: where the JSON goes (default run/perf.json, "
+        "run/flood.json, run/soak.json, run/rule-cost.json, run/fleet-scale.json)",
     )
     parser.add_argument("--seconds", type=float, default=30.0, help="flood: how long to flood (default %(default)s)")
     parser.add_argument("--minutes", type=float, default=10.0, help="soak: how long to run (default %(default)s)")
@@ -71,6 +72,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--interval", default="30s", help="rule evaluation interval, and the recorded series' (default %(default)s)"
     )
     rule_cost.add_argument("--scrape-interval", default="15s", help="sidecar scrape interval (default %(default)s)")
+    fleet_scale = parser.add_argument_group("fleet-scale (also --rules: ours, the first one)")
+    fleet_scale.add_argument(
+        "--fleet-hosts", default="64,256,1000", help="the fleet sizes, comma-separated (default %(default)s)"
+    )
+    # A dashboard's history is most of the TSDB: 24 h of 1,000 hosts' board series is too much to backfill here.
+    fleet_scale.add_argument(
+        "--board-hours",
+        type=int,
+        default=6,
+        help="hours of history for the series the dashboards read; boards are measured over 6 h and 24 h where "
+        "it holds them (default %(default)s)",
+    )
+    fleet_scale.add_argument(
+        "--peer-rules", type=Path, help="a peer's rules file, measured beside ours (node-exporter-mixin's, rendered)"
+    )
+    fleet_scale.add_argument(
+        "--record-series", type=Path, metavar="FILE", help="record one sidecar's series set into FILE, and stop"
+    )
     runner.add_arguments(parser)
 
 
@@ -91,6 +110,10 @@ def main(args: argparse.Namespace) -> int:
         from tpuscope.bench import rule_cost
 
         return rule_cost.run(args)
+    if args.mode == "fleet-scale":
+        from tpuscope.bench import fleet_scale
+
+        return fleet_scale.run(args)
     if args.scrape_latency:
         from tpuscope.bench import scrape_latency
 

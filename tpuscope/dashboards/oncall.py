@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from tpuscope import catalog as c
-from tpuscope.conventions import ALERT_PREFIX, DEFAULT_PORT, PROFILE_MEDIAN, AlertName, DashboardUID
+from tpuscope.conventions import ALERT_PREFIX, COLLECTIVE_P99, DEFAULT_PORT, PROFILE_MEDIAN, AlertName, DashboardUID
 from tpuscope.dashboards import panels as p
 from tpuscope.dashboards import promql as q
 from tpuscope.failures import COMPILE_FAILURE_VALUES, FAILURE_VALUES, RECOMPILE_VALUES
@@ -212,13 +212,14 @@ def workloads(t: Thresholds) -> p.Section:
             p.timeseries_panel(
                 "Multislice collective latency p99, by host",
                 "The TPU runtime's end-to-end collective latency across slices (megascale's collective_end_to_end, "
-                "all buffer sizes), p99 per host: in a multislice job, the DCN between the slices. A host far above "
+                "all buffer sizes), p99 over 5 minutes per host, as the recording rule the alert reads keeps it: in a "
+                "multislice job, the DCN between the slices. A host far above "
                 "its peers has a bad network path; all of them above their own past, the network or a peer slice. "
                 f"For a job without device profiles, {AlertName.COLLECTIVE_LATENCY_SPIKE} compares it with its "
                 f"{COLLECTIVE_BASELINE} before. Empty for single-slice jobs and GPUs.",
                 "s",
                 p.query(
-                    q.quantile(0.99, c.MEGASCALE_LATENCY, q.eq("operation", "collective_end_to_end"), by="instance"),
+                    f'max by (instance) ({COLLECTIVE_P99}{{slice=~"${q.SLICE}", worker=~"${q.WORKER}"}})',
                     "{{instance}}",
                 ),
                 span=12,

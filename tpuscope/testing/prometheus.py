@@ -102,13 +102,15 @@ class PrometheusServer(ServerProcess):
         remote_write: list[dict[str, Any]] = (),  # type: ignore[assignment]
         flags: list[str] = (),  # type: ignore[assignment]
         discovered: bool = False,
+        scrape_configs: list[dict[str, Any]] = (),  # type: ignore[assignment]
     ):
         """``labels`` are added to every target (as a fleet's relabelling adds pod and namespace);
         ``scrape`` is merged into the scrape config (``scheme``, ``tls_config``, ``basic_auth``, ...);
         ``external_labels`` and ``remote_write`` are the configuration's own sections; ``flags`` go to the
         command line (``--web.enable-remote-write-receiver`` for a central one). No targets: it scrapes nothing.
         ``discovered``: the targets come from a file (file_sd) that :meth:`discover` rewrites, as a pod's target
-        comes and goes with the pod; otherwise they are static, listed even while down."""
+        comes and goes with the pod; otherwise they are static, listed even while down. ``scrape_configs``: scrape
+        jobs of the caller's own, beside (or, with no targets, instead of) the tpuscope one."""
         workdir.mkdir(parents=True, exist_ok=True)
         config: dict[str, Any] = {
             "global": {"scrape_interval": scrape_interval, "evaluation_interval": scrape_interval},
@@ -124,6 +126,8 @@ class PrometheusServer(ServerProcess):
         elif targets:
             static = [self._group(targets)]
             config["scrape_configs"] = [{"job_name": "tpuscope", "static_configs": static, **(scrape or {})}]
+        if scrape_configs:  # whole scrape jobs of the caller's, after the tpuscope job
+            config["scrape_configs"] = [*config.get("scrape_configs", []), *scrape_configs]
         if external_labels:
             config["global"]["external_labels"] = external_labels
         if remote_write:

@@ -1,0 +1,920 @@
+"""``tpuscope bench fleet-scale``: the rules, the boards and the storage behind them at a fleet's size.
+
+One sidecar's real series set (:data:`SNAPSHOT`, a scrape of a real bench run: fused, with device profiles,
+8 devices and the fake libtpu; ``--record-series`` records it again) is replicated across N hosts in workloads
+of 16 workers, each host with its scrape's target labels (``job``, ``instance``, ``namespace``, ``jobset``,
+``pod``) and its ``slice`` and ``worker``; beside it on every host, the peer's: what a real node_exporter
+(Debian's, started here) serves. Some hosts misbehave (:func:`variations`): a straggler, a crash and its
+restart, a preemption that leaves a gap.
+
+For each N, one Prometheus runs on one TSDB:
+
+- *history*, backfilled by promtool: each series as far back as a rule of either file reads it (its range and
+  offset, or the lookback), or ``--board-hours`` for a series a dashboard reads; and the recorded series the
+  rules read back, at the values a probe of the same fleet gave them (as ``bench rule-cost`` does);
+- *the present*: every host's whole series set, ours and the peer's, served live from here and scraped every
+  15 s, one target a host as Kubernetes would list them, so the head holds what a fleet's would;
+- *the rules*: ours and the peer's (``--peer-rules``: node-exporter-mixin's, rendered), every group each 30 s,
+  as the generated ClusterRules say.
+
+Measured: each group's evaluation seconds (Prometheus' own ``/api/v1/rules``) against its interval, the series
+each recording rule writes, the head's series and Prometheus' memory, and each dashboard's queries as Grafana
+sends them over 6 h and 24 h (where the history holds that much): latency p50 and p95, and the samples they
+touch (``stats=all``). The budgets (:class:`Budgets`) are checked at the largest N; the run exits 1 when one is
+missed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.server
+import json
+import math
+import multiprocessing
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from prometheus_client.parser import text_string_to_metric_families
+
+from tpuscope import catalog, durations
+from tpuscope.bench import rule_cost
+from tpuscope.bench.soak import wait_for
+from tpuscope.bench.verdict import Check, check_lines, write_report
+from tpuscope.catalog import Label
+from tpuscope.prometheus_api import PrometheusAPI, PrometheusError
+from tpuscope.promql import SIDECAR_START
+from tpuscope.testing.prometheus import PrometheusServer, free_port
+
+SNAPSHOT = Path(__file__).with_name("sidecar-series.prom")
+SNAPSHOT_HEADER = "# tpuscope fleet-scale snapshot: uptime_seconds="
+DASHBOARDS = Path("deploy/grafana")
+DEFAULT_RULES = Path("deploy/prometheus/tpuscope-rules.yaml")
+DEFAULT_JSON = Path("run/fleet-scale.json")
+SCRAPE_SECONDS = 15  # deploy/prometheus/prometheus.yml's
+EVALUATION_SECONDS = 30  # the generated ClusterRules' interval, and prometheus.yml's
+RANGES_HOURS = (6, 24)  # the board ranges measured, where the history holds them
+MAX_DATA_POINTS = 1000  # a wide Grafana panel's; it sets a range query's step
+EVALUATIONS = 4  # of each group once every target has been scraped; the first one warms up
+QUERY_ROUNDS = 2  # each board query runs this often; its latency is the last round's (warm caches)
+QUERY_TIMEOUT_SECONDS = 120.0
+PROBE_SECONDS = 2  # the probe scrapes and evaluates at this pace, until the recorded series settle
+RECORDED_DAYS = 3.0
+PEER_JOB = "node"  # node-exporter-mixin's default selector is job="node"
+OUR_JOB = "tpuscope"
+START_TIMES = ("process_start_time_seconds", "node_boot_time_seconds", SIDECAR_START)
+# Grafana's interval rounding (its roundInterval), in seconds: below the first bound, the second.
+NICE_INTERVALS = ((7.5, 5), (12.5, 10), (17.5, 15), (25, 20), (45, 30), (90, 60), (210, 120), (450, 300), (900, 600))
+
+
+@dataclass(frozen=True)
+class Budgets:
+    """What a fleet may cost, on this project's 2-core machine (docs/fleet.md, "A thousand hosts")."""
+
+    group_share_of_interval: float = 0.10  # every rule group evaluates within a tenth of its interval
+    board_p95_seconds: float = 2.0  # each dashboard's queries over 24 h, p95
+    host_series: int = catalog.HOST_SERIES_BUDGET  # one sidecar of 8 devices, every collector on
+
+
+# --- The series of one host -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class HostSeries:
+    """One series as a real exporter served it, without target labels, and how it moves: a counter at
+    ``slope`` a second, a timestamp with the clock, a start time at the fleet's start, anything else steady."""
+
+    name: str
+    labels: tuple[tuple[str, str], ...]
+    value: float
+    slope: float = 0.0
+    clock: bool = False
+    start: bool = False
+
+
+def parse_exposition(text: str, seconds: float) -> list[HostSeries]:
+    """The series of an exposition; counters (and histograms' parts) grew steadily over ``seconds``."""
+    out: list[HostSeries] = []
+    for family in text_string_to_metric_families(text):
+        grows = family.type in ("counter", "histogram", "summary")
+        for sample in family.samples:
+            if sample.name.endswith("_created"):
+                continue  # OpenMetrics' creation times: the text format Prometheus scrapes has none
+            out.append(
+                HostSeries(
+                    sample.name,
+                    tuple(sorted(sample.labels.items())),
+                    sample.value,
+                    slope=sample.value / seconds if grows and "quantile" not in sample.labels else 0.0,
+                    clock=sample.name.endswith("_timestamp_seconds") or sample.name == "node_time_seconds",
+                    start=sample.name in START_TIMES or sample.name.endswith("_start_time_seconds"),
+                )
+            )
+    return out
+
+
+def load_snapshot(path: Path = SNAPSHOT) -> list[HostSeries]:
+    """The committed scrape; its first line says how long the run had run when it was taken."""
+    header, _, body = path.read_text().partition("\n")
+    return parse_exposition(body, float(header.removeprefix(SNAPSHOT_HEADER)))
+
+
+def text_of(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=10) as response:
+        return str(response.read().decode())
+
+
+def node_exporter_series(seconds: float = 5.0) -> list[HostSeries]:
+    """A real node_exporter's series on this machine: two scrapes ``seconds`` apart give its counters' rates."""
+    binary = shutil.which("prometheus-node-exporter") or shutil.which("node_exporter")
+    if binary is None:
+        raise SystemExit("fleet-scale: the peer is node_exporter: install Debian's prometheus-node-exporter")
+    url = f"http://127.0.0.1:{free_port()}/metrics"
+    address = url.split("/")[2]
+    process = subprocess.Popen(
+        [binary, f"--web.listen-address={address}"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    try:
+        wait_for(lambda: reachable(url), 30, "node_exporter")
+        first = text_of(url)
+        time.sleep(seconds)  # the interval its counters' rates are measured over
+        second = text_of(url)
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
+    before = {(s.name, s.labels): s.value for s in parse_exposition(first, 1.0)}
+    grown = [(s, s.value - before.get((s.name, s.labels), s.value)) for s in parse_exposition(second, 1.0)]
+    return [HostSeries(s.name, s.labels, s.value, max(0.0, g / seconds) if s.slope else 0.0) for s, g in grown]
+
+
+def reachable(url: str) -> bool:
+    try:
+        text_of(url)
+    except OSError:
+        return False
+    return True
+
+
+# --- The fleet --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Variation:
+    """What one host's series do differently: a rate scaled, a rise of 1 at a time, a stretch without samples
+    (seconds before the history's end) after which counters start again from 0."""
+
+    factor: float = 1.0
+    step_at: float | None = None
+    gap: tuple[float, float] | None = None  # (from, to) seconds before the end
+
+    def value(self, s: HostSeries, t: float, end: float, origin: float) -> float:
+        restarted = self.gap is not None and end - t <= self.gap[1]
+        since = end - self.gap[1] if self.gap is not None and restarted else origin
+        if s.clock:
+            return t
+        if s.start:
+            return since
+        stepped = 1.0 if self.step_at is not None and end - t <= self.step_at else 0.0
+        if not s.slope:
+            return s.value * self.factor + stepped
+        return s.slope * self.factor * (t - since) + stepped
+
+    def missing(self, t: float, end: float) -> bool:
+        return self.gap is not None and self.gap[1] < end - t <= self.gap[0]
+
+
+STEADY = Variation()
+UP = HostSeries("up", (), 1.0)
+
+
+@dataclass(frozen=True)
+class Fleet:
+    """N hosts (``rule_cost.fleet``: workloads of 16 workers, 4 to a slice), each serving ``ours`` and ``peer``."""
+
+    hosts: list[rule_cost.Host]
+    ours: list[HostSeries]
+    peer: list[HostSeries]
+    varied: dict[tuple[int, str], Variation] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, hosts: int, ours: list[HostSeries], peer: list[HostSeries]) -> Fleet:
+        fleet = cls(rule_cost.fleet(hosts), [*ours, *crash_counters(ours)], peer)
+        fleet.varied.update(variations(hosts))
+        return fleet
+
+    def target(self, index: int, job: str) -> dict[str, str]:
+        """The labels the scrape gives every series of the host's ``job``, as the shipped relabelling does."""
+        labels = self.hosts[index].target | {"job": job}
+        if job == PEER_JOB:
+            labels["instance"] = labels["instance"].replace(":9478", ":9100")
+        return labels
+
+    def series(
+        self, index: int, job: str, scraped: bool = False
+    ) -> Iterator[tuple[str, dict[str, str], HostSeries, Variation]]:
+        """The host's series of ``job`` as it serves them (no target labels): name, labels, model, variation;
+        ``scraped``: with ``up``, which Prometheus writes for every scrape (the history needs it too)."""
+        host = self.hosts[index]
+        for s in [*(self.ours if job == OUR_JOB else self.peer), *([UP] if scraped else [])]:
+            labels = dict(s.labels)
+            if job == OUR_JOB and s is not UP:  # the sidecar's own labels: the host's place and its workload
+                labels[Label.SLICE], labels[Label.WORKER] = host.slice, host.worker
+                if Label.WORKLOAD in labels:
+                    labels[Label.WORKLOAD] = host.workload
+            varied = self.varied.get((index, s.name)) or self.varied.get((index, "*")) or STEADY
+            yield s.name, labels, s, varied
+
+
+def crash_counters(ours: list[HostSeries]) -> list[HostSeries]:
+    """The crash's counters, which a sidecar serves only once a job has failed: at 0 on every host (the
+    variation makes one of them rise), unless the snapshot has them."""
+    names = {s.name for s in ours}
+    workload = ((Label.WORKLOAD.value, "bench"),)
+    added = [
+        HostSeries(catalog.WORKLOAD_FAILURES.name, (("reason", "crash"), *workload), 0.0),
+        HostSeries(catalog.WORKLOAD_RESTARTS.name, workload, 0.0),
+    ]
+    return [s for s in added if s.name not in names]
+
+
+def variations(hosts: int) -> dict[tuple[int, str], Variation]:
+    """(host index, series name or "*") -> how it differs. The first workload's fourth host is a straggler (its
+    compute takes half as long again); the second workload's first host crashed half an hour ago and its job
+    restarted; every host of the third was preempted 3 hours ago for half an hour."""
+    per = rule_cost.WORKERS_PER_WORKLOAD
+    out = {(3, name): Variation(factor=1.5) for name in ("tpuscope_step_phase_duration_seconds_sum",)}
+    out[(3, catalog.PROFILE_TIME.name)] = Variation(factor=1.5)
+    for name in (catalog.WORKLOAD_FAILURES.name, catalog.WORKLOAD_RESTARTS.name):
+        out[(per, name)] = Variation(step_at=1800)
+    out.update({(index, "*"): Variation(gap=(3 * 3600, 2.5 * 3600)) for index in range(2 * per, 3 * per)})
+    return {key: value for key, value in out.items() if key[0] < hosts}
+
+
+# --- History --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Reach:
+    """How far back each series name is read: by a rule (its range and offset, or the lookback), or, for a
+    name a dashboard reads, as far back as the longest board range the history is to hold."""
+
+    rules: rule_cost.Reads
+    boards: frozenset[str]
+    board_seconds: float
+
+    def seconds(self, name: str) -> float:
+        return max(self.rules.reach.get(name, 0.0), self.board_seconds if name in self.boards else 0.0)
+
+
+Family = tuple[str, int, list[tuple[str, HostSeries, Variation]]]  # name, first time, (line prefix, model, variation)
+
+
+def backfill(
+    fleet: Fleet, reach: Reach, recorded: list[rule_cost.Series], end: float, directory: Path
+) -> dict[str, float]:
+    """A TSDB in ``directory``/tsdb of the fleet's history up to ``end``: its series, samples, and the seconds
+    it took to write. The families are split between one writer per core, each writing its OpenMetrics text and
+    running promtool on it (about 450,000 samples a second each, here); their blocks go into one TSDB, which
+    Prometheus reads whole (blocks that overlap in time are merged as they are read)."""
+    started = time.monotonic()
+    families: dict[str, Family] = {}
+    for index in range(len(fleet.hosts)):
+        for job in (OUR_JOB, PEER_JOB):
+            for name, labels, s, varied in fleet.series(index, job, scraped=True):
+                if (seconds := reach.seconds(name)) > 0:
+                    first = int(end - seconds - SCRAPE_SECONDS)
+                    text = name + rule_cost.label_text(labels | fleet.target(index, job)) + " "
+                    families.setdefault(name, (name, first, []))[2].append((text, s, varied))
+    recorded_lines = [
+        f"{r.name}{r.labels} {rule_cost.number(r.level)} {t}\n"
+        for r in sorted(recorded, key=lambda r: r.name)
+        for t in range(int(end - r.since), int(end) + 1, int(r.every))
+    ]
+    writers = max(1, min(os.cpu_count() or 1, 4))
+    shares: list[list[Family]] = [[] for _ in range(writers)]
+    for family in sorted(families.values(), key=lambda f: -len(f[2]) * (end - f[1])):  # the biggest first
+        min(shares, key=lambda share: sum(len(f[2]) * (end - f[1]) for f in share)).append(family)
+    tsdb = directory / "tsdb"
+    tsdb.mkdir(parents=True, exist_ok=True)
+    global _WRITING  # the writers are forked: they read the families from here instead of a pickle
+    _WRITING = (shares, end, fleet_origin(end), recorded_lines, directory)
+    with multiprocessing.get_context("fork").Pool(writers) as pool:
+        counts = pool.map(write_share, range(writers))
+    for part in directory.glob("part-*"):
+        for block in part.iterdir():
+            block.rename(tsdb / block.name)
+        part.rmdir()
+    return {
+        "series": sum(c[0] for c in counts) + len(recorded),
+        "samples": sum(c[1] for c in counts),
+        "seconds": round(time.monotonic() - started, 1),
+    }
+
+
+_WRITING: tuple[list[list[Family]], float, float, list[str], Path] | None = None
+
+
+def fleet_origin(end: float) -> float:
+    """When the fleet started: ten days before the history's end, so its counters are well under way."""
+    return end - 10 * 86_400
+
+
+def write_share(index: int) -> tuple[int, int]:
+    """Writer ``index``'s families as OpenMetrics, then its blocks (promtool); its series and samples."""
+    assert _WRITING is not None
+    shares, end, origin, recorded_lines, directory = _WRITING
+    source = directory / f"part-{index}.om"
+    series = samples = 0
+    with open(source, "w") as out:
+        for _, first, entries in sorted(shares[index]):  # OpenMetrics: a family's lines together
+            times = range(first, int(end) + 1, SCRAPE_SECONDS)
+            for text, s, varied in entries:
+                lines = sample_lines(text, s, varied, times, end, origin)
+                out.writelines(lines)
+                series, samples = series + 1, samples + len(lines)
+        if index == 0:  # the recorded series, counted by the caller
+            out.writelines(recorded_lines)
+            samples += len(recorded_lines)
+        out.write("# EOF\n")
+    command = ["promtool", "tsdb", "create-blocks-from", "openmetrics", "--max-block-duration=1000h", "-q"]
+    run = subprocess.run([*command, str(source), str(directory / f"part-{index}")], capture_output=True, text=True)
+    if run.returncode != 0:
+        raise PrometheusError(f"promtool could not backfill {source}: {run.stderr.strip()[-2000:]}")
+    source.unlink()
+    return series, samples
+
+
+def sample_lines(text: str, s: HostSeries, varied: Variation, times: range, end: float, origin: float) -> list[str]:
+    """One series' lines. A steady series (most of them) is written without a call a sample: a constant, the
+    clock, or a counter growing from the fleet's start."""
+    if varied is STEADY and not s.start:
+        if s.clock:
+            return [f"{text}{t}.0 {t}\n" for t in times]
+        if s.slope:
+            slope = s.slope
+            return [f"{text}{slope * (t - origin)!r} {t}\n" for t in times]
+        value = rule_cost.number(s.value)
+        return [f"{text}{value} {t}\n" for t in times]
+    return [
+        f"{text}{rule_cost.number(varied.value(s, t, end, origin))} {t}\n" for t in times if not varied.missing(t, end)
+    ]
+
+
+# --- The present: every host's /metrics, served from here -----------------------------------------------
+
+
+class Feed:
+    """Every host's sidecar and node_exporter past the history's end: ``/metrics?host=I&job=J`` serves that
+    host's series at the time of asking. ``read_only`` narrows each host to the series some rule reads."""
+
+    def __init__(self, fleet: Fleet, end: float, read: set[str] | None = None) -> None:
+        self.fleet, self.end, self.origin = fleet, end, fleet_origin(end)
+        self.prefixes = {
+            (index, job): [
+                (name + rule_cost.label_text(labels) + " ", s, varied)
+                for name, labels, s, varied in fleet.series(index, job)
+                if read is None or name in read
+            ]
+            for index in range(len(fleet.hosts))
+            for job in (OUR_JOB, PEER_JOB)
+        }
+        self.scrapes = 0
+        feed = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                query = urllib.parse.parse_qs(urllib.parse.urlparse(self.path).query)
+                body = feed.exposition(int(query["host"][0]), query["job"][0], time.time()).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "text/plain; version=0.0.4")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+                feed.scrapes += 1
+
+            def log_message(self, *_: Any) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.address = f"127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def exposition(self, index: int, job: str, t: float) -> str:
+        return "".join(
+            f"{text}{rule_cost.number(varied.value(s, t, self.end, self.origin))}\n"
+            for text, s, varied in self.prefixes[(index, job)]
+        )
+
+    def scrape_configs(self, interval: int) -> list[dict[str, Any]]:
+        """One scrape job each for ours and the peer, one target a host with its target labels."""
+        return [
+            {
+                "job_name": job,
+                "scrape_interval": f"{interval}s",
+                "static_configs": [
+                    {
+                        "targets": [self.address],
+                        "labels": self.fleet.target(index, job) | {"__param_host": str(index), "__param_job": job},
+                    }
+                    for index in range(len(self.fleet.hosts))
+                ],
+            }
+            for job in (OUR_JOB, PEER_JOB)
+        ]
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def prometheus(
+    workdir: Path, feed: Feed, interval: int, rule_files: list[Path], tsdb: Path | None = None
+) -> PrometheusServer:
+    """A Prometheus scraping the feed every ``interval`` seconds and evaluating the rules as often (their groups
+    may say otherwise), on a hard-linked copy of ``tsdb`` if given (it writes only its head beside the blocks)."""
+    flags = ["--storage.tsdb.retention.time=10y", "--query.max-samples=500000000"]
+    if tsdb is not None:
+        shutil.copytree(tsdb, workdir / "data", copy_function=os.link)
+    return PrometheusServer(
+        workdir,
+        [],
+        f"{interval}s",
+        rule_files=rule_files,
+        scrape_configs=feed.scrape_configs(interval),
+        flags=flags,
+    )
+
+
+def probe_recorded(
+    fleet: Fleet, files: list[rule_cost.RulesFile], reads: rule_cost.Reads, end: float, workdir: Path
+) -> list[dict[str, Any]]:
+    """The series the files' rules record on this fleet, once their number settles: a Prometheus scraping only
+    the series some rule reads, and evaluating the rules, every ``PROBE_SECONDS``."""
+    records = set().union(*(f.records for f in files)) & set(reads.reach)
+    if not records:
+        return []
+    feed = Feed(fleet, end, read=set(reads.reach))
+    pattern = "|".join(sorted(records))
+    counts = f'count by (__name__) ({{__name__=~"{pattern}"}})'
+    try:
+        with prometheus(workdir, feed, PROBE_SECONDS, [f.path for f in files]) as probe:
+            previous: list[tuple[str, str]] = []
+            for _ in range(60):
+                rule_cost.wait_for_round(probe.api, 300)
+                now = sorted((r["metric"]["__name__"], r["value"][1]) for r in probe.query(counts))
+                if now and now == previous:
+                    return probe.query(f'{{__name__=~"{pattern}"}}')
+                previous = now
+    finally:
+        feed.close()
+    raise PrometheusError("the recorded series did not settle in 60 evaluations")
+
+
+# --- The measures -----------------------------------------------------------------------------------------
+
+
+@dataclass
+class GroupFigures:
+    file: str
+    group: str
+    interval_seconds: float
+    eval_seconds_median: float
+    eval_seconds_max: float
+    recorded_series: int  # what its recording rules write each evaluation
+
+    @property
+    def share(self) -> float:
+        return self.eval_seconds_max / self.interval_seconds
+
+
+@dataclass(frozen=True)
+class QueryFigures:
+    panel: str  # its title and the target's ref
+    seconds: float  # as Grafana waits for it: the whole answer, the last of QUERY_ROUNDS
+    samples: int  # Prometheus' totalQueryableSamples: each sample counted at every step that reads it
+
+
+@dataclass
+class BoardFigures:
+    board: str
+    hours: int
+    queries: list[QueryFigures]
+    failed: list[str] = field(default_factory=list)
+
+    @property
+    def seconds(self) -> list[float]:
+        return sorted(q.seconds for q in self.queries) or [math.nan]
+
+    @property
+    def p50_seconds(self) -> float:
+        return statistics.median(self.seconds)
+
+    @property
+    def p95_seconds(self) -> float:
+        """Nearest rank: the query that 95 % of the board's are no slower than."""
+        return self.seconds[max(0, math.ceil(0.95 * len(self.seconds)) - 1)]
+
+    @property
+    def samples(self) -> int:
+        return sum(q.samples for q in self.queries)
+
+    def heaviest(self, n: int = 3) -> list[QueryFigures]:
+        return sorted(self.queries, key=lambda q: -q.samples)[:n]
+
+    def summary(self) -> dict[str, Any]:
+        """What the JSON keeps of it: the figures, and its heaviest queries."""
+        return {
+            "board": self.board,
+            "hours": self.hours,
+            "queries": len(self.queries),
+            "p50_seconds": self.p50_seconds,
+            "p95_seconds": self.p95_seconds,
+            "samples": self.samples,
+            "heaviest": [asdict(q) for q in self.heaviest()],
+            "failed": self.failed,
+        }
+
+
+@dataclass
+class ScaleFigures:
+    hosts: int
+    workloads: int
+    history: dict[str, float]
+    head_series: int
+    head_series_ours: int
+    head_series_peer: int
+    prometheus_rss_mb: float
+    prometheus_heap_mb: float
+    groups: list[GroupFigures]
+    boards: list[dict[str, Any]]  # BoardFigures.summary()
+    top_recorded: list[tuple[str, int]]
+    # The alerts pending or firing at the end, by name and state: each writes a series every evaluation, and the
+    # fleet's variations show in them (the straggler, the restart).
+    alerts: dict[str, int]
+
+
+def group_evaluations(api: PrometheusAPI, after: float, timeout: float) -> dict[tuple[str, str], list[float]]:
+    """Each group's (file, group) evaluation seconds, ``EVALUATIONS`` of them that began ``after``."""
+    seen: dict[tuple[str, str], dict[float, float]] = {}
+
+    def enough() -> bool:
+        for group in api.get("rules")["groups"]:
+            if (began := rule_cost.instant(group["lastEvaluation"])) > after:
+                seen.setdefault((group["file"], group["name"]), {})[began] = float(group["evaluationTime"])
+        return bool(seen) and all(len(times) >= EVALUATIONS for times in seen.values())
+
+    wait_for(enough, timeout, f"{EVALUATIONS} evaluations of every group")
+    return {key: [times[t] for t in sorted(times)][:EVALUATIONS] for key, times in seen.items()}
+
+
+def recorded_counts(api: PrometheusAPI, files: list[rule_cost.RulesFile]) -> dict[str, int]:
+    names = "|".join(sorted(set().union(*(f.records for f in files))))
+    return {
+        r["metric"]["__name__"]: int(r["value"][1]) for r in api.query(f'count by (__name__) ({{__name__=~"{names}"}})')
+    }
+
+
+def grafana_interval(range_seconds: int) -> int:
+    """The step Grafana asks for: the range over the panel's data points, rounded, at least the scrape interval."""
+    raw = max(range_seconds / MAX_DATA_POINTS, SCRAPE_SECONDS)
+    return next((nice for bound, nice in NICE_INTERVALS if raw < bound), int(raw))
+
+
+def substitute(expr: str, variables: dict[str, str], range_seconds: int, interval: int) -> str:
+    """What Grafana sends: each variable's All value, the interval variables (the longer names first)."""
+    rate_interval = max(interval + SCRAPE_SECONDS, 4 * SCRAPE_SECONDS)
+    for name, value in sorted(variables.items(), key=lambda item: -len(item[0])):
+        expr = expr.replace(f"${{{name}}}", value).replace(f"${name}", value)
+    return (
+        expr.replace("$__rate_interval", f"{rate_interval}s")
+        .replace("$__interval_ms", f"{interval * 1000}")
+        .replace("$__interval", f"{interval}s")
+        .replace("$__range_s", f"{range_seconds}")
+        .replace("$__range", f"{range_seconds}s")
+    )
+
+
+def board_queries(board: dict[str, Any]) -> Iterator[tuple[str, str, bool]]:
+    """(panel title and ref, expression, instant) of every panel's every target."""
+
+    def panels(items: list[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+        for panel in items:
+            yield panel
+            yield from panels(panel.get("panels", []))
+
+    for panel in panels(board["panels"]):
+        for target in panel.get("targets", []):
+            if target.get("expr"):
+                yield f"{panel['title']} ({target.get('refId', '')})", target["expr"], bool(target.get("instant"))
+
+
+def all_values(board: dict[str, Any]) -> dict[str, str]:
+    """Each variable as a board opened with All selected sends it; a custom variable at its current value."""
+    values = {}
+    for variable in board["templating"]["list"]:
+        if variable["type"] == "query":
+            values[variable["name"]] = variable.get("allValue") or ".*"
+        elif variable["type"] in ("textbox", "constant", "custom"):  # its current value, else its default
+            values[variable["name"]] = str((variable.get("current") or {}).get("value") or variable["query"])
+    return values
+
+
+def measure_board(api: PrometheusAPI, path: Path, hours: int, end: float) -> BoardFigures:
+    """Every query of the board, as Grafana sends it with every variable at All over the last ``hours``."""
+    board = json.loads(path.read_text())
+    variables = all_values(board)
+    range_seconds = hours * 3600
+    step = grafana_interval(range_seconds)
+    figures = BoardFigures(board.get("title", path.stem), hours, [])
+    for panel, expr, instant in board_queries(board):
+        query = substitute(expr, variables, range_seconds, step)
+        if instant:
+            endpoint, parameters = "query", {"query": query, "time": end}
+        else:
+            endpoint, parameters = (
+                "query_range",
+                {"query": query, "start": end - range_seconds, "end": end, "step": step},
+            )
+        try:
+            for _ in range(QUERY_ROUNDS):
+                began = time.perf_counter()
+                answer = api.get(endpoint, {**parameters, "stats": "all"})
+                seconds = time.perf_counter() - began
+        except PrometheusError as e:
+            figures.failed.append(f"{panel}: {e}")
+            continue
+        samples = int(answer["stats"]["samples"]["totalQueryableSamples"])
+        figures.queries.append(QueryFigures(panel, seconds, samples))
+    return figures
+
+
+def own_metrics(url: str) -> dict[str, float]:
+    """Prometheus' own /metrics, the series this run reads: head series, resident and heap memory."""
+    wanted = ("prometheus_tsdb_head_series", "process_resident_memory_bytes", "go_memstats_heap_inuse_bytes")
+    text = text_of(f"{url}/metrics")
+    return {
+        sample.name: sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name in wanted
+    }
+
+
+def with_interval(rules: rule_cost.RulesFile, seconds: int, directory: Path) -> rule_cost.RulesFile:
+    """A copy of the file with every group evaluated every ``seconds``, as the generated ClusterRules say."""
+    document = yaml.safe_load(rules.path.read_text())
+    for group in document["groups"]:
+        group["interval"] = f"{seconds}s"
+    path = directory / f"{rules.label}.yaml"
+    path.write_text(yaml.safe_dump(document, sort_keys=False))
+    return rule_cost.RulesFile(rules.label, path, rules.rules)
+
+
+@dataclass(frozen=True)
+class Settings:
+    board_hours: int = 6
+    evaluation_seconds: int = EVALUATION_SECONDS  # shorter in the tests, which cannot wait 2 minutes
+
+    def ranges(self) -> list[int]:
+        """The board ranges measured: those the history holds, else the history's whole length."""
+        return [hours for hours in RANGES_HOURS if hours <= self.board_hours] or [self.board_hours]
+
+
+def boards_read() -> frozenset[str]:
+    """The series names the dashboards' queries read."""
+    names = set()
+    for path in sorted(DASHBOARDS.glob("*.json")):
+        board = json.loads(path.read_text())
+        for _, expr, _ in board_queries(board):
+            names |= {read.name for read in rule_cost.reads(substitute(expr, all_values(board), 3600, 60))}
+    return frozenset(names)
+
+
+def measure(
+    hosts: int, files: list[rule_cost.RulesFile], ours: list[HostSeries], peer: list[HostSeries], settings: Settings,
+    workdir: Path,
+) -> ScaleFigures:  # fmt: skip
+    fleet = Fleet.of(hosts, ours, peer)
+    reads = rule_cost.Reads.of(files)
+    reach = Reach(reads, boards_read(), settings.board_hours * 3600)
+    end = float(int(time.time()))
+    print(f"  {hosts} hosts: probing what the rules record ...", flush=True)
+    found = probe_recorded(fleet, files, reads, end, workdir / "probe")
+    # The recorded series, one per workload or so, go back as far as a rule reads them (3 days: the SLO windows).
+    timing = rule_cost.Timing(end, RECORDED_DAYS, SCRAPE_SECONDS, settings.evaluation_seconds)
+    history = backfill(fleet, reach, rule_cost.recorded_series(found, reads, timing), end, workdir / "history")
+    written = f"{history['series']:,.0f} series, {history['samples']:,.0f} samples ({history['seconds']:.0f} s)"
+    print(f"  {hosts} hosts: a TSDB of {written}", flush=True)
+    feed = Feed(fleet, end)
+    tsdb = workdir / "history" / "tsdb"
+    try:
+        with prometheus(workdir / "run", feed, SCRAPE_SECONDS, [f.path for f in files], tsdb) as p:
+            timeout = 20 * settings.evaluation_seconds + 600
+            targets = 2 * len(fleet.hosts)
+            wait_for(lambda: len(p.query("up == 1")) == targets, timeout, f"{targets} targets up")
+            evaluated = group_evaluations(p.api, time.time(), timeout)
+            counts = recorded_counts(p.api, files)
+            own = own_metrics(p.url)
+            heads = {job: int(p.scalar(f'count({{job="{job}"}})') or 0) for job in (OUR_JOB, PEER_JOB)}
+            alerts = {
+                f"{a['metric']['alertname']} {a['metric']['alertstate']}": int(a["value"][1])
+                for a in p.query("count by (alertname, alertstate) (ALERTS)")
+            }
+            api = PrometheusAPI(p.url, timeout=QUERY_TIMEOUT_SECONDS)
+            now = time.time()
+            boards = sorted(DASHBOARDS.glob("*.json"))
+            measured_boards = [
+                measure_board(api, path, hours, now).summary() for hours in settings.ranges() for path in boards
+            ]
+    finally:
+        feed.close()
+    groups = []
+    for (file_path, group), times in sorted(evaluated.items()):
+        rules = next(f for f in files if Path(file_path).resolve() == f.path.resolve())
+        records = dict.fromkeys(r.name for r in rules.rules if r.group == group and r.record)
+        measured = times[1:]  # the first warms up
+        groups.append(
+            GroupFigures(
+                rules.label,
+                group,
+                settings.evaluation_seconds,
+                statistics.median(measured),
+                max(measured),
+                sum(counts.get(name, 0) for name in records),
+            )
+        )
+    return ScaleFigures(
+        hosts,
+        len({h.workload for h in fleet.hosts}),
+        history,
+        int(own.get("prometheus_tsdb_head_series", 0)),
+        heads[OUR_JOB],
+        heads[PEER_JOB],
+        own.get("process_resident_memory_bytes", 0) / 2**20,
+        own.get("go_memstats_heap_inuse_bytes", 0) / 2**20,
+        groups,
+        measured_boards,
+        sorted(counts.items(), key=lambda item: -item[1])[:10],
+        alerts,
+    )
+
+
+# --- The report -------------------------------------------------------------------------------------------
+
+
+def report_lines(figures: list[ScaleFigures]) -> list[str]:
+    lines = []
+    for f in figures:
+        lines += [
+            "",
+            f"{f.hosts} hosts, {f.workloads} workloads: head {f.head_series:,} series ({f.head_series_ours:,} ours, "
+            f"{f.head_series_peer:,} node_exporter's), Prometheus {f.prometheus_rss_mb:,.0f} MiB resident "
+            f"({f.prometheus_heap_mb:,.0f} MiB heap); history {f.history['series']:,.0f} series, "
+            f"{f.history['samples']:,.0f} samples",
+        ]
+        rows = [["file", "group", "eval s (median)", "eval s (max)", "of interval", "series recorded"]]
+        rows += [
+            [
+                g.file,
+                g.group,
+                f"{g.eval_seconds_median:.3f}",
+                f"{g.eval_seconds_max:.3f}",
+                f"{g.share:.1%}",
+                f"{g.recorded_series:,}",
+            ]
+            for g in f.groups
+        ]
+        lines += ["  " + line for line in rule_cost.table(rows, right={2, 3, 4, 5})]
+        rows = [["board", "range", "queries", "p50 s", "p95 s", "samples", "heaviest query"]]
+        rows += [
+            [
+                b["board"],
+                f"{b['hours']} h",
+                str(b["queries"]),
+                f"{b['p50_seconds']:.3f}",
+                f"{b['p95_seconds']:.3f}",
+                f"{b['samples']:,}",
+                heaviest(b),
+            ]
+            for b in f.boards
+        ]
+        lines += ["  " + line for line in rule_cost.table(rows, right={2, 3, 4, 5})]
+        lines += [f"  failed: {failure}" for b in f.boards for failure in b["failed"]]
+    return lines
+
+
+def heaviest(board: dict[str, Any]) -> str:
+    if not board["heaviest"]:
+        return ""
+    q = board["heaviest"][0]
+    return f"{q['panel']}: {q['samples']:,} samples, {q['seconds']:.2f} s"
+
+
+def checks(figures: list[ScaleFigures], host_series: int, budgets: Budgets) -> list[Check]:
+    largest = max(figures, key=lambda f: f.hosts)
+    worst = max((g for g in largest.groups if g.file == OUR_JOB), key=lambda g: g.share)
+    longest = max((b["hours"] for b in largest.boards), default=0)
+    boards = [b for b in largest.boards if b["hours"] == longest]
+    slowest = max(boards, key=lambda b: float(b["p95_seconds"]))
+    return [
+        Check(
+            "groups within their interval",
+            worst.share <= budgets.group_share_of_interval,
+            f"at {largest.hosts} hosts the most, {worst.group}: {worst.eval_seconds_max:.3f} s of "
+            f"{worst.interval_seconds:g} s ({worst.share:.1%}; budget {budgets.group_share_of_interval:.0%})",
+        ),
+        Check(
+            f"board queries p95 at {longest} h",
+            slowest["p95_seconds"] <= budgets.board_p95_seconds and not any(b["failed"] for b in boards),
+            f"at {largest.hosts} hosts the slowest board, {slowest['board']}: {slowest['p95_seconds']:.2f} s "
+            f"(budget {budgets.board_p95_seconds:g} s)",
+        ),
+        Check(
+            "series per host",
+            host_series <= budgets.host_series,
+            f"one sidecar of the recorded run: {host_series:,} (budget {budgets.host_series:,})",
+        ),
+    ]
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.record_series:
+        return record_series(args.record_series)
+    ours = load_snapshot()
+    peer = node_exporter_series()
+    files = [rule_cost.load_rules(f"{OUR_JOB}={(args.rules or [DEFAULT_RULES])[0]}")]
+    if args.peer_rules:
+        files.append(rule_cost.load_rules(f"{PEER_JOB}={args.peer_rules}"))
+    sizes = [int(n) for n in str(args.fleet_hosts).split(",")]
+    print(
+        f"fleet-scale: {', '.join(map(str, sizes))} hosts; one host serves {len(ours):,} series of ours and "
+        f"{len(peer):,} of node_exporter's; rules: {', '.join(str(f.path) for f in files)}; dashboards' history "
+        f"{args.board_hours} h",
+        flush=True,
+    )
+    figures = []
+    with tempfile.TemporaryDirectory(prefix="ts-fleet-scale-") as tmp:
+        settings = Settings(args.board_hours, int(durations.parse(args.interval)))
+        timed = [with_interval(f, settings.evaluation_seconds, Path(tmp)) for f in files]
+        for hosts in sizes:
+            figures.append(measure(hosts, timed, ours, peer, settings, Path(tmp) / str(hosts)))
+            print("\n".join(report_lines(figures[-1:])), flush=True)
+    verdicts = checks(figures, len(ours), Budgets())
+    print("\n".join(["", *check_lines(verdicts)]))
+    failed = write_report(args.perf_json or DEFAULT_JSON, {"scales": [asdict(f) for f in figures]}, verdicts)
+    return 1 if failed else 0
+
+
+# --- Recording the series set -----------------------------------------------------------------------------
+
+
+def record_series(path: Path, steps: int = 300) -> int:
+    """Run the fused bench with device profiles and 8 fake TPU chips, scrape its sidecar near the end, and write
+    the scrape with the run's age as :data:`SNAPSHOT`'s format has it."""
+    from tpuscope.testing.fake_tpu import Chip, FakeTpuRuntime, FakeTpuServer, default_megascale
+
+    chips = FakeTpuRuntime([Chip(d, duty_cycle_percent=10.0 * d) for d in range(8)], default_megascale())
+    with tempfile.TemporaryDirectory(prefix="ts-fleet-record-") as tmp, FakeTpuServer(chips) as runtime:
+        listen = f"127.0.0.1:{free_port()}"
+        env = {
+            **os.environ,
+            "XDG_RUNTIME_DIR": tmp,
+            "TPU_RUNTIME_METRICS_PORTS": str(runtime.port),
+            "XLA_FLAGS": "--xla_force_host_platform_device_count=8",
+        }
+        command = [
+            sys.executable,
+            "-m",
+            "tpuscope",
+            "bench",
+            "--fused",
+            f"--steps={steps}",
+            "--profile-period=2s",
+            f"--listen={listen}",
+        ]
+        command += [f"--run-dir={tmp}/run", "--linger=60"]
+        started = time.time()
+        bench = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        assert bench.stdout is not None
+        for line in bench.stdout:
+            if "serves http" in line:  # the run is over; its sidecar lingers
+                break
+        text = text_of(f"http://{listen}/metrics")
+        bench.terminate()
+        bench.wait(timeout=60)
+    uptime = round(time.time() - started)
+    path.write_text(f"{SNAPSHOT_HEADER}{uptime}\n{text}")
+    print(f"wrote {path}: {len(parse_exposition(text, uptime)):,} series")
+    return 0
