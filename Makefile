@@ -66,6 +66,10 @@ system-deps:
 	@command -v kubectl >/dev/null || { \
 	  $(SUDO) apt-get update -qq && \
 	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends kubernetes-client; }
+	@# VictoriaMetrics (victoria-metrics, vmagent, vmalert) runs the rules beside Prometheus (tests/test_victoriametrics.py).
+	@command -v vmalert >/dev/null || { \
+	  $(SUDO) apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends victoria-metrics; }
 	@# podman builds and runs the sidecar image (tests/test_image.py; iptables publishes its port); mmdebstrap
 	@# unpacks its Debian base.
 	@command -v podman >/dev/null && command -v runc >/dev/null && command -v mmdebstrap >/dev/null || { \

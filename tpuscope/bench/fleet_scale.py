@@ -70,7 +70,9 @@ MAX_DATA_POINTS = 1000  # a wide Grafana panel's; it sets a range query's step
 EVALUATIONS = 4  # of each group once every target has been scraped; the first one warms up
 QUERY_ROUNDS = 2  # each board query runs this often; its latency is the last round's (warm caches)
 QUERY_TIMEOUT_SECONDS = 120.0
-PROBE_SECONDS = 2  # the probe scrapes and evaluates at this pace, until the recorded series settle
+# The probe scrapes and evaluates at this pace, until the recorded series settle: every 2 s, or every 2 s a hundred
+# hosts, so that this process serves every host's series (those the rules read) in time.
+PROBE_SECONDS_PER_100_HOSTS = 2
 RECORDED_DAYS = 3.0
 PEER_JOB = "node"  # node-exporter-mixin's default selector is job="node"
 OUR_JOB = "tpuscope"
@@ -461,7 +463,7 @@ def probe_recorded(
     fleet: Fleet, files: list[rule_cost.RulesFile], reads: rule_cost.Reads, end: float, workdir: Path
 ) -> list[dict[str, Any]]:
     """The series the files' rules record on this fleet, once their number settles: a Prometheus scraping only
-    the series some rule reads, and evaluating the rules, every ``PROBE_SECONDS``."""
+    the series some rule reads, and evaluating the rules, every 2 s (a hundred hosts)."""
     records = set().union(*(f.records for f in files)) & set(reads.reach)
     if not records:
         return []
@@ -469,7 +471,8 @@ def probe_recorded(
     pattern = "|".join(sorted(records))
     counts = f'count by (__name__) ({{__name__=~"{pattern}"}})'
     try:
-        with prometheus(workdir, feed, PROBE_SECONDS, [f.path for f in files]) as probe:
+        pace = PROBE_SECONDS_PER_100_HOSTS * max(1, math.ceil(len(fleet.hosts) / 100))
+        with prometheus(workdir, feed, pace, [f.path for f in files]) as probe:
             previous: list[tuple[str, str]] = []
             for _ in range(60):
                 rule_cost.wait_for_round(probe.api, 300)
@@ -727,7 +730,9 @@ def measure(
             evaluated = group_evaluations(p.api, time.time(), timeout)
             counts = recorded_counts(p.api, files)
             own = own_metrics(p.url)
-            heads = {job: int(p.scalar(f'count({{job="{job}"}})') or 0) for job in (OUR_JOB, PEER_JOB)}
+            # What the last scrapes of each job brought in: every host's series, whatever the rules add.
+            scraped = p.query("sum by (job) (scrape_samples_scraped)")
+            heads = {r["metric"]["job"]: int(float(r["value"][1])) for r in scraped}
             alerts = {
                 f"{a['metric']['alertname']} {a['metric']['alertstate']}": int(a["value"][1])
                 for a in p.query("count by (alertname, alertstate) (ALERTS)")

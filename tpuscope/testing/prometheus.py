@@ -38,10 +38,16 @@ class ServerProcess:
     """A Prometheus-project server binary on loopback: started with its flags, ready when ``/-/ready``
     answers, stopped on ``__exit__``. Its output goes to ``log_path``, for the tests' failure messages."""
 
+    # The flags that say where it listens and how much it logs; other projects' binaries spell them otherwise.
+    LISTEN_FLAG = "--web.listen-address={}"
+    QUIET_FLAGS: tuple[str, ...] = ("--log.level=warn",)
+    READY_SECONDS = 30.0
+
     def __init__(self, binary: str, package: str, flags: list[str], workdir: Path) -> None:
         path = shutil.which(binary)
         if path is None:
             raise PrometheusError(f"{binary} not found: install Debian's {package} package (`make test` does)")
+        workdir.mkdir(parents=True, exist_ok=True)
         self.name = binary
         self.port = free_port()
         self.address = f"127.0.0.1:{self.port}"
@@ -49,11 +55,11 @@ class ServerProcess:
         self.log_path = workdir / f"{binary}.log"
         with open(self.log_path, "w") as log:
             self.proc = subprocess.Popen(
-                [path, f"--web.listen-address={self.address}", "--log.level=warn", *flags],
+                [path, self.LISTEN_FLAG.format(self.address), *self.QUIET_FLAGS, *flags],
                 stdout=log,
                 stderr=subprocess.STDOUT,
             )
-        self._wait_ready(timeout=30.0)
+        self._wait_ready(timeout=self.READY_SECONDS)
 
     def _wait_ready(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout

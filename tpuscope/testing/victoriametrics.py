@@ -12,38 +12,27 @@ so only the start differs from the base class; readiness, stopping and the query
 from __future__ import annotations
 
 import json
-import shutil
-import subprocess
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from tpuscope.prometheus_api import PrometheusAPI, PrometheusError
+from tpuscope.prometheus_api import PrometheusAPI
 from tpuscope.testing.prometheus import ServerProcess, free_port
 
 PACKAGE = "victoria-metrics"  # Debian's package: all three binaries
 JOB = "tpuscope"  # the scrape job, as PrometheusServer names it
-READY_SECONDS = 60.0  # a loaded 2-core machine starts them slowly
 
 
 class VictoriaProcess(ServerProcess):
     """One VictoriaMetrics binary on loopback, its output in ``workdir/BINARY.log``."""
 
+    LISTEN_FLAG = "-httpListenAddr={}"
+    QUIET_FLAGS = ("-loggerLevel=WARN",)
+    READY_SECONDS = 60.0  # a loaded 2-core machine starts them slowly
+
     def __init__(self, binary: str, flags: list[str], workdir: Path) -> None:
-        path = shutil.which(binary)
-        if path is None:
-            raise PrometheusError(f"{binary} not found: install Debian's {PACKAGE} package (`make test` does)")
-        workdir.mkdir(parents=True, exist_ok=True)
-        self.name = binary
-        self.port = free_port()
-        self.address = f"127.0.0.1:{self.port}"
-        self.url = f"http://{self.address}"
-        self.log_path = workdir / f"{binary}.log"
-        command = [path, f"-httpListenAddr={self.address}", "-loggerLevel=WARN", *flags]
-        with open(self.log_path, "w") as log:
-            self.proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
-        self._wait_ready(timeout=READY_SECONDS)
+        super().__init__(binary, PACKAGE, flags, workdir)
         self.api = PrometheusAPI(self.url, timeout=10)  # each serves Prometheus' HTTP API, or its part of it
 
 
