@@ -42,7 +42,9 @@ from test_dashboards import ALL, BOARDS, panel_titled, step_values, substitute
 
 from tpuscope import catalog as c
 from tpuscope import conventions, durations, kubernetes
+from tpuscope.alerts import rule_groups
 from tpuscope.dashboards import promql
+from tpuscope.generator_config import GeneratorConfig
 from tpuscope.prometheus_api import PrometheusAPI
 from tpuscope.promql import SIDECAR_START, le
 from tpuscope.testing.prometheus import ServerProcess
@@ -313,12 +315,42 @@ def backfilled(directory: Path, series: Fleet, *flags: str) -> Iterator[Promethe
     backfill = [require("promtool"), "tsdb", "create-blocks-from", "openmetrics", "--max-block-duration=1000h", "-q"]
     run = subprocess.run([*backfill, str(source), str(data)], capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr
+    with served(directory, *flags) as api:
+        yield api
+
+
+@contextlib.contextmanager
+def served(directory: Path, *flags: str) -> Iterator[PrometheusAPI]:
+    """A Prometheus over the TSDB in ``directory``/data."""
     config = directory / "prometheus.yml"
     config.write_text(yaml.safe_dump({"global": {"scrape_interval": f"{SCRAPE}s"}}))
     require("prometheus")
-    flags = (f"--config.file={config}", f"--storage.tsdb.path={data}", *flags)
+    flags = (f"--config.file={config}", f"--storage.tsdb.path={directory / 'data'}", *flags)
     with ServerProcess("prometheus", "prometheus", list(flags), directory) as server:
         yield PrometheusAPI(server.url, timeout=30)
+
+
+# The recording rules the boards read that a rule of the generated file records from raw series alone, with
+# the history a panel reads of them: promtool records them from the backfilled fleet, as Prometheus would have.
+RECORDED_FROM_RAW = (conventions.FAILURES_HOUR, conventions.RESTARTS_HOUR)
+
+
+def record_rules(api: PrometheusAPI, data: Path, start: int, end: int, directory: Path) -> None:
+    """Blocks of :data:`RECORDED_FROM_RAW` between ``start`` and ``end``, evaluated by ``promtool tsdb
+    create-blocks-from rules`` against ``api`` every scrape interval, written into ``data``."""
+    rules = [
+        rule
+        for group in rule_groups(GeneratorConfig())
+        for rule in group["rules"]
+        if rule.get("record") in RECORDED_FROM_RAW
+    ]
+    assert {r["record"] for r in rules} == set(RECORDED_FROM_RAW)
+    path = directory / "recorded-from-raw.yaml"
+    path.write_text(yaml.safe_dump({"groups": [{"name": "recorded", "rules": rules}]}))
+    command = [require("promtool"), "tsdb", "create-blocks-from", "rules", f"--url={api.url}", "-q"]
+    command += [f"--start={start}", f"--end={end}", f"--eval-interval={SCRAPE}s", f"--output-dir={data}", str(path)]
+    run = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
 
 
 @pytest.fixture(scope="module")
@@ -327,6 +359,8 @@ def prometheus(module_tmp: Path) -> Iterator[tuple[PrometheusAPI, int]]:
     at = (int(time.time()) // HOUR - 1) * HOUR
     flags = ("--storage.tsdb.retention.time=100d", f"--query.lookback-delta={LOOKBACK}")  # the blocks go back 40 days
     with backfilled(module_tmp, fleet(at), *flags) as api:
+        record_rules(api, module_tmp / "data", at - 2 * HOUR, at, module_tmp)
+    with served(module_tmp, *flags) as api:  # again, with the recorded blocks
         yield api, at
 
 

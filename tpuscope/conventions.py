@@ -144,6 +144,9 @@ SERVED = f"worker:{c.GOODPUT_WALL.base_name}:served"
 # Per worker and reason, its failures of the last hour over its successive sidecars (tpuscope.promql.grown): what
 # TpuscopeWorkloadFailed and TpuscopeWorkloadCrashLooping read, recorded once.
 FAILURES_HOUR = f"worker_reason:{c.WORKLOAD_FAILURES.base_name}:grown1h"
+# Its twin for restarts: what the on-call board's sliding hour reads (raw, it read every sidecar's counters over
+# the hour at every point: 100 M samples over 6 h of 64 hosts).
+RESTARTS_HOUR = f"worker_reason:{c.WORKLOAD_RESTARTS.base_name}:grown1h"
 # Per worker, since when it has been down: its sidecar's gauge, or its last step when its pod went with it.
 DOWN_SINCE = f"worker:{c.WORKLOAD_DOWN_SINCE.name}:last"
 # The goodput SLO's bad time, a matcher on the category label: the categories booked as they happen. Productive

@@ -39,6 +39,7 @@ from tpuscope.conventions import (
     PROFILE_SHARE,
     REQUESTS_FAST_RATE,
     REQUESTS_RATE,
+    RESTARTS_HOUR,
     RUN_MEMORY,
     RUNNING,
     RUNNING_INFERRED,
@@ -324,8 +325,11 @@ def collective_rules() -> list[dict[str, str]]:
 
 
 def failure_rules() -> list[dict[str, str]]:
-    """Each worker's failures of the last hour, by reason: the counter's growth summed over the worker's successive
-    sidecars (a restarted pod is a new sidecar, its counters born at 1). Recorded once for the two alerts that
-    read it, which would otherwise read every sidecar's counters over the hour eight times over."""
-    grew = grown(series(c.WORKLOAD_FAILURES), "1h")
-    return [{"record": FAILURES_HOUR, "expr": f"sum by ({RUN}, reason) ({grew})"}]
+    """Each worker's failures (and restarts) of the last hour, by reason: the counter's growth summed over the
+    worker's successive sidecars (a restarted pod is a new sidecar, its counters born at 1). Recorded once for the
+    two alerts and the on-call board that read them, which would otherwise read every sidecar's counters over the
+    hour at each evaluation, and at each point of the board."""
+    return [
+        {"record": record, "expr": f"sum by ({RUN}, reason) ({grown(series(counter), '1h')})"}
+        for record, counter in ((FAILURES_HOUR, c.WORKLOAD_FAILURES), (RESTARTS_HOUR, c.WORKLOAD_RESTARTS))
+    ]

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from tpuscope import catalog as c
-from tpuscope.conventions import BAD_RATE, SLO_PERIOD, WALL_ALL_RATE, DashboardUID
+from tpuscope.conventions import BAD_RATE, GOODPUT_RATE, SLO_PERIOD, WALL_ALL_RATE, WALL_RATE, DashboardUID
 from tpuscope.dashboards import panels as p
 from tpuscope.dashboards import promql as q
 from tpuscope.thresholds import Thresholds
@@ -42,6 +42,12 @@ def goodput_ratio(by: str = "", window: str = q.RANGE) -> str:
     per = f" by ({by})" if by else ""
     productive = f"sum{per} ({q.increase(c.GOODPUT, q.eq('category', 'productive'), window=window)})"
     return f"{productive} / sum{per} ({q.increase(c.GOODPUT_WALL, window=window)})"
+
+
+def goodput_ratio_hour(by: str) -> str:
+    """Productive share of wall time over the last hour, per ``by`` (workload at least), from the recording rules."""
+    productive = q.recorded_hour(GOODPUT_RATE, q.eq("category", "productive"), by=by)
+    return f"{productive} / {q.recorded_hour(WALL_RATE, by=by)}"
 
 
 def now(t: Thresholds) -> p.Section:
@@ -124,7 +130,7 @@ def now(t: Thresholds) -> p.Section:
 
 
 def goodput(t: Thresholds) -> p.Section:
-    badput = f"sum by (category) ({q.rate(c.GOODPUT, q.ne('category', 'productive'), window=q.HOUR)})"
+    badput = q.recorded_hour(GOODPUT_RATE, q.ne("category", "productive"), by="category")
     # The goodput SLO's two terms as the alerts read them: the time no sidecar booked (a pod gone, sidecar and
     # all) is downtime, bad and wall time, in both.
     bad = q.slo_period_sum(BAD_RATE, by="workload")
@@ -138,9 +144,10 @@ def goodput(t: Thresholds) -> p.Section:
                 f"Productive share of each workload's wall time over the last hour. Step time becomes productive "
                 "when a checkpoint covers it (work lost to a failure never does), so shorter windows swing with "
                 f"each checkpoint. The dashed line is the objective ({t.goodput_objective:.0%}); a workload below "
-                "it is wasting its chips: see Badput by category and the workload's Job debug dashboard.",
+                "it is wasting its chips: see Badput by category and the workload's Job debug dashboard. From the "
+                "recording rules' 5-minute rates of each workload: the slice and worker variables do not apply.",
                 "percentunit",
-                p.query(goodput_ratio("workload", window=q.HOUR), "{{workload}}"),
+                p.query(goodput_ratio_hour("workload"), "{{workload}}"),
                 limits=p.low_is_bad(t.goodput_objective),
                 max_value=1,
             ),
@@ -150,10 +157,11 @@ def goodput(t: Thresholds) -> p.Section:
                 "wall time: compile, io_wait (input-bound steps), checkpoint, init (start to first step), lost "
                 "(work redone after failures), downtime (from a failure to the next start) and other (the rest "
                 "of a process's time, booked when it ends). The largest band is where the fleet's money goes "
-                "first.",
+                "first. From the recording rules' 5-minute rates of each workload: the slice and worker "
+                "variables do not apply.",
                 "percentunit",
                 p.query(
-                    q.share(badput, f"sum ({q.rate(c.GOODPUT_WALL, window=q.HOUR)})", ignoring="category"),
+                    q.share(badput, q.recorded_hour(WALL_RATE), ignoring="category"),
                     "{{category}}",
                 ),
                 stacked=True,
@@ -189,7 +197,7 @@ def cost() -> p.Section:
     chip_seconds = f"sum by (workload) ({q.selector(c.WORKLOAD_DEVICES)} * on (job, instance, workload) {wall})"
     steps = f"max by (workload) ({q.increase(c.STEPS, window=q.RANGE)})"
     devices = f"sum by (workload) ({q.selector(c.WORKLOAD_DEVICES)})"
-    badput_share = f"(1 - ({goodput_ratio('workload', window=q.HOUR)}))"
+    badput_share = f"(1 - ({goodput_ratio_hour('workload')}))"
     return p.Section(
         "Cost",
         [

@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 from tpuscope import catalog as c
-from tpuscope.conventions import AlertName, DashboardUID
+from tpuscope.conventions import GOODPUT_RATE, WALL_RATE, AlertName, DashboardUID
 from tpuscope.dashboards import panels as p
 from tpuscope.dashboards import promql as q
 from tpuscope.thresholds import Thresholds
@@ -512,7 +512,7 @@ def checkpoints(t: Thresholds) -> p.Section:
 
 
 def goodput(t: Thresholds) -> p.Section:
-    by_category = f"sum by (category) ({q.rate(c.GOODPUT, window=q.HOUR)})"
+    by_category = q.recorded_hour(GOODPUT_RATE, by="category")
     return p.Section(
         "Goodput",
         [
@@ -524,10 +524,11 @@ def goodput(t: Thresholds) -> p.Section:
                 "booked when it ends). Step time becomes productive only when a checkpoint covers it, so the "
                 "productive band grows in steps, one checkpoint at a time (hence the hour); the bands add up to "
                 "the wall time once it is settled. The objective is "
-                f"{t.goodput_objective:.0%} productive; the largest other band is the first thing to fix.",
+                f"{t.goodput_objective:.0%} productive; the largest other band is the first thing to fix. From "
+                "the recording rules' 5-minute rates of each workload: the slice and worker variables do not apply.",
                 "percentunit",
                 p.query(
-                    q.share(by_category, f"sum ({q.rate(c.GOODPUT_WALL, window=q.HOUR)})", ignoring="category"),
+                    q.share(by_category, q.recorded_hour(WALL_RATE), ignoring="category"),
                     "{{category}}",
                 ),
                 stacked=True,

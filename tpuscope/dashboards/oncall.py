@@ -12,7 +12,16 @@ from __future__ import annotations
 from typing import Any
 
 from tpuscope import catalog as c
-from tpuscope.conventions import ALERT_PREFIX, COLLECTIVE_P99, DEFAULT_PORT, PROFILE_MEDIAN, AlertName, DashboardUID
+from tpuscope.conventions import (
+    ALERT_PREFIX,
+    COLLECTIVE_P99,
+    DEFAULT_PORT,
+    FAILURES_HOUR,
+    PROFILE_MEDIAN,
+    RESTARTS_HOUR,
+    AlertName,
+    DashboardUID,
+)
 from tpuscope.dashboards import panels as p
 from tpuscope.dashboards import promql as q
 from tpuscope.failures import COMPILE_FAILURE_VALUES, FAILURE_VALUES, RECOMPILE_VALUES
@@ -136,17 +145,11 @@ def workloads(t: Thresholds) -> p.Section:
             p.timeseries_panel(
                 "Failures and restarts in the last hour",
                 "Failures and restarts per workload over a sliding hour, each counted once per job however "
-                "many hosts report it (as the alerts count them). A workload in a crash loop restarts without "
-                "progress: stop it before it burns its chips.",
+                "many hosts report it (as the alerts count them, from the same recording rules). A workload in a "
+                "crash loop restarts without progress: stop it before it burns its chips.",
                 "short",
-                p.query(
-                    q.once_per_job(c.WORKLOAD_FAILURES, by=q.BY_REASON, window=q.HOUR),
-                    "failure {{workload}} {{reason}}",
-                ),
-                p.query(
-                    q.once_per_job(c.WORKLOAD_RESTARTS, by=q.BY_REASON, window=q.HOUR),
-                    "restart {{workload}} {{reason}}",
-                ),
+                p.query(hour_once_per_job(FAILURES_HOUR), "failure {{workload}} {{reason}}"),
+                p.query(hour_once_per_job(RESTARTS_HOUR), "restart {{workload}} {{reason}}"),
                 span=8,
             ),
             p.bar_gauge_panel(
@@ -226,6 +229,13 @@ def workloads(t: Thresholds) -> p.Section:
             ),
         ],
     )
+
+
+def hour_once_per_job(recorded: str) -> str:
+    """A recorded per-worker count of the last hour (``conventions.FAILURES_HOUR``), once per job: the most any
+    one worker saw, as :func:`tpuscope.promql.each_worker_once` counts it."""
+    matchers = ", ".join(f'{label}=~"${label}"' for label in (q.WORKLOAD, q.SLICE, q.WORKER))
+    return f"max by ({q.BY_REASON}) ({recorded}{{{matchers}}})"
 
 
 def recorded_exposed() -> str:

@@ -102,6 +102,15 @@ def slo_period_sum(recorded: str, *matchers: str, by: str = "") -> str:
     return f"sum{per} (sum_over_time({recorded}{{{labels}}}[{SLO_PERIOD}]))"
 
 
+def recorded_hour(recorded: str, *matchers: str, by: str = "") -> str:
+    """A recorded per-workload 5-minute rate (``conventions.GOODPUT_RATE``) averaged over the last hour, per
+    ``by``: what ``rate()`` of the raw counters over the hour gives, read from a series a workload instead of every
+    host's every scrape at each point (docs/fleet.md, "A thousand hosts"). Filtered by workload only."""
+    labels = ", ".join([f'workload=~"${WORKLOAD}"', *matchers])
+    per = f" by ({by})" if by else ""
+    return f"sum{per} (avg_over_time({recorded}{{{labels}}}[{HOUR}]))"
+
+
 def quantile(q: float, histogram: Metric, *matchers: str, by: str = "", window: str = RATE, rare: bool = False) -> str:
     """The ``q`` quantile of a histogram's observations in ``window``, per ``by``; ``rare`` for
     histograms of rare events (checkpoints), whose first observation ``rate()`` would miss."""
