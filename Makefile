@@ -35,7 +35,7 @@ perf: setup system-deps
 # The rules, the boards and Prometheus' storage at 64, 256 and 1,000 hosts, beside node-exporter-mixin's rules
 # when PEER_RULES names them rendered (docs/fleet.md, "A thousand hosts"): most of an hour on 2 cores.
 FLEET_HOSTS ?= 64,256,1000
-BOARD_HOURS ?= 6
+BOARD_HOURS ?= 24,24,6
 fleet-scale: setup system-deps
 	$(BIN)/tpuscope bench fleet-scale --fleet-hosts $(FLEET_HOSTS) --board-hours $(BOARD_HOURS) \
 	  $(if $(PEER_RULES),--peer-rules $(PEER_RULES)) --json run/fleet-scale.json

@@ -221,6 +221,28 @@ STALLED = (
     "Workload w has completed no step for 16m 0s, nor any checkpoint or compile stage (counted from the last of "
     "them, or from its start), while its processes are still connected."
 )
+PROGRAM = "9c1f5e2a7b3d4c60"  # a fingerprint, as the sidecar cuts it
+
+
+def cores_at(*locations: str, asked: int = 10, minutes: int = 20) -> dict[str, str]:
+    """A workload of one worker per location, its process connected on each host, each host's sidecar serving its
+    TPU core at that HLO location of one program from minute ``asked`` (when the stall made it ask the runtime)."""
+    series = {}
+    for worker, location in enumerate(locations):
+        host = {"instance": f"h{worker}:9478", "worker": str(worker)}
+        core = {**host, "device": "0", "core": "tc0"}
+        series[s(c.CORE_STATE, **core, fingerprint=PROGRAM, hlo_location=location)] = f"_x{asked} 1x{minutes - asked}"
+        series[s(c.CORE_LOCATION_AGE, **core)] = f"_x{asked} 0+60x{minutes - asked}"
+        series[s(c.WORKLOAD_PROCESSES, **host, **W)] = f"1x{minutes}"
+    return series
+
+
+# Worker 2's core sits at a fusion while its three peers' wait at the all-reduce it never joined.
+ODD_ONE_OUT = ("all-reduce.42", "all-reduce.42", "fusion.7", "all-reduce.42")
+STALLED_ODD = (
+    f"{STALLED} Worker 2 (slice 0, h2:9478) has had its TPU cores at HLO fusion.7 of program {PROGRAM} for 6m 0s, "
+    "where most of its peers' are not: the others likely wait for it."
+)
 REGRESSION_STEPS = s(c.STEP_DURATION, "count", **W)
 REGRESSION_SUM = s(c.STEP_DURATION, "sum", **W)
 DEVICE = {"device": "0", "accelerator": "v5e", "source": "libtpu"}
@@ -249,6 +271,18 @@ CASES = [
     # No progress since its start: past 600 s from minute 11, and the for: of 5m more.
     Case(AlertName.WORKLOAD_STALLED, "critical", "16m", stalling("0x20"), W, STALLED),
     Case(AlertName.WORKLOAD_STALLED, None, "15m", stalling("0x20")),  # still pending
+    # Issue 39: its sidecars asked the TPU runtime at minute 10, and the worker whose cores sit elsewhere is named.
+    Case(AlertName.WORKLOAD_STALLED, "critical", "16m", {**stalling("0x20"), **cores_at(*ODD_ONE_OUT)}, W, STALLED_ODD),
+    # Two against two names nobody; so do cores that are all at one place.
+    Case(
+        AlertName.WORKLOAD_STALLED,
+        "critical",
+        "16m",
+        {**stalling("0x20"), **cores_at("all-reduce.42", "fusion.7", "fusion.7", "all-reduce.42")},
+        W,
+        STALLED,
+    ),
+    Case(AlertName.WORKLOAD_STALLED, "critical", "16m", {**stalling("0x20"), **cores_at("all-reduce.42")}, W, STALLED),
     # A save from minute 30 that never ends pages as a stall does (from its last step, the save's beginning).
     Case(AlertName.WORKLOAD_STALLED, "critical", "46m", stalling("0+60x30 1800x20"), W, STALLED),
     Case(AlertName.WORKLOAD_STALLED, None, "10m", stalling("0+60x20")),  # stepping

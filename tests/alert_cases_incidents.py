@@ -13,10 +13,21 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from alert_cases import HOST, RUNBOOKS, Case, W, collective_history, generations, megascale, s, sidecar
+from alert_cases import (
+    HOST,
+    RUNBOOKS,
+    Case,
+    W,
+    collective_history,
+    cores_at,
+    generations,
+    megascale,
+    s,
+    sidecar,
+)
 
 from tpuscope import catalog as c
-from tpuscope.conventions import BADPUT_RATIO, AlertName
+from tpuscope.conventions import BADPUT_RATIO, CORE_ELSEWHERE, AlertName
 
 # A worker of JobSet llm in namespace ml, its pod run by the JobSet's Job: the target labels its sidecar's
 # series carry (deploy/prometheus/prometheus.yml's relabelings).
@@ -358,5 +369,15 @@ READINGS = [
         {**worker(130, 360, {**W, **JOB_POD}), **kube_state_metrics(360), **job_exists(360, 360)},
         0.64,
         {**W, **TEAM},
+    ),
+    # 3. Issue 39: two workers' TPU cores at the all-reduce, one's at a fusion, one's at a copy: both workers that
+    # are elsewhere are named, each at its own place.
+    Reading(
+        "every worker whose TPU cores sit elsewhere than most of its peers' is named",
+        f"count by (workload) ({CORE_ELSEWHERE})",
+        "16m",
+        cores_at("all-reduce.42", "fusion.7", "all-reduce.42", "copy.3"),
+        2,
+        W,
     ),
 ]

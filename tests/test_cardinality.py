@@ -21,7 +21,7 @@ from tpuscope import __version__, catalog, events, goodput
 from tpuscope.exporter import collectors
 from tpuscope.exporter.aggregator import CONNECTION_ERRORS, INGEST_RESULTS, Aggregator
 from tpuscope.exporter.collectors import base as collector_base
-from tpuscope.exporter.collectors import libtpu, nvml
+from tpuscope.exporter.collectors import gke_device_plugin, libtpu, nvml
 from tpuscope.exporter.exposition import Writer
 from tpuscope.exporter.labels import LIMITED, OTHER_LABELS, OVERFLOW, LabelLimiter
 from tpuscope.exporter.metrics import register
@@ -51,7 +51,12 @@ CLOSED: dict[Label, tuple[str, ...]] = {  # every value the code can give it
         *typing.get_args(events.CheckpointOperation),
         *(m.operation for m in libtpu.RUNTIME_METRICS if m.operation),
     ),
-    Label.SOURCE: (*typing.get_args(typing.get_type_hints(events.DeviceMemory)["source"]), libtpu.SOURCE, nvml.SOURCE),
+    Label.SOURCE: (
+        *typing.get_args(typing.get_type_hints(events.DeviceMemory)["source"]),
+        libtpu.SOURCE,
+        nvml.SOURCE,
+        gke_device_plugin.SOURCE,
+    ),
     Label.CATEGORY: goodput.CATEGORIES,
     Label.CLASSIFIED_BY: catalog.PROFILE_OP_CLASSIFIERS,
     Label.VERSION: (__version__,),
@@ -70,10 +75,16 @@ HOST: dict[Label, str] = {  # set by collectors from what this host has, so boun
     Label.CPU: "one value per logical CPU",
     Label.PID: "one value per watched process: connected jobs (at most ingest.MAX_CONNECTIONS) and --pid",
     Label.WORKLOAD: "job_* series: the workloads of the connected processes, as the limiter filed them",
-    Label.DEVICE: "the devices the libtpu and nvml collectors see",
+    Label.DEVICE: "the devices the libtpu, gke-device-plugin and nvml collectors see (the plugin's: this pod's chips)",
     Label.ACCELERATOR: "the accelerator kinds of those devices",
+    # Not on any metric of the catalogue: the sidecar adds it to every series, like slice and worker.
+    Label.TPU_TOPOLOGY: "one value per sidecar (--tpu-topology), constant for its life: it adds no series",
     Label.BUFFER_SIZE: "the TPU runtime's megascale buffer-size buckets",
     Label.XID: "XID codes, a set the NVIDIA driver defines",
+    # Served only while a workload stalls, one series per core, at most core_state.MAX_CORES of them:
+    Label.CORE: "the cores of the host's TPU chips (tc0, sc1: a kind and an index on its chip)",
+    Label.FINGERPRINT: "one program per core at a time: the one it runs now (its series goes when it moves on)",
+    Label.HLO_LOCATION: "one HLO location per core at a time, cut to the label alphabet and 64 characters",
 }
 
 

@@ -10,6 +10,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from tpuscope import catalog
+from tpuscope.exporter.collectors import COLLECTORS
 from tpuscope.exporter.collectors.base import UNAVAILABLE, Collector, CollectorError, Settings
 from tpuscope.exporter.collectors.runner import CollectorRunner
 from tpuscope.exporter.config import _parse_collectors, _parse_intervals
@@ -113,6 +114,6 @@ def test_collector_options() -> None:
     assert _parse_collectors("host, libtpu") == ("host", "libtpu")
     with pytest.raises(ValueError, match="unknown collector"):
         _parse_collectors("host,dcgm")
-    assert _parse_intervals("2,host=15") == {"libtpu": 2.0, "nvml": 2.0, "host": 15.0}
+    assert _parse_intervals("2,host=15") == {name: 15.0 if name == "host" else 2.0 for name in COLLECTORS}
     with pytest.raises(ValueError, match="unknown collector"):
         _parse_intervals("gpu=1")

@@ -10,6 +10,9 @@ queries, taken from the dashboards as Grafana gets them, run against it at one i
   out of memory just before the failure, the compile after the restart, and the same checkpoint saves (each
   process saves its part): one before the failure, one after the restart.
 - ``tune``, 2 hosts of another accelerator (another peak), started within the range.
+- Each host's 4 chips: ``train``'s new pods read by the libtpu collector; ``tune``'s, on GKE without runtime
+  metrics, by the gke-device-plugin collector, which also gives TensorCore utilization, and their sidecars
+  label every series with their slice's topology.
 - Both run at 50% MFU; each sidecar reports its own host's FLOPs and peak, as the job's Monitor sends them.
 - ``train``'s new pods sample device profiles, all 4 at the same steps, at -20 and -10 min (0.3 s and 360 kB a
   capture); worker 2 is a straggler: more compute and less collective wait than its peers (who wait for it),
@@ -96,12 +99,22 @@ class Fleet:
         )
 
     def sidecar(
-        self, instance: str, pod: Mapping[str, str], slice_: str, worker: str, start: int, end: int
+        self,
+        instance: str,
+        pod: Mapping[str, str],
+        slice_: str,
+        worker: str,
+        start: int,
+        end: int,
+        topology: str = "",
     ) -> dict[str, str]:
-        """A sidecar in ``pod`` (its target labels) scraped from ``start`` to ``end``; the labels its series carry."""
+        """A sidecar in ``pod`` (its target labels) scraped from ``start`` to ``end``; the labels its series carry
+        (``topology``: its ``--tpu-topology``, on every series but Prometheus' own ``up``)."""
         target = {"job": kubernetes.JOB, "instance": instance, **pod}
         self.series("up", target, start, end, lambda t: 1)
         host = {**target, "slice": slice_, "worker": worker}
+        if topology:
+            host[str(c.Label.TPU_TOPOLOGY)] = topology
         self.series(SIDECAR_START, host, start, end, lambda t: self.at + start)
         return host
 
@@ -142,11 +155,13 @@ def fleet(at: int) -> Fleet:
             saved = -2400 if host is first else start + 600  # both within the dashboard's hour
             f.counter(c.CHECKPOINT_DURATION.series("count"), save, saved, end, {saved: 1})
             running(f, {**host, **train}, "v5e", CHIPS * V5E, start, end)
+        devices(f, second, LIBTPU, "v5e", TRAIN_CHIP, -1680, 0)
         profiled(f, {**second, **train}, STRAGGLER_PROFILE if worker == STRAGGLER else PEER_PROFILE)
     for worker in range(2):
         pod = job_pod(f, "tune", str(worker), {-2400: "Running"}, 0)
-        host = f.sidecar(f"tune-{worker}:9478", pod, "0", str(worker), -2400, 0)
+        host = f.sidecar(f"tune-{worker}:9478", pod, "0", str(worker), -2400, 0, topology=TUNE_TOPOLOGY)
         running(f, {**host, **tune}, "v6e", CHIPS * V6E, -2400, 0)
+        devices(f, host, DEVICE_PLUGIN, "v6e", TUNE_CHIP, -2400, 0)
     # A serving workload, every request of the last two hours within the objective (at its first replica).
     replicas = [replicaset_pod(f, "serve-5d8f", name) for name in ("x7k2p", "q9m4n")]
     serve = {**f.sidecar("serve-0:9478", replicas[0], "0", "0", -2 * HOUR, 0), "workload": "serve"}
@@ -245,6 +260,30 @@ def running(f: Fleet, labels: dict[str, str], accelerator: str, peak: float, sta
     f.series(c.MODEL_FLOPS.name, labels, start, end, lambda t: MFU * peak * (t - start))
     f.series(c.GOODPUT.name, {**labels, "category": "productive"}, start, end, lambda t: t - start)
     f.series(c.GOODPUT_WALL.name, labels, start, end, lambda t: t - start)
+
+
+# Each host's chips as its collectors read them: the same values on every chip of a workload's hosts.
+LIBTPU, DEVICE_PLUGIN = "libtpu", "gke-device-plugin"  # the source label's values
+TUNE_TOPOLOGY = "2x4"
+GIB = 2**30
+TRAIN_CHIP = {c.DUTY_CYCLE: 0.8, c.DEVICE_MEMORY_USED: 12 * GIB, c.DEVICE_MEMORY_LIMIT: 16 * GIB}
+TUNE_CHIP = {
+    c.DUTY_CYCLE: 0.5,
+    c.TENSORCORE_UTILIZATION: 0.25,
+    c.DEVICE_MEMORY_USED: 8 * GIB,
+    c.DEVICE_MEMORY_LIMIT: 32 * GIB,
+    c.MEMORY_BANDWIDTH_UTILIZATION: 0.4,
+}
+
+
+def devices(
+    f: Fleet, host: dict[str, str], source: str, accelerator: str, chip: Mapping[c.Metric, float], start: int, end: int
+) -> None:
+    """A host's ``CHIPS`` chips, each with ``chip``'s values, as one collector of its sidecar serves them."""
+    for device in range(CHIPS):
+        labels = {**host, "device": str(device), "accelerator": accelerator, "source": source}
+        for metric, value in chip.items():
+            f.series(metric.name, labels, start, end, constant(value))
 
 
 # Device profiles: seconds per step in each part (compute, exposed_collective, idle), the same step on every worker.
@@ -372,6 +411,7 @@ def values(
     interval: int = RANGE,
     workload: str = ALL,
     by: tuple[str, ...] = (),
+    topology: str = ALL,
 ) -> dict[tuple[str, ...], float]:
     """The panel's target ``ref`` as Grafana runs it over the last hour, at its last point: each series'
     ``by`` labels -> its value. ``interval``: Grafana's ``$__interval`` (a time series panel's point; an
@@ -379,7 +419,8 @@ def values(
     api, at = prometheus
     (target,) = [t for t in panel_titled(BOARDS[board], title)["targets"] if t["refId"] == ref]
     variables = {name: ALL for name in (promql.SLICE, promql.WORKER, promql.ACCELERATOR, promql.JOB)}
-    expr = substitute(target["expr"], {**variables, promql.WORKLOAD: workload}, RANGE, interval)
+    chosen = {**variables, promql.WORKLOAD: workload, promql.TPU_TOPOLOGY: topology}
+    expr = substitute(target["expr"], chosen, RANGE, interval)
     result = api.query(expr, at=at)
     return {tuple(r["metric"].get(label, "") for label in by): float(r["value"][1]) for r in result}
 
@@ -544,3 +585,26 @@ def test_kube_state_metrics_says_which_controllers_still_want_their_pods(prometh
     # The join with the sidecars: the controllers that the target labels of the sidecars up now name.
     serving = api.query(f'group by ({", ".join(CONTROLLER_OF)}) (up{{job="{kubernetes.JOB}"}})', at=at)
     assert set(wanted) == {tuple(r["metric"][label] for label in CONTROLLER_OF) for r in serving}
+
+
+def test_each_chip_counts_once_whichever_collector_read_it(prometheus: tuple[PrometheusAPI, int]) -> None:
+    """train's 16 chips from libtpu and tune's 8 from the device plugin: 24 chips, each once, on both boards."""
+    assert values(prometheus, FLEET, "Chips") == {(): 4 * CHIPS + 2 * CHIPS}
+    mean = (4 * TRAIN_CHIP[c.DUTY_CYCLE] + 2 * TUNE_CHIP[c.DUTY_CYCLE]) / 6
+    assert values(prometheus, FLEET, "Duty cycle, mean") == {(): pytest.approx(mean)}
+    by = ("instance", "source", "device")
+    headroom = values(prometheus, ONCALL, "Device memory headroom, by device", by=by)
+    plugin = {key: value for key, value in headroom.items() if key[1] == DEVICE_PLUGIN}
+    assert len(headroom) == 24 and len(plugin) == 2 * CHIPS
+    free = 1 - TUNE_CHIP[c.DEVICE_MEMORY_USED] / TUNE_CHIP[c.DEVICE_MEMORY_LIMIT]
+    assert list(plugin.values()) == [pytest.approx(free)] * 2 * CHIPS
+
+
+def test_the_topology_variable_picks_the_chips_of_its_slices(prometheus: tuple[PrometheusAPI, int]) -> None:
+    """tune's sidecars label their series 2x4; train's none (its TPU_TOPOLOGY unset): All shows both."""
+    assert values(prometheus, FLEET, "Chips", topology=TUNE_TOPOLOGY) == {(): 2 * CHIPS}
+    mean = values(prometheus, FLEET, "Duty cycle, mean", topology=TUNE_TOPOLOGY)
+    assert mean == {(): pytest.approx(TUNE_CHIP[c.DUTY_CYCLE])}
+    by = ("source", "accelerator")
+    headroom = values(prometheus, ONCALL, "Device memory headroom, by device", by=by, topology=TUNE_TOPOLOGY)
+    assert set(headroom) == {(DEVICE_PLUGIN, "v6e")}

@@ -364,6 +364,7 @@ def test_every_panel_query_returns_data_from_the_workload_the_sidecar_and_promet
             f"--libtpu-address={runtime.address}",
             "--collector-interval=0.5",
             "--slice=slice-0",  # the sidecar labels every series with its slice, and worker 0 by default
+            "--tpu-topology=2x2",  # and with its TPU slice's topology: the board's variable lists it
             env={**environment(fake_nvml_lib, nvml), "TPU_ACCELERATOR_TYPE": "v5litepod-4"},
         ) as sidecar,
         PrometheusServer(short_tmp / "prom", [target_of(sidecar.url)], rule_files=[rules]) as prom,

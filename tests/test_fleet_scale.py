@@ -99,3 +99,8 @@ def test_the_budgets_are_checked(figures: dict[str, Any]) -> None:
     names = [c["name"] for c in figures["checks"]]
     assert names == ["groups within their interval", "board queries p95 at 1 h", "series per host"]
     assert next(c for c in figures["checks"] if c["name"] == "series per host")["ok"]
+
+
+def test_the_run_makes_the_tables_docs_fleet_md_shows(figures: dict[str, Any]) -> None:
+    tables = fleet_scale.markdown(figures["scales"])
+    assert tables.count(f"\n| {HOSTS} | tpuscope | tpuscope.") == 2 and f"| {HOSTS} | On-call | 1 h |" in tables

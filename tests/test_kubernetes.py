@@ -221,7 +221,9 @@ def serve_options(container: dict[str, Any], pod_labels: dict[str, str], complet
         if label := re.fullmatch(r"metadata\.labels\['(.+)'\]", path):
             environ[entry["name"]] = pod_labels.get(label[1], "")  # an absent label reads as empty
         else:
-            environ[entry["name"]] = {"metadata.name": "pod-0", "metadata.namespace": "ml", "spec.nodeName": "n"}[path]
+            # status.hostIP: this host's, where no device plugin answers (serve asks one for the topology).
+            fields = {"metadata.name": "pod-0", "metadata.namespace": "ml", "spec.nodeName": "n"}
+            environ[entry["name"]] = {**fields, "status.hostIP": "127.0.0.1"}[path]
     parser = argparse.ArgumentParser()
     serve_config.add_arguments(parser)
     assert container["args"][0] == "serve"

@@ -25,9 +25,11 @@ from tpuscope.exporter.collectors.base import CollectorError, Settings
 from tpuscope.exporter.samples import Sample, SampleStore
 from tpuscope.scrape import Scrape
 from tpuscope.testing.fake_tpu import (
+    DELIVERY_RATE,
     DUTY_CYCLE,
     HBM_USED,
     MEGASCALE,
+    UNKNOWN_NAMES,
     Chip,
     Distribution,
     FakeTpuRuntime,
@@ -292,3 +294,42 @@ def test_one_device_id_from_two_ports_is_reported_not_merged() -> None:
     assert "device 1 reported by both" in str(error)
     duty = {s.labels[0]: s.value for s in samples if s.metric is catalog.DUTY_CYCLE}
     assert duty == {"0": pytest.approx(0.05), "1": pytest.approx(0.15), "2": pytest.approx(0.25)}
+
+
+def unknown_count(samples: list[Sample]) -> float | None:
+    counts = [s.value for s in samples if s.metric is catalog.COLLECTOR_UNKNOWN_METRICS]
+    assert len(counts) <= 1
+    return float(counts[0]) if counts else None  # type: ignore[arg-type]
+
+
+def test_what_a_newer_runtime_adds_is_counted_and_logged_and_the_rest_read(caplog: pytest.LogCaptureFixture) -> None:
+    """ListSupportedMetrics: every metric we know that the runtime lists is read; the ones we do not know are
+    counted (each name once, whatever the ports), so a newer libtpu's additions are noticed."""
+    newer = [FakeTpuRuntime(chips(0, 2), default_megascale()), FakeTpuRuntime(chips(2, 2), default_megascale())]
+    for runtime in newer:
+        runtime.newer_metrics = [DELIVERY_RATE, "tpu.runtime.tensorcore.mxu.utilization.percent"]
+    newer[1].newer_metrics.append("tpu.runtime.ici.link.health")
+    with (
+        FakeTpuServer(newer[0]) as a,
+        FakeTpuServer(newer[1]) as b,
+        caplog.at_level("INFO", logger="tpuscope.collectors"),
+    ):
+        samples, error, exposition = collect_in_process(a, b)
+    assert error is None
+    assert unknown_count(samples) == 3
+    assert f'{catalog.COLLECTOR_UNKNOWN_METRICS.name}{{collector="libtpu"}} 3.0'.encode() in exposition
+    assert {s.metric for s in samples} >= {catalog.DUTY_CYCLE, catalog.MEGASCALE_LATENCY, catalog.HLO_QUEUE_SIZE}
+    logged = [r.getMessage() for r in caplog.records if "does not read" in r.getMessage()]
+    assert len(logged) == 2 and all(DELIVERY_RATE in line for line in logged), logged
+
+
+def test_a_runtime_that_offers_only_what_we_know_counts_none_and_one_we_cannot_read_counts_its_names() -> None:
+    with FakeTpuServer(FakeTpuRuntime(chips(0, 1))) as server:
+        samples, error, _ = collect_in_process(server)
+    assert error is None and unknown_count(samples) == 0
+    renamed = FakeTpuRuntime(chips(0, 1))
+    renamed.mode = "unknown_names"
+    with FakeTpuServer(renamed) as server:
+        samples, error, _ = collect_in_process(server)
+    assert error is not None and error.reason == "unknown_metrics"
+    assert unknown_count(samples) == len(UNKNOWN_NAMES), "the down collector still says how many it cannot read"

@@ -30,6 +30,7 @@ from tpuscope import alerts, catalog, events
 from tpuscope.conventions import AlertName
 from tpuscope.generator_config import GeneratorConfig
 from tpuscope.report import prometheus, recording, render
+from tpuscope.report.model import StalledCores
 from tpuscope.report.window import Window, parse_time
 from tpuscope.testing.prometheus import PrometheusServer, target_of
 from tpuscope.tracing import Monitor, read_records
@@ -289,6 +290,29 @@ def test_a_recording_without_device_profiles_shows_none(tmp_path: Path) -> None:
     page = (tmp_path / "out" / "index.html").read_text()
     assert "device-profile" not in page and "sampled device profiles" not in page
     assert "Where the time went (host-timed phases)" in page
+
+
+def test_where_a_stalled_workloads_cores_sat_is_shown_the_odd_worker_in_red(tmp_path: Path) -> None:
+    """From Prometheus a report holds each worker's TPU cores at each place while the workload stalled (the
+    end-to-end run: tests/test_core_state.py); the page lists them, the worker elsewhere than its peers first and
+    in red, and says so in the summary."""
+    report = recording.build(recorded(tmp_path / "events.jsonl", {}), None, Window())
+    render.write(report, tmp_path / "calm")
+    assert "stalled-cores" not in (tmp_path / "calm" / "index.html").read_text(), "no stall asked about, no section"
+
+    def worker(w: str, hlo_location: str) -> StalledCores:
+        elsewhere = hlo_location == "fusion.7"
+        return StalledCores("0", w, f"h{w}:9478", "9c1f5e2a7b3d4c60", hlo_location, 300.0, elsewhere)
+
+    report.stalled_cores = [worker("2", "fusion.7"), *(worker(w, "all-reduce.42") for w in ("0", "1", "3"))]
+    render.write(report, tmp_path / "out")
+    page = (tmp_path / "out" / "index.html").read_text()
+    assert '<section id="stalled-cores"><h2>Where the TPU cores sat while the workload stalled</h2>' in page
+    odd = "<td>0</td><td>2</td><td>h2:9478</td><td>9c1f5e2a7b3d4c60</td><td>fusion.7</td><td>5 min</td>"
+    assert f'<tr class="bad">{odd}' in page
+    assert page.count("<td>all-reduce.42</td>") == 3
+    summary = "Where the TPU cores sat while it stalled</td><td>worker 2 (slice 0) at fusion.7 for 5 min"
+    assert f'<tr class="bad"><td>{summary}' in page
 
 
 def serve_profiles(fleet: Fleet, labels: dict[str, str], figures: dict[int, dict[str, float]]) -> None:

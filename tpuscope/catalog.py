@@ -53,6 +53,10 @@ class Label(enum.StrEnum):
     PART = "part"
     CAUSE = "cause"
     CLASSIFIED_BY = "classified_by"
+    TPU_TOPOLOGY = "tpu_topology"
+    CORE = "core"
+    FINGERPRINT = "fingerprint"
+    HLO_LOCATION = "hlo_location"
 
 
 # Where in a multi-host job the sidecar runs: every series it serves carries these two
@@ -545,12 +549,12 @@ INFERENCE_BATCH_SIZE = _metric(
 )
 
 # --- Accelerators, sampled by the libtpu and nvml collectors ---------------------------
-ACCELERATOR_GROUP = "Accelerators (sampled by the libtpu and nvml collectors)"
+ACCELERATOR_GROUP = "Accelerators (sampled by the libtpu, gke-device-plugin and nvml collectors)"
 DUTY_CYCLE = _metric(
     "device_duty_cycle_ratio",
     Kind.GAUGE,
     "Share of the last sample period the device was executing: TensorCore duty cycle on TPUs "
-    "(libtpu), GPU utilization on GPUs (nvml).",
+    "(libtpu, or GKE's TPU device plugin), GPU utilization on GPUs (nvml).",
     *_dev,
     unit="ratio",
     group=ACCELERATOR_GROUP,
@@ -561,6 +565,16 @@ MEMORY_BANDWIDTH_UTILIZATION = _metric(
     Kind.GAUGE,
     "Share of the device memory bandwidth in use: HBM bandwidth utilization on TPUs, "
     "memory utilization (time memory was read or written) on GPUs.",
+    *_dev,
+    unit="ratio",
+    group=ACCELERATOR_GROUP,
+    sampled=True,
+)
+TENSORCORE_UTILIZATION = _metric(
+    "tpu_tensorcore_utilization_ratio",
+    Kind.GAUGE,
+    "Share of the TensorCore's capacity in use (its matrix and vector units), as GKE's TPU device plugin "
+    "reports it: unlike the duty cycle, which counts time busy at any rate, low while busy with small work.",
     *_dev,
     unit="ratio",
     group=ACCELERATOR_GROUP,
@@ -601,6 +615,34 @@ MEGASCALE_LATENCY = _metric(
     "with its own bucket bounds.",
     Label.OPERATION,
     Label.BUFFER_SIZE,
+    unit="seconds",
+    group=ACCELERATOR_GROUP,
+    sampled=True,
+)
+CORE_STATE = _metric(
+    "tpu_core_state_info",
+    Kind.GAUGE,
+    "1 for each TPU core (core: tc0, tc1 for its chip's TensorCores, sc0... for its SparseCores; device: the "
+    "chip), labelled with the program it runs (fingerprint: the start of the runtime's program fingerprint, in "
+    "hex) and where in it (hlo_location: the HLO its sequencer is at), as the runtime's GetTpuRuntimeStatus says. "
+    "Asked only while a workload on the host has made no progress for stall_seconds: what a hung job's cores are "
+    "doing. A worker whose cores sit elsewhere than its peers' is likely the one the others wait for. Values are "
+    "cut to 64 characters; 'none' where the runtime names no program or location.",
+    Label.DEVICE,
+    Label.CORE,
+    Label.FINGERPRINT,
+    Label.HLO_LOCATION,
+    group=ACCELERATOR_GROUP,
+    sampled=True,
+)
+CORE_LOCATION_AGE = _metric(
+    "tpu_core_location_seconds",
+    Kind.GAUGE,
+    "How long the TPU core has been at the program and HLO location tpuscope_tpu_core_state_info gives it, as far "
+    "as the sidecar has seen: counted from the first time it asked the runtime during this stall, so a lower "
+    "bound.",
+    Label.DEVICE,
+    Label.CORE,
     unit="seconds",
     group=ACCELERATOR_GROUP,
     sampled=True,
@@ -807,6 +849,16 @@ COLLECTOR_ERRORS = _metric(
     Label.COLLECTOR,
     Label.REASON,
     group=HEALTH_GROUP,
+)
+COLLECTOR_UNKNOWN_METRICS = _metric(
+    "collector_unknown_metrics",
+    Kind.GAUGE,
+    "Metrics the collector's source says it offers that tpuscope does not read (libtpu: what ListSupportedMetrics "
+    "lists beyond the catalogue's): a newer runtime's additions, noticed rather than silently missing. The sidecar "
+    "logs their names.",
+    Label.COLLECTOR,
+    group=HEALTH_GROUP,
+    sampled=True,
 )
 LABEL_VALUES = _metric(
     "ingest_label_values",

@@ -100,6 +100,13 @@ PROFILE_MEDIAN = f"workload_part:{c.PROFILE_TIME.name}:median"
 # board draws (a quantile of the raw buckets over a day would read every host's every bucket at each sample:
 # about 200 M samples at 1,000 hosts, docs/fleet.md).
 COLLECTIVE_P99 = f"worker:{c.MEGASCALE_LATENCY.name}:collective_p99_5m"
+# Where a stalled workload's TPU cores are (its sidecars ask the runtime once it stalls, issue 39): each worker's
+# cores at each program and HLO location (the longest any has been there), the workers at each location, and the
+# workers whose cores sit where the most workers' do not, likely the one a hung job waits for: what
+# TpuscopeWorkloadStalled's description names.
+CORE_LOCATION = f"worker_location:{c.CORE_LOCATION_AGE.name}:max"
+CORE_LOCATION_WORKERS = f"workload_location:{c.CORE_STATE.name}:workers"
+CORE_ELSEWHERE = f"worker_location:{c.CORE_LOCATION_AGE.name}:elsewhere"
 PROFILE_OVER_MEDIAN = f"worker_part:{c.PROFILE_TIME.name}:over_median"
 PROFILE_SHARE = f"workload_part:{c.PROFILE_TIME.name}:share"
 # A worker's device profile counts for this many of the periods its job says it captures at

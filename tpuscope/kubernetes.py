@@ -104,6 +104,10 @@ POD_IDENTITY = [
     _downward("POD_NAMESPACE", "metadata.namespace"),
     _downward("NODE_NAME", "spec.nodeName"),
 ]
+# GKE's TPU device plugin serves its per-chip metrics on the node's network, which a pod without hostNetwork
+# reaches at the node's IP. The downward API gives that IP, though not the node's labels
+# (cloud.google.com/gke-tpu-topology): the sidecar asks the plugin for the topology instead.
+HOST_IP = _downward("HOST_IP", "status.hostIP")
 # libtpu serves its runtime metrics only when this names a port; the sidecar's libtpu collector reads
 # the same ports over the pod's shared localhost (and runs under `--collectors auto` because it is set).
 METRICS_PORTS = {"name": "TPU_RUNTIME_METRICS_PORTS", "value": "8431"}
@@ -136,6 +140,9 @@ def sidecar_container() -> dict[str, Any]:
             # needs nothing: Kubernetes sets JOB_COMPLETION_INDEX in every container of an Indexed Job.
             _downward("MEGASCALE_SLICE_ID", "metadata.labels['jobset.sigs.k8s.io/job-index']"),
             METRICS_PORTS,
+            # The device plugin on this node, at its default port. Kubernetes expands $(HOST_IP) as it is above.
+            HOST_IP,
+            {"name": "TPUSCOPE_DEVICE_PLUGIN_ADDRESS", "value": f"$({HOST_IP['name']})"},
         ],
         "startupProbe": {**probe, "periodSeconds": 1, "failureThreshold": 30},
         "readinessProbe": {**probe, "periodSeconds": 10},

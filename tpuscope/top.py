@@ -3,8 +3,9 @@
 It reads the sidecar's ``/metrics`` (a URL, local or through an ssh tunnel) every
 ``--refresh`` seconds and draws the whole picture: each device's duty cycle and
 HBM use, each workload's step time and where it went (io, compute, sync, other),
-compile time, checkpoint age and goodput, and, given a Prometheus, the firing
-tpuscope alerts. Rates come from the difference between two scrapes, as
+compile time, checkpoint age and goodput, while a workload stalls each TPU
+core's program and HLO location (the sidecar asks the runtime only then), and,
+given a Prometheus, the firing tpuscope alerts. Rates come from the difference between two scrapes, as
 Prometheus' would. When a source cannot be read the view says so, and keeps the
 last figures it had, marked with their age, rather than going blank.
 """
@@ -164,6 +165,39 @@ def workloads_table(source: Source) -> Table:
     return table
 
 
+def cores_table(source: Source) -> Table | None:
+    """Where each TPU core is, served only while a workload on the host stalls (None otherwise): its program,
+    its HLO location and how long it has been there."""
+    assert source.latest is not None
+    cores = {
+        (s.labels.get("device", ""), s.labels.get("core", "")): s.labels for s in source.latest.find(c.CORE_STATE.name)
+    }
+    if not cores:
+        return None
+    table = Table(title="Cores of the stalled workload (the TPU runtime's word)", title_justify="left")
+    for column in ("device", "core", "program", "HLO location", "there for"):
+        table.add_column(column)
+    for (device, core), labels in sorted(cores.items(), key=lambda item: (_number(item[0][0]), item[0][1])):
+        there = source.latest.find(c.CORE_LOCATION_AGE.name, device=device, core=core)
+        seconds = next((s.value for s in there), None)
+        table.add_row(
+            device,
+            core,
+            labels.get("fingerprint", ""),
+            labels.get("hlo_location", ""),
+            duration(seconds) if seconds is not None else "-",
+        )
+    return table
+
+
+def _number(text: str) -> float:
+    """A device label as a number, for ordering (device 10 after device 9); one that is not: after them all."""
+    try:
+        return float(text)
+    except ValueError:
+        return float("inf")
+
+
 def alerts_view(alerts: Alerts) -> RenderableType:
     if not alerts.prometheus:
         return Text("Alerts: not shown (give --prometheus URL)", style="bright_black")
@@ -192,6 +226,8 @@ def frame(source: Source, alerts: Alerts) -> RenderableType:
         parts.append(Text("No data yet: is `tpuscope serve` running at this URL?", style="yellow"))
     else:
         parts += [devices_table(source), workloads_table(source)]
+        if (cores := cores_table(source)) is not None:
+            parts.append(cores)
     parts.append(alerts_view(alerts))
     return Group(*parts)
 
@@ -238,8 +274,9 @@ def run(url: str, prometheus: str, refresh: float, once: bool, console: Console 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.description = (
         "Draw a sidecar's /metrics in the terminal, refreshed: each device's duty cycle and HBM, each workload's "
-        "steps/s, step time and phase breakdown, compile time, checkpoint age and goodput, and with --prometheus "
-        "the firing tpuscope alerts. Over ssh: run it on the host, or tunnel the port."
+        "steps/s, step time and phase breakdown, compile time, checkpoint age and goodput, while a workload stalls "
+        "each TPU core's program and HLO location, and with --prometheus the firing tpuscope alerts. Over ssh: run "
+        "it on the host, or tunnel the port."
     )
     parser.add_argument(
         "url",

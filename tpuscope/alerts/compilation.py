@@ -13,7 +13,7 @@ from tpuscope.alerts.rules import (
 )
 from tpuscope.conventions import AlertName, DashboardUID
 from tpuscope.generator_config import GeneratorConfig
-from tpuscope.promql import SIDECAR_START, WORKLOAD, series
+from tpuscope.promql import SIDECAR_START_SERIES, WORKLOAD, series
 
 BACKEND = 'stage="backend"'
 HIT = 'result="hit"'
@@ -26,7 +26,7 @@ def alerts(config: GeneratorConfig) -> list[Alert]:
     # job (a new pod's sidecar, or a new process under the same one) compiles everything again.
     steady = (
         f"and on (job, instance, workload) {series(c.STEPS)} offset 1h > 0"
-        f" and on (job, instance) {SIDECAR_START} < time() - {durations.parse('1h'):g}"
+        f" and on (job, instance) {SIDECAR_START_SERIES} < time() - {durations.parse('1h'):g}"
     )
     return [
         Alert(

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from tpuscope import catalog as c
 from tpuscope import durations
-from tpuscope.alerts.rules import per_workload, slo_windows
+from tpuscope.alerts.rules import per_workload, slo_windows, workload_on_host
 from tpuscope.conventions import (
     BAD_RATE,
     BADPUT_CATEGORIES,
@@ -25,6 +25,9 @@ from tpuscope.conventions import (
     COMPUTE_PER_WORKER,
     CONTROLLER,
     CONTROLLER_WANTED,
+    CORE_ELSEWHERE,
+    CORE_LOCATION,
+    CORE_LOCATION_WORKERS,
     DOWN_AFTER,
     DOWN_SINCE,
     FAILURES_HOUR,
@@ -79,6 +82,7 @@ def recording_rules(config: GeneratorConfig) -> list[dict[str, str]]:
         + slo_rules(config)
         + collective_rules()
         + failure_rules()
+        + core_state_rules()
     )
 
 
@@ -332,4 +336,28 @@ def failure_rules() -> list[dict[str, str]]:
     return [
         {"record": record, "expr": f"sum by ({RUN}, reason) ({grown(series(counter), '1h')})"}
         for record, counter in ((FAILURES_HOUR, c.WORKLOAD_FAILURES), (RESTARTS_HOUR, c.WORKLOAD_RESTARTS))
+    ]
+
+
+def core_state_rules() -> list[dict[str, str]]:
+    """Which worker of a stalled workload has its TPU cores somewhere else than its peers': each sidecar serves its
+    cores' program and HLO location while a workload on its host stalls (the runtime's series carry no workload
+    label: the workload running on the host is theirs). A location is a program fingerprint and an HLO location;
+    the workers at the location most of them are at are the majority, and a worker with cores anywhere else is
+    named, with how long its cores have been there. A tie names nobody (two against two says nothing), and so
+    does a workload whose workers are all at one place."""
+    located = (
+        f"{series(c.CORE_LOCATION_AGE)} * on (job, instance, device, core) group_left (fingerprint, hlo_location)"
+        f" {series(c.CORE_STATE)} * on (job, instance) group_left ({c.Label.WORKLOAD}) {workload_on_host()}"
+    )
+    location = "fingerprint, hlo_location"
+    most = f"max by ({WORKLOAD}) ({CORE_LOCATION_WORKERS})"
+    return [
+        {"record": CORE_LOCATION, "expr": f"max by ({RUN}, instance, {location}) ({located})"},
+        {"record": CORE_LOCATION_WORKERS, "expr": f"count by ({WORKLOAD}, {location}) ({CORE_LOCATION})"},
+        {
+            "record": CORE_ELSEWHERE,
+            "expr": f"{CORE_LOCATION} unless on ({WORKLOAD}, {location})"
+            f" ({CORE_LOCATION_WORKERS} == on ({WORKLOAD}) group_left () {most})",
+        },
     ]

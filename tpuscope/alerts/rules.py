@@ -125,6 +125,12 @@ def running(what: str = WORKLOAD) -> str:
     return f"and on ({what}) max by ({what}) ({series(c.WORKLOAD_PROCESSES)}) > 0"
 
 
+def workload_on_host() -> str:
+    """1 per host, labelled with the workload running there: the TPU runtime's series carry no workload label, and
+    one job holds a host's chips (the one with a process connected to its sidecar)."""
+    return f"(topk by (job, instance) (1, {series(c.WORKLOAD_PROCESSES)} > 0) * 0 + 1)"
+
+
 def burn_rate_alerts(
     name: AlertName,
     ratio_rule: str,

@@ -6,10 +6,11 @@ from __future__ import annotations
 
 from tpuscope import catalog as c
 from tpuscope import durations
-from tpuscope.alerts.rules import Alert, running
+from tpuscope.alerts.rules import Alert, running, workload_on_host
 from tpuscope.conventions import (
     COLLECTIVE_P99,
     COMPUTE_OVER_MEDIAN,
+    CORE_ELSEWHERE,
     PHASE_SHARE,
     PROFILE_FRESH_SECONDS,
     PROFILE_MEDIAN,
@@ -63,13 +64,22 @@ def collective_spike(config: GeneratorConfig) -> str:
         f"max by ({WORKLOAD}) ({against_baseline(f'{PROFILE_MEDIAN}{{{EXPOSED}}}')}) > {t.collective_spike_factor:g}"
         f" and on ({WORKLOAD}) max by ({WORKLOAD}) ({PROFILE_SHARE}{{{EXPOSED}}}) > {t.collective_spike_min_share:g}"
     )
-    # The runtime's series have no workload label: the workload running on the host (one job holds its chips).
-    workload_here = f"(topk by (job, instance) (1, {series(c.WORKLOAD_PROCESSES)} > 0) * 0 + 1)"
     megascale = (
         f"max by ({WORKLOAD}) (({against_baseline(COLLECTIVE_P99)})"
-        f" * on (job, instance) group_left (workload) {workload_here}) > {t.collective_spike_factor:g}"
+        f" * on (job, instance) group_left (workload) {workload_on_host()}) > {t.collective_spike_factor:g}"
     )
     return from_profiles_else_host(profiled, megascale, otherwise="megascale")
+
+
+# The worker of a stalled workload whose TPU cores sit elsewhere than most of its peers' (recording.core_state_rules),
+# as the stall's description names it: a Go template that queries the recorded series of the alert's workload.
+CORE_ELSEWHERE_OF_WORKLOAD = (
+    f'{{{{ range query (printf "{CORE_ELSEWHERE}{{namespace=%q, jobset=%q, workload=%q}}"'
+    " $labels.namespace $labels.jobset $labels.workload) }}"
+    " Worker {{ .Labels.worker }} (slice {{ .Labels.slice }}, {{ .Labels.instance }}) has had its TPU cores at HLO "
+    "{{ .Labels.hlo_location }} of program {{ .Labels.fingerprint }} for {{ .Value | humanizeDuration }}, where "
+    "most of its peers' are not: the others likely wait for it.{{ end }}"
+)
 
 
 def by_source(profile: str, host: str) -> str:
@@ -88,7 +98,7 @@ def alerts(config: GeneratorConfig) -> list[Alert]:
             "A workload has stopped making progress.",
             "Workload {{ $labels.workload }} has completed no step for {{ $value | humanizeDuration }}, nor any "
             "checkpoint or compile stage (counted from the last of them, or from its start), while its processes "
-            "are still connected.",
+            "are still connected." + CORE_ELSEWHERE_OF_WORKLOAD,
             DashboardUID.JOB,
             # The job sends nothing while it saves or compiles, so a save or compile that begins at a step is
             # timed from that step: waiting half the threshold again lets one last 1.5x the threshold, and a hung
@@ -98,8 +108,15 @@ def alerts(config: GeneratorConfig) -> list[Alert]:
             "or restore or a compile that never ends. Progress is a step, the workload's start, a checkpoint save "
             "or restore ending (failed or not) or a compile stage ending; it pages "
             f"{durations.human(t.stall_seconds + durations.parse(stall_for))} after the last progress: if the job's "
-            "saves or compiles take that long, raise stall_seconds. Check the job's logs on every worker, "
-            "the On-call dashboard's sidecars and collectors, and the last kept trace.",
+            "saves or compiles take that long, raise stall_seconds. On TPU hosts whose runtime serves its "
+            "metrics, each sidecar asks the runtime, once the workload has made no progress for "
+            f"{durations.human(t.stall_seconds)} (the sidecar's own setting), where each core is: "
+            f"`{c.CORE_STATE.name}` (the program's fingerprint and the HLO location) and "
+            f"`{c.CORE_LOCATION_AGE.name}` (how long it has been there). In a hung multi-host job every worker's "
+            "cores wait at the same collective but one's: the description names a worker whose cores sit "
+            "elsewhere than most of its peers' (a tie names nobody). Start with that worker: its logs, its input, "
+            "its host (`tpuscope top` there shows its cores). Otherwise check the job's logs on every worker, the "
+            "On-call dashboard's sidecars and collectors, and the last kept trace.",
         ),
         Alert(
             AlertName.STEP_TIME_REGRESSION,

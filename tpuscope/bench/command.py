@@ -79,10 +79,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     # A dashboard's history is most of the TSDB: 24 h of 1,000 hosts' board series is too much to backfill here.
     fleet_scale.add_argument(
         "--board-hours",
-        type=int,
-        default=6,
-        help="hours of history for the series the dashboards read; boards are measured over 6 h and 24 h where "
-        "it holds them (default %(default)s)",
+        default="6",
+        help="hours of history for the series the dashboards read, one for all sizes or one per size (e.g. "
+        "24,24,6); boards are measured over 6 h and 24 h where it holds them (default %(default)s)",
     )
     fleet_scale.add_argument(
         "--peer-rules", type=Path, help="a peer's rules file, measured beside ours (node-exporter-mixin's, rendered)"

@@ -32,12 +32,12 @@ import json
 import math
 import multiprocessing
 import os
+import re
 import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import urllib.parse
 import urllib.request
@@ -379,7 +379,10 @@ def sample_lines(text: str, s: HostSeries, varied: Variation, times: range, end:
 
 class Feed:
     """Every host's sidecar and node_exporter past the history's end: ``/metrics?host=I&job=J`` serves that
-    host's series at the time of asking. ``read_only`` narrows each host to the series some rule reads."""
+    host's series at the time of asking. ``read`` narrows each host to the series some rule reads.
+
+    It serves from a process of its own (forked, so it has the fleet without a copy): in this one, decoding the
+    boards' large answers holds the interpreter for long enough that scrapes time out."""
 
     def __init__(self, fleet: Fleet, end: float, read: set[str] | None = None) -> None:
         self.fleet, self.end, self.origin = fleet, end, fleet_origin(end)
@@ -392,7 +395,6 @@ class Feed:
             for index in range(len(fleet.hosts))
             for job in (OUR_JOB, PEER_JOB)
         }
-        self.scrapes = 0
         feed = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
@@ -404,14 +406,15 @@ class Feed:
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
                 self.wfile.write(body)
-                feed.scrapes += 1
 
             def log_message(self, *_: Any) -> None:
                 pass
 
         self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.address = f"127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.process = multiprocessing.get_context("fork").Process(target=self.server.serve_forever, daemon=True)
+        self.process.start()
+        self.server.socket.close()  # the child listens on it; this process only needs the address
 
     def exposition(self, index: int, job: str, t: float) -> str:
         return "".join(
@@ -437,8 +440,8 @@ class Feed:
         ]
 
     def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        self.process.terminate()
+        self.process.join(timeout=10)
 
 
 def prometheus(
@@ -566,6 +569,7 @@ class ScaleFigures:
     # The alerts pending or firing at the end, by name and state: each writes a series every evaluation, and the
     # fleet's variations show in them (the straggler, the restart).
     alerts: dict[str, int]
+    failing_targets: list[str]  # the targets whose last scrape failed, and why
 
 
 def group_evaluations(api: PrometheusAPI, after: float, timeout: float) -> dict[tuple[str, str], list[float]]:
@@ -623,21 +627,32 @@ def board_queries(board: dict[str, Any]) -> Iterator[tuple[str, str, bool]]:
                 yield f"{panel['title']} ({target.get('refId', '')})", target["expr"], bool(target.get("instant"))
 
 
-def all_values(board: dict[str, Any]) -> dict[str, str]:
-    """Each variable as a board opened with All selected sends it; a custom variable at its current value."""
-    values = {}
+def all_values(board: dict[str, Any], api: PrometheusAPI | None = None) -> dict[str, str]:
+    """Each variable as Grafana sends it for a board opened with its defaults: All where it offers All; the first
+    value it lists where it offers one value at a time (Job debug's workload: with ``api``, else All); a custom
+    variable at its current value."""
+    values: dict[str, str] = {}
     for variable in board["templating"]["list"]:
-        if variable["type"] == "query":
+        if variable["type"] == "query" and not variable.get("includeAll", True) and api is not None:
+            match, label = re.fullmatch(r"label_values\((.*), (\w+)\)", variable["query"]).groups()  # type: ignore[union-attr]
+            listed = sorted(api.label_values(label, substitute(match, values, 3600, 60)))
+            values[variable["name"]] = grafana_regex_escape(listed[0]) if listed else ".*"
+        elif variable["type"] == "query":
             values[variable["name"]] = variable.get("allValue") or ".*"
         elif variable["type"] in ("textbox", "constant", "custom"):  # its current value, else its default
             values[variable["name"]] = str((variable.get("current") or {}).get("value") or variable["query"])
     return values
 
 
+def grafana_regex_escape(value: str) -> str:
+    """How Grafana's Prometheus datasource escapes a variable's value inside a regex matcher."""
+    return re.sub(r"([\\^$*+?.()|{}\[\]])", r"\\\\\1", value)
+
+
 def measure_board(api: PrometheusAPI, path: Path, hours: int, end: float) -> BoardFigures:
-    """Every query of the board, as Grafana sends it with every variable at All over the last ``hours``."""
+    """Every query of the board, as Grafana sends it with its variables' defaults over the last ``hours``."""
     board = json.loads(path.read_text())
-    variables = all_values(board)
+    variables = all_values(board, api)
     range_seconds = hours * 3600
     step = grafana_interval(range_seconds)
     figures = BoardFigures(board.get("title", path.stem), hours, [])
@@ -726,13 +741,19 @@ def measure(
         with prometheus(workdir / "run", feed, SCRAPE_SECONDS, [f.path for f in files], tsdb) as p:
             timeout = 20 * settings.evaluation_seconds + 600
             targets = 2 * len(fleet.hosts)
-            wait_for(lambda: len(p.query("up == 1")) == targets, timeout, f"{targets} targets up")
+            # Scraped live: the history holds an `up` of every target too, which says nothing of this Prometheus.
+            wait_for(lambda: len(p.query("scrape_samples_scraped")) == targets, timeout, f"{targets} targets scraped")
             evaluated = group_evaluations(p.api, time.time(), timeout)
             counts = recorded_counts(p.api, files)
             own = own_metrics(p.url)
             # What the last scrapes of each job brought in: every host's series, whatever the rules add.
             scraped = p.query("sum by (job) (scrape_samples_scraped)")
             heads = {r["metric"]["job"]: int(float(r["value"][1])) for r in scraped}
+            failing = sorted(
+                f"{t['labels']['job']} {t['labels']['instance']}: {t['lastError']}"
+                for t in p.api.get("targets")["activeTargets"]
+                if t["lastError"]
+            )
             alerts = {
                 f"{a['metric']['alertname']} {a['metric']['alertstate']}": int(a["value"][1])
                 for a in p.query("count by (alertname, alertstate) (ALERTS)")
@@ -773,6 +794,7 @@ def measure(
         measured_boards,
         sorted(counts.items(), key=lambda item: -item[1])[:10],
         alerts,
+        failing,
     )
 
 
@@ -817,7 +839,40 @@ def report_lines(figures: list[ScaleFigures]) -> list[str]:
         ]
         lines += ["  " + line for line in rule_cost.table(rows, right={2, 3, 4, 5})]
         lines += [f"  failed: {failure}" for b in f.boards for failure in b["failed"]]
+        lines += [f"  target failing: {target}" for target in f.failing_targets]
     return lines
+
+
+def markdown(scales: list[dict[str, Any]]) -> str:
+    """docs/fleet.md's tables of a run (its JSON's ``scales``): per size, the storage, each group, each board."""
+    lines = [
+        "| hosts | workloads | head series (ours / node_exporter's) | Prometheus resident | history samples |",
+        "|--:|--:|--:|--:|--:|",
+    ]
+    for f in scales:
+        lines.append(
+            f"| {f['hosts']:,} | {f['workloads']} | {f['head_series']:,} ({f['head_series_ours']:,} / "
+            f"{f['head_series_peer']:,}) | {f['prometheus_rss_mb']:,.0f} MiB | {f['history']['samples']:,.0f} |"
+        )
+    lines += ["", "| hosts | rules | group | eval s, median | eval s, most | of its 30 s | series recorded |"]
+    lines.append("|--:|---|---|--:|--:|--:|--:|")
+    for f in scales:
+        for g in f["groups"]:
+            share = g["eval_seconds_max"] / g["interval_seconds"]
+            lines.append(
+                f"| {f['hosts']:,} | {g['file']} | {g['group']} | {g['eval_seconds_median']:.3f} | "
+                f"{g['eval_seconds_max']:.3f} | {share:.1%} | {g['recorded_series']:,} |"
+            )
+    lines += ["", "| hosts | board | range | queries | p50 s | p95 s | samples touched | heaviest query (samples, s) |"]
+    lines.append("|--:|---|--:|--:|--:|--:|--:|---|")
+    for f in scales:
+        for b in f["boards"]:
+            if b["queries"] and b["samples"]:
+                lines.append(
+                    f"| {f['hosts']:,} | {b['board'].split(' / ')[-1]} | {b['hours']} h | {b['queries']} | "
+                    f"{b['p50_seconds']:.3f} | {b['p95_seconds']:.3f} | {b['samples']:,} | {heaviest(b)} |"
+                )
+    return "\n".join(lines)
 
 
 def heaviest(board: dict[str, Any]) -> str:
@@ -863,6 +918,11 @@ def run(args: argparse.Namespace) -> int:
     if args.peer_rules:
         files.append(rule_cost.load_rules(f"{PEER_JOB}={args.peer_rules}"))
     sizes = [int(n) for n in str(args.fleet_hosts).split(",")]
+    # One history length for every size, or one each: 24 h of 1,000 hosts' board series is more than fits here.
+    hours = [int(h) for h in str(args.board_hours).split(",")]
+    if len(hours) not in (1, len(sizes)):
+        raise SystemExit("fleet-scale: --board-hours takes one value, or one per --fleet-hosts size")
+    hours *= len(sizes) // len(hours)
     print(
         f"fleet-scale: {', '.join(map(str, sizes))} hosts; one host serves {len(ours):,} series of ours and "
         f"{len(peer):,} of node_exporter's; rules: {', '.join(str(f.path) for f in files)}; dashboards' history "
@@ -871,9 +931,10 @@ def run(args: argparse.Namespace) -> int:
     )
     figures = []
     with tempfile.TemporaryDirectory(prefix="ts-fleet-scale-") as tmp:
-        settings = Settings(args.board_hours, int(durations.parse(args.interval)))
-        timed = [with_interval(f, settings.evaluation_seconds, Path(tmp)) for f in files]
-        for hosts in sizes:
+        interval = int(durations.parse(args.interval))
+        timed = [with_interval(f, interval, Path(tmp)) for f in files]
+        for hosts, board_hours in zip(sizes, hours, strict=True):
+            settings = Settings(board_hours, interval)
             figures.append(measure(hosts, timed, ours, peer, settings, Path(tmp) / str(hosts)))
             print("\n".join(report_lines(figures[-1:])), flush=True)
     verdicts = checks(figures, len(ours), Budgets())

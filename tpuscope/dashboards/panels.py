@@ -281,13 +281,21 @@ def state_panel(
 
 # --- variables -------------------------------------------------------------------------
 def _label_values(
-    name: str, source: str, description: str, *, label: str = "", all_value: str | None = ALL, single: bool = False
+    name: str,
+    source: str,
+    description: str,
+    *,
+    label: str = "",
+    title: str = "",
+    all_value: str | None = ALL,
+    single: bool = False,
 ) -> QueryVariable:
-    """A variable listing ``label_values(source, label)``; several values or All unless ``single``."""
+    """A variable listing ``label_values(source, label)``, shown as ``title`` (the label, capitalised, by
+    default); several values or All unless ``single``."""
     label = label or name
     variable = (
         QueryVariable(name)
-        .label(label.capitalize())
+        .label(title or label.capitalize())
         .description(description)
         .datasource(DATASOURCE)
         .query(f"label_values({source}, {label})")
@@ -306,7 +314,7 @@ def _label_values(
 def variables(
     workload_source: catalog.Metric, *, one_workload: bool = False, job: bool = False, price: bool = False
 ) -> list[Builder[Any]]:
-    """datasource, workload, slice, worker, accelerator (and the scrape job, the chip-hour price).
+    """datasource, workload, slice, worker, accelerator, TPU topology (and the scrape job, the chip-hour price).
 
     ``one_workload``: the panels compare workers of one workload, and would blend several.
     """
@@ -336,6 +344,14 @@ def variables(
             catalog.DUTY_CYCLE.name,
             "The devices shown, by accelerator type (v5e, v5p, v6e, h100, ...) as the collectors found them; "
             "per-workload panels (MFU, cost) are not filtered by it.",
+        ),
+        _label_values(
+            promql.TPU_TOPOLOGY,
+            build,
+            "The devices shown, by the topology of their TPU slice (2x4, 4x4x4, ...), which each sidecar labels its "
+            "series with (tpuscope serve --tpu-topology, by default from TPU_TOPOLOGY or GKE's TPU device plugin); "
+            "All includes hosts without one (GPUs). Per-workload panels are not filtered by it.",
+            title="TPU topology",
         ),
     ]
     if job:

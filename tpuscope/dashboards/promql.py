@@ -2,7 +2,7 @@
 
 Every selector filters by the dashboard's template variables, and only by those
 the metric can carry: ``workload`` where the catalogue gives it a workload label,
-``accelerator`` on per-device series, and always ``slice`` and ``worker``, which
+``accelerator`` and ``tpu_topology`` on per-device series, and always ``slice`` and ``worker``, which
 every sidecar adds to every series (``catalog.HOST_LABELS``). All variables match
 with ``=~`` and their *All* value is ``.*``, which also matches a series without
 the label: series from elsewhere (node_exporter's) still show.
@@ -37,6 +37,7 @@ WORKLOAD = "workload"
 SLICE = str(Label.SLICE)
 WORKER = str(Label.WORKER)
 ACCELERATOR = "accelerator"
+TPU_TOPOLOGY = str(Label.TPU_TOPOLOGY)
 JOB = "job"  # the Prometheus job(s) scraping tpuscope sidecars
 PRICE = "chip_hour_price"
 
@@ -53,8 +54,8 @@ def selector(metric: Metric, *matchers: str, suffix: str = "") -> str:
     labels = []
     if Label.WORKLOAD in metric.labels:
         labels.append(f'workload=~"${WORKLOAD}"')
-    if Label.DEVICE in metric.labels:  # the accelerator variable picks devices, not workloads
-        labels.append(f'accelerator=~"${ACCELERATOR}"')
+    if Label.DEVICE in metric.labels:  # the accelerator and topology variables pick devices, not workloads
+        labels += [f'accelerator=~"${ACCELERATOR}"', f'{TPU_TOPOLOGY}=~"${TPU_TOPOLOGY}"']
     labels += [f'{label}=~"${label}"' for label in HOST_LABELS]
     return series(metric, *labels, *matchers, suffix=suffix)
 

@@ -134,6 +134,7 @@ class Aggregator:
         }
         self._workloads: dict[str, WorkloadState] = {}
         self._processes: dict[str, int] = {}  # workload -> its connected processes
+        self._progressed: dict[str, float] = {}  # workload -> Unix time of its last progress (LAST_PROGRESS)
         ingest = self.metrics[catalog.INGEST_EVENTS]
         self._ingest = {result: ingest.labels(result) for result in INGEST_RESULTS}
         invalid = self.metrics[catalog.INGEST_INVALID_EVENTS]
@@ -158,6 +159,14 @@ class Aggregator:
         """A connected process said which workload it belongs to."""
         self._processes[workload] = self._processes.get(workload, 0) + 1
         self.metrics[catalog.WORKLOAD_PROCESSES].labels(workload).set(self._processes[workload])
+
+    def progress(self) -> dict[str, float]:
+        """Each workload with a process connected -> the Unix time of its last progress (a step, its start, a
+        checkpoint or a compile stage ending), for the libtpu collector, which asks the runtime what a stalled
+        job's cores are doing. Called from a collector's thread: it copies each dict whole (one C call under
+        the GIL) rather than iterate what the ingest thread changes."""
+        connected, progressed = dict(self._processes), dict(self._progressed)
+        return {workload: progressed[workload] for workload in connected if workload in progressed}
 
     def process_left(self, workload: str, source: Hashable = None) -> None:
         """One of the workload's processes disconnected, or now reports another workload; the series goes with
@@ -263,6 +272,7 @@ class Aggregator:
     def _forget(self, workload: str, idle: float) -> None:
         """Remove every series of the workload, its state and its label values; it may come back afresh."""
         del self._workloads[workload]
+        self._progressed.pop(workload, None)
         for metric in self._per_workload:
             metric.remove_matching(catalog.Label.WORKLOAD, workload)
         for label, value in self._limiter.release(workload):
@@ -295,7 +305,7 @@ class Aggregator:
             phases.labels(e.workload, phase).observe(seconds)
         m[catalog.STEPS].labels(e.workload).inc()
         m[catalog.LAST_STEP].labels(e.workload).set(self._now)
-        m[catalog.LAST_PROGRESS].labels(e.workload).set(self._now)
+        self._progress(e.workload)
         if e.dropped:
             self._ingest["dropped"].inc(e.dropped)
         if e.profile is not None:
@@ -419,7 +429,7 @@ class Aggregator:
             self.metrics[catalog.STEPS].labels(e.workload)
             # A (re)start is progress too: stall detection counts from here, not from before a restart.
             self.metrics[catalog.LAST_STEP].labels(e.workload).set(self._now)
-            self.metrics[catalog.LAST_PROGRESS].labels(e.workload).set(self._now)
+            self._progress(e.workload)
             for category in GOODPUT_CATEGORIES:
                 self.metrics[catalog.GOODPUT].labels(e.workload, category)
             self.metrics[catalog.GOODPUT_WALL].labels(e.workload)
@@ -433,9 +443,10 @@ class Aggregator:
             self.metrics[catalog.WORKLOAD_FAILURES].labels(e.workload, e.reason).inc()
 
     def _progress(self, workload: str) -> None:
-        """The workload did something besides a step or a start (those set it themselves, with the last step):
-        TpuscopeWorkloadStalled counts from here."""
+        """The workload progressed (a step, a start, a checkpoint or a compile stage ending): TpuscopeWorkloadStalled
+        counts from here, and so does the libtpu collector's question on the cores' state (:meth:`progress`)."""
         self.metrics[catalog.LAST_PROGRESS].labels(workload).set(self._now)
+        self._progressed[workload] = self._now
 
     def _inference_batch(self, e: events.InferenceBatch) -> None:
         m = self.metrics

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,9 +20,10 @@ import yaml
 
 from tpuscope import catalog, durations, events, placement
 from tpuscope.conventions import DEFAULT_PORT
-from tpuscope.exporter.collectors import COLLECTORS
+from tpuscope.exporter.collectors import COLLECTORS, gke_device_plugin
 from tpuscope.exporter.collectors.libtpu import addresses_from_environment
 from tpuscope.otel import metric_interval_seconds, otlp_protocol
+from tpuscope.thresholds import DEFAULT as THRESHOLDS
 
 T = TypeVar("T")
 
@@ -68,7 +70,8 @@ OPTIONS = (
         lambda: "auto",
         f"Which collectors sample the devices and the host: a comma-separated list of {', '.join(COLLECTORS)}; "
         "'none'; or 'auto', which runs those with something to read here (libtpu when TPU chips or "
-        "TPU_RUNTIME_METRICS_PORTS are present, nvml when an NVIDIA driver is, host always).",
+        "TPU_RUNTIME_METRICS_PORTS are present, gke-device-plugin when GKE's TPU device plugin answers at "
+        "--device-plugin-address, nvml when an NVIDIA driver is, host always).",
     ),
     Option(
         "collector_interval",
@@ -86,6 +89,28 @@ OPTIONS = (
         lambda: "",
         "Comma-separated HOST:PORT list of TPU runtime metrics services. Default: localhost and each port in "
         "TPU_RUNTIME_METRICS_PORTS, else localhost:8431.",
+    ),
+    Option(
+        "device_plugin_address",
+        lambda: gke_device_plugin.DEFAULT_ADDRESS,
+        f"HOST or HOST:PORT (port {gke_device_plugin.DEFAULT_PORT} by default) of GKE's TPU device plugin's "
+        "metrics (Prometheus text at /metrics), for the gke-device-plugin collector. It listens on the node's "
+        "network: from a pod without hostNetwork, give the node's IP (the downward API's status.hostIP).",
+    ),
+    Option(
+        "tpu_topology",
+        lambda: "",
+        "The TPU slice's topology (e.g. 4x4, 8x8x16): the label tpu_topology on every series, constant per host. "
+        "Default: $TPU_TOPOLOGY (GKE sets it in containers that request TPUs), else what GKE's TPU device plugin "
+        "says at start, else none.",
+    ),
+    Option(
+        "core_state_after",
+        lambda: durations.prometheus(round(THRESHOLDS.stall_seconds * 1000)),
+        "Ask the TPU runtime where each core is (its program and HLO location: tpuscope_tpu_core_state_info) once a "
+        "connected workload has made no progress (a step, a checkpoint or a compile stage ending) for this long. "
+        "Default: the stall alert's threshold (stall_seconds), so the state is there when TpuscopeWorkloadStalled "
+        "fires; set it to match if your alerts' config changes stall_seconds.",
     ),
     Option(
         "otlp_metrics",
@@ -158,6 +183,9 @@ class ServeConfig:
     collector_intervals: dict[str, float] = field(default_factory=dict)
     collector_deadline: float = 2.0
     libtpu_addresses: tuple[str, ...] = ()
+    core_state_after: float = THRESHOLDS.stall_seconds  # seconds without progress before the cores' state is asked
+    device_plugin_address: str = gke_device_plugin.DEFAULT_ADDRESS
+    tpu_topology: str = ""  # empty: unknown, and no label
     pids: tuple[int, ...] = ()
     pid_file: Path | None = None
     otlp_metrics_interval: float | None = None  # seconds between OTLP pushes; None: no pushing
@@ -170,8 +198,12 @@ class ServeConfig:
 
     @property
     def host_labels(self) -> dict[str, str]:
-        """The labels every series carries: where in a multi-host job this sidecar runs."""
-        return {str(catalog.Label.SLICE): self.slice, str(catalog.Label.WORKER): self.worker}
+        """The labels every series carries: where in a multi-host job this sidecar runs (and, on TPUs, in what
+        shape of slice: constant per host, so it adds no series)."""
+        labels = {str(catalog.Label.SLICE): self.slice, str(catalog.Label.WORKER): self.worker}
+        if self.tpu_topology:
+            labels[str(catalog.Label.TPU_TOPOLOGY)] = self.tpu_topology
+        return labels
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -205,15 +237,21 @@ def resolve(flags: argparse.Namespace, environ: Mapping[str, str] = os.environ) 
             raw[opt.name] = (str(from_file[opt.name]), f"{config_file}: {opt.name}")
         else:
             raw[opt.name] = (opt.default(), "default")
+    collectors = _parse(raw["collectors"], _parse_collectors)
+    device_plugin_address = _parse(raw["device_plugin_address"], _parse_address)
     return ServeConfig(
         *_parse(raw["listen"], parse_listen),
         socket=Path(raw["socket"][0]),
         socket_mode=_parse(raw["socket_mode"], _parse_mode),
         log_level=_parse(raw["log_level"], _parse_log_level),
-        collectors=_parse(raw["collectors"], _parse_collectors),
+        collectors=collectors,
         collector_intervals=_parse(raw["collector_interval"], _parse_intervals),
         collector_deadline=_parse(raw["collector_deadline"], _parse_seconds),
         libtpu_addresses=_parse(raw["libtpu_address"], _parse_list) or addresses_from_environment(environ),
+        core_state_after=_parse(raw["core_state_after"], _parse_positive_seconds),
+        device_plugin_address=device_plugin_address,
+        tpu_topology=_parse(raw["tpu_topology"], _parse_topology)
+        or _topology_found(environ, device_plugin_address if _reads_device_plugin(collectors) else None),
         pids=_parse(raw["pid"], _parse_pids),
         pid_file=Path(raw["pid_file"][0]) if raw["pid_file"][0] else None,
         otlp_metrics_interval=_otlp_interval(_parse(raw["otlp_metrics"], _parse_switch), environ),
@@ -240,6 +278,45 @@ def _parse_host_label(value: str) -> str:
     if len(value) > 63 or not value.isprintable():
         raise ValueError(f"expected a short name such as 0 or 3, got {value!r}")
     return value
+
+
+def _parse_topology(value: str) -> str:
+    """A TPU topology: two or three chip counts joined by x (``4x4``, ``8x8x16``), or empty for none."""
+    value = value.strip()
+    dims = value.split("x")
+    if value and not (2 <= len(dims) <= 3 and all(d.isdigit() and len(d) <= 4 for d in dims)):
+        raise ValueError(f"expected a TPU topology such as 2x4 or 4x4x8, got {value!r}")
+    return value
+
+
+def _reads_device_plugin(collectors: tuple[str, ...] | None) -> bool:
+    return collectors is None or gke_device_plugin.NAME in collectors
+
+
+def _topology_found(environ: Mapping[str, str], device_plugin: str | None) -> str:
+    """The topology from GKE's TPU environment, else from the device plugin (when its collector may run): both
+    come from the node pool's configuration; the variable first, as it costs no request."""
+    if value := environ.get("TPU_TOPOLOGY", "").strip():
+        return _parse((value, "TPU_TOPOLOGY"), _parse_topology)
+    found = gke_device_plugin.topology_from(device_plugin) if device_plugin else None
+    try:
+        return _parse_topology(found or "")
+    except ValueError:  # the plugin's label is a nicety: a value we cannot use is left out, not fatal
+        return ""
+
+
+def _parse_address(value: str) -> str:
+    """The device plugin's ``HOST:PORT``, or a bare ``HOST`` at its default port: the downward API's
+    ``status.hostIP``, an IPv6 address without brackets on an IPv6 node."""
+    value = value.strip()
+    if value.count(":") > 1 and "[" not in value:
+        value = f"[{value}]"
+    if not re.search(r":\d+$", value):
+        value = f"{value}:{gke_device_plugin.DEFAULT_PORT}"
+    host, port = parse_listen(value)
+    if not value.rpartition(":")[0]:
+        raise ValueError(f"expected HOST or HOST:PORT, got {value!r}")
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 def parse_listen(value: str) -> tuple[str, int]:
@@ -270,6 +347,14 @@ def _parse_seconds(value: str) -> float:
     seconds = durations.parse(value)
     if not 0 < seconds < 86400:
         raise ValueError(f"expected a number of seconds between 0 and a day, got {value!r}")
+    return seconds
+
+
+def _parse_positive_seconds(value: str) -> float:
+    """A duration above 0: ``10``, ``90s``, ``10m``."""
+    seconds = durations.parse(value)
+    if seconds <= 0:
+        raise ValueError(f"expected a duration above 0, got {value!r}")
     return seconds
 
 

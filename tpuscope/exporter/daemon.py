@@ -9,6 +9,7 @@ import socket
 import sys
 import threading
 import time
+from collections.abc import Callable, Mapping
 from types import FrameType
 from typing import Any
 
@@ -117,7 +118,7 @@ def serve(config: ServeConfig) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    runners = collector_runners(config, ingest, store, metrics)
+    runners = collector_runners(config, ingest, store, metrics, aggregator.progress)
     pusher = None
     if otlp_exporter and config.otlp_metrics_interval:
         instance = f"{socket.gethostname()}:{http.port}"  # as Prometheus' instance label would say
@@ -174,11 +175,22 @@ def linger(seconds: float, http: MetricsServer, ingest: IngestLoop, hurry: threa
 
 
 def collector_runners(
-    config: ServeConfig, ingest: IngestLoop, store: SampleStore, metrics: dict[Any, Any]
+    config: ServeConfig,
+    ingest: IngestLoop,
+    store: SampleStore,
+    metrics: dict[Any, Any],
+    progress: Callable[[], Mapping[str, float]],
 ) -> list[CollectorRunner]:
-    """The collectors the configuration asks for (``auto``: those with something to read here)."""
+    """The collectors the configuration asks for (``auto``: those with something to read here). ``progress``:
+    the aggregator's last progress of each connected workload, for the libtpu collector's stall trigger."""
     settings = collectors.Settings(
-        libtpu_addresses=config.libtpu_addresses, pids=config.pids, pid_file=config.pid_file, job_pids=ingest.job_pids
+        libtpu_addresses=config.libtpu_addresses,
+        device_plugin_address=config.device_plugin_address,
+        pids=config.pids,
+        pid_file=config.pid_file,
+        job_pids=ingest.job_pids,
+        workload_progress=progress,
+        core_state_after=config.core_state_after,
     )
     runners = []
     for name, collector in collectors.COLLECTORS.items():

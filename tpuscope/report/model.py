@@ -86,6 +86,21 @@ class Profile:
 
 
 @dataclass
+class StalledCores:
+    """Where one worker's TPU cores sat while the workload stalled (from Prometheus: its sidecars ask the TPU
+    runtime only while it stalls): a program and HLO location, the longest any of the worker's cores stayed
+    there, and whether that was elsewhere than most of its peers' (the likely one the others waited for)."""
+
+    slice: str
+    worker: str
+    instance: str
+    fingerprint: str
+    hlo_location: str
+    seconds: float
+    elsewhere: bool
+
+
+@dataclass
 class Report:
     workload: str
     source: str  # where it was read from, in words
@@ -101,6 +116,7 @@ class Report:
     incidents_note: str  # what the incident list covers (alerts from Prometheus, or the recording's own)
     totals: Totals
     profile: Profile | None = None  # None: no device profile in the window (the job did not sample any)
+    stalled_cores: list[StalledCores] = field(default_factory=list)  # none: no stall the runtime was asked about
 
 
 class ReportError(RuntimeError):

@@ -7,7 +7,9 @@ checkpoints, failures) are read with :func:`tpuscope.promql.grown`, so the first
 one of a kind counts. The alerts are Prometheus' own ``ALERTS`` series: those of
 the workload, and those of the hosts it ran on. The device profiles are gauges that
 hold each worker's latest capture: each capture is read once, at the first point
-after it arrived (a capture's gauges change together with its timestamp's).
+after it arrived (a capture's gauges change together with its timestamp's). Where
+the workload's TPU cores sat while it stalled comes from tpuscope's recording rules
+(the runtime's series carry no workload label; the rules give them the host's).
 """
 
 from __future__ import annotations
@@ -18,11 +20,21 @@ from typing import Any
 
 from tpuscope import catalog as c
 from tpuscope import durations, events
-from tpuscope.conventions import OUR_ALERTS, RUN_MEMORY
+from tpuscope.conventions import CORE_ELSEWHERE, CORE_LOCATION, OUR_ALERTS, RUN_MEMORY
 from tpuscope.goodput import CATEGORIES
 from tpuscope.prometheus_api import PrometheusAPI, PrometheusError
 from tpuscope.promql import each_worker_once, grown, series
-from tpuscope.report.model import QUANTILES, Incident, Mark, Profile, Report, ReportError, Series, Totals
+from tpuscope.report.model import (
+    QUANTILES,
+    Incident,
+    Mark,
+    Profile,
+    Report,
+    ReportError,
+    Series,
+    StalledCores,
+    Totals,
+)
 from tpuscope.report.unbooked import Worker
 from tpuscope.report.window import Window
 
@@ -73,6 +85,7 @@ class _Reader:
             "ran on, as Prometheus evaluated them (its ALERTS series).",
             totals=self.totals(),
             profile=self.profile(),
+            stalled_cores=self.stalled_cores(),
         )
 
     # --- the charts ---------------------------------------------------------------------------------
@@ -236,6 +249,18 @@ class _Reader:
             profile.trace_bytes = trace_bytes / results["ok"]
         return profile
 
+    def stalled_cores(self) -> list[StalledCores]:
+        """Each worker's TPU cores at each program and HLO location while the workload stalled in the window, the
+        longest they stayed, and whether that was elsewhere than most of its peers'; the longest stays first."""
+        longest = f"max_over_time({CORE_LOCATION}{{{self.w}}}[{self.whole}])"
+        elsewhere = f"max_over_time({CORE_ELSEWHERE}{{{self.w}}}[{self.whole}])"
+        odd = {_located(r["metric"]) for r in self.api.query(elsewhere, at=self.end)}
+        cores = [
+            StalledCores(*_located(r["metric"]), seconds=float(r["value"][1]), elsewhere=_located(r["metric"]) in odd)
+            for r in self.api.query(longest, at=self.end)
+        ]
+        return sorted(cores, key=lambda core: (not core.elsewhere, -core.seconds, core.slice, core.worker))
+
     # --- queries ----------------------------------------------------------------------------------------
     def grew_in_window(self, counter: c.Metric, suffix: str = "") -> str:
         """How much each of the workload's ``counter`` series grew in the window, a first event counted."""
@@ -299,6 +324,13 @@ def _cumulate(values: list[list[Any]], grid: list[float], line: list[float], sta
 
 def _sidecar(labels: dict[str, str]) -> tuple[str, ...]:
     return tuple(labels.get(name, "") for name in ("job", "instance", c.Label.SLICE, c.Label.WORKER))
+
+
+def _located(labels: dict[str, str]) -> tuple[str, str, str, str, str]:
+    """A worker's cores at one place: slice, worker, instance, fingerprint, HLO location."""
+    names = (c.Label.SLICE, c.Label.WORKER, "instance", c.Label.FINGERPRINT, c.Label.HLO_LOCATION)
+    slice_, worker, instance, fingerprint, hlo_location = (labels.get(name, "") for name in names)
+    return slice_, worker, instance, fingerprint, hlo_location
 
 
 def _worker(labels: dict[str, str]) -> tuple[str, str]:

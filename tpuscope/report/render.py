@@ -26,7 +26,7 @@ from matplotlib.ticker import PercentFormatter
 from tpuscope import __version__, events
 from tpuscope.durations import human as duration
 from tpuscope.goodput import CATEGORIES
-from tpuscope.report.model import Incident, Mark, Profile, Report, Series
+from tpuscope.report.model import Incident, Mark, Profile, Report, Series, StalledCores
 from tpuscope.report.window import utc
 from tpuscope.stats import percentile
 from tpuscope.thresholds import DEFAULT as T
@@ -137,6 +137,18 @@ def _sections(report: Report) -> Iterable[tuple[str, str, str, Draw | None, str]
         _checkpoints,
         _marks_table([m for m in report.checkpoints if not m.ok], "operation", "the failed", "step"),
     )
+    if report.stalled_cores:
+        yield (
+            "stalled-cores",
+            "Where the TPU cores sat while the workload stalled",
+            "The workload's sidecars ask the TPU runtime where each core is once the workload has made no progress "
+            "for the stall threshold: the program (its fingerprint) and the HLO location, and how long the cores "
+            "stayed there (the longest in the window, counted from the first time the sidecar asked). In a hung "
+            "job every worker's cores wait at the same collective but one's: the workers in red had their cores "
+            "elsewhere than most of their peers', likely the one the others waited for.",
+            None,
+            _stalled_cores_table(report.stalled_cores),
+        )
     yield (
         "alerts",
         "Alerts and incidents",
@@ -402,6 +414,10 @@ def _summary(report: Report) -> str:
     if any(t.failures.values()):
         wrong.add("Failures and restarts")
     rows.append(("Model FLOPs utilization", f"{t.mfu:.1%}" if t.mfu is not None else "not reported"))
+    if report.stalled_cores:
+        rows.append((STALLED_ROW, _stalled_summary(report.stalled_cores)))
+        if any(core.elsewhere for core in report.stalled_cores):
+            wrong.add(STALLED_ROW)
     rows.append(("Alerts and incidents", f"{len(report.incidents)} (below)" if report.incidents else "none"))
     if report.incidents:
         wrong.add("Alerts and incidents")
@@ -409,6 +425,18 @@ def _summary(report: Report) -> str:
 
 
 PROFILE_ROW = "Where the device time went (sampled device profiles)"
+STALLED_ROW = "Where the TPU cores sat while it stalled"
+
+
+def _stalled_summary(cores: list[StalledCores]) -> str:
+    odd = [core for core in cores if core.elsewhere]
+    if not odd:
+        return f"every worker's cores at the same place as most of its peers' ({len(cores)} places, below)"
+    return "; ".join(
+        f"worker {core.worker} (slice {core.slice}) at {core.hlo_location} for {duration(core.seconds)}, elsewhere "
+        "than most of its peers'"
+        for core in odd
+    )
 
 
 def _part(part: str) -> str:
@@ -470,6 +498,26 @@ def _marks_table(marks: list[Mark], kind: str, which: str, detail: str) -> str:
     if len(marks) > TABLE_ROWS:
         table += f"<p class='meta'>{len(marks) - TABLE_ROWS} more not shown (report.json has them all).</p>"
     return f"<p class='meta'>{html.escape(which.capitalize())}:</p>{table}"
+
+
+def _stalled_cores_table(cores: list[StalledCores]) -> str:
+    rows = [
+        (
+            core.slice,
+            core.worker,
+            core.instance,
+            core.fingerprint,
+            core.hlo_location,
+            duration(core.seconds),
+            "elsewhere than most of its peers" if core.elsewhere else "",
+        )
+        for core in cores[:TABLE_ROWS]
+    ]
+    header = ("slice", "worker", "host", "program", "HLO location", "there for", "")
+    table = _table(header, rows, lambda row: bool(row[-1]))
+    if len(cores) > TABLE_ROWS:
+        table += f"<p class='meta'>{len(cores) - TABLE_ROWS} more not shown (report.json has them all).</p>"
+    return table
 
 
 def _incidents_table(incidents: list[Incident]) -> str:

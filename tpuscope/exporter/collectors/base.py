@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import abc
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
 
 from tpuscope.exporter.samples import Sample
+from tpuscope.thresholds import DEFAULT as THRESHOLDS
 
 # Why a collection failed: the `reason` label of collector_errors_total (a closed set, so bounded).
 UNAVAILABLE = "unavailable"  # the source is not there: connection refused, driver not loaded, port closed
@@ -36,10 +37,15 @@ class Settings:
     """What collectors may need from the sidecar's configuration."""
 
     libtpu_addresses: tuple[str, ...] = ("localhost:8431",)
+    device_plugin_address: str = ""  # GKE's TPU device plugin; empty: its collector's default
     pids: tuple[int, ...] = ()
     pid_file: Path | None = None
     # The job processes connected to the event socket: pid -> workload (from the socket's peer credentials).
     job_pids: Callable[[], dict[int, str]] = field(default=dict)
+    # Each workload with a process connected -> the Unix time of its last progress (the aggregator's), and how long
+    # one may go without before the libtpu collector asks the runtime what its cores are doing.
+    workload_progress: Callable[[], Mapping[str, float]] = field(default=dict)
+    core_state_after: float = THRESHOLDS.stall_seconds
 
 
 class Collector(abc.ABC):

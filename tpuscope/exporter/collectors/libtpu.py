@@ -7,7 +7,12 @@ which metrics it offers, then fetches all of ours it offers at once, so one
 collection costs two round trips whatever the number of metrics. A metric a
 runtime does not offer (megascale on a single slice) is simply absent; a
 runtime that offers none of ours is down with ``unknown_metrics``, which is
-what a renamed metric in a new libtpu looks like.
+what a renamed metric in a new libtpu looks like. The metrics a runtime lists
+that tpuscope does not read are counted (``collector_unknown_metrics``) and
+logged by name, so a newer libtpu's additions are noticed, not silently missing.
+
+While a workload on the host stalls, each collection also asks every port for
+its cores' state (:mod:`.core_state`), in the same round trip as the listing.
 
 Distributions keep the runtime's own bucket bounds: bucket 0 is the underflow
 below the first bound and the last is the overflow, as in Cloud Monitoring's
@@ -26,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 from tpuscope import catalog
 from tpuscope.accelerators import accelerator_name
 from tpuscope.conventions import LIBTPU_COLLECTOR
+from tpuscope.exporter.collectors import core_state
 from tpuscope.exporter.collectors.base import (
     DEADLINE,
     ERROR,
@@ -146,6 +152,12 @@ class LibtpuCollector(Collector):
         self.accelerator = accelerator_from_environment()
         self._channels: dict[str, tuple[grpc.Channel, Any]] = {}
         self._missing: dict[str, frozenset[str]] = {}  # per address: our metrics it does not offer (logged once)
+        self._unknown: dict[str, frozenset[str]] = {}  # per address: what it offers that we do not read
+        self.stall = core_state.StallTrigger(settings.workload_progress, settings.core_state_after)
+        self._clock = core_state.CoreClock()
+        self._without_status: set[str] = set()  # addresses whose runtime has no GetTpuRuntimeStatus
+        self._stalled: list[str] = []  # the stalled workloads of the last collection (a change is logged)
+        self._status_failed: dict[str, str] = {}  # per address: why its cores' state did not come (logged once)
 
     def _stub(self, address: str) -> Any:
         if address not in self._channels:
@@ -171,6 +183,7 @@ class LibtpuCollector(Collector):
             a: self._stub(a).ListSupportedMetrics.future(self._pb.ListSupportedMetricsRequest(), timeout=timeout * 0.4)
             for a in self.addresses
         }
+        statuses = self._ask_core_state(timeout * 0.8)
         failures: list[CollectorError] = []
         requests: dict[str, dict[str, Any]] = {}
         for address, listing in listings.items():
@@ -202,6 +215,8 @@ class LibtpuCollector(Collector):
                 if not answered:
                     failures.append(CollectorError(UNKNOWN_METRICS, f"{address} answered none of our metrics"))
         result = [Sample(metric, labels, value) for (metric, labels), (_, value) in readings.items()]
+        result.append(self._unknown_count())
+        result += self._core_state(statuses)
         if failures:
             raise CollectorError(failures[0].reason, "; ".join(str(f) for f in failures), partial=result)
         return result
@@ -214,6 +229,7 @@ class LibtpuCollector(Collector):
             if "UNIMPLEMENTED" not in str(e):
                 raise
             listed = set(BY_NAME)  # an older runtime without the listing: ask for everything
+        self._note_unknown(address, frozenset(listed) - frozenset(BY_NAME))
         offered = [name for name in BY_NAME if name in listed]
         if not offered:
             sample = ", ".join(sorted(listed)[:5]) or "nothing"
@@ -231,6 +247,62 @@ class LibtpuCollector(Collector):
                     ", ".join(sorted(missing)),
                 )
         return offered
+
+    def _note_unknown(self, address: str, unknown: frozenset[str]) -> None:
+        """Remember what the runtime at ``address`` offers that we do not read; log the names when they change."""
+        if self._unknown.get(address, frozenset()) != unknown and unknown:
+            log.info(
+                "libtpu at %s offers %d metrics tpuscope does not read (a newer runtime?): %s",
+                address,
+                len(unknown),
+                ", ".join(sorted(unknown)),
+            )
+        self._unknown[address] = unknown
+
+    def _unknown_count(self) -> Sample:
+        """How many metrics the runtimes offer that we do not read: each name once, whatever the ports."""
+        names = frozenset().union(*self._unknown.values())
+        return Sample(catalog.COLLECTOR_UNKNOWN_METRICS, (self.name,), float(len(names)))
+
+    def _ask_core_state(self, timeout: float) -> dict[str, Any]:
+        """While a workload stalls, every port's cores' state, asked now and awaited after the metrics."""
+        stalled = self.stall.stalled()
+        if stalled != self._stalled:
+            self._stalled = stalled
+            if stalled:
+                log.info(
+                    "workload %s: no progress for %g s; asking the TPU runtime where its cores are",
+                    ", ".join(stalled),
+                    self.stall.after,
+                )
+        if not stalled:
+            self._clock.forget()
+            return {}
+        request = self._pb.GetTpuRuntimeStatusRequest(include_hlo_info=True)
+        return {
+            address: self._stub(address).GetTpuRuntimeStatus.future(request, timeout=timeout)
+            for address in self.addresses
+            if address not in self._without_status
+        }
+
+    def _core_state(self, statuses: dict[str, Any]) -> list[Sample]:
+        """The cores' state from every port that answered; a port that did not costs only its cores (logged), never
+        the collection: the metrics are what the collector is up for."""
+        found: dict[tuple[str, str], core_state.CoreAt] = {}
+        for address, future in statuses.items():
+            try:
+                response = self._answer(address, future)
+            except CollectorError as e:
+                if "UNIMPLEMENTED" in str(e):  # an older runtime: asking again would only cost it
+                    self._without_status.add(address)
+                if self._status_failed.get(address) != e.reason:
+                    log.info("libtpu at %s did not say where its cores are: %s", address, e)
+                self._status_failed[address] = e.reason
+                continue
+            self._status_failed.pop(address, None)
+            for core in core_state.cores(response):
+                found.setdefault(core.key, core)  # a core two ports both report is counted once
+        return self._clock.samples(list(found.values())[: core_state.MAX_CORES]) if statuses else []
 
     def _answer(self, address: str, future: Any) -> Any:
         """The RPC's response, or the failure as a CollectorError with its reason."""
