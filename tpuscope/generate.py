@@ -56,16 +56,20 @@ def metrics_markdown() -> str:
         f"{', '.join(f'`{r}`' for r in catalog.PROFILE_PARSE_RESULTS)} (`{catalog.PROFILE_PARSES.name}`).",
         f"- `reason` on `{catalog.INGEST_INVALID_EVENTS.name}`: {', '.join(events.REJECT_REASONS)}. "
         f"On `{catalog.INGEST_CONNECTION_ERRORS.name}`: {', '.join(CONNECTION_ERRORS)}.",
-        "- `source` on device series: `workload` when the job reported it, `libtpu` or `nvml` when a collector "
-        "sampled it.",
+        "- `source` on device series: `workload` when the job reported it, `libtpu`, `gke-device-plugin` or `nvml` "
+        "when a collector sampled it. A TPU host's chips come from `libtpu` where the job set "
+        "TPU_RUNTIME_METRICS_PORTS (TPU VMs, and GKE pods that set it), from `gke-device-plugin` on GKE otherwise; "
+        "where both answer, `libtpu` (docs/fleet.md, Which TPU source, where).",
         f"- `collector`: {', '.join(COLLECTORS)}. `reason` on `{catalog.COLLECTOR_ERRORS.name}`: "
         f"{', '.join(collector_base.REASONS)}.",
         "- `direction`: `read` or `write` (disk), `receive` or `transmit` (network). `clock`: `sm` or `memory`.",
         f"- {', '.join(f'`{label}`' for label in catalog.HOST_LABELS)}: on every series, where in a multi-host job "
         f"the sidecar runs (`tpuscope serve {'/'.join(f'--{label}' for label in catalog.HOST_LABELS)}`, by default "
         "from MEGASCALE_SLICE_ID and TPU_WORKER_ID or JOB_COMPLETION_INDEX).",
-        "- `device`: the index the runtime or driver gives the device. `pid` on job series: the process id as "
-        "the sidecar sees it.",
+        "- `tpu_topology`: on every series of a TPU host, the shape of its slice (`4x4`, `8x8x16`), from "
+        "`tpuscope serve --tpu-topology`, by default TPU_TOPOLOGY or GKE's TPU device plugin; absent elsewhere.",
+        "- `device`: the index the runtime, driver or device plugin gives the device (the plugin's: the chip's index "
+        "on the node). `pid` on job series: the process id as the sidecar sees it.",
         "",
     ]
     return "\n".join(lines)
