@@ -12,6 +12,7 @@ from conftest import require, wait_for
 from otlp import Receiver
 
 from tpuscope import catalog, events
+from tpuscope.testing.fake_device_plugin import FakeDevicePlugin, chips, page
 from tpuscope.testing.fake_nvml import FakeGpu, FakeNvmlState, environment
 from tpuscope.testing.fake_tpu import Chip, FakeTpuRuntime, FakeTpuServer, default_megascale
 from tpuscope.testing.prometheus import PrometheusServer, target_of
@@ -62,11 +63,16 @@ def test_metrics_pass_promtool_check_metrics_with_every_collector_on(short_tmp: 
     otlp = {"OTEL_EXPORTER_OTLP_METRICS_ENDPOINT": receiver.endpoint, "OTEL_EXPORTER_OTLP_METRICS_PROTOCOL": "grpc"}
     with (
         FakeTpuServer(FakeTpuRuntime([Chip(d) for d in range(8)], default_megascale())) as runtime,
+        # GKE's TPU device plugin beside libtpu: libtpu's series win, the plugin adds TensorCore utilization.
+        FakeDevicePlugin(page(chips())) as device_plugin,
         SidecarProcess(
             short_tmp / "s.sock",
             "127.0.0.1:0",
-            "--collectors=libtpu,nvml,host",
+            "--collectors=libtpu,gke-device-plugin,nvml,host",
             f"--libtpu-address={runtime.address}",
+            f"--device-plugin-address={device_plugin.address}",
+            # The job below stops stepping while connected: after a second the runtime is asked for its cores.
+            "--core-state-after=1s",
             "--collector-interval=0.2",
             "--otlp-metrics=on",
             # Where this host is in a multi-host job, as a TPU VM says it: TPU_WORKER_ID before an Indexed
@@ -96,7 +102,7 @@ def test_metrics_pass_promtool_check_metrics_with_every_collector_on(short_tmp: 
         Monitor("lint-down", socket=sidecar.socket).close(failed=True)  # down since its failure
         # Every family of the catalogue has samples, so promtool sees every metric.
         scrape = wait_for(sidecar.url, lambda s: all(f"\n{m.name}" in s.text for m in catalog.CATALOG))
-        for collector in ("libtpu", "nvml", "host"):
+        for collector in ("libtpu", "gke-device-plugin", "nvml", "host"):
             assert scrape.value(catalog.COLLECTOR_UP.name, collector=collector) == 1, sidecar.log()
         with urllib.request.urlopen(sidecar.url) as r:
             exposition = r.read()

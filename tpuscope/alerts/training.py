@@ -75,7 +75,9 @@ def collective_spike(config: GeneratorConfig) -> str:
 # as the stall's description names it: a Go template that queries the recorded series of the alert's workload.
 CORE_ELSEWHERE_OF_WORKLOAD = (
     f'{{{{ range query (printf "{CORE_ELSEWHERE}{{namespace=%q, jobset=%q, workload=%q}}"'
-    " $labels.namespace $labels.jobset $labels.workload) }}"
+    # `or ... ""`: a label the alert lacks is "" to Prometheus' templates but nil to vmalert's, which %q prints as
+    # %!q(<nil>) and the query then fails (tests/test_victoriametrics.py).
+    ' (or $labels.namespace "") (or $labels.jobset "") $labels.workload) }}'
     " Worker {{ .Labels.worker }} (slice {{ .Labels.slice }}, {{ .Labels.instance }}) has had its TPU cores at HLO "
     "{{ .Labels.hlo_location }} of program {{ .Labels.fingerprint }} for {{ .Value | humanizeDuration }}, where "
     "most of its peers' are not: the others likely wait for it.{{ end }}"
