@@ -19,6 +19,7 @@ from conftest import require, wait_until
 
 from tpuscope import alerts, catalog, conventions, dashboards
 from tpuscope.alerts.recording import recording_rules
+from tpuscope.bench.fleet_scale import grafana_regex_escape
 from tpuscope.dashboards import promql
 from tpuscope.dashboards.panels import panels_of
 from tpuscope.generator_config import GeneratorConfig
@@ -307,7 +308,7 @@ def selections(board: dict[str, Any], prom: PrometheusServer) -> Iterator[tuple[
             match = match.replace(f"${promql.SLICE}", ALL)
         found[variable["name"]] = prom.label_values(label, match)
         assert found[variable["name"]], f"{board['title']}: variable {variable['name']} lists nothing ({match})"
-    first = {name: grafana_escape(values[0]) for name, values in found.items()}
+    first = {name: grafana_regex_escape(values[0]) for name, values in found.items()}
     every = {}
     for variable in board["templating"]["list"]:
         if variable["type"] == "query":
@@ -315,15 +316,10 @@ def selections(board: dict[str, Any], prom: PrometheusServer) -> Iterator[tuple[
             if not variable["includeAll"]:  # a single-value variable: Grafana selects its first value
                 every[name] = first[name]
             else:
-                every[name] = variable.get("allValue") or "(" + "|".join(map(grafana_escape, found[name])) + ")"
+                every[name] = variable.get("allValue") or "(" + "|".join(map(grafana_regex_escape, found[name])) + ")"
     yield "All", every
     for accelerator in found[promql.ACCELERATOR]:
-        yield f"accelerator {accelerator}", {**first, promql.ACCELERATOR: grafana_escape(accelerator)}
-
-
-def grafana_escape(value: str) -> str:
-    """How Grafana's Prometheus datasource escapes a multi-value variable's value inside a regex matcher."""
-    return re.sub(r"([\\^$*+?.()|{}\[\]])", r"\\\\\1", value)
+        yield f"accelerator {accelerator}", {**first, promql.ACCELERATOR: grafana_regex_escape(accelerator)}
 
 
 # Instant panels that read only running workers: evaluated after the bench has ended, they are empty, and must be.
