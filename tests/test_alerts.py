@@ -191,7 +191,7 @@ def test_a_device_profile_counts_for_three_of_the_jobs_default_periods_in_real_a
     assert fresh_periods * profiles.DEFAULT_PERIOD == fresh_seconds
     help_says = f"fresh for {fresh_periods} of them; from a job too old to say it, for "
     assert help_says + f"{durations.human(fresh_seconds)}." in catalog.PROFILE_PERIOD.help
-    (fresh,) = (rule["expr"] for rule in recording.profile_rules() if rule["record"] == PROFILE_FRESH)
+    (fresh,) = (rule["expr"] for rule in recording.profile_rules(Thresholds()) if rule["record"] == PROFILE_FRESH)
     period = f"> time() - {catalog.PROFILE_PERIOD.name} * {fresh_periods} "
     assert period in fresh
     assert f"> time() - {fresh_seconds} unless {catalog.PROFILE_PERIOD.name}" in fresh

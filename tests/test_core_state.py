@@ -37,6 +37,7 @@ from tpuscope.report.window import Window
 from tpuscope.scrape import Scrape
 from tpuscope.testing.fake_tpu import Chip, CoreState, FakeTpuRuntime, FakeTpuServer, QueuedProgram
 from tpuscope.testing.prometheus import PrometheusServer, target_of
+from tpuscope.thresholds import Thresholds
 from tpuscope.tracing import Monitor
 from tpuscope.workload import synthetic
 from tpuscope.workload.sidecar import SidecarProcess
@@ -352,7 +353,7 @@ def test_a_four_worker_hang_fires_stalled_and_names_the_worker_whose_cores_sit_e
         assert "Cores of the stalled workload" in (screen := console.export_text()) and "fusion.7" in screen, screen
 
         # tpuscope report names it too, from the same Prometheus.
-        made = report_prometheus.build(prom.url, WORKLOAD, Window(since=time.time() - hung + 60))
+        made = report_prometheus.build(prom.url, WORKLOAD, Window(since=time.time() - hung + 60), Thresholds())
         odd = [(c.worker, c.hlo_location) for c in made.stalled_cores if c.elsewhere]
         assert odd == [(str(ODD), "fusion.7")], made.stalled_cores
         assert {c.worker for c in made.stalled_cores if not c.elsewhere} == {"0", "1", "3"}

@@ -51,7 +51,9 @@ from tpuscope.generator_config import GeneratorConfig
 from tpuscope.prometheus_api import PrometheusAPI
 from tpuscope.promql import SIDECAR_START, le
 from tpuscope.testing.prometheus import ServerProcess
-from tpuscope.thresholds import DEFAULT
+from tpuscope.thresholds import Thresholds
+
+DEFAULTS = Thresholds()
 
 SCRAPE = 10  # seconds between a target's samples
 RANGE = 3600  # the dashboard's time range: the last hour
@@ -166,7 +168,7 @@ def fleet(at: int) -> Fleet:
     replicas = [replicaset_pod(f, "serve-5d8f", name) for name in ("x7k2p", "q9m4n")]
     serve = {**f.sidecar("serve-0:9478", replicas[0], "0", "0", -2 * HOUR, 0), "workload": "serve"}
     f.sidecar("serve-1:9478", replicas[1], "0", "0", -2 * HOUR, 0)
-    within = {**serve, "le": le(DEFAULT.inference_latency_seconds)}
+    within = {**serve, "le": le(DEFAULTS.inference_latency_seconds)}
     for name, labels in (
         (c.INFERENCE_REQUEST_DURATION.series("bucket"), within),
         (c.INFERENCE_REQUEST_DURATION.series("count"), serve),
@@ -481,10 +483,10 @@ def test_error_budgets_cover_the_slo_period(prometheus: tuple[PrometheusAPI, int
     against a 10% budget: 1/6 of it spent) and ``serve`` was slow for 3% of a day's requests (0.1% of the
     period against 1%: 1/10 spent). The bad day 35 days ago is older than the period."""
     period = durations.parse(conventions.SLO_PERIOD) / DAY
-    goodput_budget = 1 - DEFAULT.goodput_objective
+    goodput_budget = 1 - DEFAULTS.goodput_objective
     budget = values(prometheus, FLEET, "Goodput objective: error budget left", by=("workload",))
     assert budget == {("train",): pytest.approx(1 - (0.5 / period) / goodput_budget, rel=1e-3)}
-    latency_budget = 1 - DEFAULT.inference_latency_objective
+    latency_budget = 1 - DEFAULTS.inference_latency_objective
     ((_, left),) = values(prometheus, SERVING, "Latency error budget left").items()
     assert left == pytest.approx(1 - (0.03 / period) / latency_budget, rel=1e-3)
     assert not math.isclose(left, 1)
@@ -511,7 +513,7 @@ def test_the_device_profile_tells_the_straggler_apart_in_a_fused_step(prometheus
     assert over == {(w,): pytest.approx(1.5 if w == "2" else 1.0) for w in workers}
     slowest = "Device profile: slowest worker of each workload, against the median"
     assert values(prometheus, ONCALL, slowest, by=("workload", "worker")) == {("train", "2"): pytest.approx(1.5)}
-    assert max(step_values(panel_titled(BOARDS[ONCALL], slowest))) == DEFAULT.straggler_factor
+    assert max(step_values(panel_titled(BOARDS[ONCALL], slowest))) == DEFAULTS.straggler_factor
     # On-call, every worker's two parts side by side: the straggler computes longest and waits least.
     each = "Device profile: each worker's compute and collective wait per step"
     assert values(prometheus, ONCALL, each, "A", workload="train", by=("worker",)) == compute

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tpuscope import events, failures, gce_metadata
+from tpuscope import events, gce_metadata, reasons
 from tpuscope.conventions import ALERT_PREFIX, AlertName
 from tpuscope.tracing import Monitor, Preempted, RecordSink, failure_reason, read_records
 from tpuscope.tracing import failures as classify
@@ -103,7 +103,7 @@ CASES = [
 @pytest.mark.parametrize(("exc", "reason"), CASES, ids=[f"{type(e).__name__}-{r}" for e, r in CASES])
 def test_each_exception_maps_to_its_reason(exc: BaseException, reason: str) -> None:
     assert failure_reason(exc) == reason
-    assert reason in failures.FAILURE_VALUES
+    assert reason in reasons.FAILURE_VALUES
 
 
 def test_a_tracing_error_is_a_compile_error_at_the_tracing_stage() -> None:
@@ -129,7 +129,7 @@ def test_a_tracing_error_is_a_compile_error_at_the_tracing_stage() -> None:
 def test_a_backend_compile_error_has_its_reason_from_the_status(message: str, reason: str) -> None:
     error = marked(RuntimeError(message), "compile_error")
     assert classify.compile_failure_reason(error) == reason
-    assert reason in failures.COMPILE_FAILURE_VALUES
+    assert reason in reasons.COMPILE_FAILURE_VALUES
 
 
 def ended(tmp_path: Path, failed: bool | BaseException | str) -> events.Lifecycle:
@@ -187,7 +187,7 @@ def test_the_monitor_closes_with_the_reason(tmp_path: Path, failed: object, stat
 )
 def test_jax_explanations_read_into_causes(explanation: str, cause: str | None) -> None:
     assert recompile_cause(explanation) == cause
-    assert cause is None or cause in failures.RECOMPILE_VALUES
+    assert cause is None or cause in reasons.RECOMPILE_VALUES
 
 
 def test_a_sigterm_is_a_preemption_where_no_metadata_server_answers() -> None:
@@ -315,7 +315,7 @@ def test_the_detection_matrix_names_real_tests_and_alerts() -> None:
         assert re.search(rf"^def {name}\(", (root / path).read_text(), re.MULTILINE), f"{path}::{name}"
     named = set(re.findall(rf"\b{ALERT_PREFIX}\w+", matrix))
     assert named <= {str(alert) for alert in AlertName}, named - {str(alert) for alert in AlertName}
-    for reason in failures.FAILURE_VALUES:
+    for reason in reasons.FAILURE_VALUES:
         assert f"| `{reason}` |" in matrix, reason
 
 

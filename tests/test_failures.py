@@ -20,7 +20,7 @@ import pytest
 from conftest import wait_for
 
 from tpuscope import catalog
-from tpuscope.failures import RECOMPILE_VALUES
+from tpuscope.reasons import RECOMPILE_VALUES
 from tpuscope.gce_metadata import METADATA_HOST_ENV
 from tpuscope.scrape import Scrape
 from tpuscope.tracing.failures import SIGTERM_EXIT

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from tpuscope import events
-from tpuscope.failures import UNEXPLAINED
+from tpuscope.reasons import UNEXPLAINED
 from tpuscope.tracing import read_records
 from tpuscope.tracing.jax_compiles import EXPLAIN_ENV
 

@@ -33,6 +33,7 @@ from tpuscope.report import prometheus, recording, render
 from tpuscope.report.model import StalledCores
 from tpuscope.report.window import Window, parse_time
 from tpuscope.testing.prometheus import PrometheusServer, target_of
+from tpuscope.thresholds import Thresholds
 from tpuscope.tracing import Monitor, read_records
 from tpuscope.workload import synthetic
 from tpuscope.workload.sidecar import SidecarProcess
@@ -162,6 +163,30 @@ def test_a_report_from_the_recording_tells_the_same_story_without_prometheus(run
     assert "of every step" in text and "checkpoint saves failing" in text
 
 
+def test_the_run_is_judged_by_the_teams_thresholds_from_the_config_the_generators_take(
+    run: Run, short_tmp: Path
+) -> None:
+    """The same --config file as `tpuscope alerts` and `dashboards`: a team whose objective is 95 % gets a page
+    that says 95 %, not the built-in 90 %."""
+    team = short_tmp / "team.yaml"
+    team.write_text("thresholds:\n  goodput_objective: 0.95\n")
+    built_in = GeneratorConfig().thresholds.goodput_objective
+    for source, flags, objective in (
+        ("team", [f"--config={team}"], 0.95),
+        ("built-in", [], built_in),
+    ):
+        out, _ = made(run, source, f"--recording={run.recording}", *flags)
+        page = (out / "index.html").read_text()
+        assert f"(objective {objective:.0%})" in page, f"{source}: {page[:2000]}"
+    assert built_in != 0.95  # else the page could not tell the two apart
+
+    wrong = short_tmp / "wrong.yaml"
+    wrong.write_text("thresholds:\n  goodput_objective: 95\n")
+    refused = report(f"--recording={run.recording}", f"--config={wrong}", f"--out={short_tmp / 'wrong'}")
+    assert refused.returncode == 2 and f"tpuscope report: {wrong}: goodput_objective" in refused.stderr, refused.stderr
+    assert not (short_tmp / "wrong").exists(), "nothing is written with a wrong config"
+
+
 def test_bad_input_gets_a_clear_error(run: Run, short_tmp: Path) -> None:
     down = report("--prometheus=http://127.0.0.1:9", f"--workload={WORKLOAD}", f"--out={short_tmp / 'a'}")
     assert down.returncode == 1 and "cannot read Prometheus at http://127.0.0.1:9" in down.stderr, down.stderr
@@ -259,7 +284,7 @@ def test_a_recording_with_device_profiles_reports_the_profiled_split_beside_the_
         12: events.DeviceProfile("error", capture_s=0.2),
         15: profile(0.12, 0.06, 0.05, overlapped=0.0, slowest=0.06, cost=0.5, size=2_000_000),
     }
-    report = recording.build(recorded(tmp_path / "events.jsonl", captures), None, Window())
+    report = recording.build(recorded(tmp_path / "events.jsonl", captures), None, Window(), Thresholds())
     assert report.profile is not None
     p = report.profile
     assert (p.captures, p.busy, p.errors) == (2, 1, 1)
@@ -284,7 +309,7 @@ def test_a_recording_with_device_profiles_reports_the_profiled_split_beside_the_
 
 
 def test_a_recording_without_device_profiles_shows_none(tmp_path: Path) -> None:
-    report = recording.build(recorded(tmp_path / "events.jsonl", {}), None, Window())
+    report = recording.build(recorded(tmp_path / "events.jsonl", {}), None, Window(), Thresholds())
     assert report.profile is None
     render.write(report, tmp_path / "out")
     page = (tmp_path / "out" / "index.html").read_text()
@@ -296,7 +321,7 @@ def test_where_a_stalled_workloads_cores_sat_is_shown_the_odd_worker_in_red(tmp_
     """From Prometheus a report holds each worker's TPU cores at each place while the workload stalled (the
     end-to-end run: tests/test_core_state.py); the page lists them, the worker elsewhere than its peers first and
     in red, and says so in the summary."""
-    report = recording.build(recorded(tmp_path / "events.jsonl", {}), None, Window())
+    report = recording.build(recorded(tmp_path / "events.jsonl", {}), None, Window(), Thresholds())
     render.write(report, tmp_path / "calm")
     assert "stalled-cores" not in (tmp_path / "calm" / "index.html").read_text(), "no stall asked about, no section"
 
@@ -358,7 +383,7 @@ def test_a_report_from_prometheus_reads_each_capture_of_each_worker_once(short_t
         if worker == 0:
             fleet.counter(catalog.PROFILE_CAPTURES.name, {**labels, "result": "busy"}, -1200, 0, {-1200: 1})
     with backfilled(short_tmp, fleet) as api:
-        report = prometheus.build(api.url, "fused", Window(3600, at))
+        report = prometheus.build(api.url, "fused", Window(3600, at), Thresholds())
     p = report.profile
     assert p is not None
     assert (p.captures, p.busy, p.errors) == (4, 1, 0)

@@ -12,6 +12,7 @@ from matplotlib.figure import Figure
 
 from tpuscope.report import render
 from tpuscope.report.model import Mark, Report, Series, Totals
+from tpuscope.thresholds import Thresholds
 
 START = 1_795_000_000.0  # 2026-11-18 09:46:40 UTC
 
@@ -43,6 +44,7 @@ def report(minutes: float) -> Report:
         incidents=[],
         incidents_note="",
         totals=Totals(step_count=len(times)),
+        thresholds=Thresholds(),
     )
 
 

@@ -813,7 +813,7 @@ INGEST_EVENTS = _metric(
 INGEST_INVALID_EVENTS = _metric(
     "ingest_invalid_events_total",
     Kind.COUNTER,
-    "Rejected datagrams by reason: malformed, truncated, oversized, unknown_version, invalid_field.",
+    "Events the sidecar rejected, by reason: malformed, truncated, oversized, unknown_version, invalid_field.",
     Label.REASON,
     group=HEALTH_GROUP,
 )

@@ -203,14 +203,14 @@ class Compile(Event, tag="compile", frozen=True):
 
 
 class CompileFailure(Event, tag="compfail", frozen=True):
-    """A compilation that failed at ``stage``; ``reason`` is one of tpuscope.failures.COMPILE_FAILURE_VALUES."""
+    """A compilation that failed at ``stage``; ``reason`` is one of tpuscope.reasons.COMPILE_FAILURE_VALUES."""
 
     stage: CompileStage
     reason: LabelValue = "other"
 
 
 class Recompile(Event, tag="recompile", frozen=True):
-    """A function traced again, and why (JAX's cache-miss explanation): one of tpuscope.failures.RECOMPILE_VALUES."""
+    """A function traced again, and why (JAX's cache-miss explanation): one of tpuscope.reasons.RECOMPILE_VALUES."""
 
     cause: LabelValue = "other"
 
@@ -268,7 +268,7 @@ class Hardware(Event, tag="hw", frozen=True):
 
 class Lifecycle(Event, tag="life", frozen=True):
     """The job started, stopped, failed or restarted. A failure's ``reason`` is one of
-    tpuscope.failures.FAILURE_VALUES (``exception`` from a job older than them)."""
+    tpuscope.reasons.FAILURE_VALUES (``exception`` from a job older than them)."""
 
     state: LifecycleState
     reason: LabelValue = "none"

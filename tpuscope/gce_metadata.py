@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
-from tpuscope import failures
+from tpuscope import reasons
 
 # Where the server is: GCE_METADATA_HOST as Google's own clients read it (host or host:port), which is also how a
 # test points it at a server of its own; else the address every Compute Engine VM reaches it at.
@@ -26,7 +26,7 @@ PREEMPTED_PATH = "/computeMetadata/v1/instance/preempted"
 MAINTENANCE_PATH = "/computeMetadata/v1/instance/maintenance-event"
 # Seconds per request: the answer comes from the host itself, in milliseconds; any longer is no answer.
 TIMEOUT_SECONDS = 0.5
-PREEMPTION, MAINTENANCE = failures.PLATFORM_REASONS
+PREEMPTION, MAINTENANCE = reasons.PLATFORM_REASONS
 # The DMI product name of a Compute Engine VM ("Google Compute Engine"), readable in its containers too.
 _PRODUCT_NAME = "/sys/class/dmi/id/product_name"
 

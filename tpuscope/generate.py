@@ -75,15 +75,20 @@ def metrics_markdown() -> str:
     return "\n".join(lines)
 
 
+# The committed artifacts are made with the built-in settings; a team with its own generates its own (--config).
+BUILT_IN = GeneratorConfig()
 # Path relative to the repository root -> the function that produces its content.
 ARTIFACTS: dict[str, Callable[[], str]] = {
     "docs/metrics.md": metrics_markdown,
-    **{f"deploy/grafana/{name}.json": partial(dashboards.file, name) for name in dashboards.DASHBOARDS},
-    "deploy/kubernetes/grafana-dashboards.yaml": dashboards.configmaps,
+    **{
+        f"deploy/grafana/{name}.json": partial(dashboards.file, name, BUILT_IN.thresholds)
+        for name in dashboards.DASHBOARDS
+    },
+    "deploy/kubernetes/grafana-dashboards.yaml": lambda: dashboards.configmaps(BUILT_IN.thresholds),
     **{f"deploy/kubernetes/{name}": render for name, render in kubernetes.MANIFESTS.items()},
     **{f"deploy/kubernetes/{kubernetes.GMP_DIR}/{name}": render for name, render in kubernetes.GMP_FILES.items()},
-    "deploy/prometheus/tpuscope-rules.yaml": lambda: alerts.rules_file(GeneratorConfig()),
-    "deploy/alertmanager/alertmanager.yml": lambda: alerts.alertmanager_file(GeneratorConfig()),
+    "deploy/prometheus/tpuscope-rules.yaml": lambda: alerts.rules_file(BUILT_IN),
+    "deploy/alertmanager/alertmanager.yml": lambda: alerts.alertmanager_file(BUILT_IN),
     "docs/alerts.md": alerts.runbooks_markdown,
     "docs/hooks.md": hooks.markdown,
 }

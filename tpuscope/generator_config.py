@@ -24,12 +24,12 @@ from typing import Any
 
 import yaml
 
-from tpuscope.thresholds import DEFAULT, Thresholds
+from tpuscope.thresholds import Thresholds
 
 
 @dataclass(frozen=True)
 class GeneratorConfig:
-    thresholds: Thresholds = field(default_factory=lambda: DEFAULT)
+    thresholds: Thresholds = field(default_factory=Thresholds)
     exporter_job: str = "tpuscope.*"
     page_webhook_url: str = "http://alert-receiver.monitoring.svc:8080/page"
     ticket_webhook_url: str = "http://alert-receiver.monitoring.svc:8080/ticket"

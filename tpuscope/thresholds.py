@@ -131,6 +131,3 @@ class Thresholds:
         except (TypeError, ValueError) as e:
             raise ValueError(f"thresholds must be numbers: {e}") from None
         return cls(**numbers)  # each value's own check says what is wrong with it
-
-
-DEFAULT = Thresholds()

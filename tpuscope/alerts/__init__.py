@@ -32,7 +32,7 @@ from tpuscope.alerts.rules import (
     Alert,
 )
 from tpuscope.conventions import ALERT_PREFIX, OUR_ALERTS, AlertName
-from tpuscope.failures import (
+from tpuscope.reasons import (
     COMPILE_FAILURE_REASONS,
     FAILURE_REASONS,
     LEGACY_FAILURE_REASONS,
@@ -189,7 +189,7 @@ def _inhibitions() -> list[str]:
     ]
 
 
-# docs/alerts.md's sections on the values of a reason label (tpuscope.failures), after the alerts: (heading, the
+# docs/alerts.md's sections on the values of a reason label (tpuscope.reasons), after the alerts: (heading, the
 # label, the anchor prefix of each value's runbook, the values, what the label is on).
 REASON_SECTIONS: tuple[tuple[str, str, str, tuple[Reason, ...], str], ...] = (
     (

@@ -5,7 +5,7 @@ from __future__ import annotations
 from tpuscope import catalog as c
 from tpuscope.alerts.rules import FAILURE_REASON_ANCHOR, Alert, burn_rate_alerts, reason_runbook
 from tpuscope.conventions import BADPUT_RATIO, DOWN_SINCE, FAILURES_HOUR, AlertName, DashboardUID
-from tpuscope.failures import PLATFORM_REASONS, VANISHED
+from tpuscope.reasons import PLATFORM_REASONS, VANISHED
 from tpuscope.generator_config import GeneratorConfig
 from tpuscope.promql import RUN, WORKLOAD, add, series
 

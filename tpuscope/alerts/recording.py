@@ -57,7 +57,7 @@ from tpuscope.conventions import (
 )
 from tpuscope.generator_config import GeneratorConfig
 from tpuscope.promql import PLACEMENT, RUN, WORKLOAD, add, grown, le, series
-from tpuscope.thresholds import DEFAULT, Thresholds
+from tpuscope.thresholds import Thresholds
 
 WORKER = "job, instance, slice, worker"
 COMPUTE = 'phase="compute"'
@@ -132,7 +132,7 @@ def step_rules() -> list[dict[str, str]]:
     ]
 
 
-def profile_rules(thresholds: Thresholds = DEFAULT) -> list[dict[str, str]]:
+def profile_rules(thresholds: Thresholds) -> list[dict[str, str]]:
     """What the sampled device profiles say of each workload and worker: the measures of a fused step, whose
     host-timed phases cannot split compute from collectives (issue 22).
 

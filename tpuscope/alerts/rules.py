@@ -27,7 +27,7 @@ from tpuscope.conventions import AlertName, DashboardUID
 from tpuscope.generator_config import GeneratorConfig
 from tpuscope.promql import WORKLOAD, each_worker_once, grown, series
 
-# The anchors of docs/alerts.md's runbooks for each value of a closed set of reasons (tpuscope.failures), the value
+# The anchors of docs/alerts.md's runbooks for each value of a closed set of reasons (tpuscope.reasons), the value
 # appended: an alert that keeps the reason label links the runbook of the reason it fires for.
 FAILURE_REASON_ANCHOR = "failure-reason-"
 COMPILE_FAILURE_REASON_ANCHOR = "compile-failure-reason-"

@@ -24,7 +24,7 @@ from tpuscope.conventions import (
 )
 from tpuscope.dashboards import panels as p
 from tpuscope.dashboards import promql as q
-from tpuscope.failures import COMPILE_FAILURE_VALUES, FAILURE_VALUES, RECOMPILE_VALUES
+from tpuscope.reasons import COMPILE_FAILURE_VALUES, FAILURE_VALUES, RECOMPILE_VALUES
 from tpuscope.thresholds import Thresholds
 
 TITLE = "tpuscope / On-call"

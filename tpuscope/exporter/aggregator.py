@@ -1,8 +1,11 @@
 """Fold validated events into the catalogue's metrics.
 
-One handler per event type, looked up by the event's class. Handlers only
-touch prometheus_client objects, which are thread-safe, so the ingest thread
-and the HTTP threads need no lock of ours.
+One handler per event type, looked up by the event's class. Only the ingest thread
+calls them, and :meth:`Aggregator.tick` and :meth:`Aggregator.expire` too, so the
+aggregator's own state (each workload's goodput ledger, its processes, its last
+progress) has one writer. Other threads only read: the HTTP threads read the
+prometheus_client objects and the sample store, which lock themselves, and a
+collector's thread reads :meth:`Aggregator.progress`, which copies each dict whole.
 
 Before its handler, an event's label values pass the :class:`LabelLimiter`
 (a value past ``max_label_values`` becomes ``_overflow``), and a workload that

@@ -23,7 +23,7 @@ from tpuscope.conventions import DEFAULT_PORT
 from tpuscope.exporter.collectors import COLLECTORS, gke_device_plugin
 from tpuscope.exporter.collectors.libtpu import addresses_from_environment
 from tpuscope.otel import metric_interval_seconds, otlp_protocol
-from tpuscope.thresholds import DEFAULT as THRESHOLDS
+from tpuscope.thresholds import Thresholds
 
 T = TypeVar("T")
 
@@ -106,7 +106,7 @@ OPTIONS = (
     ),
     Option(
         "core_state_after",
-        lambda: durations.prometheus(round(THRESHOLDS.stall_seconds * 1000)),
+        lambda: durations.prometheus(round(Thresholds.stall_seconds * 1000)),
         "Ask the TPU runtime where each core is (its program and HLO location: tpuscope_tpu_core_state_info) once a "
         "connected workload has made no progress (a step, a checkpoint or a compile stage ending) for this long. "
         "Default: the stall alert's threshold (stall_seconds), so the state is there when TpuscopeWorkloadStalled "
@@ -183,7 +183,7 @@ class ServeConfig:
     collector_intervals: dict[str, float] = field(default_factory=dict)
     collector_deadline: float = 2.0
     libtpu_addresses: tuple[str, ...] = ()
-    core_state_after: float = THRESHOLDS.stall_seconds  # seconds without progress before the cores' state is asked
+    core_state_after: float = Thresholds.stall_seconds  # seconds without progress before the cores' state is asked
     device_plugin_address: str = gke_device_plugin.DEFAULT_ADDRESS
     tpu_topology: str = ""  # empty: unknown, and no label
     pids: tuple[int, ...] = ()

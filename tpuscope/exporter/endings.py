@@ -36,7 +36,7 @@ import time
 from collections.abc import Hashable, Mapping
 from dataclasses import dataclass
 
-from tpuscope import events, failures, gce_metadata
+from tpuscope import events, gce_metadata, reasons
 from tpuscope.exporter.aggregator import Aggregator
 
 log = logging.getLogger("tpuscope.exporter")
@@ -81,7 +81,7 @@ class Endings:
     def vanished(self, workload: str, source: Hashable) -> None:
         """The process behind ``source`` closed its connection without a stop or failure, just now."""
         if not self.asking:
-            self._book(workload, source, failures.VANISHED, at=None)
+            self._book(workload, source, reasons.VANISHED, at=None)
             return
         self.pending.append(_Vanished(workload, source, time.time(), time.monotonic()))
         self._wanted.set()
@@ -123,11 +123,11 @@ class Endings:
         if answered and reason is not None:
             return reason
         if hurry or not self.asking or now >= job.since + HOLD_SECONDS:
-            return failures.VANISHED
+            return reasons.VANISHED
         if self._stopping_since is not None:
             since = max(job.since, self._stopping_since)
             if asked_at >= since or now >= since + ANSWER_SECONDS:
-                return failures.VANISHED
+                return reasons.VANISHED
         return None
 
     def _book(self, workload: str, source: Hashable, reason: str, at: float | None) -> None:

@@ -12,27 +12,41 @@ import argparse
 import sys
 from pathlib import Path
 
+from tpuscope.generator_config import GeneratorConfig
 from tpuscope.report import prometheus, recording
 from tpuscope.report.model import Report, ReportError
 from tpuscope.report.window import Window
+from tpuscope.thresholds import Thresholds
 
 __all__ = ["Report", "ReportError", "Window", "add_arguments", "build", "main", "run"]
 
 
-def build(prometheus_url: str | None, recording_path: Path | None, workload: str | None, window: Window) -> Report:
-    """The report of ``workload`` in ``window``, from a recording if one is given, else from Prometheus."""
+def build(
+    prometheus_url: str | None,
+    recording_path: Path | None,
+    workload: str | None,
+    window: Window,
+    thresholds: Thresholds,
+) -> Report:
+    """The report of ``workload`` in ``window``, judged by ``thresholds``, from a recording if one is given, else
+    from Prometheus."""
     if recording_path is not None:
-        return recording.build(recording_path, workload, window)
+        return recording.build(recording_path, workload, window, thresholds)
     if not prometheus_url or not workload:
         raise ReportError("give --prometheus URL and --workload NAME, or --recording FILE")
-    return prometheus.build(prometheus_url, workload, window)
+    return prometheus.build(prometheus_url, workload, window, thresholds)
 
 
 def run(
-    prometheus_url: str | None, recording_path: Path | None, workload: str | None, window: Window, out: Path | None
+    prometheus_url: str | None,
+    recording_path: Path | None,
+    workload: str | None,
+    window: Window,
+    out: Path | None,
+    thresholds: Thresholds,
 ) -> int:
     try:
-        report = build(prometheus_url, recording_path, workload, window)
+        report = build(prometheus_url, recording_path, workload, window, thresholds)
     except ReportError as e:
         print(f"tpuscope report: {e}", file=sys.stderr)
         return 1
@@ -68,12 +82,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "recording's end)",
     )
     parser.add_argument("--out", type=Path, help="directory to write into (default ./tpuscope-report-WORKLOAD)")
+    parser.add_argument(
+        "--config",
+        type=Path,
+        help="YAML: the thresholds the run is judged by (the goodput objective, the sync share, the stall time); "
+        "the same file as for tpuscope alerts and dashboards",
+    )
 
 
 def main(args: argparse.Namespace) -> int:
     try:
         window = Window.parse(args.since, args.until)
+        config = GeneratorConfig.load(args.config)
     except ValueError as e:
         print(f"tpuscope report: {e}", file=sys.stderr)
         return 2
-    return run(args.prometheus, args.recording, args.workload, window, args.out)
+    return run(args.prometheus, args.recording, args.workload, window, args.out, config.thresholds)

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from tpuscope.thresholds import Thresholds
+
 QUANTILES = (0.5, 0.95, 0.99)
 
 
@@ -115,6 +117,7 @@ class Report:
     incidents: list[Incident]
     incidents_note: str  # what the incident list covers (alerts from Prometheus, or the recording's own)
     totals: Totals
+    thresholds: Thresholds  # what the run is judged by: the team's (`--config`), as its alerts and boards are
     profile: Profile | None = None  # None: no device profile in the window (the job did not sample any)
     stalled_cores: list[StalledCores] = field(default_factory=list)  # none: no stall the runtime was asked about
 

@@ -37,20 +37,21 @@ from tpuscope.report.model import (
 )
 from tpuscope.report.unbooked import Worker
 from tpuscope.report.window import Window
+from tpuscope.thresholds import Thresholds
 
 DEFAULT_SCRAPE_INTERVAL = 15.0  # Prometheus' and Grafana's own default, when the targets do not say
 
 
-def build(url: str, workload: str, window: Window) -> Report:
+def build(url: str, workload: str, window: Window, thresholds: Thresholds) -> Report:
     try:
-        return _Reader(PrometheusAPI(url), workload, window).report()
+        return _Reader(PrometheusAPI(url), workload, window, thresholds).report()
     except PrometheusError as e:
         raise ReportError(str(e)) from None
 
 
 class _Reader:
-    def __init__(self, api: PrometheusAPI, workload: str, window: Window) -> None:
-        self.api, self.workload = api, workload
+    def __init__(self, api: PrometheusAPI, workload: str, window: Window, thresholds: Thresholds) -> None:
+        self.api, self.workload, self.thresholds = api, workload, thresholds
         start, end, resolution = window.resolve()
         # Whole seconds, so the points' times Prometheus returns are the grid's exactly.
         self.start, self.end = float(math.floor(start)), float(math.ceil(end))
@@ -84,6 +85,7 @@ class _Reader:
             incidents_note="The tpuscope alerts that fired in the window, for this workload and for the hosts it "
             "ran on, as Prometheus evaluated them (its ALERTS series).",
             totals=self.totals(),
+            thresholds=self.thresholds,
             profile=self.profile(),
             stalled_cores=self.stalled_cores(),
         )

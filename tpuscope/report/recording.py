@@ -23,7 +23,7 @@ from tpuscope.goodput import CATEGORIES, WorkloadGoodput
 from tpuscope.report.model import QUANTILES, Incident, Mark, Profile, Report, ReportError, Series, Totals
 from tpuscope.report.window import Window
 from tpuscope.stats import percentile
-from tpuscope.thresholds import DEFAULT as T
+from tpuscope.thresholds import Thresholds
 
 # What resets the stall clock: a step, a checkpoint save or restore ending, a compile stage ending (the
 # sidecar's tpuscope_last_progress_timestamp_seconds).
@@ -38,7 +38,7 @@ class _Bin:
     phases: dict[str, float] = field(default_factory=lambda: dict.fromkeys(events.PHASES, 0.0))
 
 
-def build(path: str | os.PathLike[str], workload: str | None, window: Window) -> Report:
+def build(path: str | os.PathLike[str], workload: str | None, window: Window, thresholds: Thresholds) -> Report:
     unreadable: list[str] = []
     try:
         records = events.read_records(path, unreadable)
@@ -80,7 +80,7 @@ def build(path: str | os.PathLike[str], workload: str | None, window: Window) ->
             break
         increments = ledger.observe(event, t)  # before the window too: the ledger's state carries over
         if isinstance(event, PROGRESS):  # as TpuscopeWorkloadStalled counts progress
-            if t >= start and last_step_at is not None and t - last_step_at > T.stall_seconds:
+            if t >= start and last_step_at is not None and t - last_step_at > thresholds.stall_seconds:
                 gap = f"no step, checkpoint or compile for {duration(t - last_step_at)}"
                 incidents.append(Incident(gap, "critical", last_step_at, t))
             last_step_at = t
@@ -142,8 +142,8 @@ def build(path: str | os.PathLike[str], workload: str | None, window: Window) ->
 
     note = (
         f"What the recording itself shows went wrong: failures, restarts, failing checkpoint saves, and no step, "
-        f"checkpoint or compile for more than {duration(T.stall_seconds)}. Alerts live in Prometheus: make the "
-        "report with --prometheus for the alerts that fired."
+        f"checkpoint or compile for more than {duration(thresholds.stall_seconds)}. Alerts live in Prometheus: make "
+        "the report with --prometheus for the alerts that fired."
     )
     if unreadable:
         note += f" {len(unreadable)} line(s) of the recording could not be read and were left out ({unreadable[0]})."
@@ -161,6 +161,7 @@ def build(path: str | os.PathLike[str], workload: str | None, window: Window) ->
         incidents=sorted(incidents, key=lambda incident: incident.start),
         incidents_note=note,
         totals=totals,
+        thresholds=thresholds,
         profile=_profile(profiles),
     )
 

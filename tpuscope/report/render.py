@@ -29,7 +29,6 @@ from tpuscope.goodput import CATEGORIES
 from tpuscope.report.model import Incident, Mark, Profile, Report, Series, StalledCores
 from tpuscope.report.window import utc
 from tpuscope.stats import percentile
-from tpuscope.thresholds import DEFAULT as T
 
 PHASE_COLOURS = {"compute": "#2ca02c", "sync": "#b04fc0", "io": "#e5ae00", "other": "#9a9a9a"}
 CATEGORY_COLOURS = {
@@ -382,14 +381,16 @@ def _summary(report: Report) -> str:
         rows.append(("Where the time went (host-timed phases)", f"{shares} of every step, timed on the host"))
     if report.profile is not None:
         rows.append((PROFILE_ROW, _profile_summary(report.profile, report)))
-        if report.profile.share("exposed_collective") > T.sync_share:  # as TpuscopeSyncBound reads it
+        if report.profile.share("exposed_collective") > report.thresholds.sync_share:  # as TpuscopeSyncBound reads it
             wrong.add(PROFILE_ROW)
     booked = {s.name: s.values[-1] if s.values else 0.0 for s in report.goodput}
     if total := sum(booked.values()):
         badput = ", ".join(f"{c} {booked[c] / total:.1%}" for c in CATEGORIES if c != "productive" and booked[c])
-        productive = f"{booked['productive'] / total:.1%} productive (objective {T.goodput_objective:.0%})"
+        productive = (
+            f"{booked['productive'] / total:.1%} productive (objective {report.thresholds.goodput_objective:.0%})"
+        )
         rows.append(("Goodput", productive + (f"; badput: {badput}" if badput else "")))
-        if booked["productive"] / total < T.goodput_objective:
+        if booked["productive"] / total < report.thresholds.goodput_objective:
             wrong.add("Goodput")
     backend = [m for m in report.compiles if m.kind == "backend"]
     small = sum(m.count for m in backend if m.seconds < SMALL_COMPILE_SECONDS)

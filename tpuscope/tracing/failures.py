@@ -1,4 +1,4 @@
-"""Why the job failed, in one word of :data:`tpuscope.failures.FAILURE_VALUES`, read from the exception.
+"""Why the job failed, in one word of :data:`tpuscope.reasons.FAILURE_VALUES`, read from the exception.
 
 Two sources, the first that speaks wins:
 
@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from tpuscope import failures
+from tpuscope import reasons
 
 log = logging.getLogger("tpuscope")
 
@@ -112,7 +112,7 @@ def compile_stage(exc: BaseException) -> str | None:
 
 
 def failure_reason(exc: BaseException) -> str:
-    """The reason ``exc`` ends the job for: a value of :data:`tpuscope.failures.FAILURE_VALUES`."""
+    """The reason ``exc`` ends the job for: a value of :data:`tpuscope.reasons.FAILURE_VALUES`."""
     chain = _chain(exc)
     if any(_out_of_memory(link) for link in chain):
         return "out_of_memory"
@@ -129,11 +129,11 @@ def failure_reason(exc: BaseException) -> str:
         return "compile_error"
     if any(type(link).__name__ in _DATA_ERRORS for link in chain):
         return "data_error"
-    return failures.OTHER
+    return reasons.OTHER
 
 
 def compile_failure_reason(exc: BaseException) -> str:
-    """Why a compile failed: a value of :data:`tpuscope.failures.COMPILE_FAILURE_VALUES`."""
+    """Why a compile failed: a value of :data:`tpuscope.reasons.COMPILE_FAILURE_VALUES`."""
     exc = next((link for link in _chain(exc) if getattr(link, _MARK, (None,))[0] == "compile_error"), exc)
     status = _status(exc)
     if _out_of_memory(exc):

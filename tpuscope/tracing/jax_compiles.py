@@ -18,7 +18,7 @@ messages): the watcher counts it, marks the exception so that the job's failure 
 it propagate unchanged. A recompile is seen two ways, because JAX's explanation of it is only a log record:
 
 - JAX logs an explanation of each tracing-cache miss when ``jax_explain_cache_misses`` is on. The watcher reads
-  it with a filter on JAX's loggers into a cause of :data:`tpuscope.failures.RECOMPILE_VALUES`. A filter runs only
+  it with a filter on JAX's loggers into a cause of :data:`tpuscope.reasons.RECOMPILE_VALUES`. A filter runs only
   for a record its logger is enabled for, so a job that quiets JAX's loggers hides them from tpuscope too.
 - Whatever the log levels, each top-level trace of a jitted function is a ``jaxpr_trace_duration`` event, on the
   thread that traces, right after JAX's explanation of it. The event names only the function (two lambdas have
@@ -51,7 +51,7 @@ from types import CodeType
 from typing import TYPE_CHECKING, Any
 
 from tpuscope import events
-from tpuscope import failures as reasons
+from tpuscope import reasons
 from tpuscope.tracing import failures
 
 if TYPE_CHECKING:

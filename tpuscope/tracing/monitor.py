@@ -45,7 +45,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal
 
 from tpuscope import durations, events
-from tpuscope import failures as reasons
+from tpuscope import reasons
 from tpuscope.otel import spans_wanted
 from tpuscope.tracing import failures
 from tpuscope.tracing import hooks as switches
@@ -477,7 +477,7 @@ class Monitor:
         self._send(events.ModelLoaded, version=sanitize_label(version))
 
     def recompile(self, cause: str) -> None:
-        """A function was traced again; ``cause`` one of :data:`tpuscope.failures.RECOMPILE_VALUES`."""
+        """A function was traced again; ``cause`` one of :data:`tpuscope.reasons.RECOMPILE_VALUES`."""
         self._send(events.Recompile, cause=cause)
 
     def inference_batch(self, batch_size: int, queue_depth: int, request_seconds: Sequence[float] = ()) -> None:
@@ -542,7 +542,7 @@ class Monitor:
         """Send the stop (or failure) event and report drops. Called at exit too.
 
         ``failed``: the exception that ends the job (its reason is read from it: :func:`failure_reason`), a
-        reason of :data:`tpuscope.failures.FAILURE_VALUES` (``"preemption"`` where the job learnt of it
+        reason of :data:`tpuscope.reasons.FAILURE_VALUES` (``"preemption"`` where the job learnt of it
         itself, as from JAX's preemption sync point), or True (a failure tpuscope cannot name: ``other``).
         A SIGTERM the Monitor saw makes the end a preemption, even a clean one after a last save.
         """

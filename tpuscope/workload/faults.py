@@ -22,7 +22,7 @@ DEFAULTS = {
     "spill": 0.0,
 }
 # The faults that end the run at a step (their value; -1: half the run), each its own way, for the failure
-# reasons they land under (tpuscope.failures): crash (other), oom, compile-error, bad-data.
+# reasons they land under (tpuscope.reasons): crash (other), oom, compile-error, bad-data.
 FAILING = ("crash", "oom", "compile-error", "bad-data")
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import ClassVar
 
 from tpuscope.exporter.samples import Sample
-from tpuscope.thresholds import DEFAULT as THRESHOLDS
+from tpuscope.thresholds import Thresholds
 
 # Why a collection failed: the `reason` label of collector_errors_total (a closed set, so bounded).
 UNAVAILABLE = "unavailable"  # the source is not there: connection refused, driver not loaded, port closed
@@ -45,7 +45,7 @@ class Settings:
     # Each workload with a process connected -> the Unix time of its last progress (the aggregator's), and how long
     # one may go without before the libtpu collector asks the runtime what its cores are doing.
     workload_progress: Callable[[], Mapping[str, float]] = field(default=dict)
-    core_state_after: float = THRESHOLDS.stall_seconds
+    core_state_after: float = Thresholds.stall_seconds
 
 
 class Collector(abc.ABC):
