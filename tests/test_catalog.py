@@ -68,3 +68,24 @@ def test_docs_list_every_metric() -> None:
     text = generate.metrics_markdown()
     for metric in catalog.CATALOG:
         assert f"`{metric.name}`" in text
+
+
+def test_the_collectors_table_holds_the_catalogues_collector_names() -> None:
+    """The `collector` label's closed set is the catalogue's; the sidecar's table of collectors must match it."""
+    from tpuscope.exporter.collectors import COLLECTORS
+
+    assert tuple(COLLECTORS) == catalog.COLLECTOR_NAMES == catalog.COLLECTOR_UP.values(catalog.Label.COLLECTOR)
+
+
+def test_every_closed_label_value_is_a_label_of_its_metric_and_named_in_its_help() -> None:
+    """Closed label values live on their metric in the catalogue: the help a user reads lists each of them (a value
+    added to the set and not to the help fails here), and docs/metrics.md is written from the set."""
+    closed = [m for m in catalog.CATALOG if m.closed]
+    assert len(closed) >= 8  # the health counters, the profile results: the sets this test exists for
+    for metric in closed:
+        for label, values in metric.closed:
+            assert label in metric.labels, (metric.name, label)
+            assert values and len(set(values)) == len(values), (metric.name, label)
+            if label is not catalog.Label.COLLECTOR:  # the collectors are listed once, in docs/metrics.md
+                missing = [v for v in values if v not in metric.help]
+                assert not missing, f"{metric.name}: its help does not name {missing}"

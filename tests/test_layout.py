@@ -49,6 +49,10 @@ BREACHES = {
     "The sidecar imports no in-job, generator, reader or workload code": ("exporter/http.py", "tpuscope.tracing"),
     "The readers import no sidecar, in-job or generator code": ("top.py", "tpuscope.exporter.config"),
     "The generators import no sidecar, in-job or reader code": ("dashboards/panels.py", "tpuscope.report"),
+    "The generate command imports no sidecar code": (
+        "generate.py",
+        "tpuscope.exporter.aggregator",
+    ),
     "The workload reaches the sidecar only as a process and through the wire schema": (
         "workload/runner.py",
         "tpuscope.exporter.ingest",

@@ -16,6 +16,9 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
+# The wire schema's closed sets that are label values here too (the job reports them; the sidecar counts them).
+from tpuscope.events import PROFILE_RESULTS, REJECT_REASONS
+
 PREFIX = "tpuscope_"
 
 
@@ -79,6 +82,13 @@ class Metric:
     # Sampled: a collector reads the value from a device or the OS each interval and
     # the sidecar serves its latest snapshot (a histogram's bounds are then the source's own).
     sampled: bool = False
+    # The labels whose values are a closed set, and the set: every room reads them from here (the sidecar that
+    # counts, the rules and boards that select, the docs), so a value is typed once.
+    closed: tuple[tuple[Label, tuple[str, ...]], ...] = ()
+
+    def values(self, label: Label) -> tuple[str, ...]:
+        """The closed set of ``label``'s values on this metric."""
+        return dict(self.closed)[label]
 
     @property
     def base_name(self) -> str:
@@ -109,8 +119,20 @@ def _metric(
     unit: str = "",
     buckets: tuple[float, ...] = (),
     sampled: bool = False,
+    closed: dict[Label, tuple[str, ...]] | None = None,
 ) -> Metric:
-    return Metric(PREFIX + name, kind, help, labels, unit=unit, buckets=buckets, group=group, sampled=sampled)
+    assert set(closed or ()) <= set(labels), f"{name}: a closed label it does not have"
+    return Metric(
+        PREFIX + name,
+        kind,
+        help,
+        labels,
+        unit=unit,
+        buckets=buckets,
+        group=group,
+        sampled=sampled,
+        closed=tuple((closed or {}).items()),
+    )
 
 
 W = Label.WORKLOAD
@@ -361,6 +383,7 @@ PROFILE_CAPTURES = _metric(
     W,
     Label.RESULT,
     group=PROFILE_GROUP,
+    closed={Label.RESULT: PROFILE_RESULTS},
 )
 PROFILE_CAPTURE_SECONDS = _metric(
     "profile_capture_seconds_total",
@@ -802,6 +825,23 @@ JOB_THREADS = _metric(
 
 # --- The sidecar's own health -----------------------------------------------------
 HEALTH_GROUP = "Exporter health"
+# The results of an event at the sidecar's socket.
+ACCEPTED, INVALID, DROPPED = "accepted", "invalid", "dropped"
+OK = "ok"  # a push that went through
+# Why a job's connection could not be taken or read.
+ACCEPT, REFUSED, RECEIVE = "accept", "refused", "receive"
+# The sidecar's collectors (tpuscope/exporter/collectors, one file each): the values of --collectors and of the
+# `collector` label. libtpu and the device plugin are also the `source` of the device series they read.
+LIBTPU, GKE_DEVICE_PLUGIN, NVML, HOST = "libtpu", "gke-device-plugin", "nvml", "host"
+COLLECTOR_NAMES = (LIBTPU, GKE_DEVICE_PLUGIN, NVML, HOST)
+# Why a collection failed (a collector's CollectorError), each a value of collector_errors_total's reason.
+UNAVAILABLE = "unavailable"  # the source is not there: connection refused, driver not loaded, port closed
+DEADLINE = "deadline"  # the source did not answer in time
+UNKNOWN_METRICS = "unknown_metrics"  # the source answers, but with none of the metrics we know
+INVALID_RESPONSE = "invalid_response"  # the source answered something we cannot read
+NOT_SUPPORTED = "not_supported"  # nothing to collect here (no library, no device)
+PROCESS_GONE = "process_gone"  # a process we were told to watch does not exist
+ERROR = "error"  # anything else (a bug of ours, or an error we did not foresee)
 INGEST_EVENTS = _metric(
     "ingest_events_total",
     Kind.COUNTER,
@@ -809,6 +849,7 @@ INGEST_EVENTS = _metric(
     "as reported by the job in its next event).",
     Label.RESULT,
     group=HEALTH_GROUP,
+    closed={Label.RESULT: (ACCEPTED, INVALID, DROPPED)},
 )
 INGEST_INVALID_EVENTS = _metric(
     "ingest_invalid_events_total",
@@ -816,6 +857,7 @@ INGEST_INVALID_EVENTS = _metric(
     "Events the sidecar rejected, by reason: malformed, truncated, oversized, unknown_version, invalid_field.",
     Label.REASON,
     group=HEALTH_GROUP,
+    closed={Label.REASON: REJECT_REASONS},
 )
 INGEST_CONNECTION_ERRORS = _metric(
     "ingest_connection_errors_total",
@@ -824,6 +866,7 @@ INGEST_CONNECTION_ERRORS = _metric(
     "sidecar is out of file descriptors), refused (past its connection limit), receive (a read failed).",
     Label.REASON,
     group=HEALTH_GROUP,
+    closed={Label.REASON: (ACCEPT, REFUSED, RECEIVE)},
 )
 COLLECTOR_UP = _metric(
     "collector_up",
@@ -832,6 +875,7 @@ COLLECTOR_UP = _metric(
     "(collector_errors_total says why).",
     Label.COLLECTOR,
     group=HEALTH_GROUP,
+    closed={Label.COLLECTOR: COLLECTOR_NAMES},
 )
 COLLECTOR_DURATION = _metric(
     "collector_duration_seconds",
@@ -840,6 +884,7 @@ COLLECTOR_DURATION = _metric(
     Label.COLLECTOR,
     unit="seconds",
     group=HEALTH_GROUP,
+    closed={Label.COLLECTOR: COLLECTOR_NAMES},
 )
 COLLECTOR_ERRORS = _metric(
     "collector_errors_total",
@@ -849,6 +894,10 @@ COLLECTOR_ERRORS = _metric(
     Label.COLLECTOR,
     Label.REASON,
     group=HEALTH_GROUP,
+    closed={
+        Label.COLLECTOR: COLLECTOR_NAMES,
+        Label.REASON: (UNAVAILABLE, DEADLINE, UNKNOWN_METRICS, INVALID_RESPONSE, NOT_SUPPORTED, PROCESS_GONE, ERROR),
+    },
 )
 COLLECTOR_UNKNOWN_METRICS = _metric(
     "collector_unknown_metrics",
@@ -859,6 +908,7 @@ COLLECTOR_UNKNOWN_METRICS = _metric(
     Label.COLLECTOR,
     group=HEALTH_GROUP,
     sampled=True,
+    closed={Label.COLLECTOR: COLLECTOR_NAMES},
 )
 LABEL_VALUES = _metric(
     "ingest_label_values",
@@ -889,6 +939,7 @@ OTLP_PUSHES = _metric(
     "Pushes of these metrics to an OpenTelemetry collector (--otlp-metrics on), by result: ok, error.",
     Label.RESULT,
     group=HEALTH_GROUP,
+    closed={Label.RESULT: (OK, ERROR)},
 )
 # What became of a device trace a job handed to the sidecar's profile service (tpuscope.exporter.profiles).
 PROFILE_PARSE_RESULTS = ("ok", "empty", "dropped", "too_large", "error")
@@ -900,6 +951,7 @@ PROFILE_PARSES = _metric(
     "(over the size cap: deleted unread); error (the parse failed or ran out of time).",
     Label.RESULT,
     group=HEALTH_GROUP,
+    closed={Label.RESULT: PROFILE_PARSE_RESULTS},
 )
 PROFILE_PARSE_SECONDS = _metric(
     "profile_parse_seconds_total",

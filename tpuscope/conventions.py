@@ -20,7 +20,7 @@ DEFAULT_PORT = 9478
 
 # The collector that reads the TPU runtime's metrics service. The training process serves it (libtpu runs
 # inside the job), so on a host with no job it has nothing to read, and that is no fault.
-LIBTPU_COLLECTOR = "libtpu"
+LIBTPU_COLLECTOR = c.LIBTPU
 # The sidecar's container in the pods tpuscope's manifests write (an init container with restartPolicy Always).
 SIDECAR_CONTAINER = "tpuscope"
 

@@ -14,11 +14,15 @@ from functools import partial
 from pathlib import Path
 
 from tpuscope import alerts, catalog, dashboards, events, kubernetes
-from tpuscope.exporter.aggregator import CONNECTION_ERRORS
-from tpuscope.exporter.collectors import COLLECTORS
-from tpuscope.exporter.collectors import base as collector_base
+from tpuscope.catalog import Label
 from tpuscope.generator_config import GeneratorConfig
 from tpuscope.tracing import hooks
+
+
+def closed(metric: catalog.Metric, label: Label, last: str = ", ") -> str:
+    """A metric's closed set of ``label`` values, in backquotes, as the catalogue holds them."""
+    values = [f"`{v}`" for v in metric.values(label)]
+    return ", ".join(values[:-1]) + (last if len(values) > 1 else "") + values[-1]
 
 
 def metrics_markdown() -> str:
@@ -51,17 +55,17 @@ def metrics_markdown() -> str:
         "",
         f"- `phase`: {', '.join(events.PHASES)}. `other` is the part of a step no measured phase claims.",
         "- `result`: `ok` or `error` (checkpoints), `hit` or `miss` (compile cache), "
-        "`accepted`, `invalid` or `dropped` (ingest), "
-        f"{', '.join(f'`{r}`' for r in events.PROFILE_RESULTS)} (`{catalog.PROFILE_CAPTURES.name}`), "
-        f"{', '.join(f'`{r}`' for r in catalog.PROFILE_PARSE_RESULTS)} (`{catalog.PROFILE_PARSES.name}`).",
-        f"- `reason` on `{catalog.INGEST_INVALID_EVENTS.name}`: {', '.join(events.REJECT_REASONS)}. "
-        f"On `{catalog.INGEST_CONNECTION_ERRORS.name}`: {', '.join(CONNECTION_ERRORS)}.",
+        f"{closed(catalog.INGEST_EVENTS, Label.RESULT, ' or ')} (ingest), "
+        f"{closed(catalog.PROFILE_CAPTURES, Label.RESULT)} (`{catalog.PROFILE_CAPTURES.name}`), "
+        f"{closed(catalog.PROFILE_PARSES, Label.RESULT)} (`{catalog.PROFILE_PARSES.name}`).",
+        f"- `reason` on `{catalog.INGEST_INVALID_EVENTS.name}`: {closed(catalog.INGEST_INVALID_EVENTS, Label.REASON)}. "
+        f"On `{catalog.INGEST_CONNECTION_ERRORS.name}`: {closed(catalog.INGEST_CONNECTION_ERRORS, Label.REASON)}.",
         "- `source` on device series: `workload` when the job reported it, `libtpu`, `gke-device-plugin` or `nvml` "
         "when a collector sampled it. A TPU host's chips come from `libtpu` where the job set "
         "TPU_RUNTIME_METRICS_PORTS (TPU VMs, and GKE pods that set it), from `gke-device-plugin` on GKE otherwise; "
         "where both answer, `libtpu` (docs/fleet.md, Which TPU source, where).",
-        f"- `collector`: {', '.join(COLLECTORS)}. `reason` on `{catalog.COLLECTOR_ERRORS.name}`: "
-        f"{', '.join(collector_base.REASONS)}.",
+        f"- `collector`: {closed(catalog.COLLECTOR_UP, Label.COLLECTOR)}. `reason` on "
+        f"`{catalog.COLLECTOR_ERRORS.name}`: {closed(catalog.COLLECTOR_ERRORS, Label.REASON)}.",
         "- `direction`: `read` or `write` (disk), `receive` or `transmit` (network). `clock`: `sm` or `memory`.",
         f"- {', '.join(f'`{label}`' for label in catalog.HOST_LABELS)}: on every series, where in a multi-host job "
         f"the sidecar runs (`tpuscope serve {'/'.join(f'--{label}' for label in catalog.HOST_LABELS)}`, by default "

@@ -5,9 +5,9 @@ from __future__ import annotations
 from tpuscope import catalog as c
 from tpuscope.alerts.rules import FAILURE_REASON_ANCHOR, Alert, burn_rate_alerts, reason_runbook
 from tpuscope.conventions import BADPUT_RATIO, DOWN_SINCE, FAILURES_HOUR, AlertName, DashboardUID
-from tpuscope.reasons import PLATFORM_REASONS, VANISHED
 from tpuscope.generator_config import GeneratorConfig
 from tpuscope.promql import RUN, WORKLOAD, add, series
+from tpuscope.reasons import PLATFORM_REASONS, VANISHED
 
 PLATFORM = f'reason=~"{"|".join(PLATFORM_REASONS)}"'  # the platform's doing, not the job's
 NOT_THE_PLATFORM = f'reason!~"{"|".join((*PLATFORM_REASONS, VANISHED))}"'  # failures the job named itself

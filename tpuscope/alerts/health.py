@@ -47,7 +47,7 @@ def host_memory_pressure(config: GeneratorConfig) -> str:
 def alerts(config: GeneratorConfig) -> list[Alert]:
     t = config.thresholds
     sidecars = f'up{{job=~"{config.exporter_job}"}}'
-    lost = series(c.INGEST_EVENTS, 'result=~"dropped|invalid"')
+    lost = series(c.INGEST_EVENTS, f'result=~"{c.DROPPED}|{c.INVALID}"')
     libtpu, not_libtpu = f'collector="{LIBTPU_COLLECTOR}"', f'collector!="{LIBTPU_COLLECTOR}"'
     # A pod running a sidecar container, as kube-state-metrics says (an init container with restartPolicy
     # Always is listed among the init containers).

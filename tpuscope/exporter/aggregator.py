@@ -34,8 +34,8 @@ from tpuscope.goodput import Increments, WorkloadGoodput
 
 log = logging.getLogger("tpuscope.exporter")
 
-INGEST_RESULTS = ("accepted", "invalid", "dropped")
-CONNECTION_ERRORS = ("accept", "refused", "receive")  # reasons of catalog.INGEST_CONNECTION_ERRORS
+INGEST_RESULTS = catalog.INGEST_EVENTS.values(catalog.Label.RESULT)
+CONNECTION_ERRORS = catalog.INGEST_CONNECTION_ERRORS.values(catalog.Label.REASON)
 # Weight of the newest step in the MFU average: about the last 20 steps count.
 MFU_SMOOTHING = 0.1
 # The SampleStore owner of the device memory that workloads report: one for all jobs.
@@ -141,7 +141,8 @@ class Aggregator:
         ingest = self.metrics[catalog.INGEST_EVENTS]
         self._ingest = {result: ingest.labels(result) for result in INGEST_RESULTS}
         invalid = self.metrics[catalog.INGEST_INVALID_EVENTS]
-        self._invalid = {reason: invalid.labels(reason) for reason in events.REJECT_REASONS}
+        invalid_reasons = catalog.INGEST_INVALID_EVENTS.values(catalog.Label.REASON)
+        self._invalid = {reason: invalid.labels(reason) for reason in invalid_reasons}
         errors = self.metrics[catalog.INGEST_CONNECTION_ERRORS]
         self._connection_errors = {reason: errors.labels(reason) for reason in CONNECTION_ERRORS}
         self.metrics[catalog.BUILD_INFO].labels(__version__).set(1)
@@ -190,7 +191,7 @@ class Aggregator:
         """A valid event from a job, sent at ``at`` (Unix time; default: now) by the process behind ``source``
         (its connection: one goodput ledger each); the workload it was filed under (``_overflow`` past the cap)."""
         workload = self.apply(event, at, source)
-        self._ingest["accepted"].inc()
+        self._ingest[catalog.ACCEPTED].inc()
         return workload
 
     def apply(self, event: events.AnyEvent, at: float | None = None, source: Hashable = None) -> str:
@@ -289,7 +290,7 @@ class Aggregator:
         )
 
     def reject(self, reason: str) -> None:
-        self._ingest["invalid"].inc()
+        self._ingest[catalog.INVALID].inc()
         self._invalid[reason].inc()
 
     def connection_error(self, reason: str) -> None:
@@ -310,7 +311,7 @@ class Aggregator:
         m[catalog.LAST_STEP].labels(e.workload).set(self._now)
         self._progress(e.workload)
         if e.dropped:
-            self._ingest["dropped"].inc(e.dropped)
+            self._ingest[catalog.DROPPED].inc(e.dropped)
         if e.profile is not None:
             self._profile(e.workload, e.profile)
         if e.flops:

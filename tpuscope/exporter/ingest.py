@@ -41,7 +41,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from tpuscope import events
+from tpuscope import catalog, events
 from tpuscope.exporter.aggregator import Aggregator
 from tpuscope.exporter.endings import ANSWER_SECONDS, Endings
 
@@ -177,7 +177,7 @@ class IngestLoop:
                     handled = self._drain(conn, stamped)
                 except Exception:  # a bug of ours, or of one connection: that job's loss, not every job's
                     log.exception("job pid %d: reading its events failed; its connection is closed", conn.pid)
-                    self._aggregator.connection_error("receive")
+                    self._aggregator.connection_error(catalog.RECEIVE)
                     self._close(conn)
                     continue
                 received += handled
@@ -208,7 +208,7 @@ class IngestLoop:
         except BlockingIOError:
             return
         except OSError as e:  # EMFILE, ENFILE, ENOBUFS: the job's connection waits in the backlog
-            self._aggregator.connection_error("accept")
+            self._aggregator.connection_error(catalog.ACCEPT)
             if (now := time.monotonic()) >= self._next_accept_warning:
                 self._next_accept_warning = now + ACCEPT_WARN_SECONDS
                 log.warning(
@@ -222,7 +222,7 @@ class IngestLoop:
             return
         if len(self._connections) >= MAX_CONNECTIONS:
             log.warning("refusing a job connection: %d connections already open", MAX_CONNECTIONS)
-            self._aggregator.connection_error("refused")
+            self._aggregator.connection_error(catalog.REFUSED)
             sock.close()
             return
         try:
@@ -234,7 +234,7 @@ class IngestLoop:
             conn = Connection(sock, pid)
         except OSError as e:
             log.warning("cannot take a job's connection: %s", e)
-            self._aggregator.connection_error("accept")
+            self._aggregator.connection_error(catalog.ACCEPT)
             sock.close()
             return
         with self._connections_lock:
@@ -258,7 +258,7 @@ class IngestLoop:
                 return handled
             except OSError as e:
                 log.warning("job pid %d: receive failed: %s", conn.pid, e)
-                self._aggregator.connection_error("receive")
+                self._aggregator.connection_error(catalog.RECEIVE)
                 size, stamps = 0, []
             if size == 0:
                 if self._hung_up(conn):

@@ -180,7 +180,7 @@ class OtlpPusher:
         self._registry, self._resource, self._exporter, self._interval = registry, resource, exporter, interval
         self._host_labels = dict(host_labels or {})
         self._pushes = metrics[catalog.OTLP_PUSHES]
-        for result in ("ok", "error"):
+        for result in catalog.OTLP_PUSHES.values(catalog.Label.RESULT):
             self._pushes.labels(result)  # both series from the start, so increase() sees the first error
         self._starts = StartTimes(time.time_ns())  # cumulative points count from the sidecar's start
         self._healthy: bool | None = None
@@ -213,7 +213,7 @@ class OtlpPusher:
         except Exception:  # a bug here must not end the thread: the next push tries again
             log.exception("OTLP metrics push raised")
             ok = False
-        self._pushes.labels("ok" if ok else "error").inc()
+        self._pushes.labels(catalog.OK if ok else catalog.ERROR).inc()
         if ok != self._healthy:
             (log.info if ok else log.warning)("OTLP metrics push %s", "working" if ok else "failing; will retry")
             self._healthy = ok

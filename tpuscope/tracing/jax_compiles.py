@@ -50,8 +50,7 @@ from contextlib import contextmanager
 from types import CodeType
 from typing import TYPE_CHECKING, Any
 
-from tpuscope import events
-from tpuscope import reasons
+from tpuscope import events, reasons
 from tpuscope.tracing import failures
 
 if TYPE_CHECKING:

@@ -44,8 +44,7 @@ from time import perf_counter
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal
 
-from tpuscope import durations, events
-from tpuscope import reasons
+from tpuscope import durations, events, reasons
 from tpuscope.otel import spans_wanted
 from tpuscope.tracing import failures
 from tpuscope.tracing import hooks as switches

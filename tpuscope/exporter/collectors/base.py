@@ -8,18 +8,37 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
 
+from tpuscope.catalog import (
+    COLLECTOR_ERRORS,
+    DEADLINE,
+    ERROR,
+    INVALID_RESPONSE,
+    NOT_SUPPORTED,
+    PROCESS_GONE,
+    UNAVAILABLE,
+    UNKNOWN_METRICS,
+    Label,
+)
 from tpuscope.exporter.samples import Sample
 from tpuscope.thresholds import Thresholds
 
-# Why a collection failed: the `reason` label of collector_errors_total (a closed set, so bounded).
-UNAVAILABLE = "unavailable"  # the source is not there: connection refused, driver not loaded, port closed
-DEADLINE = "deadline"  # the source did not answer in time
-UNKNOWN_METRICS = "unknown_metrics"  # the source answers, but with none of the metrics we know
-INVALID_RESPONSE = "invalid_response"  # the source answered something we cannot read
-NOT_SUPPORTED = "not_supported"  # nothing to collect here (no library, no device)
-PROCESS_GONE = "process_gone"  # a process we were told to watch does not exist
-ERROR = "error"  # anything else (a bug of ours, or an error we did not foresee)
-REASONS = (UNAVAILABLE, DEADLINE, UNKNOWN_METRICS, INVALID_RESPONSE, NOT_SUPPORTED, PROCESS_GONE, ERROR)
+__all__ = [
+    "DEADLINE",
+    "ERROR",
+    "INVALID_RESPONSE",
+    "NOT_SUPPORTED",
+    "PROCESS_GONE",
+    "REASONS",
+    "UNAVAILABLE",
+    "UNKNOWN_METRICS",
+    "Collector",
+    "CollectorError",
+    "Settings",
+]
+
+# Why a collection failed: the `reason` label of collector_errors_total, a closed set the catalogue holds (and says
+# what each means); the collectors raise with these names.
+REASONS = COLLECTOR_ERRORS.values(Label.REASON)
 
 
 class CollectorError(Exception):

@@ -65,7 +65,7 @@ from tpuscope.otel import K8S_VARIABLES
 
 log = logging.getLogger("tpuscope.collectors")
 
-NAME = SOURCE = "gke-device-plugin"
+NAME = SOURCE = catalog.GKE_DEVICE_PLUGIN
 DEFAULT_PORT = 2112  # GKE's documented port for the TPU device plugin's metrics
 DEFAULT_ADDRESS = f"localhost:{DEFAULT_PORT}"
 NODE_SUFFIX = "_node"

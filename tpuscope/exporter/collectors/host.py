@@ -29,7 +29,7 @@ log = logging.getLogger("tpuscope.collectors")
 
 
 class HostCollector(Collector):
-    name = "host"
+    name = catalog.HOST
 
     def __init__(self, settings: Settings) -> None:
         self._settings = settings

@@ -85,7 +85,7 @@ def _error(nvml: Any, e: Exception, doing: str) -> CollectorError:
 
 
 class NvmlCollector(Collector):
-    name = "nvml"
+    name = catalog.NVML
 
     @classmethod
     def unavailable_here(cls, settings: Settings) -> str | None:
