@@ -9,7 +9,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: demo test perf fleet-scale image setup system-deps lint generate clean
+.PHONY: demo test perf fleet-scale image setup system-deps lint lock generate clean
 
 demo: setup
 	rm -rf run/demo  # a fresh run each time: the workload resumes from checkpoints it finds
@@ -47,11 +47,23 @@ image: setup
 
 setup: $(VENV)/.installed
 
-$(VENV)/.installed: pyproject.toml
+# Every version pinned by constraints.txt, so CI tests what was tested here: an upstream release changes nothing
+# until `make lock` takes it (tests/test_versions.py says when the environment holds something unpinned).
+$(VENV)/.installed: pyproject.toml constraints.txt
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet -c constraints.txt --upgrade pip
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[dev,jax,tpu,gpu,dashboards,report]'
+	touch $@
+
+# After a change to pyproject.toml's dependencies: install the newest that satisfy them, and pin what was installed.
+lock:
+	rm -rf $(VENV)
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[dev,jax,tpu,gpu,dashboards,report]'
-	touch $@
+	{ sed -n '1,2p' constraints.txt; $(BIN)/python -m pip freeze --all --exclude-editable; } > constraints.txt.new
+	mv constraints.txt.new constraints.txt
+	touch $(VENV)/.installed
 
 # Real Prometheus, promtool, Alertmanager and amtool for the tests, node_exporter as the benchmark's peer,
 # and headless Chromium to open the run reports as a person would (Debian's packages; they start no service).

@@ -40,7 +40,7 @@ wheel="$(ls "$context"/dist/tpuscope-*.whl)"
 platforms="$(for minor in $(seq 36 -1 5); do echo "--platform manylinux_2_${minor}_$arch"; done)"
 "$python" -m pip install --quiet --no-compile --disable-pip-version-check --target "$context/site-packages" \
   --only-binary=:all: --implementation cp --python-version 3.11 --abi cp311 \
-  $platforms "$wheel[tpu,gpu]" 2>"$context/pip.log" || { cat "$context/pip.log" >&2; exit 1; }
+  -c "$root/constraints.txt" $platforms "$wheel[tpu,gpu]" 2>"$context/pip.log" || { cat "$context/pip.log" >&2; exit 1; }
 rm -rf "$context/site-packages/bin"  # pip's scripts name this machine's python; the image has its own launcher
 cp "$root/deploy/image/Containerfile" "$root/deploy/image/tpuscope" "$context/"
 
