@@ -1,17 +1,25 @@
-"""The metric objects on the ingest hot path, made cheap per event.
+"""The metric objects on the ingest hot path: collectors of our own, cheap per event and per scrape.
 
 A step event updates eight series. With prometheus_client's own objects each
 update pays a ``labels()`` call (validation, a lock, a dict) and each histogram
 observation a lock and a linear bucket search: 20 us an event, 50,000 events a
-second at most. Here:
+second at most. Here each catalogue metric is a collector of our own, on
+prometheus_client's public protocol (``collect()`` yields metric families, the
+registry knows nothing else), that keeps its series in a dict by label values:
 
-- :class:`Histogram` is a collector of our own: one writer (the ingest thread)
-  adds to plain lists found by ``bisect``; a scrape copies them. No lock: a
-  scrape that lands between a bucket's and the sum's update is off by one
-  observation for one scrape, which Prometheus' ``rate()`` cannot tell.
-- :class:`Counter` and :class:`Gauge` are prometheus_client's, with their
-  labelled children kept in a dict by label values: ``labels()`` becomes one
-  dict look-up after the first call.
+- ``labels(...)`` is one dict look-up after the first call.
+- A :class:`Histogram` series adds to plain lists found by ``bisect``, with no
+  lock: one writer (the ingest thread) adds, a scrape reads. A scrape that lands
+  between a bucket's and the sum's update is off by one observation for one
+  scrape, which Prometheus' ``rate()`` cannot tell.
+- Counters and gauges add under a lock, as prometheus_client's values do: a
+  counter may have writers on several threads (the collectors' runners).
+
+``collect()`` yields a :class:`SeriesFamily`: each series' label values and
+sample values. It makes prometheus_client samples only when a reader asks for
+them (``generate_latest``, the OTLP push, ``get_sample_value``); ``/metrics``'
+writer reads the values as they are and writes each line from a prefix it
+rendered once (:mod:`tpuscope.exporter.exposition`).
 
 All three can drop every series with a given label value at once
 (``remove_matching``), which is how an expired workload's series go.
@@ -19,66 +27,92 @@ All three can drop every series with a given label value at once
 
 from __future__ import annotations
 
+import threading
 import time
 from bisect import bisect_left
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Iterator, Mapping, Sequence
+from itertools import accumulate
+from typing import Generic, TypeVar
 
-from prometheus_client import Counter as _Counter
-from prometheus_client import Gauge as _Gauge
-from prometheus_client.core import HistogramMetricFamily
+from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
-from prometheus_client.samples import Exemplar
+from prometheus_client.samples import Exemplar, Sample
 from prometheus_client.utils import floatToGoString
 
 from tpuscope import catalog
-from tpuscope.exporter.exposition import escape_help, exemplar_text, number, render_labels
+
+LabelValues = tuple[str, ...]
+# Each sample of a series, in order: the suffix its name takes after the family's, and its le label (None: none).
+Shape = tuple[tuple[str, str | None], ...]
+# One series at a scrape: its label values, its samples' values in the family's shape, the exemplars by sample index.
+Row = tuple[LabelValues, Sequence[float], Mapping[int, Exemplar] | None]
 
 
-class _CachedLabels:
-    """``labels()`` by one dict look-up; ``remove()`` and ``clear()`` keep the cache in step."""
+class SeriesFamily(Metric):
+    """One of our metrics as a scrape sees it: ``rows``, one per series, in the order of ``shape``.
 
-    _cache: dict[tuple[str, ...], Any]
+    A metric family of prometheus_client's (``Metric``) to every reader; ``samples`` are made from the rows on
+    the first read, so that /metrics' writer, which reads the rows, does not pay for sample objects.
+    """
 
-    def labels(self, *values: Any, **by_name: Any) -> Any:
-        if by_name:  # not on the hot path: prometheus_client resolves the names
-            return super().labels(*values, **by_name)  # type: ignore[misc]
-        try:
-            return self._cache[values]
-        except KeyError:
-            child = super().labels(*values)  # type: ignore[misc]
-            self._cache[values] = child
-            return child
+    def __init__(self, metric: catalog.Metric, shape: Shape, rows: list[Row]) -> None:
+        super().__init__(metric.base_name, metric.help, str(metric.kind), metric.unit)
+        self.labelnames: tuple[str, ...] = tuple(str(label) for label in metric.labels)
+        self.shape = shape
+        self.rows = rows
+        self._samples: list[Sample] | None = None  # after the base class's ``samples = []``: made on first read
 
-    def remove(self, *values: str) -> None:
-        self._cache.pop(values, None)
-        super().remove(*values)  # type: ignore[misc]
+    @property
+    def samples(self) -> list[Sample]:
+        if self._samples is None:
+            self._samples = list(self._make_samples())
+        return self._samples
 
-    def clear(self) -> None:
-        self._cache.clear()
-        super().clear()  # type: ignore[misc]
+    @samples.setter
+    def samples(self, samples: list[Sample]) -> None:  # the base class sets them, and so may a reader (a copy's)
+        self._samples = samples
 
-    def remove_matching(self, label: str, value: str) -> None:
-        """Remove every child whose ``label`` is ``value`` (the cache first: a later ``labels()`` makes a new one)."""
-        index = list(self._labelnames).index(label)  # type: ignore[attr-defined]
-        for key in [key for key in self._cache if str(key[index]) == value]:
-            del self._cache[key]
-        super().remove_by_labels({label: value})  # type: ignore[misc]
-
-
-class Counter(_CachedLabels, _Counter):
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        self._cache = {}
-        super().__init__(*args, **kwargs)
+    def _make_samples(self) -> Iterator[Sample]:
+        for values, numbers, exemplars in self.rows:
+            labels = dict(zip(self.labelnames, values, strict=True))
+            for index, ((suffix, le), value) in enumerate(zip(self.shape, numbers, strict=True)):
+                exemplar = exemplars.get(index) if exemplars else None
+                sample_labels = {**labels, "le": le} if le else dict(labels)  # each its own, as prometheus_client's
+                yield Sample(self.name + suffix, sample_labels, value, None, exemplar)
 
 
-class Gauge(_CachedLabels, _Gauge):
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        self._cache = {}
-        super().__init__(*args, **kwargs)
+class CounterSeries:
+    __slots__ = ("_lock", "value")
+
+    def __init__(self, lock: threading.Lock) -> None:
+        self._lock = lock
+        self.value = 0.0
+
+    def inc(self, amount: float = 1.0) -> None:
+        if amount < 0:
+            raise ValueError(f"a counter only goes up, not by {amount}")
+        with self._lock:
+            self.value += amount
 
 
-class _Series:
+class GaugeSeries:
+    __slots__ = ("_lock", "value")
+
+    def __init__(self, lock: threading.Lock) -> None:
+        self._lock = lock
+        self.value = 0.0
+
+    def set(self, value: float) -> None:
+        value = float(value)  # now, not at a scrape: a value that is no number must fail its caller
+        with self._lock:  # not between another thread's inc() reading the value and writing it back
+            self.value = value
+
+    def inc(self, amount: float = 1.0) -> None:
+        with self._lock:
+            self.value += amount
+
+
+class HistogramSeries:
     """One label set's observations: per-bucket counts (not cumulative), the sum, the latest exemplars."""
 
     __slots__ = ("bounds", "counts", "exemplars", "sum")
@@ -97,91 +131,110 @@ class _Series:
             self.exemplars[bucket] = Exemplar(exemplar, value, time.time())
 
 
-class Histogram(Collector):
-    """A labelled histogram with prometheus_client's ``labels(...).observe(v, exemplar)`` interface."""
+S = TypeVar("S", CounterSeries, GaugeSeries, HistogramSeries)
+
+
+class _Metric(Collector, Generic[S]):
+    """A catalogue metric's series by label values, with prometheus_client's ``labels()``/``remove()`` interface."""
+
+    shape: Shape
 
     def __init__(self, metric: catalog.Metric) -> None:
         self.metric = metric
-        self._series: dict[tuple[str, ...], _Series] = {}
-        self._prefixes: dict[tuple[str, ...], list[str]] = {}  # each series' rendered line starts
-        self._host_labels = ""
-        self._bounds = tuple(float(b) for b in metric.buckets)
-        self._les = [floatToGoString(b) for b in self._bounds] + ["+Inf"]  # type: ignore[no-untyped-call]
+        self._lock = threading.Lock()
+        self._series: dict[LabelValues, S] = {}
+        if not metric.labels:  # an unlabelled metric is served from the start, as prometheus_client's are
+            self._series[()] = self._new_series()
 
-    def labels(self, *values: str) -> _Series:
+    def _new_series(self) -> S:
+        raise NotImplementedError
+
+    def _row(self, values: LabelValues, series: S) -> Row:
+        raise NotImplementedError
+
+    def labels(self, *values: str) -> S:
         try:
             return self._series[values]
         except KeyError:
-            if len(values) != len(self.metric.labels):
-                raise ValueError(f"{self.metric.name}: expected {len(self.metric.labels)} label values") from None
-            series = self._series[values] = _Series(self._bounds)
-            return series
+            return self._add(values)
+
+    def _add(self, values: tuple[str, ...]) -> S:
+        if len(values) != len(self.metric.labels):
+            raise ValueError(f"{self.metric.name} takes {len(self.metric.labels)} label values, not {values}")
+        key = tuple(str(value) for value in values)  # a StrEnum's value, not the member: the writer reads str
+        if (series := self._series.get(key)) is None:
+            series = self._series[key] = self._new_series()
+        return series
+
+    def _only(self) -> S:
+        """The series of an unlabelled metric."""
+        if self.metric.labels:
+            raise ValueError(f"{self.metric.name} has labels: use labels(...)")
+        return self._series[()]
 
     def remove(self, *values: str) -> None:
-        self._series.pop(values, None)
-        self._prefixes.pop(values, None)
+        self._series.pop(tuple(str(value) for value in values), None)
+
+    def clear(self) -> None:
+        self._series.clear()
+        if not self.metric.labels:
+            self._series[()] = self._new_series()
 
     def remove_matching(self, label: str, value: str) -> None:
         """Remove every series whose ``label`` is ``value``."""
         index = self.metric.labels.index(catalog.Label(label))
         for values in [values for values in self._series if values[index] == value]:
-            self.remove(*values)
+            self._series.pop(values, None)
 
-    def collect(self) -> Iterator[HistogramMetricFamily]:
-        family = HistogramMetricFamily(
-            self.metric.base_name,
-            self.metric.help,
-            labels=[str(label) for label in self.metric.labels],
-            unit=self.metric.unit,
-        )
-        for values, series in list(self._series.items()):
-            counts, total, exemplars = list(series.counts), series.sum, dict(series.exemplars)
-            buckets: list[Any] = []
-            cumulative = 0
-            for index, (le, count) in enumerate(zip(self._les, counts, strict=True)):
-                cumulative += count
-                exemplar = exemplars.get(index)
-                buckets.append((le, cumulative, exemplar) if exemplar else (le, cumulative))
-            family.add_metric(list(values), buckets, total)
-        yield family
+    def collect(self) -> Iterator[SeriesFamily]:
+        # A copy of the dict in one call: the ingest thread may add a series meanwhile.
+        yield SeriesFamily(self.metric, self.shape, [self._row(v, s) for v, s in list(self._series.items())])
 
-    def write_exposition(self, openmetrics: bool, lines: list[str], host_labels: str = "") -> None:
-        """Append the family in the exposition format: what :meth:`collect` says, without building
-        sample objects (a scrape of 10,000 series spends most of its time there otherwise).
+    def describe(self) -> Iterator[SeriesFamily]:
+        yield SeriesFamily(self.metric, self.shape, [])
 
-        ``host_labels``: rendered labels every series also carries (see ``exposition.Writer``).
-        """
-        if host_labels != self._host_labels:  # the same for a sidecar's life; the cached prefixes hold them
-            self._host_labels = host_labels
-            self._prefixes.clear()
-        name, metric = self.metric.base_name, self.metric
-        lines.append(f"# HELP {name} {escape_help(metric.help)}\n# TYPE {name} histogram\n")
-        if openmetrics and metric.unit:
-            lines.append(f"# UNIT {name} {metric.unit}\n")
-        for values, series in list(self._series.items()):
-            prefixes = self._prefixes.get(values) or self._prefix(values)
-            counts, total, exemplars = list(series.counts), series.sum, dict(series.exemplars) if openmetrics else {}
-            cumulative = 0
-            for index, count in enumerate(counts):
-                cumulative += count
-                line = f"{prefixes[index]}{cumulative}.0"
-                if (exemplar := exemplars.get(index)) is not None:
-                    line += exemplar_text(exemplar)
-                lines.append(line + "\n")
-            lines.append(f"{prefixes[-2]}{number(total)}\n{prefixes[-1]}{cumulative}.0\n")
 
-    def _prefix(self, values: tuple[str, ...]) -> list[str]:
-        """Each line's start up to its value (the bucket lines, then _sum and _count), rendered once."""
-        name = self.metric.base_name
-        own = render_labels(dict(zip(self.metric.labels, values, strict=True)))
-        inner = ",".join(filter(None, (own, self._host_labels)))
-        joined = inner + "," if inner else ""
-        braces = f"{{{inner}}}" if inner else ""
-        prefixes = [f'{name}_bucket{{{joined}le="{le}"}} ' for le in self._les]
-        prefixes += [f"{name}_sum{braces} ", f"{name}_count{braces} "]
-        if values in self._series:  # not for a series an expiry removed during this scrape: it would linger
-            self._prefixes[values] = prefixes
-        return prefixes
+class Counter(_Metric[CounterSeries]):
+    shape: Shape = (("_total", None),)
 
-    def describe(self) -> Iterator[HistogramMetricFamily]:
-        yield HistogramMetricFamily(self.metric.base_name, self.metric.help, labels=[], unit=self.metric.unit)
+    def _new_series(self) -> CounterSeries:
+        return CounterSeries(self._lock)
+
+    def _row(self, values: LabelValues, series: CounterSeries) -> Row:
+        return values, (series.value,), None
+
+    def inc(self, amount: float = 1.0) -> None:
+        self._only().inc(amount)
+
+
+class Gauge(_Metric[GaugeSeries]):
+    shape: Shape = (("", None),)
+
+    def _new_series(self) -> GaugeSeries:
+        return GaugeSeries(self._lock)
+
+    def _row(self, values: LabelValues, series: GaugeSeries) -> Row:
+        return values, (series.value,), None
+
+    def set(self, value: float) -> None:
+        self._only().set(value)
+
+
+class Histogram(_Metric[HistogramSeries]):
+    """A histogram with prometheus_client's ``labels(...).observe(v, exemplar)`` interface."""
+
+    def __init__(self, metric: catalog.Metric) -> None:
+        self._bounds = tuple(float(b) for b in metric.buckets)
+        les = [floatToGoString(b) for b in self._bounds] + ["+Inf"]  # type: ignore[no-untyped-call]
+        self.shape = (*(("_bucket", le) for le in les), ("_sum", None), ("_count", None))
+        super().__init__(metric)
+
+    def _new_series(self) -> HistogramSeries:
+        return HistogramSeries(self._bounds)
+
+    def _row(self, values: LabelValues, series: HistogramSeries) -> Row:
+        cumulative = list(accumulate(series.counts))
+        return values, (*cumulative, series.sum, cumulative[-1]), dict(series.exemplars) or None
+
+    def observe(self, value: float, exemplar: dict[str, str] | None = None) -> None:
+        self._only().observe(value, exemplar)

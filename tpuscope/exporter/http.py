@@ -1,16 +1,18 @@
 """The HTTP side: ``/metrics`` (Prometheus text or OpenMetrics, by the Accept
-header; gzip when asked), ``/healthz``, and a landing page, as exporters have."""
+header; gzip when Accept-Encoding asks), ``/healthz``, and a landing page, as exporters have."""
 
 from __future__ import annotations
 
 import gzip
 import logging
+import re
 import socket
 import ssl
 import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
@@ -30,6 +32,106 @@ LANDING_PAGE = b"""<!doctype html><html><head><title>tpuscope</title></head><bod
 <h1>tpuscope sidecar</h1><p><a href="/metrics">/metrics</a> &middot; <a href="/healthz">/healthz</a></p>
 </body></html>
 """
+
+
+# --- content negotiation (RFC 9110, 12.5): Accept and Accept-Encoding -------------------------------------
+# The versions of each format whose parsers read what the writer writes: OpenMetrics 0.0.1 is 1.0.0's draft,
+# and the text format's 1.0.0 differs from 0.0.4 only in quoted UTF-8 names, which the catalogue has none of.
+OPENMETRICS_VERSIONS = frozenset({"0.0.1", "1.0.0"})
+TEXT_VERSIONS = frozenset({"0.0.4", "1.0.0"})
+
+_QVALUE = re.compile(r"0(?:\.\d{0,3})?|1(?:\.0{0,3})?")
+
+
+@dataclass(frozen=True)
+class Preference:
+    """One element of an Accept or Accept-Encoding list: a media range or a content coding, lower case."""
+
+    value: str
+    parameters: Mapping[str, str]  # q left out
+    q: float
+
+
+def split_outside_quotes(text: str, separator: str) -> list[str]:
+    """``text`` split at ``separator`` where it is not inside a quoted string (one character at a time: a regular
+    expression over quotes backtracks, and a client picks the header)."""
+    if '"' not in text:
+        return text.split(separator)
+    parts, start, quoted, escaped = [], 0, False, False
+    for index, char in enumerate(text):
+        if escaped:
+            escaped = False
+        elif quoted and char == "\\":
+            escaped = True
+        elif char == '"':
+            quoted = not quoted
+        elif char == separator and not quoted:
+            parts.append(text[start:index])
+            start = index + 1
+    parts.append(text[start:])
+    return parts
+
+
+def preferences(header: str) -> list[Preference]:
+    """The header's elements, in order; an element whose q is no qvalue is left out, as one we cannot read."""
+    found = []
+    for element in split_outside_quotes(header, ","):
+        value, *pairs = (part.strip() for part in split_outside_quotes(element, ";"))
+        if not value:
+            continue
+        parameters = {}
+        for pair in pairs:
+            name, _, parameter = pair.partition("=")
+            parameters[name.strip().lower()] = parameter.strip().strip('"')
+        q = parameters.pop("q", "1")
+        if _QVALUE.fullmatch(q):
+            found.append(Preference(value.lower(), parameters, float(q)))
+    return found
+
+
+def media_quality(accepted: list[Preference], media_type: str, versions: frozenset[str]) -> tuple[float, int]:
+    """The q the most specific matching media range gives ``media_type`` in any of ``versions``, and how specific
+    it was: 3 the type with a version we write, 2 the type, 1 its ``type/*``, 0 ``*/*``; (0, -1) when none does."""
+    major = media_type.partition("/")[0]
+    best_q, best = 0.0, -1
+    for p in accepted:
+        if p.value == media_type:
+            version = p.parameters.get("version")
+            if version is not None and version not in versions:
+                continue  # a version we do not write
+            specificity = 2 if version is None else 3
+        elif p.value == f"{major}/*":
+            specificity = 1
+        elif p.value == "*/*":
+            specificity = 0
+        else:
+            continue
+        if specificity > best or (specificity == best and p.q > best_q):
+            best_q, best = p.q, specificity
+    return best_q, best
+
+
+def wants_openmetrics(accept: str) -> bool:
+    """OpenMetrics when the client ranks it above the text format, or as high and names it: a bare ``*/*``
+    (curl, a browser) or no Accept at all gets the text format, Prometheus' list gets OpenMetrics."""
+    accepted = preferences(accept)
+    openmetrics, named = media_quality(accepted, "application/openmetrics-text", OPENMETRICS_VERSIONS)
+    text, _ = media_quality(accepted, "text/plain", TEXT_VERSIONS)
+    return openmetrics > text or (openmetrics == text > 0 and named >= 2)
+
+
+def coding_quality(accepted: list[Preference], coding: str) -> float | None:
+    """The q the list gives a content coding: its own element's, else ``*``'s; None when neither is there."""
+    own = [p.q for p in accepted if p.value == coding or (coding == "gzip" and p.value == "x-gzip")]
+    anything = [p.q for p in accepted if p.value == "*"]
+    return max(own) if own else max(anything) if anything else None
+
+
+def wants_gzip(accept_encoding: str) -> bool:
+    """gzip when the client accepts it (q > 0) and does not rank the uncompressed body (identity) higher."""
+    accepted = preferences(accept_encoding)
+    gzip_q = coding_quality(accepted, "gzip") or 0.0
+    return gzip_q > 0 and gzip_q >= (coding_quality(accepted, "identity") or 0.0)
 
 
 class _Body(list[bytes]):
@@ -54,11 +156,11 @@ def make_app(
 
     def metrics(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
         begun = time.monotonic()
-        openmetrics = "application/openmetrics-text" in environ.get("HTTP_ACCEPT", "")
+        openmetrics = wants_openmetrics(environ.get("HTTP_ACCEPT", ""))
         with lock:
             body = writer.render(openmetrics)
         headers = [("Content-Type", OPENMETRICS if openmetrics else TEXT)]
-        if "gzip" in environ.get("HTTP_ACCEPT_ENCODING", ""):
+        if wants_gzip(environ.get("HTTP_ACCEPT_ENCODING", "")):
             body = gzip.compress(body, compresslevel=1)  # a scrape's text compresses 10x even at level 1
             headers.append(("Content-Encoding", "gzip"))
         start_response("200 OK", headers)
