@@ -16,14 +16,12 @@ import tempfile
 # check spans set their own destination).
 os.environ.setdefault("TPUSCOPE_SPANS_FILE", os.path.join(tempfile.mkdtemp(prefix="ts-spans-"), "spans.jsonl"))
 import statistics
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tpuscope.scrape import Scrape
 from tpuscope.workload.sidecar import SidecarProcess
 
 
@@ -115,21 +113,3 @@ def assert_promtool_checks_rules(groups: list[dict[str, Any]], directory: Path) 
 def variation(values: list[float]) -> float:
     """The coefficient of variation: the standard deviation over the mean."""
     return statistics.pstdev(values) / statistics.fmean(values)
-
-
-def wait_until(condition: Callable[[], bool], timeout: float = 20.0) -> bool:
-    """Poll ``condition`` until it holds or ``timeout`` passes; whether it held."""
-    deadline = time.monotonic() + timeout
-    while not condition() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return condition()
-
-
-def wait_for(url: str, condition: Callable[[Scrape], bool], timeout: float = 20.0) -> Scrape:
-    """Scrape ``url`` until ``condition`` holds or ``timeout`` passes; the last scrape, for the asserts."""
-    deadline = time.monotonic() + timeout
-    while True:
-        scrape = Scrape.fetch(url)
-        if condition(scrape) or time.monotonic() > deadline:
-            return scrape
-        time.sleep(0.1)

@@ -23,10 +23,11 @@ from typing import Any
 import pytest
 import yaml
 from alertmanager import AlertmanagerServer, Webhook
-from conftest import require, wait_until
+from conftest import require
 
 from tpuscope.alerts import PAGE, TICKET
 from tpuscope.conventions import AlertName
+from tpuscope.testing.waiting import wait_for
 
 pytestmark = pytest.mark.long
 
@@ -180,19 +181,20 @@ def route(routing: Routing, scenario: Scenario) -> Outcome:
         statuses = routing.statuses(names)
         return any(statuses[name]["inhibitedBy"] for _, name in due if name in statuses)
 
-    def failure(what: str) -> str:
-        return f"{what} within {WAIT:g} s\n{Outcome(routing.firing(names), routing.statuses(names))}"
+    def outcome() -> Outcome:
+        return Outcome(routing.firing(names), routing.statuses(names))
 
-    wait_until(lambda: came(scenario.expected(), names) or held(scenario.expected()), WAIT)
-    assert wait_until(lambda: routing.statuses(names).keys() == names, WAIT), failure("not every alert listed")
+    expected = scenario.expected()
+    wait_for(lambda: came(expected, names) or held(expected), WAIT, f"notification {expected}", detail=outcome)
+    wait_for(lambda: routing.statuses(names).keys() == names, WAIT, "listing of every alert", detail=outcome)
     sentinels = {
         receiver: alert(SENTINEL, severity, f"sentinel-{next(SENTINELS)}", SENTINEL_NAMESPACE)
         for receiver, severity in ((PAGE, CRITICAL), (TICKET, WARNING))
     }
     post(routing.alertmanager, list(sentinels.values()))
     due = sorted((receiver, named(labels)) for receiver, labels in sentinels.items())
-    assert wait_until(lambda: came(due, {name for _, name in due}), WAIT), failure(f"no sentinel {due}")
-    return Outcome(routing.firing(names), routing.statuses(names))
+    wait_for(lambda: came(due, {name for _, name in due}), WAIT, f"sentinel {due}", detail=outcome)
+    return outcome()
 
 
 def check(routing: Routing, scenario: Scenario) -> Outcome:

@@ -17,7 +17,7 @@ from alert_cases_freshness import CASES as FRESHNESS
 from alert_cases_incidents import CASES as INCIDENTS
 from alert_cases_incidents import READINGS
 from alertmanager import AlertmanagerServer, Webhook
-from conftest import require, wait_until
+from conftest import require
 
 from tpuscope import alerts, catalog, conventions, durations
 from tpuscope.alerts import recording
@@ -28,6 +28,7 @@ from tpuscope.fleetsim.rules import scale_expr
 from tpuscope.generator_config import GeneratorConfig
 from tpuscope.promql import WORKLOAD
 from tpuscope.testing.prometheus import PrometheusServer, target_of
+from tpuscope.testing.waiting import wait_for
 from tpuscope.thresholds import Thresholds
 from tpuscope.tracing import profiles
 from tpuscope.workload.sidecar import SidecarProcess
@@ -285,7 +286,7 @@ def notifications(webhook: Webhook, path: str, status: str) -> list[dict[str, An
 def waited(condition: Callable[[], bool], timeout: float, what: str, log: Callable[[], str]) -> float:
     """Seconds until ``condition`` held; fails naming ``what`` (and the logs) after ``timeout``."""
     began = time.monotonic()
-    assert wait_until(condition, timeout), f"{what} within {timeout:g} s\n{log()}"
+    wait_for(condition, timeout, what, detail=log)
     return time.monotonic() - began
 
 

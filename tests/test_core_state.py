@@ -16,7 +16,7 @@ from typing import Any
 
 import msgspec
 import pytest
-from conftest import require, wait_until
+from conftest import require
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import generate_latest
 from rich.console import Console
@@ -37,6 +37,7 @@ from tpuscope.report.window import Window
 from tpuscope.scrape import Scrape
 from tpuscope.testing.fake_tpu import Chip, CoreState, FakeTpuRuntime, FakeTpuServer, QueuedProgram
 from tpuscope.testing.prometheus import PrometheusServer, target_of
+from tpuscope.testing.waiting import wait_for
 from tpuscope.thresholds import Thresholds
 from tpuscope.tracing import Monitor
 from tpuscope.workload import synthetic
@@ -165,7 +166,7 @@ def test_seconds_at_a_location_are_counted_across_collections(runtime: tuple[Fak
             latest.update(ages(collect(collector)))
             return min(latest.values()) > 0.2
 
-        assert wait_until(grown, timeout=10)
+        wait_for(grown, 10, "growth")
         assert all(latest[core] > first[core] for core in first)
         fake.chips[0].state = ELSEWHERE  # chip 0's core moves on: its count starts again, the others' go on
         moved = ages(collect(collector))
@@ -338,7 +339,12 @@ def test_a_four_worker_hang_fires_stalled_and_names_the_worker_whose_cores_sit_e
             alert = stalled_alert(prom)
             return alert is not None and f"Worker {ODD} " in alert["annotations"]["description"]
 
-        assert wait_until(named, timeout=90), (stalled_alert(prom), prom.query(CORE_ELSEWHERE), sidecars[0].log())
+        wait_for(
+            named,
+            90,
+            "stall alert naming the worker",
+            detail=lambda: (stalled_alert(prom), prom.query(CORE_ELSEWHERE), sidecars[0].log()),
+        )
         description = stalled_alert(prom)["annotations"]["description"]  # type: ignore[index]
         assert f"has had its TPU cores at HLO fusion.7 of program {PROGRAM} for" in description, description
         assert [f"Worker {w} " in description for w in range(WORKERS)] == [w == ODD for w in range(WORKERS)]

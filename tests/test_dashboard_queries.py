@@ -31,7 +31,6 @@ queries, taken from the dashboards as Grafana gets them, run against it at one i
 
 from __future__ import annotations
 
-import contextlib
 import math
 import subprocess
 import time
@@ -41,7 +40,7 @@ from pathlib import Path
 import pytest
 import yaml
 from conftest import require
-from test_dashboards import ALL, BOARDS, panel_titled, step_values, substitute
+from dashboard_helpers import ALL, BOARDS, SCRAPE, Fleet, backfilled, panel_titled, served, step_values, substitute
 
 from tpuscope import catalog as c
 from tpuscope import conventions, durations, kubernetes
@@ -49,13 +48,11 @@ from tpuscope.alerts import rule_groups
 from tpuscope.dashboards import promql
 from tpuscope.generator_config import GeneratorConfig
 from tpuscope.prometheus_api import PrometheusAPI
-from tpuscope.promql import SIDECAR_START, le
-from tpuscope.testing.prometheus import ServerProcess
+from tpuscope.promql import le
 from tpuscope.thresholds import Thresholds
 
 DEFAULTS = Thresholds()
 
-SCRAPE = 10  # seconds between a target's samples
 RANGE = 3600  # the dashboard's time range: the last hour
 HOUR, DAY = 3600, 86_400
 V5E, V6E = 197e12, 918e12  # a chip's peak FLOP/s (tracing.jax_costs.PEAK_TFLOPS)
@@ -76,56 +73,6 @@ CONTROLLER_OF = ("namespace", kubernetes.CONTROLLER_KIND, kubernetes.CONTROLLER_
 # Prometheus ends a gone target's series at once (staleness markers); a backfilled TSDB has none, so the
 # lookback that would otherwise show a gone series for 5 more minutes is cut to just over one scrape.
 LOOKBACK = "15s"
-
-
-class Fleet:
-    """Series as OpenMetrics text: ``name{labels} value timestamp`` lines, times relative to the evaluation."""
-
-    def __init__(self, at: int) -> None:
-        self.at = at
-        self.families: dict[str, list[str]] = {}
-
-    def series(
-        self,
-        name: str,
-        labels: dict[str, str],
-        start: int,
-        end: int,
-        value: Callable[[int], float],
-        every: int = SCRAPE,
-    ) -> None:
-        """Samples ``every`` seconds from ``start`` to ``end`` (relative, inclusive); ``value`` of the time."""
-        text = ",".join(f'{k}="{v}"' for k, v in labels.items())
-        self.families.setdefault(name, []).extend(
-            f"{name}{{{text}}} {value(t):.17g} {self.at + t}" for t in range(start, end + 1, every)
-        )
-
-    def sidecar(
-        self,
-        instance: str,
-        pod: Mapping[str, str],
-        slice_: str,
-        worker: str,
-        start: int,
-        end: int,
-        topology: str = "",
-    ) -> dict[str, str]:
-        """A sidecar in ``pod`` (its target labels) scraped from ``start`` to ``end``; the labels its series carry
-        (``topology``: its ``--tpu-topology``, on every series but Prometheus' own ``up``)."""
-        target = {"job": kubernetes.JOB, "instance": instance, **pod}
-        self.series("up", target, start, end, lambda t: 1)
-        host = {**target, "slice": slice_, "worker": worker}
-        if topology:
-            host[str(c.Label.TPU_TOPOLOGY)] = topology
-        self.series(SIDECAR_START, host, start, end, lambda t: self.at + start)
-        return host
-
-    def counter(self, metric: str, labels: dict[str, str], start: int, end: int, steps: Mapping[int, float]) -> None:
-        """A counter whose value is ``steps``' latest at or before each sample (its first key is its birth)."""
-        self.series(metric, labels, min(steps), end, lambda t: steps[max(k for k in steps if k <= t)])
-
-    def openmetrics(self) -> str:
-        return "".join(line + "\n" for lines in self.families.values() for line in lines) + "# EOF\n"
 
 
 def fleet(at: int) -> Fleet:
@@ -346,31 +293,6 @@ def recorded(f: Fleet) -> None:
     every_5m(conventions.REQUESTS_FAST_RATE, serve, lambda t: bad_on(35, bad_on(10, 10, 9.7)(t), 0)(t))
 
 
-@contextlib.contextmanager
-def backfilled(directory: Path, series: Fleet, *flags: str) -> Iterator[PrometheusAPI]:
-    """A Prometheus over a TSDB that promtool wrote from ``series``, with ``flags`` of its own."""
-    source = directory / "fleet.om"
-    source.write_text(series.openmetrics())
-    data = directory / "data"
-    # A few blocks for the 40 days, not one per 2 hours (the default): Prometheus starts at once.
-    backfill = [require("promtool"), "tsdb", "create-blocks-from", "openmetrics", "--max-block-duration=1000h", "-q"]
-    run = subprocess.run([*backfill, str(source), str(data)], capture_output=True, text=True, timeout=120)
-    assert run.returncode == 0, run.stderr
-    with served(directory, *flags) as api:
-        yield api
-
-
-@contextlib.contextmanager
-def served(directory: Path, *flags: str) -> Iterator[PrometheusAPI]:
-    """A Prometheus over the TSDB in ``directory``/data."""
-    config = directory / "prometheus.yml"
-    config.write_text(yaml.safe_dump({"global": {"scrape_interval": f"{SCRAPE}s"}}))
-    require("prometheus")
-    flags = (f"--config.file={config}", f"--storage.tsdb.path={directory / 'data'}", *flags)
-    with ServerProcess("prometheus", "prometheus", list(flags), directory) as server:
-        yield PrometheusAPI(server.url, timeout=30)
-
-
 # The recording rules the boards read that a rule of the generated file records from raw series alone, with
 # the history a panel reads of them: promtool records them from the backfilled fleet, as Prometheus would have.
 RECORDED_FROM_RAW = (conventions.FAILURES_HOUR, conventions.RESTARTS_HOUR)
@@ -435,7 +357,7 @@ TRAIN_CRASH = ("train", "crash")  # a failing workload's series: its workload an
 def test_a_restart_of_a_4_host_job_counts_once(prometheus: tuple[PrometheusAPI, int]) -> None:
     """4 new sidecars each report the restart: 1, not 4."""
     by = ("workload", "reason")
-    assert values(prometheus, FLEET, "Restarts, by workload and reason", by=by) == {TRAIN_CRASH: 1}
+    assert values(prometheus, FLEET, "Restarts per hour, by workload and reason", by=by) == {TRAIN_CRASH: 1}
     assert values(prometheus, ONCALL, "Failures and restarts in the last hour", "B", by=by) == {TRAIN_CRASH: 1}
 
 
@@ -443,7 +365,7 @@ def test_a_failure_of_a_4_host_job_counts_once(prometheus: tuple[PrometheusAPI, 
     """4 sidecars, gone since, each reported the failure: 1, not 4, nor 0."""
     by = ("workload", "reason")
     assert values(prometheus, FLEET, "Failures over the range") == {(): 1}
-    assert values(prometheus, FLEET, "Failures, by workload and reason", by=by) == {TRAIN_CRASH: 1}
+    assert values(prometheus, FLEET, "Failures per hour, by workload and reason", by=by) == {TRAIN_CRASH: 1}
     assert values(prometheus, ONCALL, "Failures and restarts in the last hour", "A", by=by) == {TRAIN_CRASH: 1}
     assert values(prometheus, ONCALL, "Failures over the range, by workload and reason", by=by) == {TRAIN_CRASH: 1}
 

@@ -15,9 +15,10 @@ from typing import Any
 
 import pytest
 import yaml
-from conftest import require, wait_until
+from conftest import require
+from dashboard_helpers import ALL, BOARDS, panel_titled, step_values, substitute
 
-from tpuscope import alerts, catalog, conventions, dashboards
+from tpuscope import alerts, catalog, conventions
 from tpuscope.alerts.recording import recording_rules
 from tpuscope.bench.fleet_scale import grafana_regex_escape
 from tpuscope.dashboards import promql
@@ -26,14 +27,11 @@ from tpuscope.generator_config import GeneratorConfig
 from tpuscope.testing.fake_nvml import FakeGpu, FakeNvmlState, environment
 from tpuscope.testing.fake_tpu import Chip, FakeTpuRuntime, FakeTpuServer, default_megascale
 from tpuscope.testing.prometheus import PrometheusServer, target_of
-from tpuscope.thresholds import Thresholds
+from tpuscope.testing.waiting import wait_for
 from tpuscope.tracing import Monitor
 from tpuscope.workload.sidecar import SidecarProcess
 
 ROOT = Path(__file__).resolve().parents[1]
-ALL = ".*"
-DEFAULTS = Thresholds()  # the built-in thresholds: the committed boards'
-BOARDS = {name: build(DEFAULTS) for name, build in dashboards.DASHBOARDS.items()}
 VARIABLES = {"datasource", promql.WORKLOAD, promql.SLICE, promql.WORKER, promql.ACCELERATOR}
 # Panel types Grafana has replaced (graph -> timeseries, singlestat -> stat, table-old -> table, ...).
 DEPRECATED = {"graph", "singlestat", "table-old", "grafana-piechart-panel", "grafana-worldmap-panel", "graph-old"}
@@ -55,16 +53,6 @@ def targets(board: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any]]]:
 
 def variable_queries(board: dict[str, Any]) -> list[str]:
     return [v["query"] for v in board["templating"]["list"] if v["type"] == "query"]
-
-
-def panel_titled(board: dict[str, Any], title: str) -> dict[str, Any]:
-    (panel,) = [p for p in panels_of(board) if p["title"] == title]
-    return panel
-
-
-def step_values(panel: dict[str, Any]) -> list[float]:
-    """Where the panel's colours change (the first step, everything below the next, has no value)."""
-    return [s["value"] for s in panel["fieldConfig"]["defaults"]["thresholds"]["steps"] if s["value"] is not None]
 
 
 def tpuscope_dashboards(*args: str) -> subprocess.CompletedProcess[str]:
@@ -293,21 +281,6 @@ def serve_requests(monitor: Monitor, stop: threading.Event) -> None:
         time.sleep(0.05)
 
 
-def substitute(expr: str, values: dict[str, str], range_seconds: int, interval_seconds: int = 2) -> str:
-    """Grafana's job before a query leaves it: template and interval variables replaced (the longer
-    names first: ``$__range_s`` is not ``$__range`` followed by ``_s``)."""
-    for name, value in values.items():
-        expr = expr.replace(f"${{{name}}}", value).replace(f"${name}", value)
-    return (
-        expr.replace("$__rate_interval", "10s")
-        .replace("$__interval_ms", f"{interval_seconds * 1000}")
-        .replace("$__interval", f"{interval_seconds}s")
-        .replace("$__range_s", f"{range_seconds}")
-        .replace("$__range", f"{range_seconds}s")
-        .replace(f"${promql.PRICE}", "1.20")
-    )
-
-
 def selections(board: dict[str, Any], prom: PrometheusServer) -> Iterator[tuple[str, dict[str, str]]]:
     """The variable values to run the panels with, as Grafana fills them from its variable queries: All
     (a variable's custom all value, or every value found), then one value of each; for the accelerator,
@@ -380,7 +353,7 @@ def test_every_panel_query_returns_data_from_the_workload_the_sidecar_and_promet
     ):
         # The range begins once Prometheus has scraped the sidecar: a counter born later (the failure's) is then
         # new in the range; before any scrape, a query cannot tell it from one that was already there.
-        assert wait_until(lambda: bool(prom.query("up")), timeout=30), "Prometheus never scraped the sidecar"
+        wait_for(lambda: bool(prom.query("up")), 30, "scrape of the sidecar")
         time.sleep(1.5)
         started = time.time()
         stop = threading.Event()
@@ -395,7 +368,7 @@ def test_every_panel_query_returns_data_from_the_workload_the_sidecar_and_promet
                 loop.join()
         assert first.returncode == 3, f"the compile-error fault did not end the first run:\n{first.stderr[-3000:]}"
         assert second.returncode == 0, second.stderr[-3000:]
-        time.sleep(3)  # two more scrapes and a rule evaluation after the last events
+        prom.catch_up(scrapes=2, rules=True)  # two more scrapes and a rule evaluation after the last events
         end = time.time()
         range_seconds = int(end - started) + 1
         failing = []
@@ -432,7 +405,7 @@ def test_every_panel_query_returns_data_from_the_workload_the_sidecar_and_promet
     assert shown["tpuscope / On-call / Compile failures over the range, by stage and reason"] == [1]
     # An instant query at the time it ran (after the others): the model loaded after the test started.
     assert 0 <= shown["tpuscope / Serving / Model age, by workload and version"][0] < time.time() - started
-    assert max(shown["tpuscope / Fleet overview / Restarts, by workload and reason"]) == 1
+    assert max(shown["tpuscope / Fleet overview / Restarts per hour, by workload and reason"]) == 1
     assert max(shown["tpuscope / On-call / Firing tpuscope alerts"]) >= 1
     assert 0 < shown["tpuscope / Job debug / Compilation cache hit ratio"][0] < 1, "the rerun hits the cache"
     assert 0 < shown["tpuscope / Serving / Requests within the objective"][0] < 1

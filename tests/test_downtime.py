@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from conftest import require, wait_until
+from conftest import require
 
 from tpuscope import alerts, catalog, events
 from tpuscope.conventions import DOWN_SINCE, GOODPUT_RATE, UNBOOKED_RATE, WALL_RATE
@@ -26,6 +26,7 @@ from tpuscope.fleetsim.rules import scaled_rules_file
 from tpuscope.generator_config import GeneratorConfig
 from tpuscope.scrape import Scrape
 from tpuscope.testing.prometheus import PrometheusServer, free_port, target_of
+from tpuscope.testing.waiting import wait_for
 from tpuscope.tracing import read_records
 from tpuscope.workload.sidecar import SidecarProcess
 
@@ -78,7 +79,7 @@ def crash_wait_resume(first: SidecarProcess, directory: Path, between: object = 
     down = time.monotonic()
     if callable(between):
         between()
-    time.sleep(max(0.0, GAP - (time.monotonic() - down)))
+    time.sleep(max(0.0, GAP - (time.monotonic() - down)))  # the downtime under test: a duration, not a condition
 
 
 def report(prometheus: str, directory: Path, since: float) -> dict[str, float]:
@@ -123,7 +124,7 @@ def test_a_crash_a_gap_and_a_resume_are_booked_by_the_sidecar_prometheus_and_the
         PrometheusServer(tmp_path / "prom", [target_of(sidecar.url)], rule_files=[rules]) as prom,
     ):
         # Scraped from before the start: a counter's first sample is where rate() begins counting.
-        assert wait_until(lambda: prom.scalar("up") == 1, timeout=20)
+        wait_for(lambda: prom.scalar("up") == 1, 20, "scrape of the sidecar")
         crash_wait_resume(sidecar, directory)
         resumed = bench(sidecar.socket, directory)
         assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-3000:]
@@ -133,7 +134,7 @@ def test_a_crash_a_gap_and_a_resume_are_booked_by_the_sidecar_prometheus_and_the
         # The sidecar: downtime is the gap, and its wall time the span (the categories add up to it).
         scrape = Scrape.fetch(sidecar.url)
         booked = {s.labels["category"]: s.value for s in scrape.find(catalog.GOODPUT.name, workload="down")}
-        wall = scrape.value(catalog.GOODPUT_WALL.name, workload="down")
+        wall = scrape.present(catalog.GOODPUT_WALL.name, workload="down")
         assert booked["downtime"] == pytest.approx(hand.gap, abs=0.1)
         assert wall == pytest.approx(hand.wall, abs=0.2)
         assert sum(booked.values()) == pytest.approx(wall, abs=0.05)
@@ -141,14 +142,14 @@ def test_a_crash_a_gap_and_a_resume_are_booked_by_the_sidecar_prometheus_and_the
 
         # Prometheus, through the recording rules: the 5-minute rates of the categories and of the wall time
         # hold the whole run (shorter than 5 minutes), so their ratios are its shares.
-        time.sleep(2)  # a scrape and an evaluation after the last events
+        prom.catch_up(rules=True)  # a scrape and an evaluation after the last events
 
         def share(category: str) -> float | None:
             return prom.scalar(
                 f'sum({GOODPUT_RATE}{{workload="down", category="{category}"}}) / sum({WALL_RATE}{{workload="down"}})'
             )
 
-        assert wait_until(lambda: share("productive") is not None, timeout=15)
+        wait_for(lambda: share("productive") is not None, 15, "recorded productive share")
         assert share("productive") == pytest.approx(hand.goodput, abs=POINT)
         assert share("downtime") == pytest.approx(hand.gap / hand.wall, abs=POINT)
 
@@ -178,22 +179,30 @@ def test_with_the_sidecar_gone_in_the_gap_prometheus_books_the_time_nobody_did(
     # Discovered, as a pod's target is: the first goes with its pod, not merely down (a target listed but unscraped
     # is a NetworkPolicy, not a pod gone).
     with PrometheusServer(tmp_path / "prom", targets, rule_files=[fast_rules], discovered=True) as prom:
-        assert wait_until(lambda: prom.scalar("max(up)") == 1, timeout=20)
+        wait_for(lambda: prom.scalar("max(up)") == 1, 20, "a target up")
         seen: dict[str, float | None] = {}
 
         def sidecar_goes() -> None:
-            time.sleep(2)  # scraped a last time, the job gone
+            prom.catch_up()  # scraped a last time, the job gone
             first.stop()
             prom.discover(targets[1:])
-            assert wait_until(lambda: (prom.scalar(f'sum({UNBOOKED_RATE}{{workload="down"}})') or 0) > 0, timeout=10)
-            assert wait_until(lambda: prom.scalar(f'min({DOWN_SINCE}{{workload="down"}})') is not None, timeout=30)
+            wait_for(
+                lambda: (prom.scalar(f'sum({UNBOOKED_RATE}{{workload="down"}})') or 0) > 0,
+                10,
+                "unbooked time of the gone workload in Prometheus",
+            )
+            wait_for(
+                lambda: prom.scalar(f'min({DOWN_SINCE}{{workload="down"}})') is not None,
+                30,
+                "down-since of the gone workload in Prometheus",
+            )
             seen["down since"] = prom.scalar(f'min({DOWN_SINCE}{{workload="down"}})')
 
         crash_wait_resume(first, directory, between=sidecar_goes)
         with SidecarProcess(tmp_path / "s.sock", f"127.0.0.1:{ports[1]}") as second:
             resumed = bench(second.socket, directory)
             assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-3000:]
-            time.sleep(2)  # a scrape after the last events
+            prom.catch_up()  # a scrape after the last events
             hand = ByHand.of(read_records(directory / "events.jsonl"))
             records = read_records(directory / "events.jsonl")
             crashed_at = max(t for t, e in records if isinstance(e, events.Lifecycle) and e.state == "failure")

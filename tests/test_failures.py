@@ -17,12 +17,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import wait_for
 
 from tpuscope import catalog
-from tpuscope.reasons import RECOMPILE_VALUES
 from tpuscope.gce_metadata import METADATA_HOST_ENV
+from tpuscope.reasons import RECOMPILE_VALUES
 from tpuscope.scrape import Scrape
+from tpuscope.testing.waiting import scrape_until
 from tpuscope.tracing.failures import SIGTERM_EXIT
 from tpuscope.workload.runner import CRASHED
 from tpuscope.workload.sidecar import SidecarProcess
@@ -57,7 +57,7 @@ def bench(
 def failures_of(sidecar: SidecarProcess, workload: str) -> dict[str, float]:
     """The workload's failures by reason, once the sidecar has counted one."""
     name = catalog.WORKLOAD_FAILURES.name
-    scrape = wait_for(
+    scrape = scrape_until(
         sidecar.url, lambda s: any(x.name == name and x.labels["workload"] == workload for x in s.samples)
     )
     return {x.labels["reason"]: x.value for x in scrape.samples if x.name == name and x.labels["workload"] == workload}
@@ -154,8 +154,10 @@ def test_a_sigterm_lands_under_preemption_or_maintenance(
     command = bench_command(module_sidecar, module_tmp, workload, "--steps=100000")
     with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env) as job:
         try:
-            stepping = wait_for(module_sidecar.url, lambda s: s.value(catalog.STEPS.name, workload=workload) >= 3, 120)
-            assert stepping.value(catalog.STEPS.name, workload=workload) >= 3
+            stepping = scrape_until(
+                module_sidecar.url, lambda s: (s.value(catalog.STEPS.name, workload=workload) or 0) >= 3, 120
+            )
+            assert stepping.present(catalog.STEPS.name, workload=workload) >= 3
             job.send_signal(signal.SIGTERM)  # as the kubelet does at a pod's deletion, before its grace period
             out, err = job.communicate(timeout=60)
         finally:
@@ -175,7 +177,7 @@ def test_a_recompile_is_counted_by_its_cause(module_sidecar: SidecarProcess, mod
     assert "TRACING CACHE MISS" not in run.stderr and "PERSISTENT COMPILATION CACHE" not in run.stderr
     scrape = Scrape.fetch(module_sidecar.url)
     recompiles = catalog.RECOMPILES.name
-    assert scrape.value(recompiles, workload="reshaped", cause="input_types") >= 3
+    assert scrape.present(recompiles, workload="reshaped", cause="input_types") >= 3
     # Each cause one of the closed set (the bench's FLOPs analysis also makes a new function per shape: JAX says
     # redefined_function for those).
     causes = {x.labels["cause"] for x in scrape.samples if x.name == recompiles and x.labels["workload"] == "reshaped"}

@@ -16,12 +16,13 @@ from urllib.parse import urlsplit
 
 import pytest
 import yaml
-from conftest import require, wait_until
+from conftest import require
 
 from tpuscope import alerts, catalog, kubernetes
 from tpuscope.generator_config import GeneratorConfig
 from tpuscope.promql import SIDECAR_START
 from tpuscope.testing.prometheus import ServerProcess, target_of
+from tpuscope.testing.waiting import wait_for
 from tpuscope.workload.sidecar import SidecarProcess
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -130,7 +131,11 @@ def test_a_real_prometheus_scrapes_only_the_sidecar_and_labels_it(tmp_path: Path
         config = without_kubernetes_sd(tmp_path, {kubernetes.JOB: targets}, interval="1s")
         flags = [f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'data'}"]
         with ServerProcess("prometheus", "prometheus", flags, tmp_path) as prometheus:
-            assert wait_until(lambda: bool(api(prometheus, "targets")["activeTargets"]), timeout=20)
+            wait_for(
+                lambda: bool(api(prometheus, "targets")["activeTargets"]),
+                20,
+                'bool(api(prometheus, "targets")["activeTargets"])',
+            )
             found = api(prometheus, "targets")
             (active,) = found["activeTargets"]
             assert active["labels"] == {
@@ -146,7 +151,11 @@ def test_a_real_prometheus_scrapes_only_the_sidecar_and_labels_it(tmp_path: Path
             }
             assert len(found["droppedTargets"]) == 3
             build_info = f'{catalog.BUILD_INFO.name}{{job="tpuscope", pod="{pod["__meta_kubernetes_pod_name"]}"}}'
-            assert wait_until(lambda: bool(api(prometheus, "query", query=build_info)["result"]), timeout=20)
+            wait_for(
+                lambda: bool(api(prometheus, "query", query=build_info)["result"]),
+                20,
+                'bool(api(prometheus, "query", query=build_info)["result"])',
+            )
             (up,) = api(prometheus, "query", query=f'up{{job=~"{GeneratorConfig().exporter_job}"}}')["result"]
             assert up["value"][1] == "1"
             assert {g["name"] for g in api(prometheus, "rules")["groups"]} == {
@@ -179,7 +188,11 @@ def test_a_real_prometheus_scrapes_kube_state_metrics_only_where_it_serves_the_o
     config = without_kubernetes_sd(tmp_path, {KSM["job_name"]: targets}, interval="1s")
     flags = [f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'data'}"]
     with ServerProcess("prometheus", "prometheus", flags, tmp_path) as prometheus:
-        assert wait_until(lambda: len(api(prometheus, "targets")["droppedTargets"]) == 4, timeout=20)
+        wait_for(
+            lambda: len(api(prometheus, "targets")["droppedTargets"]) == 4,
+            20,
+            'len(api(prometheus, "targets")["droppedTargets"]) == 4',
+        )
         found = api(prometheus, "targets")
     kept = [{"instance": address, "job": KSM["job_name"]} for address in ("127.0.0.1:11", "127.0.0.1:12")]
     assert (

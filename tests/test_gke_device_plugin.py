@@ -14,7 +14,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import wait_for
 from rich.console import Console
 
 from tpuscope import catalog, kubernetes, top
@@ -34,6 +33,7 @@ from tpuscope.testing.fake_device_plugin import (
 )
 from tpuscope.testing.fake_tpu import Chip, FakeTpuRuntime, FakeTpuServer
 from tpuscope.testing.prometheus import free_port
+from tpuscope.testing.waiting import scrape_until
 from tpuscope.workload.sidecar import SidecarProcess
 
 UP = catalog.COLLECTOR_UP.name
@@ -196,7 +196,7 @@ def test_the_sidecar_serves_each_chip_with_its_accelerator_and_topology_and_top_
     device_plugin: FakeDevicePlugin, short_tmp: Path
 ) -> None:
     with plugin_sidecar(short_tmp / "s.sock", device_plugin, f"--collectors={plugin.NAME}") as sidecar:
-        scrape = wait_for(sidecar.url, lambda s: s.has(TENSORCORE))
+        scrape = scrape_until(sidecar.url, lambda s: s.has(TENSORCORE))
         assert scrape.value(UP, collector=plugin.NAME) == 1, sidecar.log()
         where = {"accelerator": "v5p", "source": plugin.SOURCE, "tpu_topology": TOPOLOGY}
         for chip in chips():
@@ -228,7 +228,7 @@ def test_where_libtpu_answers_it_wins_and_the_plugin_adds_what_libtpu_lacks(
                     sources = {s.labels["source"] for s in scrape.find(DUTY)}
                     return sources == {source} and len(list(scrape.find(DUTY))) == 4 and scrape.has(TENSORCORE)
 
-                scrape = wait_for(sidecar.url, only)
+                scrape = scrape_until(sidecar.url, only)
                 assert only(scrape), f"duty cycle not from {source} alone:\n{scrape.text}\n{sidecar.log()}"
                 return scrape
 
@@ -251,13 +251,13 @@ def test_the_collector_goes_down_with_a_reason_and_recovers(device_plugin: FakeD
     with plugin_sidecar(short_tmp / "s.sock", device_plugin, f"--collectors={plugin.NAME}") as sidecar:
 
         def state(up: int, reason: str = "") -> Scrape:
-            errors = Scrape.fetch(sidecar.url).value(ERRORS, collector=plugin.NAME, reason=reason) if reason else 0
+            errors = Scrape.fetch(sidecar.url).present(ERRORS, collector=plugin.NAME, reason=reason) if reason else 0
 
             def reached(scrape: Scrape) -> bool:
-                failed = not reason or scrape.value(ERRORS, collector=plugin.NAME, reason=reason) > errors
+                failed = not reason or scrape.present(ERRORS, collector=plugin.NAME, reason=reason) > errors
                 return scrape.value(UP, collector=plugin.NAME) == up and failed
 
-            scrape = wait_for(sidecar.url, reached)
+            scrape = scrape_until(sidecar.url, reached)
             assert reached(scrape), f"never up={up} ({reason}):\n{sidecar.log()}"
             return scrape
 

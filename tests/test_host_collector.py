@@ -12,11 +12,11 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import wait_for
 
 from tpuscope import catalog
 from tpuscope.exporter.collectors.host import parse_major_page_faults
 from tpuscope.scrape import Scrape
+from tpuscope.testing.waiting import scrape_until
 from tpuscope.tracing import Monitor
 from tpuscope.workload.sidecar import SidecarProcess
 
@@ -54,22 +54,22 @@ def test_host_and_job_processes(short_tmp: Path, sleeper: subprocess.Popen[bytes
         def complete(s: Scrape) -> bool:
             return s.has(catalog.JOB_THREADS.name, **me) and s.has(catalog.JOB_THREADS.name, **job)
 
-        scrape = wait_for(sidecar.url, lambda s: complete(s) and s.has(catalog.HOST_CPU_UTILIZATION.name))
+        scrape = scrape_until(sidecar.url, lambda s: complete(s) and s.has(catalog.HOST_CPU_UTILIZATION.name))
     assert scrape.value(UP, collector="host") == 1
     cpus = {s.labels["cpu"] for s in scrape.find(catalog.HOST_CPU_UTILIZATION.name)}
     assert cpus == {str(i) for i in range(psutil.cpu_count())}
     assert all(0 <= s.value <= 1 for s in scrape.find(catalog.HOST_CPU_UTILIZATION.name))
-    assert 0 <= scrape.value(catalog.HOST_CPU_IOWAIT.name) <= 1
+    assert 0 <= scrape.present(catalog.HOST_CPU_IOWAIT.name) <= 1
     assert scrape.value(catalog.HOST_MEMORY_TOTAL.name) == psutil.virtual_memory().total
-    assert 0 < scrape.value(catalog.HOST_MEMORY_AVAILABLE.name) <= psutil.virtual_memory().total
+    assert 0 < scrape.present(catalog.HOST_MEMORY_AVAILABLE.name) <= psutil.virtual_memory().total
     assert scrape.has(catalog.HOST_NETWORK.name, direction="transmit")
     # The job found through the pid file, named after its process; this test's process, by its workload.
     assert scrape.value(catalog.JOB_THREADS.name, **job) == 4
     assert (
         scrape.find(catalog.JOB_THREADS.name, **job).__next__().labels["workload"] == psutil.Process(sleeper.pid).name()
     )
-    assert scrape.value(catalog.JOB_RESIDENT_MEMORY.name, workload="hosted", **me) > 10 << 20
-    assert scrape.value(catalog.JOB_CPU.name, workload="hosted", **me) > 0
+    assert scrape.present(catalog.JOB_RESIDENT_MEMORY.name, workload="hosted", **me) > 10 << 20
+    assert scrape.present(catalog.JOB_CPU.name, workload="hosted", **me) > 0
 
 
 def test_a_missing_process_is_reported_and_the_rest_still_served(
@@ -78,16 +78,18 @@ def test_a_missing_process_is_reported_and_the_rest_still_served(
     sleeper.kill()
     sleeper.wait()
     with host_sidecar(short_tmp / "s.sock", f"--pid={sleeper.pid}") as sidecar:
-        scrape = wait_for(sidecar.url, lambda s: s.value(catalog.COLLECTOR_ERRORS.name, reason="process_gone") > 0)
-        assert scrape.value(catalog.COLLECTOR_ERRORS.name, collector="host", reason="process_gone") > 0
-        assert scrape.value(UP, collector="host") == 0
+        scrape = scrape_until(
+            sidecar.url, lambda s: (s.value(catalog.COLLECTOR_ERRORS.name, reason="process_gone") or 0) > 0
+        )
+        assert scrape.present(catalog.COLLECTOR_ERRORS.name, collector="host", reason="process_gone") > 0
+        assert scrape.present(UP, collector="host") == 0
         assert scrape.has(catalog.HOST_MEMORY_TOTAL.name), "what could be read is still served"
         assert f"no process {sleeper.pid}" in sidecar.log()
 
 
 def test_swap_io_is_served_in_both_directions(short_tmp: Path) -> None:
     with host_sidecar(short_tmp / "s.sock") as sidecar:
-        scrape = wait_for(sidecar.url, lambda s: s.has(catalog.HOST_SWAP_IO.name))
+        scrape = scrape_until(sidecar.url, lambda s: s.has(catalog.HOST_SWAP_IO.name))
     swap = psutil.swap_memory()  # read after the scrape: a counter can only have grown since
     served = {s.labels["direction"]: s.value for s in scrape.find(catalog.HOST_SWAP_IO.name)}
     assert served.keys() == {"in", "out"}
@@ -139,12 +141,12 @@ def test_major_page_faults_of_a_job_process(short_tmp: Path, on_disk: Path) -> N
     try:
         with host_sidecar(short_tmp / "s.sock", f"--pid={job.pid}") as sidecar:
             before = int(job.stdout.readline())
-            scrape = wait_for(sidecar.url, served_is(before))
+            scrape = scrape_until(sidecar.url, served_is(before))
             assert served_is(before)(scrape), seen
             job.stdin.write(b"go\n")
             job.stdin.flush()
             after = int(job.stdout.readline())
-            scrape = wait_for(sidecar.url, served_is(after))
+            scrape = scrape_until(sidecar.url, served_is(after))
             assert served_is(after)(scrape), seen
             assert scrape.has(catalog.JOB_CPU.name, pid=str(job.pid))  # beside the job's other series
     finally:

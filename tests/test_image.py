@@ -23,10 +23,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from conftest import require, wait_for, wait_until
+from conftest import require
 
 from tpuscope import catalog, kubernetes
 from tpuscope.testing.prometheus import free_port
+from tpuscope.testing.waiting import scrape_until, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 VERSION = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
@@ -110,14 +111,14 @@ def test_a_sidecar_from_the_image_is_scraped_healthy_and_stops_on_sigterm(built:
     url = f"http://127.0.0.1:{port}/metrics"
     try:
         socket = shared / "events.sock"
-        assert wait_until(socket.exists, timeout=60), built.podman("logs", name).stderr
+        wait_for(socket.exists, 60, "socket.exists", detail=lambda: built.podman("logs", name).stderr)
         job = subprocess.run(
             [sys.executable, "-m", "tpuscope", "bench", "--synthetic", f"--workload={WORKLOAD}", f"--steps={STEPS}",
              "--step-time=0.005", f"--socket={socket}", f"--run-dir={short_tmp / 'job'}"],
             capture_output=True, text=True, timeout=120,
         )  # fmt: skip
         assert job.returncode == 0, job.stdout[-2000:] + job.stderr[-2000:]
-        scrape = wait_for(url, lambda s: s.value(catalog.STEPS.name, workload=WORKLOAD) >= STEPS, timeout=30)
+        scrape = scrape_until(url, lambda s: (s.value(catalog.STEPS.name, workload=WORKLOAD) or 0) >= STEPS, timeout=30)
         assert scrape.value(catalog.STEPS.name, workload=WORKLOAD) == STEPS, built.podman("logs", name).stderr
         assert built.podman("healthcheck", "run", name).returncode == 0
         # Nothing in the image can be written, by the sidecar's user or any other.
@@ -125,7 +126,7 @@ def test_a_sidecar_from_the_image_is_scraped_healthy_and_stops_on_sigterm(built:
         assert "Read-only file system" in write.stderr, write.stderr
 
         assert built.podman("kill", "--signal", "TERM", name).returncode == 0
-        wait_for(url, lambda s: True)  # the scrape of the final state the sidecar lingers for
+        scrape_until(url, lambda s: True)  # the scrape of the final state the sidecar lingers for
         exited = built.podman("wait", name, timeout=60)
         assert exited.stdout.strip() == "0", built.podman("logs", name).stderr
         logs = built.podman("logs", name)

@@ -17,9 +17,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_sidecar import scrape_when
 
 from tpuscope import catalog
+from tpuscope.testing.waiting import scrape_until
 from tpuscope.tracing import Monitor, hooks
 from tpuscope.workload.sidecar import SidecarProcess
 
@@ -247,7 +247,7 @@ def test_mfu_never_reads_above_one_whatever_the_peak_says(sidecar: SidecarProces
         for n in range(5):
             with mon.step(n) as s:
                 s.flops = 1e9
-    scrape = scrape_when(sidecar.url, lambda s: s.value(catalog.STEPS.name, workload="mfu") == 5)
+    scrape = scrape_until(sidecar.url, lambda s: s.value(catalog.STEPS.name, workload="mfu") == 5)
     assert scrape.value(catalog.MFU.name, workload="mfu") == 1.0
 
 

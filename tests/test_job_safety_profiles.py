@@ -22,6 +22,7 @@ import pytest
 
 from tpuscope import catalog, events
 from tpuscope.scrape import Scrape
+from tpuscope.testing.waiting import wait_for
 from tpuscope.tracing.profiles import DEADLINE_FLOOR
 from tpuscope.workload.sidecar import SidecarProcess
 
@@ -458,7 +459,7 @@ def test_the_steps_around_a_capture_run_about_as_fast_as_the_others(module_sidec
 
 # --- the sidecar's side -------------------------------------------------------------------------------------
 def parses(sidecar: SidecarProcess, result: str) -> float:
-    return Scrape.fetch(sidecar.url).value(catalog.PROFILE_PARSES.name, result=result) or 0.0
+    return Scrape.fetch(sidecar.url).present(catalog.PROFILE_PARSES.name, result=result)
 
 
 def write_trace(spool: Path, stem: str, data: bytes) -> Path:
@@ -473,7 +474,6 @@ def test_the_sidecar_answers_each_trace_drops_the_superseded_and_refuses_the_ove
     """A spool left by a sidecar that died, holding two traces of one job, a trace over the size cap (sparse: no
     disk used) and garbage of another job: the new sidecar takes it over, answers each (the older of the two as
     dropped), deletes every trace, counts each outcome, and removes the spool as it stops."""
-    from conftest import wait_until
 
     socket = short_tmp / "ev.sock"
     spool = events.profile_spool(socket)
@@ -488,13 +488,18 @@ def test_the_sidecar_answers_each_trace_drops_the_superseded_and_refuses_the_ove
     with SidecarProcess(socket, "127.0.0.1:0", "--collectors=none") as sidecar:
         answers = [spool / f"{stem}{events.PROFILE_ANSWER_SUFFIX}" for stem in ("11-0000000a-1", "11-0000000a-2")]
         big_answer = spool / f"12-0000000b-1{events.PROFILE_ANSWER_SUFFIX}"
-        assert wait_until(lambda: all(a.exists() for a in [*answers, big_answer]), timeout=60), list(spool.iterdir())
+        wait_for(
+            lambda: all(a.exists() for a in [*answers, big_answer]),
+            60,
+            "answer to every trace",
+            detail=lambda: list(spool.iterdir()),
+        )
         for answer in [*answers, big_answer]:
             import msgspec
 
             assert msgspec.json.decode(answer.read_bytes(), type=events.DeviceProfile).result == "error"
         assert not list(spool.glob(f"*{events.PROFILE_TRACE_SUFFIX}")), "every trace deleted"
-        assert wait_until(lambda: not stale.exists(), timeout=30), "a stale file removed"
+        wait_for(lambda: not stale.exists(), 30, "removal of the stale answer")
         assert parses(sidecar, "dropped") == 1 and parses(sidecar, "too_large") == 1
         assert parses(sidecar, "error") == 1 and parses(sidecar, "ok") == 0
         assert (spool.stat().st_mode & 0o777) == 0o700, "only the socket's owner may write, as to the socket"

@@ -111,3 +111,25 @@ def test_readers_and_version_load_neither_grpc_nor_the_otel_sdk(command: list[st
     loaded = [line.rsplit("|", 1)[-1].strip() for line in result.stderr.splitlines() if line.startswith("import time:")]
     assert "tpuscope.cli" in loaded  # the listing is real: it names our own modules
     assert [name for name in loaded if HEAVY.match(name)] == []
+
+
+def test_no_test_module_imports_another() -> None:
+    """What tests share lives in a helper module (conftest, tests/*_helpers.py, tpuscope.testing): a test module
+    that imports another runs that one's module-level setup as well, and ties a change there to breakage here."""
+    import ast
+
+    tests = ROOT / "tests"
+    test_modules = {path.stem for path in tests.glob("test_*.py")}
+
+    def imported(source: str) -> set[str]:
+        names: set[str] = set()
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, ast.Import):
+                names |= {alias.name.split(".")[0] for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names.add(node.module.split(".")[0])
+        return names
+
+    assert imported("from test_x import y\nimport test_z.w\n") == {"test_x", "test_z"}  # the check can fail
+    crossing = {path.name: imported(path.read_text()) & test_modules for path in sorted(tests.glob("test_*.py"))}
+    assert {name: sorted(found) for name, found in crossing.items() if found} == {}

@@ -12,7 +12,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import wait_for
 from prometheus_client import CollectorRegistry
 from prometheus_client.openmetrics.exposition import generate_latest
 from tpu_info import device as tpu_device
@@ -36,6 +35,7 @@ from tpuscope.testing.fake_tpu import (
     FakeTpuServer,
     default_megascale,
 )
+from tpuscope.testing.waiting import scrape_until
 from tpuscope.workload.sidecar import SidecarProcess
 
 UP = catalog.COLLECTOR_UP.name
@@ -108,7 +108,7 @@ def test_every_runtime_metric_reaches_metrics_per_device(
 ) -> None:
     a, b = two_ports
     with libtpu_sidecar(short_tmp / "s.sock", a.address, b.address) as sidecar:
-        scrape = wait_for(sidecar.url, lambda s: s.value(UP, collector="libtpu") == 1)
+        scrape = scrape_until(sidecar.url, lambda s: s.value(UP, collector="libtpu") == 1)
         assert scrape.value(UP, collector="libtpu") == 1, sidecar.log()
     source = {"source": "libtpu"}
     for chip in [*a.runtime.chips, *b.runtime.chips]:
@@ -147,10 +147,10 @@ def wait_state(url: str, up: int, reason: str | None = None, after: float = 0.0)
     """Until collector_up is `up` (and, going down, the reason's error count has passed `after`)."""
 
     def reached(s: Scrape) -> bool:
-        errors_ok = reason is None or s.value(ERRORS, collector="libtpu", reason=reason) > after
+        errors_ok = reason is None or s.present(ERRORS, collector="libtpu", reason=reason) > after
         return s.value(UP, collector="libtpu") == up and errors_ok
 
-    scrape = wait_for(url, reached)
+    scrape = scrape_until(url, reached)
     assert reached(scrape), f"libtpu never reached up={up} ({reason})"
     return scrape
 
@@ -172,7 +172,7 @@ def test_faults_mark_the_collector_down_with_a_reason_and_it_recovers(short_tmp:
             wait_state(sidecar.url, 1)
 
             # 2. Killed mid-run: down, and the device series go rather than freeze at their last values.
-            errors = Scrape.fetch(sidecar.url).value(ERRORS, collector="libtpu", reason="unavailable")
+            errors = Scrape.fetch(sidecar.url).present(ERRORS, collector="libtpu", reason="unavailable")
             server.stop()
             # The first failed collection may have begun before the stop, and serves what it read by then (a
             # partial answer is fresh); the one after it began with the server gone.

@@ -12,10 +12,9 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import wait_for
 
 from tpuscope import catalog, events
-from tpuscope.scrape import Scrape
+from tpuscope.testing.waiting import scrape_until
 from tpuscope.tracing import Monitor, sinks
 from tpuscope.workload.sidecar import SidecarProcess
 
@@ -91,10 +90,7 @@ def test_drops_are_reported_to_the_sidecar_with_the_next_step(short_tmp: Path) -
         step_until_delivered(monitor, first=10)
         dropped = monitor.dropped
         name = catalog.INGEST_EVENTS.name
-        deadline = time.monotonic() + 5
-        while (scrape := Scrape.fetch(sidecar.url)).value(name, result="accepted") < 1:
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
+        scrape = scrape_until(sidecar.url, lambda s: s.present(name, result="accepted") >= 1, 5)
         assert scrape.value(name, result="dropped") == dropped
         assert scrape.value(catalog.STEPS.name, workload="late") == 1
         monitor.close()
@@ -267,7 +263,7 @@ def test_numpy_and_jax_numbers_are_sent_as_the_numbers_they_hold(sidecar: Sideca
     monitor.close()
     w = {"workload": "numpy"}
     # The compile is the last event sent: once it is in, so is everything before it.
-    scrape = wait_for(
+    scrape = scrape_until(
         sidecar.url, lambda s: s.value(catalog.COMPILE_DURATION.series("count"), stage="backend", **w) == 1
     )
     assert scrape.value(catalog.STEPS.name, **w) == 3
@@ -362,7 +358,9 @@ def test_a_forked_child_never_speaks_for_its_parent_nor_hides_its_death(sidecar:
     try:
         assert job.wait(30) == -signal.SIGKILL
         w = {"workload": "forky"}
-        scrape = wait_for(sidecar.url, lambda s: s.value(catalog.WORKLOAD_FAILURES.name, reason="vanished", **w) >= 1)
+        scrape = scrape_until(
+            sidecar.url, lambda s: (s.value(catalog.WORKLOAD_FAILURES.name, reason="vanished", **w) or 0) >= 1
+        )
         assert os.path.exists(f"/proc/{lingering}"), "the worker was to outlive its parent"
         assert scrape.value(catalog.STEPS.name, **w) == 2
         # The parent's death is seen while its worker lives, and the ended worker's exit was no clean stop.

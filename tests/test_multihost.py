@@ -25,7 +25,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import wait_until
 
 from tpuscope import catalog
 from tpuscope.conventions import COMPUTE_OVER_MEDIAN, PROFILE_OVER_MEDIAN, AlertName
@@ -33,6 +32,7 @@ from tpuscope.fleetsim.rules import scaled_rules_file
 from tpuscope.generator_config import GeneratorConfig
 from tpuscope.scrape import Scrape
 from tpuscope.testing.prometheus import PrometheusServer, target_of
+from tpuscope.testing.waiting import wait_for
 from tpuscope.workload.distributed import HEARTBEAT_TIMEOUT_S, of_worker
 from tpuscope.workload.launcher import WORKER_VARIABLE
 from tpuscope.workload.sidecar import SidecarProcess
@@ -209,9 +209,9 @@ def test_the_profiles_name_a_straggler_in_a_fused_multihost_job_on_one_prometheu
             costs = {}
             for worker, sidecar in enumerate(sidecars):
                 scrape = Scrape.fetch(sidecar.url)
-                captures = scrape.value(catalog.PROFILE_CAPTURES.name, result="ok")
-                seconds = scrape.value(catalog.PROFILE_CAPTURE_SECONDS.name)
-                wall = scrape.value(catalog.GOODPUT_WALL.name)
+                captures = scrape.present(catalog.PROFILE_CAPTURES.name, result="ok")
+                seconds = scrape.present(catalog.PROFILE_CAPTURE_SECONDS.name)
+                wall = scrape.present(catalog.GOODPUT_WALL.name)
                 costs[worker] = (captures, seconds / max(captures, 1), seconds / wall)
             firing_after = ", ".join(f"{where} {seconds:.1f} s" for where, seconds in named.items())
             print(
@@ -254,9 +254,12 @@ def test_a_worker_crash_fails_the_job_in_bounded_time_and_the_rerun_resumes_ever
         scrape = Scrape.fetch(sidecar.url)
         return {s.labels["reason"]: s.value for s in scrape.find(catalog.WORKLOAD_FAILURES.name, workload="multihost")}
 
-    assert wait_until(lambda: all(sum(failures(s).values()) == 1 for s in sidecars), timeout=30), [
-        failures(s) for s in sidecars
-    ]
+    wait_for(
+        lambda: all(sum(failures(s).values()) == 1 for s in sidecars),
+        30,
+        "all(sum(failures(s).values()) == 1 for s in sidecars)",
+        detail=lambda: [failures(s) for s in sidecars],
+    )
     assert failures(sidecars[crashing]) == {"other": 1}, "the worker that crashed says so"
     assert all(failures(sidecars[w]) == {"vanished": 1} for w in peers), "its peers ended without a word"
     print("failures by sidecar:", [failures(s) for s in sidecars])
@@ -269,7 +272,7 @@ def test_a_worker_crash_fails_the_job_in_bounded_time_and_the_rerun_resumes_ever
     for worker, sidecar in enumerate(sidecars):
         scrape = Scrape.fetch(sidecar.url)
         restarts = scrape.value(catalog.WORKLOAD_RESTARTS.name, workload="multihost", reason="resumed")
-        downtime = scrape.value(catalog.GOODPUT.name, workload="multihost", category="downtime")
+        downtime = scrape.present(catalog.GOODPUT.name, workload="multihost", category="downtime")
         assert restarts == 1, scrape.text
         # From the failure (the crashed worker) or the vanishing (its peers, aborted up to a heartbeat timeout
         # later) to the rerun's start: at least the 3 s wait.

@@ -15,11 +15,11 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from conftest import wait_for
 
 from tpuscope import catalog
 from tpuscope.scrape import Scrape
 from tpuscope.testing.fake_nvml import FakeGpu, FakeNvmlState, build, environment
+from tpuscope.testing.waiting import scrape_until
 from tpuscope.workload.sidecar import SidecarProcess
 
 UP = catalog.COLLECTOR_UP.name
@@ -53,13 +53,15 @@ def state(short_tmp: Path) -> FakeNvmlState:
 
 
 def down_with(url: str, reason: str) -> Scrape:
-    scrape = wait_for(url, lambda s: s.value(UP, collector="nvml") == 0 and s.value(ERRORS, reason=reason) > 0)
-    assert scrape.value(ERRORS, collector="nvml", reason=reason) > 0 and scrape.value(UP, collector="nvml") == 0
+    scrape = scrape_until(
+        url, lambda s: s.value(UP, collector="nvml") == 0 and (s.value(ERRORS, reason=reason) or 0) > 0
+    )
+    assert scrape.present(ERRORS, collector="nvml", reason=reason) > 0 and scrape.present(UP, collector="nvml") == 0
     return scrape
 
 
 def up(url: str) -> Scrape:
-    scrape = wait_for(url, lambda s: s.value(UP, collector="nvml") == 1)
+    scrape = scrape_until(url, lambda s: s.value(UP, collector="nvml") == 1)
     assert scrape.value(UP, collector="nvml") == 1
     return scrape
 
@@ -86,14 +88,14 @@ def test_every_gpu_reading_under_the_shared_names(fake_nvml_lib: Path, state: Fa
         state.xid(0, 48)
         state.write()
         xid = catalog.XID_ERRORS.name
-        scrape = wait_for(sidecar.url, lambda s: s.value(xid) == 3)
+        scrape = scrape_until(sidecar.url, lambda s: s.value(xid) == 3)
         assert scrape.value(xid, device="1", xid="79", accelerator="h200") == 2
         assert scrape.value(xid, device="0", xid="48") == 1
 
         # A query a board does not support drops its series; the collector stays up.
         state.not_supported = {"power"}
         state.write()
-        scrape = wait_for(sidecar.url, lambda s: not s.has(catalog.POWER.name))
+        scrape = scrape_until(sidecar.url, lambda s: not s.has(catalog.POWER.name))
         assert not scrape.has(catalog.POWER.name) and scrape.value(UP, collector="nvml") == 1
         assert scrape.has(catalog.TEMPERATURE.name, device="0")
         assert sidecar.log().count("does not support the power query") == 2  # once per GPU, not per collection
@@ -136,7 +138,7 @@ def test_without_a_driver_nvml_says_not_supported(short_tmp: Path) -> None:
         assert "NVML library not found" in sidecar.log()
     # `auto` leaves it off here rather than reporting a down collector on every GPU-less host.
     with SidecarProcess(short_tmp / "t.sock", "127.0.0.1:0", "--collector-interval=0.2") as sidecar:
-        scrape = wait_for(sidecar.url, lambda s: s.value(UP, collector="host") == 1)
+        scrape = scrape_until(sidecar.url, lambda s: s.value(UP, collector="host") == 1)
         assert {s.labels["collector"] for s in scrape.find(UP)} == {"host"}
         assert "collector nvml: off (auto)" in sidecar.log()
 
@@ -147,8 +149,8 @@ def test_one_lost_gpu_does_not_hide_the_others(fake_nvml_lib: Path, state: FakeN
     state.write()
     with nvml_sidecar(short_tmp / "s.sock", environment(fake_nvml_lib, state)) as sidecar:
         scrape = down_with(sidecar.url, "unavailable")
-        scrape = wait_for(sidecar.url, lambda s: s.has(catalog.XID_ERRORS.name))
-        assert scrape.value(UP, collector="nvml") == 0
+        scrape = scrape_until(sidecar.url, lambda s: s.has(catalog.XID_ERRORS.name))
+        assert scrape.present(UP, collector="nvml") == 0
         assert scrape.has(catalog.DUTY_CYCLE.name, device="0")
         assert not scrape.has(catalog.DUTY_CYCLE.name, device="1")
         assert scrape.value(catalog.XID_ERRORS.name, device="0", xid="79") == 1
@@ -181,7 +183,7 @@ def test_max_clocks_and_why_the_driver_holds_the_clocks_down(
     state.gpus[1].clock_sm_max_mhz, state.gpus[1].clock_mem_max_mhz = 1980, 3201
     state.write()
     with nvml_sidecar(short_tmp / "s.sock", environment(fake_nvml_lib, state)) as sidecar:
-        scrape = wait_for(sidecar.url, lambda s: s.has(THROTTLED, device="1"))
+        scrape = scrape_until(sidecar.url, lambda s: s.has(THROTTLED, device="1"))
         for index, gpu in enumerate(state.gpus):
             d = {"device": str(index), "source": "nvml"}
             assert scrape.value(catalog.CLOCK_MAX.name, clock="sm", **d) == gpu.clock_sm_max_mhz * 1e6
@@ -203,7 +205,7 @@ def test_max_clocks_and_why_the_driver_holds_the_clocks_down(
             expected = {reason: float(reason in reasons) for reason in REASONS}
             state.gpus[0].clocks_event_reasons = mask
             state.write()
-            scrape = wait_for(sidecar.url, gpu0_throttled(expected))
+            scrape = scrape_until(sidecar.url, gpu0_throttled(expected))
             assert throttled(scrape, "0") == expected, hex(mask)
             assert throttled(scrape, "1") == dict.fromkeys(REASONS, 0.0)
             assert scrape.value(UP, collector="nvml") == 1
@@ -242,7 +244,7 @@ def test_a_driver_before_r535_answers_under_the_older_name(
     state.gpus[0].clocks_event_reasons = 0x40
     state.write()
     with nvml_sidecar(short_tmp / "s.sock", environment(old_nvml_libs["before_r535"], state)) as sidecar:
-        scrape = wait_for(sidecar.url, lambda s: s.has(THROTTLED, device="1"))
+        scrape = scrape_until(sidecar.url, lambda s: s.has(THROTTLED, device="1"))
         assert throttled(scrape, "0") == {"power_cap": 0.0, "power_brake": 0.0, "thermal": 1.0, "hardware": 0.0}
         assert throttled(scrape, "1") == dict.fromkeys(REASONS, 0.0)
         assert scrape.value(UP, collector="nvml") == 1
@@ -253,7 +255,9 @@ def test_a_driver_with_neither_reasons_query_leaves_throttling_out(
     old_nvml_libs: dict[str, Path], state: FakeNvmlState, short_tmp: Path
 ) -> None:
     with nvml_sidecar(short_tmp / "s.sock", environment(old_nvml_libs["neither"], state)) as sidecar:
-        scrape = wait_for(sidecar.url, lambda s: s.value(UP, collector="nvml") == 1 and s.has(catalog.CLOCK_MAX.name))
+        scrape = scrape_until(
+            sidecar.url, lambda s: s.value(UP, collector="nvml") == 1 and s.has(catalog.CLOCK_MAX.name)
+        )
         assert scrape.value(UP, collector="nvml") == 1
         assert not scrape.has(THROTTLED)
         assert scrape.value(catalog.CLOCK_MAX.name, device="0", clock="sm") == state.gpus[0].clock_sm_max_mhz * 1e6

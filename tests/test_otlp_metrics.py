@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import wait_for, wait_until
 from opentelemetry.sdk.resources import Resource
 from otlp import HttpReceiver, Receiver, as_prometheus
 from prometheus_client import CollectorRegistry
@@ -19,6 +18,7 @@ from tpuscope import catalog
 from tpuscope.exporter.otlp_push import StartTimes, metrics_data
 from tpuscope.scrape import Scrape
 from tpuscope.testing.fake_tpu import Chip, Distribution, FakeTpuRuntime, FakeTpuServer, default_megascale
+from tpuscope.testing.waiting import scrape_until, wait_for
 from tpuscope.tracing import Monitor
 from tpuscope.workload.sidecar import SidecarProcess
 
@@ -73,7 +73,7 @@ def tpuscope_samples(scrape: Scrape) -> dict[tuple[str, frozenset[tuple[str, str
 def the_push_after(receiver: Any) -> Any:
     """The first request that began after the scrape (two pushes on: one may have straddled it)."""
     count = len(receiver.metrics_requests)
-    assert wait_until(lambda: len(receiver.metrics_requests) >= count + 2), "no pushes arrived"
+    wait_for(lambda: len(receiver.metrics_requests) >= count + 2, 20, "two more pushes")
     return receiver.metrics_requests[count + 1]
 
 
@@ -94,11 +94,11 @@ def test_grpc_push_carries_exactly_what_is_scraped_including_sampled_histograms(
         ) as sidecar,
     ):
         run_job(sidecar)
-        scrape = wait_for(
+        scrape = scrape_until(
             sidecar.url,
             lambda s: (
                 s.value(catalog.CHECKPOINT_BYTES.name) == 4096
-                and s.value(catalog.COMPILE_DURATION.series("count")) >= 3
+                and (s.value(catalog.COMPILE_DURATION.series("count")) or 0) >= 3
                 and s.value(catalog.COLLECTOR_UP.name, collector="libtpu") == 1
                 # The job has gone, and the sidecar knows it: a loaded machine can scrape before the sidecar sees
                 # the connection close, and push after (a fresh-clone CI saw its process count scraped, not pushed).
@@ -141,10 +141,10 @@ def test_http_push_uses_the_standard_path_and_counts_its_results(short_tmp: Path
     receiver = HttpReceiver()
     with pushing_sidecar(short_tmp, "http/protobuf", OTEL_EXPORTER_OTLP_ENDPOINT=receiver.endpoint) as sidecar:
         run_job(sidecar)
-        scrape = wait_for(sidecar.url, lambda s: s.value(PUSHES, result="ok") >= 3)
+        scrape = scrape_until(sidecar.url, lambda s: (s.value(PUSHES, result="ok") or 0) >= 3)
         sidecar.stop()
     receiver.stop()
-    assert scrape.value(PUSHES, result="error") == 0
+    assert scrape.present(PUSHES, result="error") == 0
     assert set(receiver.paths) == {"/v1/metrics"}  # the signal's path, appended to the base endpoint
     # The push made at shutdown holds the whole job, whatever the interval had reached.
     _, last = as_prometheus(receiver.metrics_requests[-1])
@@ -162,13 +162,13 @@ def test_an_absent_collector_is_counted_logged_once_and_retried_until_it_appears
     port = free_port()
     endpoint = f"http://127.0.0.1:{port}"
     with pushing_sidecar(short_tmp, "grpc", OTEL_EXPORTER_OTLP_METRICS_ENDPOINT=endpoint) as sidecar:
-        failing = wait_for(sidecar.url, lambda s: s.value(PUSHES, result="error") >= 2)
-        assert failing.value(PUSHES, result="error") >= 2 and failing.value(PUSHES, result="ok") == 0
+        failing = scrape_until(sidecar.url, lambda s: (s.value(PUSHES, result="error") or 0) >= 2)
+        assert failing.present(PUSHES, result="error") >= 2 and failing.present(PUSHES, result="ok") == 0
         receiver = Receiver(port)  # the collector comes up where the sidecar was told to look
         try:
-            recovered = wait_for(sidecar.url, lambda s: s.value(PUSHES, result="ok") >= 1)
-            assert recovered.value(PUSHES, result="ok") >= 1
-            assert wait_until(lambda: len(receiver.metrics_requests) >= 1)
+            recovered = scrape_until(sidecar.url, lambda s: (s.value(PUSHES, result="ok") or 0) >= 1)
+            assert recovered.present(PUSHES, result="ok") >= 1
+            wait_for(lambda: len(receiver.metrics_requests) >= 1, 20, "push after the recovery")
         finally:
             sidecar.stop()
             receiver.stop()

@@ -12,10 +12,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import variation, wait_until
+from conftest import variation
 
 from tpuscope import catalog, events
 from tpuscope.scrape import Scrape
+from tpuscope.testing.waiting import wait_for
 from tpuscope.tracing import Monitor
 from tpuscope.tracing.profiles import (
     CAPTURED_STEPS,
@@ -91,9 +92,9 @@ def test_where_the_collective_wait_varies_by_half_the_alert_series_varies_less_t
         while not stop.is_set():
             scrape = Scrape.fetch(sidecar.url)
             step, part = catalog.PROFILE_STEP.name, catalog.PROFILE_TIME.name
-            if scrape.has(step, workload=workload) and scrape.value(step, workload=workload) > 0:
+            if (scrape.value(step, workload=workload) or 0) > 0:
                 seen = scrape.value(catalog.PROFILE_CAPTURES.name, workload=workload, result="ok")
-                share = scrape.value(part, workload=workload, part="exposed_collective") / scrape.value(
+                share = scrape.present(part, workload=workload, part="exposed_collective") / scrape.present(
                     step, workload=workload
                 )
                 if not served or served[-1] != (seen, share):
@@ -106,7 +107,7 @@ def test_where_the_collective_wait_varies_by_half_the_alert_series_varies_less_t
         job = run_job(sidecar, 60, "0.3", "--captures", "7", "--workload", workload, "--straggle-jitter", "0")
         ok = [p for p in job["profiles"] if p["result"] == "ok"]
         # the sidecar has every profile the job sent once it counts them
-        wait_until(lambda: bool(served) and served[-1][0] >= len(ok), timeout=30)
+        wait_for(lambda: bool(served) and served[-1][0] >= len(ok), 30, f"{len(ok)} ok captures served")
     finally:
         stop.set()
         watcher.join(timeout=10)

@@ -8,7 +8,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from conftest import require, wait_for
+from conftest import require
 from otlp import Receiver
 
 from tpuscope import catalog, events
@@ -16,6 +16,7 @@ from tpuscope.testing.fake_device_plugin import FakeDevicePlugin, chips, page
 from tpuscope.testing.fake_nvml import FakeGpu, FakeNvmlState, environment
 from tpuscope.testing.fake_tpu import Chip, FakeTpuRuntime, FakeTpuServer, default_megascale
 from tpuscope.testing.prometheus import PrometheusServer, target_of
+from tpuscope.testing.waiting import scrape_until
 from tpuscope.tracing import Monitor
 from tpuscope.workload import synthetic
 from tpuscope.workload.sidecar import SidecarProcess
@@ -101,7 +102,7 @@ def test_metrics_pass_promtool_check_metrics_with_every_collector_on(short_tmp: 
         mon.lifecycle("stop")  # ended cleanly: its end time
         Monitor("lint-down", socket=sidecar.socket).close(failed=True)  # down since its failure
         # Every family of the catalogue has samples, so promtool sees every metric.
-        scrape = wait_for(sidecar.url, lambda s: all(f"\n{m.name}" in s.text for m in catalog.CATALOG))
+        scrape = scrape_until(sidecar.url, lambda s: all(f"\n{m.name}" in s.text for m in catalog.CATALOG))
         for collector in ("libtpu", "gke-device-plugin", "nvml", "host"):
             assert scrape.value(catalog.COLLECTOR_UP.name, collector=collector) == 1, sidecar.log()
         with urllib.request.urlopen(sidecar.url) as r:

@@ -17,9 +17,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import require, wait_until
+from conftest import require
 
 from tpuscope import catalog
+from tpuscope.testing.waiting import wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
@@ -47,7 +48,9 @@ class Namespace:
             ["unshare", "--user", "--map-root-user", "--net", "sh", "-c", "ip link set lo up && exec sleep infinity"],
             stderr=subprocess.PIPE,
         )
-        assert wait_until(lambda: self._up() or self.holder.poll() is not None, timeout=30)
+        wait_for(
+            lambda: self._up() or self.holder.poll() is not None, 30, "self._up() or self.holder.poll() is not None"
+        )
         assert self.holder.poll() is None, self.holder.stderr.read() if self.holder.stderr else ""
         self.env = {
             **os.environ,
@@ -119,7 +122,12 @@ def test_the_instrumented_loop_runs_next_to_a_sidecar(namespace: Namespace, shor
     sidecar = subprocess.Popen(namespace.command(background), cwd=ROOT, env=env, stdout=log, stderr=log)
     try:
         # A person types the next line after the sidecar has started; the socket is there once it listens.
-        assert wait_until((short_tmp / "tpuscope.sock").exists, timeout=60), (short_tmp / "serve.log").read_text()
+        wait_for(
+            (short_tmp / "tpuscope.sock").exists,
+            60,
+            '(short_tmp / "tpuscope.sock").exists',
+            detail=lambda: (short_tmp / "serve.log").read_text(),
+        )
         outputs = []
         for line in rest:
             done = subprocess.run(

@@ -23,8 +23,8 @@ from typing import Any
 import msgspec
 import pytest
 from chromium import Chromium
-from conftest import require, wait_until
-from test_dashboard_queries import Fleet, backfilled
+from conftest import require
+from dashboard_helpers import Fleet, backfilled
 
 from tpuscope import alerts, catalog, events
 from tpuscope.conventions import AlertName
@@ -33,6 +33,7 @@ from tpuscope.report import prometheus, recording, render
 from tpuscope.report.model import StalledCores
 from tpuscope.report.window import Window, parse_time
 from tpuscope.testing.prometheus import PrometheusServer, target_of
+from tpuscope.testing.waiting import wait_for
 from tpuscope.thresholds import Thresholds
 from tpuscope.tracing import Monitor, read_records
 from tpuscope.workload import synthetic
@@ -80,8 +81,8 @@ def run(module_tmp: Path) -> Iterator[Run]:
             return {a["metric"]["alertname"] for a in firing} >= EXPECTED_ALERTS
 
         # WorkloadFailed waits a minute (for: 1m) for a preemption's verdict before it fires.
-        assert wait_until(fired, timeout=150), prom.query("ALERTS")
-        time.sleep(2)  # one more scrape: the last events are in Prometheus
+        wait_for(fired, 150, "fired", detail=lambda: prom.query("ALERTS"))
+        prom.catch_up()  # one more scrape: the last events are in Prometheus
         recording = module_tmp / "events.jsonl"
         yield Run(prom.url, recording, started, read_records(recording), module_tmp)
 
@@ -239,8 +240,12 @@ def test_a_workload_on_two_hosts_is_summed_and_a_restart_counted_once(short_tmp:
             with Monitor("pair", socket=sidecar.socket, traces=False) as mon:
                 mon.lifecycle("restart", reason="preemption")
                 synthetic.run(mon, 40, profile)
-        assert wait_until(lambda: len(prom.query(f'{catalog.STEPS.name}{{workload="pair"}} == 40')) == 2, 30)
-        time.sleep(2)
+        wait_for(
+            lambda: len(prom.query(f'{catalog.STEPS.name}{{workload="pair"}} == 40')) == 2,
+            30,
+            "both ranks' 40 steps in Prometheus",
+        )
+        prom.catch_up()  # one more scrape: every last event is in Prometheus, not only the steps
         out = short_tmp / "out"
         result = report(
             f"--prometheus={prom.url}", "--workload=pair", f"--since={time.time() - started + 5:.0f}s", f"--out={out}"

@@ -27,7 +27,7 @@ from typing import Any
 import bcrypt
 import pytest
 import yaml
-from conftest import require, wait_until
+from conftest import require
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
@@ -35,6 +35,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from tpuscope import catalog
 from tpuscope.testing.prometheus import PrometheusServer, target_of
+from tpuscope.testing.waiting import wait_for
 from tpuscope.workload.sidecar import SidecarProcess
 
 USER = "prometheus"
@@ -193,9 +194,14 @@ def test_prometheus_scrapes_over_tls_with_credentials_and_is_refused_without(
         PrometheusServer(short_tmp / "good", target, scrape=scrape(PASSWORD)) as good,
         PrometheusServer(short_tmp / "bad", target, scrape=scrape("wrong")) as bad,
     ):
-        assert wait_until(lambda: good.scalar('up{job="tpuscope"}') == 1, timeout=30), good.log_path.read_text()
+        wait_for(
+            lambda: good.scalar('up{job="tpuscope"}') == 1,
+            30,
+            "good.scalar('up{job=\"tpuscope\"}') == 1",
+            detail=lambda: good.log_path.read_text(),
+        )
         assert good.scalar(f"sum({catalog.BUILD_INFO.name})") == 1
-        assert wait_until(lambda: bad.scalar('up{job="tpuscope"}') == 0, timeout=30)
+        wait_for(lambda: bad.scalar('up{job="tpuscope"}') == 0, 30, "bad.scalar('up{job=\"tpuscope\"}') == 0")
         with urllib.request.urlopen(bad.url + "/api/v1/targets", timeout=10) as r:
             (active,) = json.load(r)["data"]["activeTargets"]
     assert active["health"] == "down"
@@ -285,30 +291,44 @@ def test_the_web_config_and_certificates_are_reloaded_when_they_change(pki: Pki,
         new_password = secrets.token_urlsafe(16)
         new_hash = bcrypt.hashpw(new_password.encode(), bcrypt.gensalt(rounds=4)).decode()
         write_web_config(config, {**SECURED, "basic_auth_users": {USER: new_hash}})
-        assert wait_until(lambda: get(sidecar.url, context, password=new_password)[0] == 200, timeout=10)
+        wait_for(
+            lambda: get(sidecar.url, context, password=new_password)[0] == 200,
+            10,
+            "get(sidecar.url, context, password=new_password)[0] == 200",
+        )
         assert get(sidecar.url, context)[0] == 401
         # ...a rotated certificate, the config file untouched...
         rotated, _, _ = issue(directory, "server", pki.ca_pair)
-        assert wait_until(lambda: peer_certificate(sidecar.url, context) == rotated.der, timeout=10)
+        wait_for(
+            lambda: peer_certificate(sidecar.url, context) == rotated.der,
+            10,
+            "peer_certificate(sidecar.url, context) == rotated.der",
+        )
         # ...and a broken file, which is logged and leaves the last good config in force.
         config.write_text("basic_auth_users: [")
         # The file is looked at when a request comes, so requests it is that find the breakage.
-        assert wait_until(
+        wait_for(
             lambda: get(sidecar.url, context, password=new_password)[0] == 200 and "not valid YAML" in sidecar.log(),
-            timeout=10,
-        ), sidecar.log()
+            10,
+            'get(sidecar.url, context, password=new_password)[0] == 200 and "not valid YAML" in sidecar.log()',
+            detail=lambda: sidecar.log(),
+        )
         # A file caught half-written: a cut multi-byte character, then an empty file (a rewrite in place,
         # `cat new > web.yml`). Neither may stop the server, nor turn basic auth off for a moment.
         config.write_bytes("# r\u00e9sum\u00e9\n".encode()[:4])
-        assert wait_until(
+        wait_for(
             lambda: get(sidecar.url, context, password=new_password)[0] == 200 and "not UTF-8" in sidecar.log(),
-            timeout=10,
-        ), sidecar.log()
+            10,
+            'get(sidecar.url, context, password=new_password)[0] == 200 and "not UTF-8" in sidecar.log()',
+            detail=lambda: sidecar.log(),
+        )
         config.write_text(yaml.safe_dump({"tls_server_config": SECURED["tls_server_config"]}))
-        assert wait_until(
+        wait_for(
             lambda: get(sidecar.url, context)[0] == 401 and "turns TLS or basic auth on or off" in sidecar.log(),
-            timeout=10,
-        ), sidecar.log()
+            10,
+            'get(sidecar.url, context)[0] == 401 and "turns TLS or basic auth on or off" in sidecar.log()',
+            detail=lambda: sidecar.log(),
+        )
         assert get(sidecar.url, context, password=new_password)[0] == 200
 
 
@@ -393,7 +413,7 @@ def test_the_socket_directory_is_created_private(short_tmp: Path) -> None:
         stderr=subprocess.DEVNULL,
     )
     try:
-        assert wait_until(lambda: os.path.lexists(path), timeout=20)
+        wait_for(lambda: os.path.lexists(path), 20, "os.path.lexists(path)")
         assert stat.S_IMODE(os.stat(directory).st_mode) == 0o700
     finally:
         proc.terminate()

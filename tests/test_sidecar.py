@@ -13,12 +13,11 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Callable
 from pathlib import Path
 
 import msgspec
 import pytest
-from conftest import variation, wait_for
+from conftest import variation
 from prometheus_client import CollectorRegistry
 
 from tpuscope import catalog, conventions, events
@@ -27,6 +26,7 @@ from tpuscope.exporter.exposition import Writer
 from tpuscope.exporter.metrics import register
 from tpuscope.exporter.samples import SampleStore
 from tpuscope.scrape import Scrape
+from tpuscope.testing.waiting import scrape_until
 from tpuscope.tracing import Monitor
 from tpuscope.workload.sidecar import SidecarProcess
 
@@ -40,14 +40,6 @@ def send(path: Path, *messages: bytes) -> None:
         s.connect(str(path))
         for message in messages:
             s.send(message)
-
-
-def scrape_when(url: str, ready: Callable[[Scrape], bool], timeout: float = 5.0) -> Scrape:
-    deadline = time.monotonic() + timeout
-    while not ready(scrape := Scrape.fetch(url)):
-        assert time.monotonic() < deadline, f"condition not met; last scrape:\n{scrape.text}"
-        time.sleep(0.05)
-    return scrape
 
 
 def test_an_event_read_late_is_filed_at_the_time_it_was_sent(sidecar: SidecarProcess) -> None:
@@ -64,8 +56,8 @@ def test_an_event_read_late_is_filed_at_the_time_it_was_sent(sidecar: SidecarPro
             time.sleep(1.5)
         finally:
             os.kill(sidecar.proc.pid, signal.SIGCONT)
-        scrape = scrape_when(sidecar.url, lambda s: s.value(catalog.LAST_STEP.name, workload="late") > 0)
-    assert abs(scrape.value(catalog.LAST_STEP.name, workload="late") - sent) < 0.3
+        scrape = scrape_until(sidecar.url, lambda s: (s.value(catalog.LAST_STEP.name, workload="late") or 0) > 0)
+    assert abs(scrape.present(catalog.LAST_STEP.name, workload="late") - sent) < 0.3
 
 
 def test_bad_datagrams_are_counted_by_reason_and_the_daemon_keeps_serving(sidecar: SidecarProcess) -> None:
@@ -79,7 +71,7 @@ def test_bad_datagrams_are_counted_by_reason_and_the_daemon_keeps_serving(sideca
     }
     send(sidecar.socket, *bad.values())
     send(sidecar.socket, step)
-    scrape = scrape_when(sidecar.url, lambda s: s.value(INGEST, result="accepted") >= 1)
+    scrape = scrape_until(sidecar.url, lambda s: (s.value(INGEST, result="accepted") or 0) >= 1)
     for reason in bad:
         assert scrape.value(INVALID, reason=reason) == 1, reason
     assert scrape.value(INGEST, result="invalid") == len(bad)
@@ -109,7 +101,7 @@ def test_every_event_kind_lands_in_its_metric(sidecar: SidecarProcess) -> None:
         loaded = time.time()
         mon.model_loaded("v2")  # a new model replaces the old: one series, the age of the one served now
     expected_events = mon.sent
-    scrape = scrape_when(sidecar.url, lambda s: s.value(INGEST, result="accepted") >= expected_events)
+    scrape = scrape_until(sidecar.url, lambda s: (s.value(INGEST, result="accepted") or 0) >= expected_events)
     w = {"workload": "kinds"}
     assert scrape.value(catalog.STEP_DURATION.series("count"), **w) == 1
     assert scrape.value(catalog.COMPILE_DURATION.series("sum"), stage="backend", **w) == 2.5
@@ -139,22 +131,22 @@ def test_a_checkpoint_or_compile_ending_is_progress_as_a_step_is(sidecar: Sideca
     w = {"workload": "progress"}
     last_step, progress = catalog.LAST_STEP.name, catalog.LAST_PROGRESS.name
     with Monitor("progress", socket=sidecar.socket) as mon:
-        started = scrape_when(sidecar.url, lambda s: s.value(progress, **w) > 0)
-        assert started.value(progress, **w) == started.value(last_step, **w)  # the start is progress
+        started = scrape_until(sidecar.url, lambda s: (s.value(progress, **w) or 0) > 0)
+        assert started.present(progress, **w) == started.present(last_step, **w)  # the start is progress
         time.sleep(0.05)
         with mon.step(0):
             pass
-        stepped = scrape_when(sidecar.url, lambda s: s.value(last_step, **w) > started.value(last_step, **w))
-        assert stepped.value(progress, **w) == stepped.value(last_step, **w)
+        stepped = scrape_until(sidecar.url, lambda s: (s.value(last_step, **w) or 0) > started.present(last_step, **w))
+        assert stepped.present(progress, **w) == stepped.present(last_step, **w)
         time.sleep(0.05)
         mon.compile("backend", 30.0, function="train_step")
-        compiled = scrape_when(sidecar.url, lambda s: s.value(progress, **w) > stepped.value(progress, **w))
+        compiled = scrape_until(sidecar.url, lambda s: (s.value(progress, **w) or 0) > stepped.present(progress, **w))
         time.sleep(0.05)
         with pytest.raises(OSError), mon.checkpoint("save", step=1):  # a failed save too: the job goes on
             raise OSError("disk full")
-        saved = scrape_when(sidecar.url, lambda s: s.value(progress, **w) > compiled.value(progress, **w))
+        saved = scrape_until(sidecar.url, lambda s: (s.value(progress, **w) or 0) > compiled.present(progress, **w))
     assert saved.value(progress, **w) == pytest.approx(time.time(), abs=60)
-    assert saved.value(last_step, **w) == stepped.value(last_step, **w)  # neither is a step
+    assert saved.present(last_step, **w) == stepped.present(last_step, **w)  # neither is a step
 
 
 def test_openmetrics_is_served_when_asked_for(sidecar: SidecarProcess) -> None:
@@ -221,8 +213,8 @@ def test_sidecar_survives_a_job_restart(sidecar: SidecarProcess) -> None:
     for run in range(2):
         with Monitor("restarts", socket=sidecar.socket) as mon, mon.step(run):
             pass
-    scrape = scrape_when(sidecar.url, lambda s: s.value(catalog.STEPS.name, workload="restarts") == 2)
-    assert scrape.value(INGEST, result="invalid") == 0
+    scrape = scrape_until(sidecar.url, lambda s: s.value(catalog.STEPS.name, workload="restarts") == 2)
+    assert scrape.present(INGEST, result="invalid") == 0
 
 
 def test_sigkill_leaves_a_socket_the_next_sidecar_reclaims(short_tmp: Path) -> None:
@@ -247,14 +239,14 @@ def test_a_killed_job_is_recorded_as_a_failure(sidecar: SidecarProcess) -> None:
         "os.kill(os.getpid(), signal.SIGKILL)\n"
     )
     assert subprocess.run([sys.executable, "-c", job], timeout=30).returncode == -signal.SIGKILL
-    scrape = scrape_when(
+    scrape = scrape_until(
         sidecar.url, lambda s: s.has(catalog.WORKLOAD_FAILURES.name, workload="killed", reason="vanished")
     )
     assert scrape.value(catalog.STEPS.name, workload="killed") == 1
     # A job that closes its Monitor is not a failure.
     with Monitor("clean", socket=sidecar.socket) as mon, mon.step(0):
         pass
-    scrape = scrape_when(sidecar.url, lambda s: s.value(catalog.STEPS.name, workload="clean") == 1)
+    scrape = scrape_until(sidecar.url, lambda s: s.value(catalog.STEPS.name, workload="clean") == 1)
     time.sleep(0.2)
     assert not Scrape.fetch(sidecar.url).has(catalog.WORKLOAD_FAILURES.name, workload="clean")
 
@@ -263,15 +255,12 @@ def test_connected_processes_per_workload_come_and_go(sidecar: SidecarProcess) -
     """While a workload's processes are connected it has a series; it goes with the last of them."""
     processes = catalog.WORKLOAD_PROCESSES.name
 
-    def count(scrape: Scrape) -> float:
-        return scrape.value(processes, workload="pair") if scrape.has(processes, workload="pair") else 0
-
     first, second = Monitor("pair", socket=sidecar.socket), Monitor("pair", socket=sidecar.socket)
-    scrape_when(sidecar.url, lambda s: count(s) == 2)
+    scrape_until(sidecar.url, lambda s: s.value(processes, workload="pair") == 2)
     first.close()
-    scrape_when(sidecar.url, lambda s: count(s) == 1)
+    scrape_until(sidecar.url, lambda s: s.value(processes, workload="pair") == 1)
     second.close()
-    gone = scrape_when(sidecar.url, lambda s: not s.has(processes, workload="pair"))
+    gone = scrape_until(sidecar.url, lambda s: not s.has(processes, workload="pair"))
     assert gone.has(INGEST, result="accepted")  # the sidecar serves on: only the workload's series went
 
 
@@ -295,9 +284,9 @@ def test_out_of_file_descriptors_a_connection_is_refused_counted_and_the_ingest_
                 with mon.step(n):
                     pass
         w = {"workload": "after-emfile"}
-        scrape = wait_for(sidecar.url, lambda s: s.value(catalog.STEPS.name, **w) == 3)
+        scrape = scrape_until(sidecar.url, lambda s: s.value(catalog.STEPS.name, **w) == 3)
         assert scrape.value(catalog.STEPS.name, **w) == 3, sidecar.log()
-        assert scrape.value(catalog.INGEST_CONNECTION_ERRORS.name, reason="accept") > 0
+        assert scrape.present(catalog.INGEST_CONNECTION_ERRORS.name, reason="accept") > 0
         with urllib.request.urlopen(sidecar.url.replace("/metrics", "/healthz"), timeout=5) as r:
             assert r.status == 200
         assert "cannot accept a job's connection" in sidecar.log()
@@ -337,7 +326,7 @@ def profile_series(scrape: Scrape, workload: str) -> dict[tuple[str, str], float
 def test_a_step_with_a_profile_sets_the_profile_series(sidecar: SidecarProcess) -> None:
     step = events.Step(workload="prof", step=1, duration_s=1.0, compute_s=1.0, profile=PROFILED)
     send(sidecar.socket, events.encode(step))
-    scrape = scrape_when(sidecar.url, lambda s: s.value(catalog.STEPS.name, workload="prof") == 1)
+    scrape = scrape_until(sidecar.url, lambda s: s.value(catalog.STEPS.name, workload="prof") == 1)
     got = profile_series(scrape, "prof")
     received = got.pop((catalog.PROFILE_LAST_CAPTURE.name, ""))
     assert received == pytest.approx(time.time(), abs=60)
@@ -365,7 +354,7 @@ def test_a_step_with_a_profile_sets_the_profile_series(sidecar: SidecarProcess) 
     steps = (PROFILED_STEP, msgspec.structs.replace(PROFILED_STEP, exposed_collective_s=0.1, idle_s=0.3))
     second = msgspec.structs.replace(PROFILED, steps=2, per_step=steps, ops_by_category=40, ops_by_name=2)
     send(sidecar.socket, events.encode(msgspec.structs.replace(step, step=2, profile=second)))
-    scrape = scrape_when(sidecar.url, lambda s: s.value(catalog.STEPS.name, workload="prof") == 2)
+    scrape = scrape_until(sidecar.url, lambda s: s.value(catalog.STEPS.name, workload="prof") == 2)
     exposed = [0.3] * 4 + [0.3, 0.1]
     assert scrape.value(catalog.PROFILE_STEPS.name, workload="prof") == 6
     mean = {
@@ -381,7 +370,7 @@ def test_a_step_with_a_profile_sets_the_profile_series(sidecar: SidecarProcess) 
     # A workload whose captures saw no collective at all: no overlap to speak of.
     alone = msgspec.structs.replace(PROFILED, exposed_collective_s=0.0, overlapped_collective_s=0.0, idle_s=0.4)
     send(sidecar.socket, events.encode(msgspec.structs.replace(step, workload="solo", profile=alone)))
-    scrape = scrape_when(sidecar.url, lambda s: s.value(catalog.STEPS.name, workload="solo") == 1)
+    scrape = scrape_until(sidecar.url, lambda s: s.value(catalog.STEPS.name, workload="solo") == 1)
     assert not scrape.has(catalog.PROFILE_OVERLAP.name, workload="solo")
     assert scrape.value(catalog.PROFILE_TIME.name, workload="solo", part="idle") == 0.4
 
@@ -451,7 +440,7 @@ def test_the_alert_series_over_three_captures_varies_less_than_one_captures_two_
     for index, exposed in enumerate(steps):
         send_capture(aggregator, "w", index * PERIOD, capture(tuple(exposed)))
         scrape = served(registry)
-        share = scrape.value(catalog.PROFILE_TIME.name, workload="w", part="exposed_collective") / scrape.value(
+        share = scrape.present(catalog.PROFILE_TIME.name, workload="w", part="exposed_collective") / scrape.present(
             catalog.PROFILE_STEP.name, workload="w"
         )
         served_mean.append(share)
@@ -482,7 +471,7 @@ def test_a_busy_or_failed_capture_is_only_counted(sidecar: SidecarProcess) -> No
     for step, result, cost, period in attempts:
         profile = events.DeviceProfile(result, capture_s=cost, period_s=period)
         send(sidecar.socket, events.encode(events.Step(workload="unprof", step=step, duration_s=1.0, profile=profile)))
-    scrape = scrape_when(sidecar.url, lambda s: s.value(catalog.STEPS.name, workload="unprof") == 3)
+    scrape = scrape_until(sidecar.url, lambda s: s.value(catalog.STEPS.name, workload="unprof") == 3)
     assert profile_series(scrape, "unprof") == {
         (catalog.PROFILE_CAPTURES.name, "busy"): 1,
         (catalog.PROFILE_CAPTURES.name, "error"): 2,
@@ -499,8 +488,8 @@ def test_the_period_goes_with_an_expired_workload(short_tmp: Path) -> None:
     with SidecarProcess(path, "127.0.0.1:0", "--workload-expiry", "2s", "--collectors=none") as sidecar:
         step = events.Step(workload="ended", step=1, duration_s=1.0, compute_s=1.0, profile=PROFILED)
         send(path, events.encode(step))
-        scrape = scrape_when(sidecar.url, lambda s: s.has(catalog.PROFILE_PERIOD.name, workload="ended"))
+        scrape = scrape_until(sidecar.url, lambda s: s.has(catalog.PROFILE_PERIOD.name, workload="ended"))
         assert scrape.value(catalog.PROFILE_PERIOD.name, workload="ended") == 900.0
-        scrape = scrape_when(sidecar.url, lambda s: not profile_series(s, "ended"), timeout=30)
+        scrape = scrape_until(sidecar.url, lambda s: not profile_series(s, "ended"), timeout=30)
         assert not scrape.has(catalog.PROFILE_PERIOD.name, workload="ended")
         assert scrape.value(catalog.WORKLOADS_EXPIRED.name) == 1

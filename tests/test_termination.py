@@ -19,11 +19,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import wait_for, wait_until
 
 from tpuscope import catalog, gce_metadata
 from tpuscope.exporter.endings import HOLD_SECONDS
 from tpuscope.scrape import Scrape
+from tpuscope.testing.waiting import scrape_until, wait_for
 from tpuscope.workload.sidecar import SidecarProcess
 
 pytestmark = pytest.mark.long
@@ -133,8 +133,10 @@ def start_job(tmp: Path, sidecar: SidecarProcess, mode: str) -> subprocess.Popen
 
 def wait_stepping(sidecar: SidecarProcess) -> None:
     """Until the job has stepped (scraping, as Prometheus does: the sidecar then lingers for a last scrape)."""
-    scrape = wait_for(sidecar.url, lambda s: s.value(catalog.STEPS.name, workload=WORKLOAD) >= 3, timeout=120)
-    assert scrape.value(catalog.STEPS.name, workload=WORKLOAD) >= 3, sidecar.log()
+    scrape = scrape_until(
+        sidecar.url, lambda s: (s.value(catalog.STEPS.name, workload=WORKLOAD) or 0) >= 3, timeout=120
+    )
+    assert scrape.present(catalog.STEPS.name, workload=WORKLOAD) >= 3, sidecar.log()
 
 
 def ended(job: subprocess.Popen[str]) -> tuple[int, str]:
@@ -194,7 +196,7 @@ def test_a_job_terminated_as_a_pod_is_booked_as_the_metadata_server_says(
         status, err = ended(job)
         assert status == -signal.SIGTERM, err
         if reason != "vanished":  # a notice is booked as soon as it is read: a scrape before the sidecar's end
-            before = wait_for(sidecar.url, lambda s: bool(failures(s)), timeout=30)
+            before = scrape_until(sidecar.url, lambda s: bool(failures(s)), timeout=30)
             assert failures(before) == {reason: 1.0}, sidecar.log()
         assert failures(final_state(sidecar)) == {reason: 1.0}, sidecar.log()
     assert metadata.asked and not metadata.refused
@@ -214,12 +216,16 @@ def test_a_notice_that_lags_the_jobs_end_is_read_at_the_sidecars_sigterm(
         assert status == -signal.SIGTERM, err
         exited = time.time()
         # The sidecar asked both questions once the job had gone, and heard no notice: its verdict waits.
-        assert wait_until(lambda: gce_metadata.PREEMPTED_PATH in paths_asked(metadata, since=asked_before))
+        wait_for(
+            lambda: gce_metadata.PREEMPTED_PATH in paths_asked(metadata, since=asked_before),
+            20,
+            "gce_metadata.PREEMPTED_PATH in paths_asked(metadata, since=asked_before)",
+        )
         metadata.preempted = "TRUE"
         terminated = time.time()
         scrape = final_state(sidecar)
     assert failures(scrape) == {"preemption": 1.0}, sidecar.log()
-    down_since = scrape.value(catalog.WORKLOAD_DOWN_SINCE.name, workload=WORKLOAD)
+    down_since = scrape.present(catalog.WORKLOAD_DOWN_SINCE.name, workload=WORKLOAD)
     assert exited - 10 < down_since < terminated
 
 
@@ -252,7 +258,7 @@ def test_where_the_platform_cannot_tell_a_job_that_vanished_is_booked_at_once(
         job.send_signal(signal.SIGTERM)
         status, err = ended(job)
         assert status == -signal.SIGTERM, err
-        scrape = wait_for(sidecar.url, lambda s: bool(failures(s)), timeout=HOLD_SECONDS - 2)
+        scrape = scrape_until(sidecar.url, lambda s: bool(failures(s)), timeout=HOLD_SECONDS - 2)
         assert failures(scrape) == {"vanished": 1.0}, sidecar.log()
         assert failures(final_state(sidecar)) == {"vanished": 1.0}
     if where == "GKE's metadata server":  # asked once, at start, whether it serves the notices; not again

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import require, wait_until
+from conftest import require
 from rich.console import Console
 
 from tpuscope import top
@@ -18,6 +18,7 @@ from tpuscope.conventions import DEFAULT_PORT
 from tpuscope.scrape import Scrape
 from tpuscope.testing.fake_tpu import Chip, FakeTpuRuntime, FakeTpuServer, default_megascale
 from tpuscope.testing.prometheus import PrometheusServer, free_port
+from tpuscope.testing.waiting import wait_for
 from tpuscope.tracing import Monitor
 from tpuscope.workload import synthetic
 from tpuscope.workload.sidecar import SidecarProcess
@@ -41,7 +42,11 @@ def sidecar(short_tmp: Path) -> Iterator[SidecarProcess]:
             "--worker=3",
         ) as process,
     ):
-        assert wait_until(lambda: Scrape.fetch(process.url).has(top.c.DUTY_CYCLE.name))
+        wait_for(
+            lambda: Scrape.fetch(process.url).has(top.c.DUTY_CYCLE.name),
+            20,
+            "Scrape.fetch(process.url).has(top.c.DUTY_CYCLE.name)",
+        )
         yield process
 
 
@@ -75,7 +80,11 @@ def test_once_prints_devices_workloads_and_where_the_host_is(form: str, sidecar:
     where = {"url": sidecar.url, "host:port": f"127.0.0.1:{port}", "localhost:port": f"localhost:{port}"}[form]
     with Monitor("llm", socket=sidecar.socket, traces=False) as mon:
         synthetic.run(mon, 30, PROFILE)
-    assert wait_until(lambda: Scrape.fetch(sidecar.url).value(top.c.STEPS.name, workload="llm") == 30)
+    wait_for(
+        lambda: Scrape.fetch(sidecar.url).value(top.c.STEPS.name, workload="llm") == 30,
+        20,
+        'Scrape.fetch(sidecar.url).value(top.c.STEPS.name, workload="llm") == 30',
+    )
     out = top_once(where)
     assert out.returncode == 0, out.stdout + out.stderr
     text = out.stdout
@@ -163,7 +172,7 @@ def test_firing_tpuscope_alerts_come_from_prometheus(sidecar: SidecarProcess, sh
             alerts.read(2.0)
             return bool(alerts.firing)
 
-        assert wait_until(firing, timeout=30)
+        wait_for(firing, 30, "firing")
         text = screen(top.alerts_view(alerts))
     assert "Alerts firing: 1" in text and "TpuscopeStraggler" in text and "worker=3" in text
     assert "SomeoneElses" not in text

@@ -43,6 +43,7 @@ from tpuscope.testing.victoriametrics import (
     VMAgent,
     VMAlert,
 )
+from tpuscope.testing.waiting import wait_for
 from tpuscope.workload.sidecar import SidecarProcess
 
 pytestmark = pytest.mark.long
@@ -133,14 +134,6 @@ def _up(server: PrometheusServer | VictoriaMetricsServer, count: int) -> bool:
     return bool(result) and float(result[0]["value"][1]) == count
 
 
-def _wait(condition: Any, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"no {what} within {timeout:g} s")
-        time.sleep(0.2)
-
-
 def _all_fired(firings: Firings) -> bool:
     return all(firings.first(engine, name, **labels) is not None for engine in ENGINES for name, labels in EXPECTED)
 
@@ -174,7 +167,7 @@ def run_faults(workdir: Path, sockets: Path) -> Run:
         vmalert = stack.enter_context(
             VMAlert(workdir / "vmalert", [rules], vm.url, vm.write_url, interval, [*VMALERT_FLAGS])
         )
-        _wait(lambda: _up(prom, len(hosts)) and _up(vm, len(hosts)), 60, "scrape of every sidecar by both engines")
+        wait_for(lambda: _up(prom, len(hosts)) and _up(vm, len(hosts)), 60, "scrape of every sidecar by both engines")
 
         begin = time.time()
         faults_at = begin + WARM_UP

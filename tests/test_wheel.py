@@ -24,9 +24,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from conftest import wait_for
 
 from tpuscope import catalog, generate
+from tpuscope.testing.waiting import scrape_until
 from tpuscope.workload.sidecar import SidecarProcess
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -171,7 +171,7 @@ def test_serve_is_scraped_and_report_reads_the_recording(installed: Installed, s
             "--checkpoint-every=10", f"--socket={socket}", f"--record={recording}", f"--run-dir={short_tmp / 'run'}",
         )  # fmt: skip
         assert bench.returncode == 0, bench.stdout[-2000:] + bench.stderr[-2000:]
-        scrape = wait_for(sidecar.url, lambda s: s.value(catalog.STEPS.name, workload=WORKLOAD) >= STEPS)
+        scrape = scrape_until(sidecar.url, lambda s: (s.value(catalog.STEPS.name, workload=WORKLOAD) or 0) >= STEPS)
         assert scrape.value(catalog.STEPS.name, workload=WORKLOAD) == STEPS, sidecar.log()[-2000:]
     finally:
         sidecar.stop()

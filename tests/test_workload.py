@@ -18,6 +18,7 @@ import pytest
 
 from tpuscope import catalog, events
 from tpuscope.scrape import Scrape
+from tpuscope.testing.waiting import scrape_until
 from tpuscope.tracing import read_records
 from tpuscope.workload.sidecar import SidecarProcess
 
@@ -75,14 +76,9 @@ def baseline(bench: Callable[..., Run], module_tmp: Path) -> Run:
 
 def scrape(sidecar: SidecarProcess, run: Run) -> Scrape:
     """The sidecar's metrics once it has every event the run sent."""
-    sent = len(run.records)
-    deadline = time.monotonic() + 10
-    while True:
-        result = Scrape.fetch(sidecar.url)
-        if result.value(catalog.STEPS.name, workload=run.workload) >= len(run.steps) or time.monotonic() > deadline:
-            return result
-        time.sleep(0.1)
-    assert sent
+    # A workload whose first step has not arrived has no series yet: none of its steps counted.
+    steps = len(run.steps)
+    return scrape_until(sidecar.url, lambda s: (s.value(catalog.STEPS.name, workload=run.workload) or 0) >= steps, 10)
 
 
 def phase_shares(steps: list[events.Step]) -> dict[str, float]:
@@ -93,8 +89,8 @@ def phase_shares(steps: list[events.Step]) -> dict[str, float]:
 def test_phases_add_up_to_the_step_time_and_measure_real_work(baseline: Run, module_sidecar: SidecarProcess) -> None:
     metrics = scrape(module_sidecar, baseline)
     w = {"workload": baseline.workload}
-    steps = metrics.value(catalog.STEP_DURATION.series("sum"), **w)
-    phases = {p: metrics.value(catalog.STEP_PHASE_DURATION.series("sum"), phase=p, **w) for p in events.PHASES}
+    steps = metrics.present(catalog.STEP_DURATION.series("sum"), **w)
+    phases = {p: metrics.present(catalog.STEP_PHASE_DURATION.series("sum"), phase=p, **w) for p in events.PHASES}
     assert metrics.value(catalog.STEPS.name, **w) == 40
     assert abs(sum(phases.values()) / steps - 1) < 0.05, phases
     # The measured phases hold the step: little is left to "other", and the all-reduce is its own phase.
@@ -137,15 +133,15 @@ def test_checkpoints_are_saved_with_their_size(baseline: Run, module_sidecar: Si
     assert metrics.value(catalog.CHECKPOINT_BYTES.name, workload="base", operation="save") == sum(
         c.bytes for c in saves
     )
-    assert metrics.value(catalog.CHECKPOINT_LAST_SUCCESS.name, workload="base") > time.time() - 600
+    assert metrics.present(catalog.CHECKPOINT_LAST_SUCCESS.name, workload="base") > time.time() - 600
 
 
 def test_mfu_and_goodput_are_reported(baseline: Run, module_sidecar: SidecarProcess) -> None:
     metrics = scrape(module_sidecar, baseline)
-    assert 0 < metrics.value(catalog.MFU.name, workload="base") <= 1
+    assert 0 < metrics.present(catalog.MFU.name, workload="base") <= 1
     flops = sum(s.flops for s in baseline.steps)
     assert flops > 0 and metrics.value(catalog.MODEL_FLOPS.name, workload="base") == pytest.approx(flops)
-    goodput = {c: metrics.value(catalog.GOODPUT.name, workload="base", category=c) for c in ("productive", "compile")}
+    goodput = {c: metrics.present(catalog.GOODPUT.name, workload="base", category=c) for c in ("productive", "compile")}
     assert goodput["productive"] > 0 and goodput["compile"] > 0
     wall = baseline.records[-1][0] - baseline.records[0][0]
     total = sum(s.value for s in metrics.find(catalog.GOODPUT.name, workload="base"))
@@ -165,7 +161,7 @@ def test_a_crash_then_a_rerun_resumes_from_the_checkpoint_and_counts_lost_work(
     assert resumed.steps[-1].step == 29
     metrics = scrape(module_sidecar, resumed)
     w = {"workload": "crashy"}
-    assert metrics.value(catalog.GOODPUT.name, category="lost", **w) > 0
+    assert metrics.present(catalog.GOODPUT.name, category="lost", **w) > 0
     assert metrics.value(catalog.WORKLOAD_FAILURES.name, reason="other", **w) == 1
     assert metrics.value(catalog.WORKLOAD_RESTARTS.name, reason="resumed", **w) == 1
     assert metrics.value(catalog.CHECKPOINT_DURATION.series("count"), operation="restore", result="ok", **w) == 1
@@ -283,11 +279,11 @@ def test_async_checkpoints_report_when_durable(bench: Callable[..., Run], module
     assert [(c.step, c.ok) for c in saves] == [(4, True), (9, True)]
     assert all(c.bytes > 100_000 for c in saves)
     metrics = scrape(module_sidecar, run)
-    assert metrics.value(catalog.GOODPUT.name, workload="async", category="lost") == 0
+    assert metrics.present(catalog.GOODPUT.name, workload="async", category="lost") == 0
     # Only what held the loop is checkpoint time: the rest of each save overlapped steps, booked themselves.
     blocked = sum(c.blocking_s or 0 for c in saves)
     assert 0 < blocked < sum(c.duration_s for c in saves)
-    checkpointing = metrics.value(catalog.GOODPUT.name, workload="async", category="checkpoint")
+    checkpointing = metrics.present(catalog.GOODPUT.name, workload="async", category="checkpoint")
     assert checkpointing <= blocked + 1e-6
 
 

@@ -154,6 +154,10 @@ FAILURES_HOUR = f"worker_reason:{c.WORKLOAD_FAILURES.base_name}:grown1h"
 # Its twin for restarts: what the on-call board's sliding hour reads (raw, it read every sidecar's counters over
 # the hour at every point: 100 M samples over 6 h of 64 hosts).
 RESTARTS_HOUR = f"worker_reason:{c.WORKLOAD_RESTARTS.base_name}:grown1h"
+# Per GPU and XID code, the driver's XID errors of the last hour: what the on-call board's sliding hour reads (raw,
+# its "sidecar started in the hour" join read every sidecar's start time over the hour at every point: 88 M samples
+# over 24 h of 256 hosts without a GPU among them).
+XID_HOUR = f"device_xid:{c.XID_ERRORS.base_name}:grown1h"
 # Per worker, since when it has been down: its sidecar's gauge, or its last step when its pod went with it.
 DOWN_SINCE = f"worker:{c.WORKLOAD_DOWN_SINCE.name}:last"
 # The goodput SLO's bad time, a matcher on the category label: the categories booked as they happen. Productive

@@ -26,9 +26,22 @@ class Scrape:
             if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
                 yield sample
 
-    def value(self, name: str, **labels: str) -> float:
-        """The sum over every series of ``name`` that has these labels (0 when there is none)."""
-        return sum(sample.value for sample in self.find(name, **labels))
+    def value(self, name: str, **labels: str) -> float | None:
+        """The sum over every series of ``name`` that has these labels; None when there is none.
+
+        As client_python's ``get_sample_value``: an absent series is not a zero, so a caller decides what absence
+        means (a counter not yet born, a reading not yet taken) and an assert cannot mistake one for the other."""
+        matching = [sample.value for sample in self.find(name, **labels)]
+        return sum(matching) if matching else None
+
+    def present(self, name: str, **labels: str) -> float:
+        """``value`` of a series that must exist (one the sidecar creates at start, a count the caller does
+        arithmetic on): its absence is a bug to report, not a zero to compute with."""
+        value = self.value(name, **labels)
+        if value is None:
+            served = sorted({sample.name for sample in self.samples if sample.name.startswith(name)})
+            raise LookupError(f"no series {name}{labels or ''} in the scrape (series of that prefix: {served})")
+        return value
 
     def has(self, name: str, **labels: str) -> bool:
         return any(self.find(name, **labels))

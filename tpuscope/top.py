@@ -107,8 +107,9 @@ def size(value: float) -> str:
 def _delta(source: Source, name: str, **labels: str) -> float:
     """How much a counter grew between the last two scrapes (the whole value on the first)."""
     assert source.latest is not None
-    now = source.latest.value(name, **labels)
-    before = source.previous.value(name, **labels) if source.previous else 0.0
+    # A counter not yet born (a phase never entered, a first scrape) has counted nothing: 0, not "unknown".
+    now = source.latest.value(name, **labels) or 0.0
+    before = (source.previous.value(name, **labels) or 0.0) if source.previous else 0.0
     return now - before if now >= before else now  # a restarted sidecar counts from 0
 
 
@@ -156,9 +157,10 @@ def workloads_table(source: Source) -> Table:
             f"{steps / interval:.1f}" if interval else "-",
             duration(seconds / steps) if steps else "no steps",
             Group(phase_bar(phases), Text(shares, style="bright_black")),
-            duration(compiled),
+            duration(compiled) if compiled is not None else "-",
+            # Absent, or the 0 of a gauge no checkpoint has set yet: nothing was saved.
             duration(time.time() - saved) + " ago" if saved else "never",
-            bar(productive / wall, "green") if wall else Text("-"),
+            bar(productive / wall, "green") if productive is not None and wall else Text("-"),
         )
     if not names:
         table.add_row("no workload has reported yet", "", "", "", "", "", "")

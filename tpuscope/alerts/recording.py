@@ -54,6 +54,7 @@ from tpuscope.conventions import (
     UNBOOKED_RATE,
     WALL_ALL_RATE,
     WALL_RATE,
+    XID_HOUR,
 )
 from tpuscope.generator_config import GeneratorConfig
 from tpuscope.promql import PLACEMENT, RUN, WORKLOAD, add, grown, le, series
@@ -331,11 +332,15 @@ def collective_rules() -> list[dict[str, str]]:
 def failure_rules() -> list[dict[str, str]]:
     """Each worker's failures (and restarts) of the last hour, by reason: the counter's growth summed over the
     worker's successive sidecars (a restarted pod is a new sidecar, its counters born at 1). Recorded once for the
-    two alerts and the on-call board that read them, which would otherwise read every sidecar's counters over the
-    hour at each evaluation, and at each point of the board."""
+    two alerts and the boards that read them, which would otherwise read every sidecar's counters over the hour at
+    each evaluation, and at each point of a board. And each GPU's XID errors of the last hour, for the same reason."""
+    per_gpu = f"{PLACEMENT}, {WORKER}, accelerator, device, xid"
     return [
-        {"record": record, "expr": f"sum by ({RUN}, reason) ({grown(series(counter), '1h')})"}
-        for record, counter in ((FAILURES_HOUR, c.WORKLOAD_FAILURES), (RESTARTS_HOUR, c.WORKLOAD_RESTARTS))
+        *(
+            {"record": record, "expr": f"sum by ({RUN}, reason) ({grown(series(counter), '1h')})"}
+            for record, counter in ((FAILURES_HOUR, c.WORKLOAD_FAILURES), (RESTARTS_HOUR, c.WORKLOAD_RESTARTS))
+        ),
+        {"record": XID_HOUR, "expr": f"sum by ({per_gpu}) ({grown(series(c.XID_ERRORS), '1h')})"},
     ]
 
 

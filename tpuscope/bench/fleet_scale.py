@@ -51,12 +51,12 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tpuscope import catalog, durations
 from tpuscope.bench import rule_cost
-from tpuscope.bench.soak import wait_for
 from tpuscope.bench.verdict import Check, check_lines, write_report
 from tpuscope.catalog import Label
 from tpuscope.prometheus_api import PrometheusAPI, PrometheusError
 from tpuscope.promql import SIDECAR_START
 from tpuscope.testing.prometheus import PrometheusServer, free_port
+from tpuscope.testing.waiting import wait_for
 
 SNAPSHOT = Path(__file__).with_name("sidecar-series.prom")
 SNAPSHOT_HEADER = "# tpuscope fleet-scale snapshot: uptime_seconds="

@@ -38,6 +38,7 @@ from tpuscope.bench.scrape_latency import scrape_once
 from tpuscope.bench.verdict import Check, check_lines, write_report
 from tpuscope.scrape import Scrape
 from tpuscope.stats import percentile
+from tpuscope.testing.waiting import WaitTimedOut, wait_for
 from tpuscope.tracing import Monitor
 from tpuscope.workload.sidecar import SidecarProcess
 
@@ -109,16 +110,19 @@ def flooder(path: str, url: str, workload: str, seconds: float, go: Any, results
 
 
 def wait_for_steps(url: str, workload: str, steps: int, timeout: float) -> bool:
-    """Poll the sidecar until it has counted ``steps`` steps of ``workload``; whether it did in time."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            if Scrape.fetch(url, timeout=SCRAPE_TIMEOUT_SECONDS).value(STEPS, workload=workload) >= steps:
-                return True
-        except OSError:
-            pass  # a slow scrape under the flood: the scraper thread reports those
-        time.sleep(0.2)
-    return False
+    """Poll the sidecar until it has counted ``steps`` steps of ``workload``; whether it did in time (the job
+    reports it, and a check fails on it: a flooder that raised would report nothing)."""
+
+    def counted() -> float:
+        # A workload whose first step has not arrived yet has no series: it has counted none.
+        return Scrape.fetch(url, timeout=SCRAPE_TIMEOUT_SECONDS).value(STEPS, workload=workload) or 0.0
+
+    try:
+        # A slow scrape under the flood is "not yet": the scraper thread reports those.
+        wait_for(lambda: counted() >= steps, timeout, f"{steps} steps of {workload}", ignoring=(OSError,), interval=0.2)
+    except WaitTimedOut:
+        return False
+    return True
 
 
 def good_job(path: str, workload: str, rate: float, stop: Any, results: Any) -> None:
@@ -200,7 +204,7 @@ def flood(seconds: float, workdir: Path) -> tuple[dict[str, Any], list[Check]]:
             process.start()
         # Every flooder has connected (its start event made its series) before the flood begins, so
         # that their windows coincide and the offered rates add up.
-        wait(lambda: all(Scrape.fetch(url).has(STEPS, workload=f"flood-{i}") for i in range(FLOODERS)))
+        wait(lambda: all(Scrape.fetch(url).has(STEPS, workload=f"flood-{i}") for i in range(FLOODERS)), "every flooder")
         go.set()
         flooded = [results.get(timeout=seconds + DRAIN_TIMEOUT_SECONDS + 60) for _ in flooders]
         for process in flooders:
@@ -210,7 +214,11 @@ def flood(seconds: float, workdir: Path) -> tuple[dict[str, Any], list[Check]]:
         good.join()
         # Everything every job sent, the last steps and stop events included, must be accepted.
         expected = sum(r.sent for r in flooded) + good_result.sent
-        wait(lambda: Scrape.fetch(url).value(INGEST, result="accepted") >= expected, timeout=DRAIN_TIMEOUT_SECONDS)
+        wait(
+            lambda: Scrape.fetch(url).present(INGEST, result=catalog.ACCEPTED) >= expected,
+            f"{expected} events accepted",
+            timeout=DRAIN_TIMEOUT_SECONDS,
+        )
         time.sleep(0.5)  # anything beyond the expected count would show now
         watch.stop()
         final = Scrape.fetch(url)
@@ -228,13 +236,15 @@ def figures_and_checks(
     sidecar_alive: bool,
     seconds: float,
 ) -> tuple[dict[str, Any], list[Check]]:
-    accepted = final.value(INGEST, result="accepted")
-    sidecar_dropped = final.value(INGEST, result="dropped")
-    invalid = final.value(INGEST, result="invalid")
+    # The sidecar creates every result's series at start: one missing is a bug, not a zero.
+    accepted = final.present(INGEST, result=catalog.ACCEPTED)
+    sidecar_dropped = final.present(INGEST, result=catalog.DROPPED)
+    invalid = final.present(INGEST, result=catalog.INVALID)
     offered = sum(r.offered_rate for r in flooded)
     flood_sent = sum(r.sent for r in flooded)
     flood_dropped = sum(r.dropped for r in flooded)
-    good_on_sidecar = final.value(STEPS, workload=good.workload)
+    # A workload the sidecar never saw has counted no steps: the check on its steps then reports it.
+    good_on_sidecar = final.value(STEPS, workload=good.workload) or 0.0
     scrapes = watch.scrape_ms
     figures: dict[str, Any] = {
         "seconds": seconds,
@@ -295,17 +305,9 @@ def figures_and_checks(
     return figures, checks
 
 
-def wait(condition: Callable[[], bool], timeout: float = 60.0) -> None:
-    """Poll ``condition`` (scrapes may fail under load) until it holds; raise after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            if condition():
-                return
-        except OSError:
-            pass
-        time.sleep(0.1)
-    raise TimeoutError(f"condition not met within {timeout}s")
+def wait(condition: Callable[[], bool], what: str, timeout: float = 60.0) -> None:
+    """``wait_for``, with a failed scrape (the sidecar under load) meaning "not yet"."""
+    wait_for(condition, timeout, what, ignoring=(OSError,))
 
 
 def table(figures: dict[str, Any], checks: list[Check]) -> str:

@@ -51,11 +51,11 @@ import yaml
 
 from tpuscope import catalog, durations, goodput
 from tpuscope.bench.perf import machine
-from tpuscope.bench.soak import wait_for
 from tpuscope.catalog import Kind, Label, Metric
 from tpuscope.prometheus_api import PrometheusAPI, PrometheusError
 from tpuscope.promql import SIDECAR_START, le
 from tpuscope.testing.prometheus import PrometheusServer
+from tpuscope.testing.waiting import wait_for
 
 DEFAULT_JSON = Path("run/rule-cost.json")
 DEFAULT_RULES = Path("deploy/prometheus/tpuscope-rules.yaml")

@@ -95,7 +95,8 @@ def report(timings: list[float], size: int, first: Scrape, last: Scrape) -> int:
         f"  collectors up: {up}; last collection took "
         + ", ".join(f"{k} {v * 1000:.1f} ms" for k, v in durations.items())
     )
-    steps = last.value(catalog.STEPS.name) - first.value(catalog.STEPS.name)
+    # Before the job's first step there is no step series: it has sent none yet.
+    steps = (last.value(catalog.STEPS.name) or 0.0) - (first.value(catalog.STEPS.name) or 0.0)
     print(f"  the job sent {steps:.0f} steps meanwhile")
     ms = {"p50": p50, "p90": p90, "p99": p99, "max": timings[-1], "mean": statistics.fmean(timings)}
     print("  " + ", ".join(f"{name} {seconds * 1000:.1f} ms" for name, seconds in ms.items()))

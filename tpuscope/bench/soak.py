@@ -43,6 +43,7 @@ from tpuscope import catalog, events
 from tpuscope.bench.verdict import Check, check_lines, write_report
 from tpuscope.promql import SIDECAR_START
 from tpuscope.testing.prometheus import PrometheusServer, target_of
+from tpuscope.testing.waiting import wait_for
 from tpuscope.workload.sidecar import SidecarProcess
 
 DEFAULT_JSON = Path("run/soak.json")
@@ -448,14 +449,6 @@ def _job(runner: LaneRunner, recorded: list[events.AnyEvent]) -> dict[str, Any]:
         "starts": lifecycle["start"],
         "stops": lifecycle["stop"],
     }
-
-
-def wait_for(condition: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"no {what} within {timeout:g} s")
-        time.sleep(0.2)
 
 
 def checks(f: dict[str, Any]) -> list[Check]:

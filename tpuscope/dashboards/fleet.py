@@ -10,7 +10,16 @@ from __future__ import annotations
 from typing import Any
 
 from tpuscope import catalog as c
-from tpuscope.conventions import BAD_RATE, GOODPUT_RATE, SLO_PERIOD, WALL_ALL_RATE, WALL_RATE, DashboardUID
+from tpuscope.conventions import (
+    BAD_RATE,
+    FAILURES_HOUR,
+    GOODPUT_RATE,
+    RESTARTS_HOUR,
+    SLO_PERIOD,
+    WALL_ALL_RATE,
+    WALL_RATE,
+    DashboardUID,
+)
 from tpuscope.dashboards import panels as p
 from tpuscope.dashboards import promql as q
 from tpuscope.thresholds import Thresholds
@@ -225,19 +234,22 @@ def failures() -> p.Section:
         "Failures and restarts",
         [
             p.timeseries_panel(
-                "Failures, by workload and reason",
-                "Workload failures in each interval, by the reason the job gave, each counted once per job "
-                "however many hosts report it. A repeating reason is a bug or a bad host, not bad luck.",
+                "Failures per hour, by workload and reason",
+                "Workload failures in each hour (a point counts the hour before it), by the reason the job gave, "
+                "each counted once per job however many hosts report it, from the recorded hour the alerts read. "
+                "A repeating reason is a bug or a bad host, not bad luck.",
                 "short",
-                p.query(q.once_per_job(c.WORKLOAD_FAILURES, by=q.BY_REASON), "{{workload}} {{reason}}"),
+                p.query(q.hour_once_per_job(FAILURES_HOUR), "{{workload}} {{reason}}"),
+                min_interval=q.HOUR,
             ),
             p.timeseries_panel(
-                "Restarts, by workload and reason",
-                "Workload restarts (preemptions, resumptions after a crash), each counted once per job however "
-                "many hosts report it. Each costs init time, compile time (less with a warm compilation cache) "
-                "and the work since the last checkpoint.",
+                "Restarts per hour, by workload and reason",
+                "Workload restarts (preemptions, resumptions after a crash) in each hour (a point counts the hour "
+                "before it), each counted once per job however many hosts report it. Each costs init time, compile "
+                "time (less with a warm compilation cache) and the work since the last checkpoint.",
                 "short",
-                p.query(q.once_per_job(c.WORKLOAD_RESTARTS, by=q.BY_REASON), "{{workload}} {{reason}}"),
+                p.query(q.hour_once_per_job(RESTARTS_HOUR), "{{workload}} {{reason}}"),
+                min_interval=q.HOUR,
             ),
         ],
     )

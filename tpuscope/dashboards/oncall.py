@@ -19,6 +19,7 @@ from tpuscope.conventions import (
     FAILURES_HOUR,
     PROFILE_MEDIAN,
     RESTARTS_HOUR,
+    XID_HOUR,
     AlertName,
     DashboardUID,
 )
@@ -148,8 +149,8 @@ def workloads(t: Thresholds) -> p.Section:
                 "many hosts report it (as the alerts count them, from the same recording rules). A workload in a "
                 "crash loop restarts without progress: stop it before it burns its chips.",
                 "short",
-                p.query(hour_once_per_job(FAILURES_HOUR), "failure {{workload}} {{reason}}"),
-                p.query(hour_once_per_job(RESTARTS_HOUR), "restart {{workload}} {{reason}}"),
+                p.query(q.hour_once_per_job(FAILURES_HOUR), "failure {{workload}} {{reason}}"),
+                p.query(q.hour_once_per_job(RESTARTS_HOUR), "restart {{workload}} {{reason}}"),
                 span=8,
             ),
             p.bar_gauge_panel(
@@ -229,13 +230,6 @@ def workloads(t: Thresholds) -> p.Section:
             ),
         ],
     )
-
-
-def hour_once_per_job(recorded: str) -> str:
-    """A recorded per-worker count of the last hour (``conventions.FAILURES_HOUR``), once per job: the most any
-    one worker saw, as :func:`tpuscope.promql.each_worker_once` counts it."""
-    matchers = ", ".join(f'{label}=~"${label}"' for label in (q.WORKLOAD, q.SLICE, q.WORKER))
-    return f"max by ({q.BY_REASON}) ({recorded}{{{matchers}}})"
 
 
 def recorded_exposed() -> str:
@@ -398,7 +392,7 @@ def hosts(t: Thresholds) -> p.Section:
                 "the job; 63/64 (row remapping) want a GPU reset soon; 13 and 31 are usually the program's fault.",
                 "short",
                 p.query(
-                    f"sum by (instance, device, xid) ({q.events(c.XID_ERRORS, window=q.HOUR)})",
+                    f"sum by (instance, device, xid) ({XID_HOUR}{{{q.host_matchers(q.ACCELERATOR)}}})",
                     "{{instance}} GPU {{device}} XID {{xid}}",
                 ),
                 limits=p.high_is_bad(1),

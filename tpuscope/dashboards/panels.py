@@ -167,9 +167,13 @@ def timeseries_panel(
     max_value: float | None = None,
     span: int = 12,
     height: int = 8,
+    min_interval: str | None = None,
 ) -> timeseries.Panel:
-    """A time series; its thresholds are drawn as dashed lines, so a reader sees where bad begins."""
+    """A time series; its thresholds are drawn as dashed lines, so a reader sees where bad begins. ``min_interval``:
+    the least step between points (a series recorded over an hour read once an hour: each point is its own hour)."""
     panel = _common(timeseries.Panel(), title, description, unit, limits or informational(), span, height)
+    if min_interval is not None:
+        panel = panel.interval(min_interval)
     panel = panel.legend(
         VizLegendOptions()
         .show_legend(True)

@@ -112,6 +112,17 @@ def recorded_hour(recorded: str, *matchers: str, by: str = "") -> str:
     return f"sum{per} (avg_over_time({recorded}{{{labels}}}[{HOUR}]))"
 
 
+def host_matchers(*variables: str) -> str:
+    """The matchers of the host variables (slice, worker) and ``variables``, for a recorded series that keeps them."""
+    return ", ".join(f'{label}=~"${label}"' for label in (SLICE, WORKER, *variables))
+
+
+def hour_once_per_job(recorded: str) -> str:
+    """A recorded per-worker count of the last hour (``conventions.FAILURES_HOUR``), once per job per reason: the
+    most any one worker saw, as :func:`tpuscope.promql.each_worker_once` counts it."""
+    return f'max by ({BY_REASON}) ({recorded}{{workload=~"${WORKLOAD}", {host_matchers()}}})'
+
+
 def quantile(q: float, histogram: Metric, *matchers: str, by: str = "", window: str = RATE, rare: bool = False) -> str:
     """The ``q`` quantile of a histogram's observations in ``window``, per ``by``; ``rare`` for
     histograms of rare events (checkpoints), whose first observation ``rate()`` would miss."""

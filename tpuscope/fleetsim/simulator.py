@@ -41,7 +41,7 @@ import psutil
 
 from tpuscope import alerts, durations
 from tpuscope.bench.flood import status_mb
-from tpuscope.bench.soak import SIDECAR_RSS, wait_for
+from tpuscope.bench.soak import SIDECAR_RSS
 from tpuscope.bench.verdict import Check, check_lines, write_report
 from tpuscope.conventions import STEPS_RATE, AlertName
 from tpuscope.fleetsim import rules as fleet_rules
@@ -51,6 +51,7 @@ from tpuscope.scrape import Scrape
 from tpuscope.stats import percentile
 from tpuscope.testing.fake_tpu import Chip, FakeTpuRuntime, FakeTpuServer, default_megascale
 from tpuscope.testing.prometheus import PrometheusServer, target_of
+from tpuscope.testing.waiting import wait_for
 from tpuscope.workload import synthetic
 from tpuscope.workload.sidecar import SidecarProcess
 
@@ -311,7 +312,7 @@ def measure(
     target = f'{{job="{JOB}"}}'
     scraped = [float(v) for series in prom.query(f"scrape_duration_seconds{target}[{w}]") for _, v in series["values"]]
     own = _self_metrics(prom)
-    appended, at = own.value("prometheus_tsdb_head_samples_appended_total"), time.time()
+    appended, at = own.present("prometheus_tsdb_head_samples_appended_total"), time.time()
     groups_last = {
         _group_name(s.labels["rule_group"]): s.value for s in own.find("prometheus_rule_group_last_duration_seconds")
     }
@@ -329,7 +330,7 @@ def measure(
         "targets_up": prom.scalar(f"count(up{target} == 1)") or 0.0,
         "scrapes": prom.scalar(f"sum(count_over_time(up{target}[{w}]))") or 0.0,
         "scrapes_failed": prom.scalar(f"sum(count_over_time(up{target}[{w}]) - sum_over_time(up{target}[{w}]))") or 0.0,
-        "head_series": own.value("prometheus_tsdb_head_series"),
+        "head_series": own.present("prometheus_tsdb_head_series"),
         "ingest_samples_per_second": (appended - appended_before[0]) / (at - appended_before[1]),
         "samples_per_scrape_per_target": prom.scalar(f"avg(scrape_samples_scraped{target})") or 0.0,
         "scrape_duration_seconds": {
@@ -350,7 +351,7 @@ def measure(
         "rule_evaluation_seconds": {
             s.labels["quantile"]: s.value for s in own.find("prometheus_rule_evaluation_duration_seconds")
         },
-        "rule_evaluation_failures": own.value("prometheus_rule_evaluation_failures_total"),
+        "rule_evaluation_failures": own.present("prometheus_rule_evaluation_failures_total"),
         "labels": {
             "tpuscope_series": prom.scalar('count({__name__=~"tpuscope_.+"})') or 0.0,
             "served_series": prom.scalar(f"count({{{served}}})") or 0.0,
@@ -504,7 +505,7 @@ def watch_run(
         if jobs.poll() is not None:
             raise RuntimeError(f"the jobs process exited with {jobs.returncode}: see its jobs.log")
         if not appended_before[1] and (now >= faults_at or now + POLL_SECONDS >= deadline):
-            appended_before = (_self_metrics(prom).value("prometheus_tsdb_head_samples_appended_total"), now)
+            appended_before = (_self_metrics(prom).present("prometheus_tsdb_head_samples_appended_total"), now)
         watch.poll(prom)
         if now - last_report >= 10:
             firing = sorted({name for name, _ in watch.fired})

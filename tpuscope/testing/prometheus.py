@@ -15,12 +15,14 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from datetime import datetime
 from pathlib import Path
 from typing import Any, Self
 
 import yaml
 
 from tpuscope.prometheus_api import PrometheusAPI, PrometheusError
+from tpuscope.testing.waiting import wait_for
 
 
 def free_port() -> int:
@@ -167,6 +169,34 @@ class PrometheusServer(ServerProcess):
     def label_values(self, label: str, match: str) -> list[str]:
         """What Grafana's ``label_values(match, label)`` variable query lists."""
         return self.api.label_values(label, match)
+
+    def scraped_at(self) -> float:
+        """When Prometheus began the latest scrape of every target: the oldest target's (0 before every first)."""
+        started = [float(sample["value"][1]) for sample in self.query("timestamp(up)")]
+        return min(started, default=0.0)
+
+    def evaluated_at(self) -> float:
+        """When Prometheus began the latest evaluation of every rule group: the oldest group's (0 without rules)."""
+        groups = self.api.get("rules")["groups"]
+        return min((datetime.fromisoformat(group["lastEvaluation"]).timestamp() for group in groups), default=0.0)
+
+    def catch_up(self, scrapes: int = 1, rules: bool = False, timeout: float = 60.0) -> None:
+        """Wait until every target has been scraped ``scrapes`` times since now (and, with ``rules``, every rule
+        group evaluated after that): what a test waits for before it asks about the events it has just made.
+
+        A scrape that began before now may have read a counter before the last event: only one that began
+        after it holds it. Waiting on the timestamps themselves, not for a number of seconds, holds as well on
+        a loaded machine where a scrape comes late."""
+        since = time.time()
+        for count in range(1, scrapes + 1):
+            since = self._scraped_after(since, timeout, f"scrape {count} of every target")
+        if rules:
+            wait_for(lambda: self.evaluated_at() > since, timeout, "rule evaluation after the last scrape")
+
+    def _scraped_after(self, since: float, timeout: float, what: str) -> float:
+        """Wait until every target's latest scrape began after ``since``; when it began."""
+        wait_for(lambda: self.scraped_at() > since, timeout, what)
+        return self.scraped_at()
 
     def scalar(self, expr: str) -> float | None:
         """The value of a query that yields at most one series, or None when it yields none."""

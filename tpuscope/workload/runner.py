@@ -279,7 +279,7 @@ def _print_snapshot(url: str, sent: int) -> None:
     deadline = time.monotonic() + 5.0
     scrape = Scrape.fetch(url)
     ingest = catalog.INGEST_EVENTS.name
-    while scrape.value(ingest, result="accepted") + scrape.value(ingest, result="invalid") < sent:
+    while scrape.present(ingest, result=catalog.ACCEPTED) + scrape.present(ingest, result=catalog.INVALID) < sent:
         if time.monotonic() > deadline:
             break
         time.sleep(0.05)
