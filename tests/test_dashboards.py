@@ -328,6 +328,9 @@ def only_while_running(name: str) -> bool:
     return any(f" / {title}" in name for title in ONLY_WHILE_RUNNING)
 
 
+# Alone: the device-profile panels need a capture of the JAX job, whose profiler thread runs at the lowest priority
+# (the training thread goes first); beside the suite's other JAX jobs on 2 cores, none lived (Makefile, `test`).
+@pytest.mark.alone
 def test_every_panel_query_returns_data_from_the_workload_the_sidecar_and_prometheus(
     short_tmp: Path, fake_nvml_lib: Path
 ) -> None:
@@ -396,7 +399,14 @@ def test_every_panel_query_returns_data_from_the_workload_the_sidecar_and_promet
                 and not only_while_running(name)
                 and name not in NEEDS_HISTORY
             ]
-    assert not failing, "panels without data:\n" + "\n".join(failing)
+    # What the runs' own summaries say of their device profiles: an empty profile panel is read with them.
+    said = [
+        line.strip()
+        for run in (first, second)
+        for line in (run.stdout + run.stderr).splitlines()
+        if "captures" in line or "device trace" in line or "device-profile" in line or "device profile" in line
+    ]
+    assert not failing, "panels without data:\n" + "\n".join(failing) + "\nthe runs said:\n" + "\n".join(said)
     lingering = [name for name, numbers in shown.items() if only_while_running(name) and numbers]
     assert not lingering, f"a finished job's profile still names a straggler: {lingering}"
     # And the values are right where the faults say what they must be.

@@ -37,7 +37,7 @@ from tpuscope.workload.distributed import HEARTBEAT_TIMEOUT_S, of_worker
 from tpuscope.workload.launcher import WORKER_VARIABLE
 from tpuscope.workload.sidecar import SidecarProcess
 
-pytestmark = pytest.mark.long
+pytestmark = [pytest.mark.long, pytest.mark.alone]  # 4 JAX processes, 3 Prometheus, 4 sidecars at a time
 
 ROOT = Path(__file__).resolve().parents[1]
 DEPLOYED = yaml.safe_load((ROOT / "deploy/prometheus/prometheus.yml").read_text())
