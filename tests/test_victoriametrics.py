@@ -237,9 +237,15 @@ def test_the_faults_raise_the_same_alerts_on_victoriametrics_as_on_prometheus(fa
             assert faults.firings.first(engine, name, **labels) is not None, (engine, name, labels, _table(faults))
     assert faults.rule_errors == {}
     # The same alerts, with the same labels: all that fired on one engine long enough ago to fire on the other.
+    # Not TpuscopeExporterDown, unless a fault causes it: it reads `up`, and each engine scrapes for itself
+    # (Prometheus, vmagent), so a scrape that timed out on one under load is that scraper's, not the rules' (a
+    # fresh-clone run fired it on Prometheus alone, 6 s after the faults, with every sidecar up).
+    expected = {name for name, _ in EXPECTED}
+    own_scrapes = set() if AlertName.EXPORTER_DOWN in expected else {str(AlertName.EXPORTER_DOWN)}
     settled = faults.ended_at - SETTLE
     for engine, other in (ENGINES, ENGINES[::-1]):
-        only = [k for k, at in faults.firings.at[engine].items() if at < settled and k not in faults.firings.at[other]]
+        fired = faults.firings.at[engine].items()
+        only = [k for k, at in fired if at < settled and k not in faults.firings.at[other] and k[0] not in own_scrapes]
         assert only == [], (f"fired on {engine} only", _table(faults))
 
 
