@@ -253,19 +253,7 @@ def bench(socket: Path, run_dir: Path, cache: Path, *faults: str) -> subprocess.
         "--profile-period=0.3s",  # device profiles every few steps from step 20, parsed by step 75: panels have data
         *faults,
     ]
-    # The job runs at the lowest CPU priority, as a whole. Its device profiler's thread runs at that priority on any
-    # host (tracing/profiles.py: the training thread goes first), and a capture that cannot start within a few of
-    # the job's steps is dropped. On a TPU host the job is the host's work; here, beside the suite's other workers
-    # on 2 cores, a job at the default priority would starve its own profiler's thread and take no capture (a
-    # fresh-clone CI run did: every device-profile panel was empty). Niced whole, the others take CPU from the job
-    # as a whole, and its threads share what is left as they would on a host of their own.
-    return subprocess.run(
-        command, capture_output=True, text=True, timeout=300, env=os.environ.copy(), preexec_fn=lowest_priority
-    )
-
-
-def lowest_priority() -> None:
-    os.nice(19)
+    return subprocess.run(command, capture_output=True, text=True, timeout=300, env=os.environ.copy())
 
 
 def serve_requests(monitor: Monitor, stop: threading.Event) -> None:
