@@ -20,6 +20,7 @@ from tpuscope.conventions import (
     BADPUT_CATEGORIES,
     BADPUT_RATIO,
     COLLECTIVE_P99,
+    COLLECTOR_ERRORS_RATE,
     COMPUTE_MEDIAN,
     COMPUTE_OVER_MEDIAN,
     COMPUTE_PER_WORKER,
@@ -83,6 +84,7 @@ def recording_rules(config: GeneratorConfig) -> list[dict[str, str]]:
         + slo_rules(config)
         + collective_rules()
         + failure_rules()
+        + collector_rules()
         + core_state_rules()
     )
 
@@ -342,6 +344,14 @@ def failure_rules() -> list[dict[str, str]]:
         ),
         {"record": XID_HOUR, "expr": f"sum by ({per_gpu}) ({grown(series(c.XID_ERRORS), '1h')})"},
     ]
+
+
+def collector_rules() -> list[dict[str, str]]:
+    """The sidecars' collector errors a second, per slice, collector and reason: which collector fails where, and
+    why, for the on-call board at any range without reading every host's every error counter at each point. Every
+    series is kept, zeros too: a board that draws 0 has looked and found no error, where an absent one has not."""
+    per_slice = f"{PLACEMENT}, job, {c.Label.SLICE}, {c.Label.COLLECTOR}, {c.Label.REASON}"
+    return [{"record": COLLECTOR_ERRORS_RATE, "expr": f"sum by ({per_slice}) (rate({series(c.COLLECTOR_ERRORS)}[5m]))"}]
 
 
 def core_state_rules() -> list[dict[str, str]]:

@@ -74,6 +74,7 @@ QUERY_TIMEOUT_SECONDS = 120.0
 # hosts, so that this process serves every host's series (those the rules read) in time.
 PROBE_SECONDS_PER_100_HOSTS = 2
 RECORDED_DAYS = 3.0
+PART_SAMPLES = 60_000_000  # the most one writer's OpenMetrics text holds at once: about 8 GB
 PEER_JOB = "node"  # node-exporter-mixin's default selector is job="node"
 OUR_JOB = "tpuscope"
 START_TIMES = ("process_start_time_seconds", "node_boot_time_seconds", SIDECAR_START)
@@ -287,9 +288,9 @@ def backfill(
     fleet: Fleet, reach: Reach, recorded: list[rule_cost.Series], end: float, directory: Path
 ) -> dict[str, float]:
     """A TSDB in ``directory``/tsdb of the fleet's history up to ``end``: its series, samples, and the seconds
-    it took to write. The families are split between one writer per core, each writing its OpenMetrics text and
-    running promtool on it (about 450,000 samples a second each, here); their blocks go into one TSDB, which
-    Prometheus reads whole (blocks that overlap in time are merged as they are read)."""
+    it took to write. The families are split into parts, written by one writer per core, each writing a part's
+    OpenMetrics text and running promtool on it (about 450,000 samples a second each, here); their blocks go into
+    one TSDB, which Prometheus reads whole (blocks that overlap in time are merged as they are read)."""
     started = time.monotonic()
     families: dict[str, Family] = {}
     for index in range(len(fleet.hosts)):
@@ -304,16 +305,23 @@ def backfill(
         for r in sorted(recorded, key=lambda r: r.name)
         for t in range(int(end - r.since), int(end) + 1, int(r.every))
     ]
+
+    def size(family: Family) -> float:  # its samples
+        return len(family[2]) * (end - family[1]) / SCRAPE_SECONDS
+
     writers = max(1, min(os.cpu_count() or 1, 4))
-    shares: list[list[Family]] = [[] for _ in range(writers)]
-    for family in sorted(families.values(), key=lambda f: -len(f[2]) * (end - f[1])):  # the biggest first
-        min(shares, key=lambda share: sum(len(f[2]) * (end - f[1]) for f in share)).append(family)
+    # At most PART_SAMPLES a part, so that the text waiting for promtool fits on the disk (a day of 1,000 hosts is
+    # about 900 M samples, 100 GB of text): each writer deletes its part's text before it takes the next.
+    parts = max(writers, math.ceil(sum(map(size, families.values())) / PART_SAMPLES))
+    shares: list[list[Family]] = [[] for _ in range(parts)]
+    for family in sorted(families.values(), key=size, reverse=True):  # the biggest first
+        min(shares, key=lambda share: sum(map(size, share))).append(family)
     tsdb = directory / "tsdb"
     tsdb.mkdir(parents=True, exist_ok=True)
     global _WRITING  # the writers are forked: they read the families from here instead of a pickle
     _WRITING = (shares, end, fleet_origin(end), recorded_lines, directory)
     with multiprocessing.get_context("fork").Pool(writers) as pool:
-        counts = pool.map(write_share, range(writers))
+        counts = pool.map(write_share, range(parts), chunksize=1)
     for part in directory.glob("part-*"):
         for block in part.iterdir():
             block.rename(tsdb / block.name)
@@ -463,11 +471,11 @@ def prometheus(
 
 
 def probe_recorded(
-    fleet: Fleet, files: list[rule_cost.RulesFile], reads: rule_cost.Reads, end: float, workdir: Path
+    fleet: Fleet, files: list[rule_cost.RulesFile], reads: rule_cost.Reads, reach: Reach, end: float, workdir: Path
 ) -> list[dict[str, Any]]:
-    """The series the files' rules record on this fleet, once their number settles: a Prometheus scraping only
-    the series some rule reads, and evaluating the rules, every 2 s (a hundred hosts)."""
-    records = set().union(*(f.records for f in files)) & set(reads.reach)
+    """The series the files' rules record on this fleet that a rule or a board reads, once their number settles: a
+    Prometheus scraping only the series some rule reads, and evaluating the rules, every 2 s (a hundred hosts)."""
+    records = {name for f in files for name in f.records if reach.seconds(name) > 0}
     if not records:
         return []
     feed = Feed(fleet, end, read=set(reads.reach))
@@ -729,10 +737,12 @@ def measure(
     reach = Reach(reads, boards_read(), settings.board_hours * 3600)
     end = float(int(time.time()))
     print(f"  {hosts} hosts: probing what the rules record ...", flush=True)
-    found = probe_recorded(fleet, files, reads, end, workdir / "probe")
-    # The recorded series, one per workload or so, go back as far as a rule reads them (3 days: the SLO windows).
+    found = probe_recorded(fleet, files, reads, reach, end, workdir / "probe")
+    # The recorded series, one per workload or so, go back as far as a rule reads them (3 days: the SLO windows), or
+    # a board (the records only the boards read, such as the hour of restarts).
     timing = rule_cost.Timing(end, RECORDED_DAYS, SCRAPE_SECONDS, settings.evaluation_seconds)
-    history = backfill(fleet, reach, rule_cost.recorded_series(found, reads, timing), end, workdir / "history")
+    recorded = rule_cost.recorded_series(found, reads, timing, reach.seconds)
+    history = backfill(fleet, reach, recorded, end, workdir / "history")
     written = f"{history['series']:,.0f} series, {history['samples']:,.0f} samples ({history['seconds']:.0f} s)"
     print(f"  {hosts} hosts: a TSDB of {written}", flush=True)
     feed = Feed(fleet, end)

@@ -42,7 +42,7 @@ import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -448,14 +448,17 @@ def probe(rules: RulesFile, records: set[str], feed: Feed, workdir: Path) -> lis
     raise PrometheusError(f"the series recorded by {rules.path} did not settle in {PROBE_ROUNDS} evaluations")
 
 
-def recorded_series(found: Iterable[dict[str, Any]], reads: Reads, timing: Timing) -> list[Series]:
-    """The recorded series the probes found, each at its probed value over the history it is read back."""
+def recorded_series(
+    found: Iterable[dict[str, Any]], reads: Reads, timing: Timing, reach: Callable[[str], float] | None = None
+) -> list[Series]:
+    """The recorded series the probes found, each at its probed value over the history it is read back: as far as
+    a rule reads it, or as ``reach`` says (a reader beside the rules: the dashboards)."""
     unique: dict[tuple[str, str], Series] = {}
     for result in found:
         labels = dict(result["metric"])
         name = labels.pop("__name__")
         text = label_text(labels)
-        since = timing.since(reads.reach[name], timing.interval)
+        since = timing.since(reach(name) if reach else reads.reach[name], timing.interval)
         level = float(result["value"][1])
         unique.setdefault((name, text), Series(name, text, since, timing.interval, level=level))
     return list(unique.values())

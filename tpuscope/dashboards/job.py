@@ -586,6 +586,20 @@ def host(t: Thresholds) -> p.Section:
                 ),
                 span=8,
             ),
+            p.timeseries_panel(
+                "Collector errors, by host and reason",
+                "Failed collections on the workload's hosts, per collector and reason (the on-call board has them by "
+                "slice): a host whose runtime or driver stops answering shows here first. The sidecar's log has the "
+                "detail.",
+                "short",
+                p.query(
+                    q.on_workload_hosts(
+                        f"sum by (job, instance, collector, reason) ({q.increase(c.COLLECTOR_ERRORS)})"
+                    ),
+                    "{{instance}} {{collector}} {{reason}}",
+                ),
+                span=8,
+            ),
         ],
     )
 

@@ -15,6 +15,7 @@ from tpuscope import catalog as c
 from tpuscope.conventions import (
     ALERT_PREFIX,
     COLLECTIVE_P99,
+    COLLECTOR_ERRORS_RATE,
     DEFAULT_PORT,
     FAILURES_HOUR,
     PROFILE_MEDIAN,
@@ -37,6 +38,7 @@ DESCRIPTION = (
 # Every sidecar target, whatever slice and worker are selected: those labels come with the sidecar's own
 # series, which Prometheus' up does not carry and a sidecar that is down does not send.
 UP = f'up{{job=~"${q.JOB}"}}'
+COLLECTOR_ERRORS = f'{COLLECTOR_ERRORS_RATE}{{job=~"${q.JOB}", slice=~"${q.SLICE}"}}'  # the record keeps no worker
 # tpuscope's alerts, firing now. The same alerts as conventions.OUR_ALERTS matches, but spelt with .* as this
 # dashboard always had it, so the panels' queries (and the committed JSON) do not change.
 ALERTS = f'ALERTS{{alertstate="firing", alertname=~"{ALERT_PREFIX}.*"}}'
@@ -98,14 +100,13 @@ def monitoring() -> p.Section:
                 span=12,
             ),
             p.timeseries_panel(
-                "Collector errors, by reason",
-                "Failed collections: unavailable (the runtime or driver is not answering), deadline (too slow), "
-                "unknown_metrics, invalid_response, not_supported, process_gone, error. A collector that keeps "
-                "failing backs off and retries; the sidecar log has the detail.",
-                "short",
+                "Collector errors, by slice and reason",
+                f"Failed collections a second: {', '.join(c.COLLECTOR_ERRORS.values(c.Label.REASON))}. A collector "
+                "that keeps failing backs off and retries; the Collectors panel above says on which host, Job "
+                "debug's Host section how often each host failed, the sidecar's log the detail.",
+                "eps",
                 p.query(
-                    f"sum by (instance, collector, reason) ({q.increase(c.COLLECTOR_ERRORS)})",
-                    "{{instance}} {{collector}} {{reason}}",
+                    f"sum by (slice, collector, reason) ({COLLECTOR_ERRORS})", "{{slice}} {{collector}} {{reason}}"
                 ),
             ),
             p.timeseries_panel(
