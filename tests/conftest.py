@@ -6,10 +6,8 @@ import os
 if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8").strip()
 
-import json
 import shutil
 import subprocess
-import sys
 import tempfile
 
 # Spans from the tests' Monitors go to a scratch file, not into the working tree (tests that
@@ -75,23 +73,6 @@ def fake_nvml_lib() -> Iterator[Path]:
     path = Path(tempfile.mkdtemp(prefix="ts-nvml-"))
     yield fake_nvml.build(path)
     shutil.rmtree(path, ignore_errors=True)
-
-
-def run_bench_json(mode: str, *flags: str, directory: Path, timeout: float) -> dict[str, Any]:
-    """Run ``tpuscope bench MODE FLAGS`` as a process; its JSON report (it must exit 0).
-
-    The printed table goes to the test's output, for whoever reads it."""
-    out_json = directory / f"{mode}.json"
-    run = subprocess.run(
-        [sys.executable, "-m", "tpuscope", "bench", mode, *flags, f"--perf-json={out_json}"],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-    print(run.stdout)
-    assert run.returncode == 0, run.stdout + run.stderr
-    report: dict[str, Any] = json.loads(out_json.read_text())
-    return report
 
 
 def assert_promtool_checks_rules(groups: list[dict[str, Any]], directory: Path) -> None:

@@ -27,6 +27,7 @@ from tpuscope.conventions import ALERT_PREFIX, BAD_RATE, BADPUT_RATIO, PROFILE_F
 from tpuscope.fleetsim.rules import scale_expr
 from tpuscope.generator_config import GeneratorConfig
 from tpuscope.promql import WORKLOAD
+from tpuscope.testing import bench as testing_bench
 from tpuscope.testing.prometheus import PrometheusServer, target_of
 from tpuscope.testing.waiting import wait_for
 from tpuscope.thresholds import Thresholds
@@ -316,18 +317,14 @@ def test_a_stalled_workload_pages_through_alertmanager_and_resolves_when_it_reco
             return f"webhook got: {webhook.received}\n{prom.log_path.read_text()}\n{alertmanager.log_path.read_text()}"
 
         job = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "tpuscope",
-                "bench",
-                "--workload=e2e",
-                "--steps=300",
-                "--checkpoint-every=0",
+            testing_bench.command(
                 "--inject=stall=20",
-                f"--socket={sidecar.socket}",
-                f"--run-dir={short_tmp / 'run'}",
-            ],
+                workload="e2e",
+                steps=300,
+                checkpoint_every=0,
+                socket=sidecar.socket,
+                run_dir=short_tmp / "run",
+            ),
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,

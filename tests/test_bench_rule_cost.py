@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import run_bench_json
 
 from tpuscope import durations
 from tpuscope.bench.rule_cost import ALL_GROUPS, FileCost, RuleCost, group_costs
 from tpuscope.conventions import BADPUT_RATIO
+from tpuscope.testing.bench import report as bench_report
 
 pytestmark = pytest.mark.long
 
@@ -34,7 +34,7 @@ def printed_groups(out: str) -> dict[str, list[str]]:
 def test_every_group_and_every_goodput_ratio_rule_reads_samples(
     short_tmp: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    figures = run_bench_json("rule-cost", "--rules", f"{LABEL}={RULES}", *TINY, directory=short_tmp, timeout=240)
+    figures = bench_report("rule-cost", "--rules", f"{LABEL}={RULES}", *TINY, directory=short_tmp, timeout=240)
     printed = printed_groups(capsys.readouterr().out)
     groups = [group["name"] for group in yaml.safe_load(RULES.read_text())["groups"]]
     assert groups and set(groups) <= set(printed), printed

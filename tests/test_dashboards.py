@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import sys
@@ -24,6 +23,7 @@ from tpuscope.bench.fleet_scale import grafana_regex_escape
 from tpuscope.dashboards import promql
 from tpuscope.dashboards.panels import panels_of
 from tpuscope.generator_config import GeneratorConfig
+from tpuscope.testing import bench as testing_bench
 from tpuscope.testing.fake_nvml import FakeGpu, FakeNvmlState, environment
 from tpuscope.testing.fake_tpu import Chip, FakeTpuRuntime, FakeTpuServer, default_megascale
 from tpuscope.testing.prometheus import PrometheusServer, target_of
@@ -236,24 +236,23 @@ def bench(socket: Path, run_dir: Path, cache: Path, *faults: str) -> subprocess.
     """The JAX workload with the faults that make every panel's series exist: the first run stalls,
     recompiles and fails to compile a program (a compile failure, and a failure of reason compile_error); run
     again, it resumes from its checkpoint (a restart, lost work, cache hits)."""
-    command = [
-        sys.executable,
-        "-m",
-        "tpuscope",
-        "bench",
-        f"--workload={WORKLOAD}",
-        "--steps=100",
-        "--checkpoint-every=20",
-        f"--socket={socket}",
-        f"--run-dir={run_dir}",
-        f"--compile-cache={cache}",
+    return testing_bench.run(
         "--inject=stall=3",
         "--inject=recompile=25",
-        "--inject=compile-error=75",
-        "--profile-period=0.3s",  # device profiles every few steps from step 20, parsed by step 75: panels have data
+        "--inject=compile-error=150",
         *faults,
-    ]
-    return subprocess.run(command, capture_output=True, text=True, timeout=300, env=os.environ.copy())
+        # Device profiles from step 32 (the first multiple of K=16 past the 20 warm steps). A capture costs about
+        # 0.3 s, so the job widens its period past the run: that one capture must be parsed, scraped and recorded
+        # while the job still runs (a finished job's profile is not fresh, and the straggler's record drops it).
+        # From step 32 to 75 a slow machine had too little of that time (CI, stop 45); to 150 it has seconds.
+        profile_period="0.3s",
+        workload=WORKLOAD,
+        steps=200,
+        checkpoint_every=20,
+        socket=socket,
+        run_dir=run_dir,
+        compile_cache=cache,
+    )
 
 
 def serve_requests(monitor: Monitor, stop: threading.Event) -> None:

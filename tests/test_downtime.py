@@ -9,7 +9,6 @@ new pod is) serving the resumed run, when only Prometheus can know the time nobo
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -25,6 +24,7 @@ from tpuscope.conventions import DOWN_SINCE, GOODPUT_RATE, UNBOOKED_RATE, WALL_R
 from tpuscope.fleetsim.rules import scaled_rules_file
 from tpuscope.generator_config import GeneratorConfig
 from tpuscope.scrape import Scrape
+from tpuscope.testing import bench as testing_bench
 from tpuscope.testing.prometheus import PrometheusServer, free_port, target_of
 from tpuscope.testing.waiting import wait_for
 from tpuscope.tracing import read_records
@@ -64,11 +64,18 @@ class ByHand:
 
 
 def bench(socket: Path, directory: Path, *flags: str) -> subprocess.CompletedProcess[str]:
-    command = [sys.executable, "-m", "tpuscope", "bench", "--workload=down", "--steps=40", "--checkpoint-every=10"]
-    command += [f"--socket={socket}", f"--run-dir={directory / 'run'}", f"--record={directory / 'events.jsonl'}"]
-    command += ["--profile-period=off", f"--compile-cache={directory.parent / 'xla-cache'}", *flags]
-    env = {**os.environ, "XDG_CACHE_HOME": str(directory.parent / "cache")}
-    return subprocess.run(command, capture_output=True, text=True, timeout=300, env=env)
+    return testing_bench.run(
+        *flags,
+        env={"XDG_CACHE_HOME": str(directory.parent / "cache")},
+        workload="down",
+        steps=40,
+        checkpoint_every=10,
+        socket=socket,
+        run_dir=directory / "run",
+        record=directory / "events.jsonl",
+        profile_period="off",
+        compile_cache=directory.parent / "xla-cache",
+    )
 
 
 def crash_wait_resume(first: SidecarProcess, directory: Path, between: object = None) -> None:

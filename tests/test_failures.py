@@ -11,10 +11,10 @@ import http.server
 import os
 import signal
 import subprocess
-import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -22,6 +22,7 @@ from tpuscope import catalog
 from tpuscope.gce_metadata import METADATA_HOST_ENV
 from tpuscope.reasons import RECOMPILE_VALUES
 from tpuscope.scrape import Scrape
+from tpuscope.testing import bench as testing_bench
 from tpuscope.testing.waiting import scrape_until
 from tpuscope.tracing.failures import SIGTERM_EXIT
 from tpuscope.workload.runner import CRASHED
@@ -30,28 +31,26 @@ from tpuscope.workload.sidecar import SidecarProcess
 pytestmark = pytest.mark.long
 
 
+def options(sidecar: SidecarProcess, tmp: Path, workload: str) -> dict[str, Any]:
+    return {
+        "workload": workload,
+        "socket": sidecar.socket,
+        "run_dir": tmp / workload,
+        "profile_period": "off",
+        "checkpoint_every": 0,
+        "compile_cache": tmp / "xla-cache",
+        "cpu_devices": 2,
+    }
+
+
 def bench_command(sidecar: SidecarProcess, tmp: Path, workload: str, *flags: str) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "tpuscope",
-        "bench",
-        f"--workload={workload}",
-        f"--socket={sidecar.socket}",
-        f"--run-dir={tmp / workload}",
-        "--profile-period=off",
-        "--checkpoint-every=0",
-        f"--compile-cache={tmp / 'xla-cache'}",
-        "--cpu-devices=2",
-        *flags,
-    ]
+    return testing_bench.command(*flags, **options(sidecar, tmp, workload))
 
 
 def bench(
     sidecar: SidecarProcess, tmp: Path, workload: str, *flags: str, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
-    command = bench_command(sidecar, tmp, workload, *flags)
-    return subprocess.run(command, capture_output=True, text=True, timeout=300, env={**os.environ, **(env or {})})
+    return testing_bench.run(*flags, env=env, **options(sidecar, tmp, workload))
 
 
 def failures_of(sidecar: SidecarProcess, workload: str) -> dict[str, float]:

@@ -10,13 +10,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from conftest import run_bench_json
-
 from tpuscope.bench import flood
+from tpuscope.testing.bench import report as bench_report
 
 
 def test_a_flood_at_ten_times_the_supported_rate_loses_nothing_unseen(short_tmp: Path) -> None:
-    figures = run_bench_json("flood", "--seconds", "30", directory=short_tmp, timeout=400)
+    figures = bench_report("flood", "--seconds", "30", directory=short_tmp, timeout=400)
     assert figures["failed"] == []
     assert figures["offered_events_per_second"] >= 10 * flood.SUPPORTED_EVENTS_PER_SECOND
     assert figures["flood_dropped_by_jobs"] > 0

@@ -10,7 +10,6 @@ tell the same story, and open in headless Chromium with nothing in red.
 from __future__ import annotations
 
 import json
-import os
 import struct
 import subprocess
 import sys
@@ -32,6 +31,7 @@ from tpuscope.generator_config import GeneratorConfig
 from tpuscope.report import prometheus, recording, render
 from tpuscope.report.model import StalledCores
 from tpuscope.report.window import Window, parse_time
+from tpuscope.testing import bench as testing_bench
 from tpuscope.testing.prometheus import PrometheusServer, target_of
 from tpuscope.testing.waiting import wait_for
 from tpuscope.thresholds import Thresholds
@@ -55,10 +55,15 @@ class Run:
 
 
 def bench(sidecar: SidecarProcess, directory: Path, *faults: str) -> subprocess.CompletedProcess[str]:
-    command = [sys.executable, "-m", "tpuscope", "bench", f"--workload={WORKLOAD}", "--steps=60"]
-    command += ["--checkpoint-every=20", f"--socket={sidecar.socket}", f"--run-dir={directory / 'run'}"]
-    command += [f"--record={directory / 'events.jsonl'}", *faults]
-    return subprocess.run(command, capture_output=True, text=True, timeout=300, env=os.environ.copy())
+    return testing_bench.run(
+        *faults,
+        workload=WORKLOAD,
+        steps=60,
+        checkpoint_every=20,
+        socket=sidecar.socket,
+        run_dir=directory / "run",
+        record=directory / "events.jsonl",
+    )
 
 
 @pytest.fixture(scope="module")

@@ -13,9 +13,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest import run_bench_json
 
 from tpuscope.bench import soak
+from tpuscope.testing.bench import report as bench_report
 
 pytestmark = pytest.mark.long
 
@@ -23,7 +23,7 @@ pytestmark = pytest.mark.long
 @pytest.mark.timeout(600)
 def test_a_two_minute_soak_loses_nothing_and_does_not_leak(short_tmp: Path) -> None:
     # Two minutes, a run's length past the deadline at most, then Prometheus' last scrapes.
-    figures = run_bench_json("soak", "--minutes", "2", directory=short_tmp, timeout=540)
+    figures = bench_report("soak", "--minutes", "2", directory=short_tmp, timeout=540)
     assert figures["failed"] == []
 
     # Every counter, per workload and label, as the jobs reported it and as Prometheus holds it.

@@ -7,8 +7,6 @@ import json
 import os
 import re
 import statistics
-import subprocess
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -18,6 +16,7 @@ import pytest
 
 from tpuscope import catalog, events
 from tpuscope.scrape import Scrape
+from tpuscope.testing import bench as testing_bench
 from tpuscope.testing.waiting import scrape_until
 from tpuscope.tracing import read_records
 from tpuscope.workload.sidecar import SidecarProcess
@@ -57,10 +56,9 @@ def bench(module_sidecar: SidecarProcess, module_tmp: Path) -> Callable[..., Run
             args = (*args, "--profile-period", "off")
         record = module_tmp / f"{workload}.jsonl"
         record.unlink(missing_ok=True)  # the sink appends: each run gets its own recording
-        proc = subprocess.run(
-            [sys.executable, "-m", "tpuscope", "bench", "--socket", str(module_sidecar.socket),
-             "--workload", workload, "--run-dir", str(module_tmp / workload), "--record", str(record), *args],
-            capture_output=True, text=True, timeout=600, env=env,
+        proc = testing_bench.run(
+            *args, timeout=600, env=env, socket=module_sidecar.socket, workload=workload,
+            run_dir=module_tmp / workload, record=record,
         )  # fmt: skip
         output = proc.stdout + proc.stderr
         assert proc.returncode == expect, output
