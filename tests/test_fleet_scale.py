@@ -104,3 +104,23 @@ def test_the_budgets_are_checked(figures: dict[str, Any]) -> None:
 def test_the_run_makes_the_tables_docs_fleet_md_shows(figures: dict[str, Any]) -> None:
     tables = fleet_scale.markdown(figures["scales"])
     assert tables.count(f"\n| {HOSTS} | tpuscope | tpuscope.") == 2 and f"| {HOSTS} | On-call | 1 h |" in tables
+
+
+def test_the_history_is_written_in_parts_of_whole_series_each_once() -> None:
+    """A day of 1,000 hosts does not fit on the disk as one writer's text: the backfill writes it in parts of about
+    PART_SAMPLES, a family of many series cut between them, each series whole and in one part only."""
+    end = 86_400.0 * 30
+    day = int(end - 86_400)
+    step = fleet_scale.SCRAPE_SECONDS
+    model = fleet_scale.HostSeries("m", (), 1.0)
+    families: list[fleet_scale.Family] = [
+        ("buckets", day, [(f"buckets{{host={i}}} ", model, fleet_scale.STEADY) for i in range(1000)]),
+        ("gauge", int(end - 3600), [(f"gauge{{host={i}}} ", model, fleet_scale.STEADY) for i in range(1000)]),
+    ]
+    most = 50 * 86_400 // step  # fifty series' day
+    shares = fleet_scale.parts_of(families, end, writers=2, most=most)
+    written = [text for share in shares for _, _, entries in share for text, _, _ in entries]
+    assert sorted(written) == sorted(text for _, _, entries in families for text, _, _ in entries)
+    samples = [sum(len(entries) * (end - first) / step for _, first, entries in share) for share in shares]
+    assert len(shares) >= (1000 * 86_400 / step) // most and max(samples) <= 1.25 * most, samples
+    assert len(fleet_scale.parts_of(families[1:], end, writers=2, most=most)) == 2  # at least one part a writer

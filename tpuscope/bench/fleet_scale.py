@@ -74,7 +74,7 @@ QUERY_TIMEOUT_SECONDS = 120.0
 # hosts, so that this process serves every host's series (those the rules read) in time.
 PROBE_SECONDS_PER_100_HOSTS = 2
 RECORDED_DAYS = 3.0
-PART_SAMPLES = 60_000_000  # the most one writer's OpenMetrics text holds at once: about 8 GB
+PART_SAMPLES = 60_000_000  # one writer's OpenMetrics text at a time: about 13 GB at some 210 bytes a sample
 PEER_JOB = "node"  # node-exporter-mixin's default selector is job="node"
 OUR_JOB = "tpuscope"
 START_TIMES = ("process_start_time_seconds", "node_boot_time_seconds", SIDECAR_START)
@@ -306,16 +306,9 @@ def backfill(
         for t in range(int(end - r.since), int(end) + 1, int(r.every))
     ]
 
-    def size(family: Family) -> float:  # its samples
-        return len(family[2]) * (end - family[1]) / SCRAPE_SECONDS
-
     writers = max(1, min(os.cpu_count() or 1, 4))
-    # At most PART_SAMPLES a part, so that the text waiting for promtool fits on the disk (a day of 1,000 hosts is
-    # about 900 M samples, 100 GB of text): each writer deletes its part's text before it takes the next.
-    parts = max(writers, math.ceil(sum(map(size, families.values())) / PART_SAMPLES))
-    shares: list[list[Family]] = [[] for _ in range(parts)]
-    for family in sorted(families.values(), key=size, reverse=True):  # the biggest first
-        min(shares, key=lambda share: sum(map(size, share))).append(family)
+    shares = parts_of(list(families.values()), end, writers)
+    parts = len(shares)
     tsdb = directory / "tsdb"
     tsdb.mkdir(parents=True, exist_ok=True)
     global _WRITING  # the writers are forked: they read the families from here instead of a pickle
@@ -330,10 +323,32 @@ def backfill(
         "series": sum(c[0] for c in counts) + len(recorded),
         "samples": sum(c[1] for c in counts),
         "seconds": round(time.monotonic() - started, 1),
+        "parts": parts,
     }
 
 
 _WRITING: tuple[list[list[Family]], float, float, list[str], Path] | None = None
+
+
+def parts_of(families: list[Family], end: float, writers: int, most: int = PART_SAMPLES) -> list[list[Family]]:
+    """The families' series split into parts of about ``most`` samples, at least one a writer, each family's
+    series whole and once: so that the text waiting for promtool fits on the disk (a day of 1,000 hosts is far more
+    than the disk holds), as each writer deletes its part's text before it takes the next. A family of many series
+    (a histogram's buckets on every host) is cut into pieces of whole series, a quarter part at most."""
+
+    def size(piece: Family) -> float:  # its samples
+        return len(piece[2]) * (end - piece[1]) / SCRAPE_SECONDS
+
+    pieces = [
+        (name, first, entries[i : i + per])
+        for name, first, entries in families
+        for per in [max(1, int(most / 4 / ((end - first) / SCRAPE_SECONDS)))]
+        for i in range(0, len(entries), per)
+    ]
+    shares: list[list[Family]] = [[] for _ in range(max(writers, math.ceil(sum(map(size, pieces)) / most)))]
+    for piece in sorted(pieces, key=size, reverse=True):  # the biggest first, each where the least is yet
+        min(shares, key=lambda share: sum(map(size, share))).append(piece)
+    return shares
 
 
 def fleet_origin(end: float) -> float:
@@ -348,7 +363,8 @@ def write_share(index: int) -> tuple[int, int]:
     source = directory / f"part-{index}.om"
     series = samples = 0
     with open(source, "w") as out:
-        for _, first, entries in sorted(shares[index]):  # OpenMetrics: a family's lines together
+        # OpenMetrics: a family's lines together (the pieces of one family in a part are written one after another)
+        for _, first, entries in sorted(shares[index], key=lambda piece: piece[0]):
             times = range(first, int(end) + 1, SCRAPE_SECONDS)
             for text, s, varied in entries:
                 lines = sample_lines(text, s, varied, times, end, origin)
@@ -743,7 +759,8 @@ def measure(
     timing = rule_cost.Timing(end, RECORDED_DAYS, SCRAPE_SECONDS, settings.evaluation_seconds)
     recorded = rule_cost.recorded_series(found, reads, timing, reach.seconds)
     history = backfill(fleet, reach, recorded, end, workdir / "history")
-    written = f"{history['series']:,.0f} series, {history['samples']:,.0f} samples ({history['seconds']:.0f} s)"
+    written = f"{history['series']:,.0f} series, {history['samples']:,.0f} samples"
+    written += f" ({history['parts']:.0f} parts, {history['seconds']:.0f} s)"
     print(f"  {hosts} hosts: a TSDB of {written}", flush=True)
     feed = Feed(fleet, end)
     tsdb = workdir / "history" / "tsdb"
