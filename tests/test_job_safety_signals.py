@@ -258,7 +258,7 @@ def orbax_trial(mode: str, delay: float, directory: Path) -> dict[str, object]:
     how it ended, and the steps committed on disk."""
     with Job(ORBAX_JOB, mode, str(directory)) as job:
         job.wait_for("ready")
-        time.sleep(delay)
+        time.sleep(delay)  # how far into the loop the signal lands: the duration under test
         _, rc = job.sigterm(timeout=120)
         output = job.output
     report = job.report() if rc != GONE else {}
@@ -351,7 +351,7 @@ def test_07_a_final_save_after_the_sigterm_completes_and_the_run_is_a_preemption
         out.mkdir()
         with Job(FINAL_SAVE_JOB, mode, str(record), str(out)) as job:
             job.wait_for("ready")
-            time.sleep(0.5)
+            time.sleep(0.5)  # some steps into the loop: when the signal lands is the duration under test
             _, rc = job.sigterm(timeout=60)
         shards = len([f for f in out.iterdir() if f.name.startswith("shard-")])
         ended[mode] = (rc, shards, (out / "COMMITTED").exists(), lifecycle(record) if record.exists() else [])

@@ -121,18 +121,23 @@ def test_a_phase_run_twice_adds_up_and_one_begun_inside_another_is_timed_apart()
     twice, so a long one makes the step invalid, counted and dropped; this empty one stays within the slack.)"""
     recorder = Recorder()
     monitor = Monitor("phases", socket="/nonexistent/x.sock", sinks=[recorder], traces=False)
+    io_took = 0.0  # the phases' times as the test sees them from outside: the most the Monitor can count
     with monitor.step(1) as step:
         for _ in range(2):
+            began = time.perf_counter()
             with step.phase("io"):
                 time.sleep(0.01)
+            io_took += time.perf_counter() - began
         with step.phase("compute"):
             time.sleep(0.01)
+            began = time.perf_counter()
             with step.phase("sync"):
                 pass
+            sync_took = time.perf_counter() - began
     monitor.close()
     (event,) = [e for e in recorder.events if isinstance(e, events.Step)]
-    assert 0.02 <= event.io_s < 0.03
-    assert event.compute_s >= 0.01 and 0 < event.sync_s < 0.001  # the outer holds the inner too
+    assert 0.02 <= event.io_s <= io_took
+    assert event.compute_s >= 0.01 and 0 < event.sync_s <= sync_took  # the outer holds the inner too
 
 
 def test_a_step_and_a_checkpoint_carry_the_compiles_reported_while_they_ran() -> None:
@@ -203,7 +208,7 @@ def test_the_first_lost_event_is_said_at_once_then_reminded_then_the_recovery(
         with monitor.step(n):
             pass
     assert sum("not reaching" in r.getMessage() or "still no" in r.getMessage() for r in caplog.records) == 1
-    time.sleep(0.35)
+    time.sleep(sinks.REMIND_SECONDS)  # past the reminder's period, begun before the steps: only time shows it
     with monitor.step(50):
         pass
     reminders = [r.getMessage() for r in caplog.records if "still no events" in r.getMessage()]

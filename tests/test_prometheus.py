@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import subprocess
 import threading
-import time
 import urllib.request
 from pathlib import Path
 
@@ -16,7 +15,7 @@ from tpuscope.testing.fake_device_plugin import FakeDevicePlugin, chips, page
 from tpuscope.testing.fake_nvml import FakeGpu, FakeNvmlState, environment
 from tpuscope.testing.fake_tpu import Chip, FakeTpuRuntime, FakeTpuServer, default_megascale
 from tpuscope.testing.prometheus import PrometheusServer, target_of
-from tpuscope.testing.waiting import scrape_until
+from tpuscope.testing.waiting import scrape_until, wait_for
 from tpuscope.tracing import Monitor
 from tpuscope.workload import synthetic
 from tpuscope.workload.sidecar import SidecarProcess
@@ -35,20 +34,23 @@ def test_prometheus_sees_the_step_rate_and_phases_that_add_up(sidecar: SidecarPr
             stop = threading.Event()
             loop = threading.Thread(target=synthetic.run, args=(monitor, 1500, PROFILE), kwargs={"stop": stop})
             loop.start()
-            rate, shares, total = None, {}, None
-            deadline = time.monotonic() + 60
-            while time.monotonic() < deadline and loop.is_alive():
-                time.sleep(1)
-                rate = prom.scalar(step_rate)
+
+            def shares_adding_up() -> dict[str, float]:
+                """Each phase's share of the step time, once Prometheus has a step rate and all four add up."""
+                assert loop.is_alive(), "the loop ended before Prometheus saw its phases add up"
                 total = prom.scalar(step_sum)
-                shares = (
-                    {r["metric"]["phase"]: float(r["value"][1]) / total for r in prom.query(phase_sum)} if total else {}
-                )
-                if rate and len(shares) == 4 and abs(sum(shares.values()) - 1) < 0.05:
-                    break
-            assert prom.scalar('up{job="tpuscope"}') == 1
-        assert rate and rate > 0, "Prometheus saw no steps"
-        assert abs(sum(shares.values()) - 1) < 0.05, f"phases {shares} do not add up to the step time"
+                if not prom.scalar(step_rate) or not total:
+                    return {}
+                shares = {r["metric"]["phase"]: float(r["value"][1]) / total for r in prom.query(phase_sum)}
+                return shares if len(shares) == 4 and abs(sum(shares.values()) - 1) < 0.05 else {}
+
+            try:
+                # A query a second, as often as Prometheus scrapes: a tighter loop would only take the job's CPU.
+                shares = wait_for(shares_adding_up, 60, "a step rate, and phases that add up", interval=1)
+                assert prom.scalar('up{job="tpuscope"}') == 1
+            finally:
+                stop.set()
+                loop.join()
         # Each phase lands under its own label: the shares are those the loop slept for.
         assert abs(shares["compute"] - PROFILE.compute_share) < 0.05, shares
         assert abs(shares["sync"] - PROFILE.sync_share) < 0.05, shares

@@ -18,7 +18,6 @@ import subprocess
 import sys
 import textwrap
 import threading
-import time
 import typing
 from collections import Counter
 from collections.abc import Iterator
@@ -416,9 +415,9 @@ def test_an_uncaught_exception_is_recorded_as_a_failure(sidecar: SidecarProcess,
     assert job.returncode == 1 and "the training loop failed" in job.stderr
     scrape = scrape_until(sidecar.url, lambda s: s.has(FAILURES, workload=workload))
     assert scrape.value(FAILURES, workload=workload, reason="other") == 1
-    # It said goodbye, so the connection's end is not taken for a second failure.
-    time.sleep(0.3)
-    scrape = Scrape.fetch(sidecar.url)
+    # It said goodbye, so the connection's end is not taken for a second failure: the sidecar would have booked
+    # one (at once, no metadata server being asked) before the process's series goes with the connection.
+    scrape = scrape_until(sidecar.url, lambda s: not s.has(catalog.WORKLOAD_PROCESSES.name, workload=workload))
     assert scrape.value(FAILURES, workload=workload) == 1
     assert scrape.value(STEPS, workload=workload) == 1
 

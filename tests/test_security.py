@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import bcrypt
+import psutil
 import pytest
 import yaml
 from conftest import require
@@ -34,8 +35,9 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from tpuscope import catalog
+from tpuscope.exporter.http import _SecureHandler
 from tpuscope.testing.prometheus import PrometheusServer, target_of
-from tpuscope.testing.waiting import wait_for
+from tpuscope.testing.waiting import scrape_until, wait_for
 from tpuscope.workload.sidecar import SidecarProcess
 
 USER = "prometheus"
@@ -231,15 +233,25 @@ def test_plain_http_to_the_tls_port_gets_nothing(secured: SidecarProcess, pki: P
     assert get(secured.url, client_context(pki))[0] == 200  # and the server is none the worse
 
 
+def holds(sidecar: SidecarProcess, client: socket.socket) -> bool:
+    """Whether the sidecar has accepted ``client``'s connection: a socket of its own with the two ends swapped
+    (one still in the listen backlog belongs to no process)."""
+    ends = (client.getpeername(), client.getsockname())
+    return any(
+        (tuple(c.laddr), tuple(c.raddr)) == ends for c in psutil.Process(sidecar.proc.pid).net_connections("tcp")
+    )
+
+
 def test_a_silent_client_does_not_hold_up_others(secured: SidecarProcess, pki: Pki) -> None:
     """The handshake happens on the connection's thread: a client that connects and never speaks
     would otherwise block the accept loop and every scrape behind it."""
     host, port = target_of(secured.url).rsplit(":", 1)
-    with socket.create_connection((host, int(port))):
-        time.sleep(0.2)  # accepted by now
+    with socket.create_connection((host, int(port))) as silent:
+        wait_for(lambda: holds(secured, silent), 20, "the sidecar's accept of the silent connection")
         started = time.monotonic()
         assert get(secured.url, client_context(pki))[0] == 200
-        assert time.monotonic() - started < 5
+        # Queued behind the silent client, the scrape would wait for the server to give up on it.
+        assert time.monotonic() - started < _SecureHandler.timeout
 
 
 def test_secrets_appear_neither_in_metrics_nor_in_the_log(secured: SidecarProcess, pki: Pki) -> None:
@@ -397,10 +409,11 @@ def test_a_bad_web_config_stops_serve_with_a_message_naming_it(case: str, pki: P
 
 def test_the_socket_stays_private_while_a_job_is_connected(short_tmp: Path) -> None:
     path = short_tmp / "events.sock"
-    with SidecarProcess(path), socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as job:
+    with SidecarProcess(path) as sidecar, socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as job:
         job.connect(str(path))
         job.send(b"{}")
-        time.sleep(0.2)  # the sidecar has accepted and read by now
+        read = catalog.INGEST_EVENTS.name
+        scrape_until(sidecar.url, lambda s: s.value(read, result=catalog.INVALID) == 1)  # accepted and read
         assert stat.S_IMODE(os.lstat(path).st_mode) == 0o600
 
 

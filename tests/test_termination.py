@@ -163,17 +163,22 @@ def final_state(sidecar: SidecarProcess) -> Scrape:
     """The kubelet's SIGTERM to the sidecar, then scrapes, as Prometheus goes on scraping, until it exits: the
     last one it served (it lingers until one has read the final state)."""
     sidecar.proc.send_signal(signal.SIGTERM)
-    last = None
-    deadline = time.monotonic() + 60
-    while sidecar.proc.poll() is None and time.monotonic() < deadline:
+    served: list[Scrape] = []  # the latest
+
+    def gone() -> bool:
+        if sidecar.proc.poll() is not None:
+            return True
         try:
-            last = Scrape.fetch(sidecar.url)
+            served[:] = [Scrape.fetch(sidecar.url)]
         except OSError:  # it stopped listening between two scrapes
-            break
-        time.sleep(0.1)
+            return True
+        return False
+
+    # A scrape every 0.1 s, as Prometheus goes on scraping (only faster): the last one served is the final state.
+    wait_for(gone, 60, "the sidecar's exit after SIGTERM", detail=sidecar.log, interval=0.1)
     assert sidecar.proc.wait(timeout=30) == 0, sidecar.log()
-    assert last is not None
-    return last
+    assert served, "no scrape was served after SIGTERM"
+    return served[-1]
 
 
 @pytest.mark.parametrize(

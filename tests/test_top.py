@@ -13,12 +13,12 @@ import pytest
 from conftest import require
 from rich.console import Console
 
-from tpuscope import top
+from tpuscope import catalog, top
 from tpuscope.conventions import DEFAULT_PORT
 from tpuscope.scrape import Scrape
 from tpuscope.testing.fake_tpu import Chip, FakeTpuRuntime, FakeTpuServer, default_megascale
 from tpuscope.testing.prometheus import PrometheusServer, free_port
-from tpuscope.testing.waiting import wait_for
+from tpuscope.testing.waiting import scrape_until, wait_for
 from tpuscope.tracing import Monitor
 from tpuscope.workload import synthetic
 from tpuscope.workload.sidecar import SidecarProcess
@@ -43,9 +43,9 @@ def sidecar(short_tmp: Path) -> Iterator[SidecarProcess]:
         ) as process,
     ):
         wait_for(
-            lambda: Scrape.fetch(process.url).has(top.c.DUTY_CYCLE.name),
+            lambda: Scrape.fetch(process.url).has(catalog.DUTY_CYCLE.name),
             20,
-            "Scrape.fetch(process.url).has(top.c.DUTY_CYCLE.name)",
+            "Scrape.fetch(process.url).has(catalog.DUTY_CYCLE.name)",
         )
         yield process
 
@@ -81,9 +81,9 @@ def test_once_prints_devices_workloads_and_where_the_host_is(form: str, sidecar:
     with Monitor("llm", socket=sidecar.socket, traces=False) as mon:
         synthetic.run(mon, 30, PROFILE)
     wait_for(
-        lambda: Scrape.fetch(sidecar.url).value(top.c.STEPS.name, workload="llm") == 30,
+        lambda: Scrape.fetch(sidecar.url).value(catalog.STEPS.name, workload="llm") == 30,
         20,
-        'Scrape.fetch(sidecar.url).value(top.c.STEPS.name, workload="llm") == 30',
+        'Scrape.fetch(sidecar.url).value(catalog.STEPS.name, workload="llm") == 30',
     )
     out = top_once(where)
     assert out.returncode == 0, out.stdout + out.stderr
@@ -131,15 +131,20 @@ def test_the_live_view_rates_steps_and_says_when_the_sidecar_goes_away(sidecar: 
     source, alerts = top.Source(sidecar.url), top.Alerts()
     frames = top.frames(source, alerts, refresh=0.5)
     with Monitor("live", socket=sidecar.socket, traces=False) as mon:
+        before_first = time.time()
         first = screen(next(frames))
+        after_first = time.time()
         synthetic.run(mon, 40, PROFILE)
-        time.sleep(0.5)
+        scrape_until(sidecar.url, lambda s: s.value(catalog.STEPS.name, workload="live") == 40)
+        before_second = time.time()
         second = screen(next(frames))
+        after_second = time.time()
     # One scrape gives no rate. (The row is there or not, as the Monitor's first event beat the scrape or not.)
     assert all(line.split("│")[2].strip() == "-" for line in first.splitlines() if line.startswith("│ live"))
     row = next(line for line in second.splitlines() if line.startswith("│ live"))
     steps_per_second = float(row.split("│")[2])
-    assert steps_per_second > 5, row  # 40 steps of 10 ms between two scrapes about a second apart
+    # 40 steps between the two scrapes, taken within the test's own stamps (the rate is shown to 0.1).
+    assert 40 / (after_second - before_first) - 0.05 <= steps_per_second <= 40 / (before_second - after_first) + 0.05
     sidecar.stop()
     third = screen(next(frames))
     assert "SIDECAR UNREACHABLE" in third

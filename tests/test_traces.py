@@ -19,6 +19,7 @@ from otlp import Receiver, attributes
 
 from tpuscope import catalog
 from tpuscope.otel import resource
+from tpuscope.testing.waiting import scrape_until
 from tpuscope.tracing import Monitor
 from tpuscope.tracing.spans import CLOSE_TIMEOUT_SECONDS, TrainingSampler
 from tpuscope.workload.sidecar import SidecarProcess
@@ -127,7 +128,7 @@ def test_the_sampler_keeps_the_slow_steps_a_straggler_and_a_stall_cause(receiver
 def test_a_kept_steps_trace_id_is_an_exemplar_on_metrics(receiver: Receiver, sidecar: SidecarProcess) -> None:
     with Monitor("exemplary", socket=sidecar.socket, sample_every=5) as mon:
         run_steps(mon, 20)
-    time.sleep(0.3)
+    scrape_until(sidecar.url, lambda s: s.value(catalog.STEPS.name, workload="exemplary") == 20)
     request = urllib.request.Request(sidecar.url, headers={"Accept": "application/openmetrics-text; version=1.0.0"})
     with urllib.request.urlopen(request) as response:
         text = response.read().decode()

@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
+from tpuscope import catalog
 from tpuscope.scrape import Scrape
 
 T = TypeVar("T")
@@ -71,6 +72,26 @@ def scrape_until(url: str, ready: Callable[[Scrape], object], timeout: float = 2
     found = wait_for(attempt, timeout, what or f"scrape where {_source(ready)}", detail=last_scrape)
     assert found is not None  # wait_for returns only a true value
     return found
+
+
+def sidecar_rounds(url: str, witness: str, count: int, timeout: float = 20.0) -> Scrape:
+    """Wait until ``count`` of the sidecar's once-a-second rounds (the expiry check, then the wall-time booking)
+    have begun and ended after this call; the scrape that shows the last.
+
+    ``witness``: a workload with a process connected that sends nothing more. Its wall time grows at each round
+    and only then, so it counts the rounds where nothing else shows them (a series that must not change). The
+    first growth seen may be a round a scrape caught half done, so it waits for one more than ``count``."""
+    scrape = Scrape.fetch(url)
+    for seen in range(1, count + 2):
+        scrape = _next_round(url, witness, scrape, timeout, f"round {seen} of {count + 1}")
+    return scrape
+
+
+def _next_round(url: str, witness: str, last: Scrape, timeout: float, which: str) -> Scrape:
+    wall = catalog.GOODPUT_WALL.name
+    booked = last.value(wall, workload=witness) or 0.0
+    what = f"{which} ({witness}'s wall time booked again)"
+    return scrape_until(url, lambda s: (s.value(wall, workload=witness) or 0.0) > booked, timeout, what)
 
 
 def _source(function: Callable[..., object]) -> str:
