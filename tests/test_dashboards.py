@@ -265,7 +265,7 @@ def serve_requests(monitor: Monitor, stop: threading.Event) -> None:
         for device in range(2):
             monitor.device_memory(str(device), "v5e", used_bytes=n % 7 << 30, limit_bytes=16 << 30, peak_bytes=9 << 30)
         monitor.inference_batch(8 + n % 8, queue_depth=n % 5, request_seconds=[0.05, 0.2, 0.7 if n % 4 == 0 else 0.1])
-        time.sleep(0.05)
+        time.sleep(0.05)  # the loop's pace: a batch every 50 ms
 
 
 def selections(board: dict[str, Any], prom: PrometheusServer) -> Iterator[tuple[str, dict[str, str]]]:
@@ -344,7 +344,7 @@ def test_every_panel_query_returns_data_from_the_workload_the_sidecar_and_promet
         # The range begins once Prometheus has scraped the sidecar: a counter born later (the failure's) is then
         # new in the range; before any scrape, a query cannot tell it from one that was already there.
         wait_for(lambda: bool(prom.query("up")), 30, "scrape of the sidecar")
-        time.sleep(1.5)
+        prom.catch_up(scrapes=2)  # and the range's first point holds a scrape: the panels' 1 s step reads one
         started = time.time()
         stop = threading.Event()
         with Monitor(SERVING, socket=sidecar.socket, traces=False) as serving:
