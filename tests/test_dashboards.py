@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import yaml
 from conftest import require
-from dashboard_helpers import ALL, BOARDS, panel_titled, step_values, substitute
+from dashboard_helpers import BOARDS, panel_titled, step_values, substitute
 
 from tpuscope import alerts, catalog, conventions
 from tpuscope.alerts.recording import recording_rules
@@ -272,24 +272,24 @@ def selections(board: dict[str, Any], prom: PrometheusServer) -> Iterator[tuple[
     """The variable values to run the panels with, as Grafana fills them from its variable queries: All
     (a variable's custom all value, or every value found), then one value of each; for the accelerator,
     each value in turn (a GPU-only panel is empty with a TPU selected, and should be)."""
-    found = {}
+    found: dict[str, list[str]] = {}
+    every: dict[str, str] = {}
     for variable in board["templating"]["list"]:
         if variable["type"] != "query":
             continue
+        name = variable["name"]
         match, label = re.fullmatch(r"label_values\((.*), (\w+)\)", variable["query"]).groups()  # type: ignore[union-attr]
-        if variable["name"] == promql.WORKER:
-            match = match.replace(f"${promql.SLICE}", ALL)
-        found[variable["name"]] = prom.label_values(label, match)
-        assert found[variable["name"]], f"{board['title']}: variable {variable['name']} lists nothing ({match})"
+        for earlier, value in sorted(
+            every.items(), key=lambda item: -len(item[0])
+        ):  # a variable's query reads those before it
+            match = match.replace(f"${earlier}", value)
+        found[name] = prom.label_values(label, match)
+        assert found[name], f"{board['title']}: variable {name} lists nothing ({match})"
+        if not variable["includeAll"]:  # a single-value variable: Grafana selects its first value
+            every[name] = grafana_regex_escape(found[name][0])
+        else:
+            every[name] = variable.get("allValue") or "(" + "|".join(map(grafana_regex_escape, found[name])) + ")"
     first = {name: grafana_regex_escape(values[0]) for name, values in found.items()}
-    every = {}
-    for variable in board["templating"]["list"]:
-        if variable["type"] == "query":
-            name = variable["name"]
-            if not variable["includeAll"]:  # a single-value variable: Grafana selects its first value
-                every[name] = first[name]
-            else:
-                every[name] = variable.get("allValue") or "(" + "|".join(map(grafana_regex_escape, found[name])) + ")"
     yield "All", every
     for accelerator in found[promql.ACCELERATOR]:
         yield f"accelerator {accelerator}", {**first, promql.ACCELERATOR: grafana_regex_escape(accelerator)}

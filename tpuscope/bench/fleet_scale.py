@@ -652,15 +652,19 @@ def board_queries(board: dict[str, Any]) -> Iterator[tuple[str, str, bool]]:
 
 
 def all_values(board: dict[str, Any], api: PrometheusAPI | None = None) -> dict[str, str]:
-    """Each variable as Grafana sends it for a board opened with its defaults: All where it offers All; the first
-    value it lists where it offers one value at a time (Job debug's workload: with ``api``, else All); a custom
-    variable at its current value."""
+    """Each variable as Grafana sends it for a board opened with its defaults: All where it offers All (its custom
+    all value, or with ``api`` the values it lists, as Grafana expands All without one); the first value it lists
+    where it offers one value at a time (Job debug's workload: with ``api``, else All); a custom variable at its
+    current value."""
     values: dict[str, str] = {}
     for variable in board["templating"]["list"]:
-        if variable["type"] == "query" and not variable.get("includeAll", True) and api is not None:
+        if variable["type"] == "query" and api is not None and not variable.get("allValue"):
             match, label = re.fullmatch(r"label_values\((.*), (\w+)\)", variable["query"]).groups()  # type: ignore[union-attr]
-            listed = sorted(api.label_values(label, substitute(match, values, 3600, 60)))
-            values[variable["name"]] = grafana_regex_escape(listed[0]) if listed else ".*"
+            listed = [
+                grafana_regex_escape(v) for v in sorted(api.label_values(label, substitute(match, values, 3600, 60)))
+            ]
+            one = not variable.get("includeAll", True)
+            values[variable["name"]] = (listed[0] if one else f"({'|'.join(listed)})") if listed else ".*"
         elif variable["type"] == "query":
             values[variable["name"]] = variable.get("allValue") or ".*"
         elif variable["type"] in ("textbox", "constant", "custom"):  # its current value, else its default

@@ -386,7 +386,10 @@ def compiles(t: Thresholds) -> p.Section:
 
 
 def memory(t: Thresholds) -> p.Section:
-    peak, limit = (f"max by ({q.BY_DEVICE}) ({q.selector(m)})" for m in (c.DEVICE_MEMORY_PEAK, c.DEVICE_MEMORY_LIMIT))
+    peak, limit = (
+        f"max by ({q.BY_DEVICE}) ({q.selector(m, q.WORKLOAD_HOSTS)})"
+        for m in (c.DEVICE_MEMORY_PEAK, c.DEVICE_MEMORY_LIMIT)
+    )
     return p.Section(
         "Memory and utilization",
         [
@@ -397,7 +400,7 @@ def memory(t: Thresholds) -> p.Section:
                 f"{t.hbm_used_ratio:.0%} the next larger batch or program will not fit: reduce the batch, "
                 "rematerialize activations, or shard the optimizer state.",
                 "percentunit",
-                p.query(q.on_workload_hosts(q.memory_used_ratio()), q.DEVICE_LEGEND),
+                p.query(q.on_workload_hosts(q.memory_used_ratio(q.WORKLOAD_HOSTS)), q.DEVICE_LEGEND),
                 limits=p.high_is_bad(t.hbm_used_ratio, t.hbm_used_ratio - 0.1),
                 max_value=1,
                 span=8,
@@ -439,7 +442,7 @@ def memory(t: Thresholds) -> p.Section:
                 f"measure). Below {t.duty_cycle_low:.0%} the chips wait: on input, on the host, or on a "
                 "straggler.",
                 "percentunit",
-                p.query(q.on_workload_hosts(q.selector(c.DUTY_CYCLE)), q.DEVICE_LEGEND),
+                p.query(q.on_workload_hosts(q.selector(c.DUTY_CYCLE, q.WORKLOAD_HOSTS)), q.DEVICE_LEGEND),
                 limits=p.low_is_bad(t.duty_cycle_low),
                 max_value=1,
                 span=12,
@@ -540,6 +543,7 @@ def goodput(t: Thresholds) -> p.Section:
 
 
 def host(t: Thresholds) -> p.Section:
+    errors, legend = q.increase(c.COLLECTOR_ERRORS, q.WORKLOAD_HOSTS), "{{instance}} {{collector}} {{reason}}"
     return p.Section(
         "Host",
         [
@@ -551,14 +555,18 @@ def host(t: Thresholds) -> p.Section:
                 "files.",
                 "percentunit",
                 p.query(
-                    q.on_workload_hosts(f"avg by (job, instance) ({q.selector(c.HOST_CPU_UTILIZATION)})"),
+                    q.on_workload_hosts(
+                        f"avg by (job, instance) ({q.selector(c.HOST_CPU_UTILIZATION, q.WORKLOAD_HOSTS)})"
+                    ),
                     "busy {{instance}}",
                 ),
                 p.query(
-                    q.on_workload_hosts(f"max by (job, instance) ({q.selector(c.HOST_CPU_UTILIZATION)})"),
+                    q.on_workload_hosts(
+                        f"max by (job, instance) ({q.selector(c.HOST_CPU_UTILIZATION, q.WORKLOAD_HOSTS)})"
+                    ),
                     "busiest CPU {{instance}}",
                 ),
-                p.query(q.on_workload_hosts(q.selector(c.HOST_CPU_IOWAIT)), "iowait {{instance}}"),
+                p.query(q.on_workload_hosts(q.selector(c.HOST_CPU_IOWAIT, q.WORKLOAD_HOSTS)), "iowait {{instance}}"),
                 limits=p.high_is_bad(t.host_cpu_ratio),
                 max_value=1,
                 span=8,
@@ -577,11 +585,15 @@ def host(t: Thresholds) -> p.Section:
                 "on their network interfaces: input reads and checkpoint writes show here.",
                 "Bps",
                 p.query(
-                    q.on_workload_hosts(f"sum by (job, instance, direction) ({q.rate(c.HOST_DISK_IO)})"),
+                    q.on_workload_hosts(
+                        f"sum by (job, instance, direction) ({q.rate(c.HOST_DISK_IO, q.WORKLOAD_HOSTS)})"
+                    ),
                     "disk {{direction}} {{instance}}",
                 ),
                 p.query(
-                    q.on_workload_hosts(f"sum by (job, instance, direction) ({q.rate(c.HOST_NETWORK)})"),
+                    q.on_workload_hosts(
+                        f"sum by (job, instance, direction) ({q.rate(c.HOST_NETWORK, q.WORKLOAD_HOSTS)})"
+                    ),
                     "net {{direction}} {{instance}}",
                 ),
                 span=8,
@@ -592,12 +604,7 @@ def host(t: Thresholds) -> p.Section:
                 "slice): a host whose runtime or driver stops answering shows here first. The sidecar's log has the "
                 "detail.",
                 "short",
-                p.query(
-                    q.on_workload_hosts(
-                        f"sum by (job, instance, collector, reason) ({q.increase(c.COLLECTOR_ERRORS)})"
-                    ),
-                    "{{instance}} {{collector}} {{reason}}",
-                ),
+                p.query(q.on_workload_hosts(f"sum by (job, instance, collector, reason) ({errors})"), legend),
                 span=8,
             ),
         ],

@@ -293,9 +293,10 @@ def _label_values(
     title: str = "",
     all_value: str | None = ALL,
     single: bool = False,
+    hidden: bool = False,
 ) -> QueryVariable:
     """A variable listing ``label_values(source, label)``, shown as ``title`` (the label, capitalised, by
-    default); several values or All unless ``single``."""
+    default), or not at all if ``hidden``; several values or All unless ``single``."""
     label = label or name
     variable = (
         QueryVariable(name)
@@ -307,6 +308,8 @@ def _label_values(
         .refresh(dashboard.VariableRefresh.ON_TIME_RANGE_CHANGED)
         .sort(dashboard.VariableSort.ALPHABETICAL_ASC)
     )
+    if hidden:
+        variable = variable.hide(dashboard.VariableHide.HIDE_VARIABLE)
     if single:
         return variable.multi(False).include_all(False)
     variable = variable.multi(True).include_all(True)
@@ -320,7 +323,9 @@ def variables(
 ) -> list[Builder[Any]]:
     """datasource, workload, slice, worker, accelerator, TPU topology (and the scrape job, the chip-hour price).
 
-    ``one_workload``: the panels compare workers of one workload, and would blend several.
+    ``one_workload``: the panels compare workers of one workload, and would blend several. Such a board also has the
+    workload's hosts, hidden (:data:`promql.WORKLOAD_HOSTS`), for the series of a host (its devices, its CPU), which
+    have no workload label: without them a panel of one workload's hosts read every host's series before its join.
     """
     build = catalog.BUILD_INFO.name
     result: list[Builder[Any]] = [
@@ -358,6 +363,17 @@ def variables(
             title="TPU topology",
         ),
     ]
+    if one_workload:
+        result.append(
+            _label_values(
+                promql.HOST,
+                promql.selector(catalog.LAST_STEP),
+                "The hosts (scrape targets) of the chosen workload, which its panels of devices and hosts read.",
+                label="instance",
+                all_value=None,
+                hidden=True,
+            )
+        )
     if job:
         result.append(
             _label_values(
