@@ -563,6 +563,9 @@ class BoardFigures:
     def heaviest(self, n: int = 3) -> list[QueryFigures]:
         return sorted(self.queries, key=lambda q: -q.samples)[:n]
 
+    def slowest(self, n: int = 3) -> list[QueryFigures]:
+        return sorted(self.queries, key=lambda q: -q.seconds)[:n]
+
     def summary(self) -> dict[str, Any]:
         """What the JSON keeps of it: the figures, and its heaviest queries."""
         return {
@@ -573,6 +576,7 @@ class BoardFigures:
             "p95_seconds": self.p95_seconds,
             "samples": self.samples,
             "heaviest": [asdict(q) for q in self.heaviest()],
+            "slowest": [asdict(q) for q in self.slowest()],
             "failed": self.failed,
         }
 
@@ -594,6 +598,7 @@ class ScaleFigures:
     # fleet's variations show in them (the straggler, the restart).
     alerts: dict[str, int]
     failing_targets: list[str]  # the targets whose last scrape failed, and why
+    slowest_rules: list[tuple[str, str, float]] = field(default_factory=list)  # group, rule, seconds of its last run
 
 
 def group_evaluations(api: PrometheusAPI, after: float, timeout: float) -> dict[tuple[str, str], list[float]]:
@@ -608,6 +613,16 @@ def group_evaluations(api: PrometheusAPI, after: float, timeout: float) -> dict[
 
     wait_for(enough, timeout, f"{EVALUATIONS} evaluations of every group")
     return {key: [times[t] for t in sorted(times)][:EVALUATIONS] for key, times in seen.items()}
+
+
+def slowest_rules(api: PrometheusAPI, n: int = 8) -> list[tuple[str, str, float]]:
+    """The ``n`` rules whose last evaluation took longest: (group, the record or alert, seconds)."""
+    rules = [
+        (group["name"], rule.get("name", ""), float(rule.get("evaluationTime", 0.0)))
+        for group in api.get("rules")["groups"]
+        for rule in group["rules"]
+    ]
+    return sorted(rules, key=lambda rule: -rule[2])[:n]
 
 
 def recorded_counts(api: PrometheusAPI, files: list[rule_cost.RulesFile]) -> dict[str, int]:
@@ -776,6 +791,7 @@ def measure(
             wait_for(lambda: len(p.query("scrape_samples_scraped")) == targets, timeout, f"{targets} targets scraped")
             evaluated = group_evaluations(p.api, time.time(), timeout)
             counts = recorded_counts(p.api, files)
+            slow_rules = slowest_rules(p.api)
             own = own_metrics(p.url)
             # What the last scrapes of each job brought in: every host's series, whatever the rules add.
             scraped = p.query("sum by (job) (scrape_samples_scraped)")
@@ -826,6 +842,7 @@ def measure(
         sorted(counts.items(), key=lambda item: -item[1])[:10],
         alerts,
         failing,
+        slow_rules,
     )
 
 
@@ -855,6 +872,7 @@ def report_lines(figures: list[ScaleFigures]) -> list[str]:
             for g in f.groups
         ]
         lines += ["  " + line for line in rule_cost.table(rows, right={2, 3, 4, 5})]
+        lines += [f"  slow rule: {group} {rule}: {seconds:.3f} s" for group, rule, seconds in f.slowest_rules]
         rows = [["board", "range", "queries", "p50 s", "p95 s", "samples", "heaviest query"]]
         rows += [
             [
@@ -869,6 +887,12 @@ def report_lines(figures: list[ScaleFigures]) -> list[str]:
             for b in f.boards
         ]
         lines += ["  " + line for line in rule_cost.table(rows, right={2, 3, 4, 5})]
+        lines += [
+            f"  slow query: {b['board']} {b['hours']} h: {q['panel']}: {q['seconds']:.2f} s, {q['samples']:,} samples"
+            for b in f.boards
+            for q in b["slowest"]
+            if q["seconds"] > 0.5
+        ]
         lines += [f"  failed: {failure}" for b in f.boards for failure in b["failed"]]
         lines += [f"  target failing: {target}" for target in f.failing_targets]
     return lines
