@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
 from tpuscope.workload.sidecar import SidecarProcess
@@ -55,6 +56,14 @@ def sidecar(short_tmp: Path) -> Iterator[SidecarProcess]:
     """A real ``tpuscope serve`` process on loopback with its own socket."""
     with SidecarProcess(short_tmp / "events.sock") as process:
         yield process
+
+
+def sockets(pid: int, kind: str) -> list[Any]:
+    """A process's sockets of ``kind`` ("unix", "tcp"): psutil's ``net_connections``, called ``connections`` before
+    psutil 6.0 (the lowest psutil pyproject allows, 5.9.4, has only that name; tests/test_lowest_versions.py)."""
+    process = psutil.Process(pid)
+    listed = getattr(process, "net_connections", None) or process.connections
+    return list(listed(kind))
 
 
 def require(binary: str) -> str:

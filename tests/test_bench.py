@@ -3,39 +3,25 @@
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from tpuscope import catalog, events
+from tpuscope.testing import bench as testing_bench
 from tpuscope.workload.faults import FaultError, Faults
 from tpuscope.workload.summary import RunSummary
 
 
 def test_bench_starts_a_sidecar_and_prints_non_zero_series(short_tmp: Path) -> None:
-    out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "tpuscope",
-            "bench",
-            "--synthetic",
-            "--steps",
-            "30",
-            "--step-time",
-            "0.005",
-            "--checkpoint-every",
-            "10",
-            "--socket",
-            str(short_tmp / "b.sock"),
-            "--listen",
-            "127.0.0.1:0",
-        ],
-        capture_output=True,
-        text=True,
+    out = testing_bench.run(
+        "--synthetic",
         timeout=120,
+        steps=30,
+        step_time=0.005,
+        checkpoint_every=10,
+        socket=short_tmp / "b.sock",
+        listen="127.0.0.1:0",
     )
     assert out.returncode == 0, out.stderr
     assert re.search(r"started a sidecar; metrics at http://127\.0\.0\.1:\d+/metrics until the run ends", out.stdout)
@@ -61,20 +47,13 @@ def test_bench_starts_a_sidecar_and_prints_non_zero_series(short_tmp: Path) -> N
 
 
 def test_an_unknown_fault_is_a_clear_error() -> None:
-    out = subprocess.run(
-        [sys.executable, "-m", "tpuscope", "bench", "--synthetic", "--inject", "meteor"], capture_output=True, text=True
-    )
+    out = testing_bench.run("--synthetic", "--inject", "meteor")
     assert out.returncode == 2
     assert "unknown fault 'meteor'; known: slow-io, stall" in out.stderr
 
 
 def test_scrape_latency_benchmark_runs_every_collector_and_prints_percentiles() -> None:
-    out = subprocess.run(
-        [sys.executable, "-m", "tpuscope", "bench", "--scrape-latency", "30"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    out = testing_bench.run("--scrape-latency", "30", timeout=120)
     assert out.returncode == 0, out.stdout + out.stderr  # non-zero when a collector was down
     assert "collectors up: {'libtpu': 1.0, 'nvml': 1.0, 'host': 1.0}" in out.stdout
     assert re.search(r"p50 [\d.]+ ms, p90 [\d.]+ ms, p99 [\d.]+ ms", out.stdout)
@@ -83,9 +62,7 @@ def test_scrape_latency_benchmark_runs_every_collector_and_prints_percentiles() 
 
 
 def test_trace_cost_benchmark_prints_both_paths() -> None:
-    out = subprocess.run(
-        [sys.executable, "-m", "tpuscope", "bench", "--trace-cost", "2000"], capture_output=True, text=True, timeout=120
-    )
+    out = testing_bench.run("--trace-cost", "2000", timeout=120)
     assert out.returncode == 0, out.stderr
     assert re.search(r"unsampled path: \+-?[\d.]+ us per step", out.stdout), out.stdout
     kept = re.search(r"sampled path: \+[\d.]+ us per step \((\d+) steps kept, (\d+) spans written", out.stdout)
@@ -95,11 +72,7 @@ def test_trace_cost_benchmark_prints_both_paths() -> None:
 
 
 def test_a_bad_profile_period_is_a_clear_error() -> None:
-    out = subprocess.run(
-        [sys.executable, "-m", "tpuscope", "bench", "--synthetic", "--profile-period", "often"],
-        capture_output=True,
-        text=True,
-    )
+    out = testing_bench.run("--synthetic", "--profile-period", "often")
     assert out.returncode == 2
     assert "--profile-period" in out.stderr and "expected seconds or a duration" in out.stderr, out.stderr
 
@@ -176,7 +149,5 @@ def test_a_fault_can_name_the_worker_it_hits() -> None:
     ],
 )
 def test_a_job_of_several_processes_misconfigured_is_said_at_once(flags: list[str], said: str) -> None:
-    out = subprocess.run(
-        [sys.executable, "-m", "tpuscope", "bench", *flags], capture_output=True, text=True, timeout=60
-    )
+    out = testing_bench.run(*flags, timeout=60)
     assert out.returncode == 2 and said in out.stderr, out.stderr

@@ -17,7 +17,6 @@ import json
 import os
 import re
 import subprocess
-import sys
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +25,7 @@ import pytest
 from conftest import require
 
 from tpuscope import catalog, kubernetes
+from tpuscope.testing import bench as testing_bench
 from tpuscope.testing.prometheus import free_port
 from tpuscope.testing.waiting import scrape_until, wait_for
 
@@ -112,10 +112,9 @@ def test_a_sidecar_from_the_image_is_scraped_healthy_and_stops_on_sigterm(built:
     try:
         socket = shared / "events.sock"
         wait_for(socket.exists, 60, "socket.exists", detail=lambda: built.podman("logs", name).stderr)
-        job = subprocess.run(
-            [sys.executable, "-m", "tpuscope", "bench", "--synthetic", f"--workload={WORKLOAD}", f"--steps={STEPS}",
-             "--step-time=0.005", f"--socket={socket}", f"--run-dir={short_tmp / 'job'}"],
-            capture_output=True, text=True, timeout=120,
+        job = testing_bench.run(
+            "--synthetic", timeout=120, workload=WORKLOAD, steps=STEPS, step_time=0.005, socket=socket,
+            run_dir=short_tmp / "job",
         )  # fmt: skip
         assert job.returncode == 0, job.stdout[-2000:] + job.stderr[-2000:]
         scrape = scrape_until(url, lambda s: (s.value(catalog.STEPS.name, workload=WORKLOAD) or 0) >= STEPS, timeout=30)

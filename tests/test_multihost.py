@@ -17,7 +17,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -31,6 +30,7 @@ from tpuscope.conventions import COMPUTE_OVER_MEDIAN, PROFILE_OVER_MEDIAN, Alert
 from tpuscope.fleetsim.rules import scaled_rules_file
 from tpuscope.generator_config import GeneratorConfig
 from tpuscope.scrape import Scrape
+from tpuscope.testing import bench as testing_bench
 from tpuscope.testing.prometheus import PrometheusServer, target_of
 from tpuscope.testing.waiting import wait_for
 from tpuscope.workload.distributed import HEARTBEAT_TIMEOUT_S, of_worker
@@ -69,9 +69,16 @@ class Job:
     time each line arrived."""
 
     def __init__(self, directory: Path, *flags: str) -> None:
-        command = [sys.executable, "-m", "tpuscope", "bench", f"--processes={PROCESSES}", f"--cpu-devices={DEVICES}"]
-        command += ["--fused", "--workload=multihost", f"--socket={directory / 'events.sock'}"]
-        command += [f"--run-dir={directory / 'run'}", f"--compile-cache={directory.parent / 'xla-cache'}", *flags]
+        command = testing_bench.command(
+            "--fused",
+            *flags,
+            processes=PROCESSES,
+            cpu_devices=DEVICES,
+            workload="multihost",
+            socket=directory / "events.sock",
+            run_dir=directory / "run",
+            compile_cache=directory.parent / "xla-cache",
+        )
         # Without the tests' XLA_FLAGS (8 devices for the in-process tests), which would win over --cpu-devices.
         env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
         env.update(XDG_CACHE_HOME=str(directory.parent / "cache"), PYTHONUNBUFFERED="1")

@@ -8,12 +8,12 @@ from __future__ import annotations
 import json
 import math
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from conftest import require
+
+from tpuscope.testing import bench as testing_bench
 
 EXPECTED = (
     "emit one step event, p50",
@@ -52,12 +52,7 @@ RATIOS = {
 def test_the_benchmark_runs_tiny_and_writes_every_figure_with_its_target(short_tmp: Path) -> None:
     require("prometheus-node-exporter")
     out_json = short_tmp / "perf.json"
-    out = subprocess.run(
-        [sys.executable, "-m", "tpuscope", "bench", "perf", "--tiny", f"--perf-json={out_json}"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    out = testing_bench.run("perf", "--tiny", perf_json=out_json)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     result = json.loads(out_json.read_text())
     assert result["machine"]["cpus"] >= 1 and result["machine"]["memory_gib"] > 0

@@ -25,10 +25,9 @@ from pathlib import Path
 from typing import Any
 
 import bcrypt
-import psutil
 import pytest
 import yaml
-from conftest import require
+from conftest import require, sockets
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
@@ -237,9 +236,7 @@ def holds(sidecar: SidecarProcess, client: socket.socket) -> bool:
     """Whether the sidecar has accepted ``client``'s connection: a socket of its own with the two ends swapped
     (one still in the listen backlog belongs to no process)."""
     ends = (client.getpeername(), client.getsockname())
-    return any(
-        (tuple(c.laddr), tuple(c.raddr)) == ends for c in psutil.Process(sidecar.proc.pid).net_connections("tcp")
-    )
+    return any((tuple(c.laddr), tuple(c.raddr)) == ends for c in sockets(sidecar.proc.pid, "tcp"))
 
 
 def test_a_silent_client_does_not_hold_up_others(secured: SidecarProcess, pki: Pki) -> None:

@@ -16,9 +16,8 @@ import urllib.request
 from pathlib import Path
 
 import msgspec
-import psutil
 import pytest
-from conftest import variation
+from conftest import sockets, variation
 from prometheus_client import CollectorRegistry
 
 from tpuscope import catalog, conventions, events
@@ -47,7 +46,7 @@ def send(path: Path, *messages: bytes) -> None:
 def accepted(sidecar: SidecarProcess) -> int:
     """How many job connections the sidecar holds: its sockets at the event socket's path, less the listener.
     (It asks for the kernel's stamps on each in the same breath as it accepts it.)"""
-    held = psutil.Process(sidecar.proc.pid).net_connections("unix")
+    held = sockets(sidecar.proc.pid, "unix")
     return sum(str(c.laddr) == str(sidecar.socket) for c in held) - 1
 
 

@@ -3,11 +3,8 @@
 from __future__ import annotations
 
 import json
-import os
 import re
 import socket
-import subprocess
-import sys
 import threading
 import time
 import urllib.request
@@ -19,6 +16,7 @@ from otlp import Receiver, attributes
 
 from tpuscope import catalog
 from tpuscope.otel import resource
+from tpuscope.testing import bench as testing_bench
 from tpuscope.testing.waiting import scrape_until
 from tpuscope.tracing import Monitor
 from tpuscope.tracing.spans import CLOSE_TIMEOUT_SECONDS, TrainingSampler
@@ -98,24 +96,16 @@ def test_the_sampler_keeps_the_slow_steps_a_straggler_and_a_stall_cause(receiver
     The straggler computes 5 times slower: the sampler's bar is 1.2 times the slowest warm steps, and on a
     machine shared with other tests one of those can take twice the median (3 times was once too close)."""
     env = {"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint, "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"}
-    out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "tpuscope",
-            "bench",
-            "--steps=120",
-            "--checkpoint-every=0",
-            "--inject=straggler=5",
-            "--inject=stall=1",
-            f"--socket={short_tmp / 'b.sock'}",
-            "--listen=127.0.0.1:0",
-            f"--run-dir={short_tmp / 'run'}",
-        ],
-        capture_output=True,
-        text=True,
+    out = testing_bench.run(
+        "--inject=straggler=5",
+        "--inject=stall=1",
         timeout=240,
-        env={**os.environ, **env},
+        env=env,
+        steps=120,
+        checkpoint_every=0,
+        socket=short_tmp / "b.sock",
+        listen="127.0.0.1:0",
+        run_dir=short_tmp / "run",
     )
     assert out.returncode == 0, out.stderr[-3000:]
     kept = {attributes(s)["tpuscope.step"] for _, s in receiver.spans() if s.name == "step"}

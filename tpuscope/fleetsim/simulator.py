@@ -324,7 +324,8 @@ def measure(
     for name in records:
         workloads = [r["metric"].get("workload", "") for r in prom.query(f"count by (workload) ({name})")]
         recorded[name] = {"series": prom.scalar(f"count({name})") or 0.0, "workloads": sorted(workloads)}
-    served = f'job="{JOB}", __name__!~"up|scrape_.+"'  # up and scrape_* are Prometheus' own, not served
+    # up and scrape_* are Prometheus' own, a name with a colon a recording rule's (which may keep job): not served
+    served = f'job="{JOB}", __name__!~"up|scrape_.+|.+:.+"'
     return {
         "targets": prom.scalar(f"count(up{target})") or 0.0,
         "targets_up": prom.scalar(f"count(up{target} == 1)") or 0.0,
