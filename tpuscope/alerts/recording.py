@@ -21,6 +21,7 @@ from tpuscope.conventions import (
     BADPUT_RATIO,
     COLLECTIVE_P99,
     COLLECTOR_ERRORS_RATE,
+    COLLECTORS_DOWN,
     COMPUTE_MEDIAN,
     COMPUTE_OVER_MEDIAN,
     COMPUTE_PER_WORKER,
@@ -33,6 +34,11 @@ from tpuscope.conventions import (
     DOWN_SINCE,
     FAILURES_HOUR,
     GOODPUT_RATE,
+    HOST_CPU_BUSIEST,
+    HOST_IOWAIT_BUSIEST,
+    HOST_MEMORY_AVAILABLE_LEAST,
+    HOST_SWAP_BUSIEST,
+    MAJOR_FAULTS_BUSIEST,
     MEMORY_USED,
     PHASE_SHARE,
     PROFILE_FRESH,
@@ -65,6 +71,7 @@ WORKER = "job, instance, slice, worker"
 COMPUTE = 'phase="compute"'
 RAW_UP_TO = "1h"  # SLO windows up to this read the raw counters; longer ones the recorded 5m rates
 COLLECTIVE_END_TO_END = 'operation="collective_end_to_end"'
+SLICE = f"{PLACEMENT}, job, {c.Label.SLICE}"  # a slice's hosts, as one sidecar job scrapes them
 
 
 # kube-state-metrics' series (its v2 names, default resources): each namespace it lists. A controller is judged
@@ -85,6 +92,7 @@ def recording_rules(config: GeneratorConfig) -> list[dict[str, str]]:
         + collective_rules()
         + failure_rules()
         + collector_rules()
+        + host_rules()
         + core_state_rules()
     )
 
@@ -349,9 +357,34 @@ def failure_rules() -> list[dict[str, str]]:
 def collector_rules() -> list[dict[str, str]]:
     """The sidecars' collector errors a second, per slice, collector and reason: which collector fails where, and
     why, for the on-call board at any range without reading every host's every error counter at each point. Every
-    series is kept, zeros too: a board that draws 0 has looked and found no error, where an absent one has not."""
-    per_slice = f"{PLACEMENT}, job, {c.Label.SLICE}, {c.Label.COLLECTOR}, {c.Label.REASON}"
-    return [{"record": COLLECTOR_ERRORS_RATE, "expr": f"sum by ({per_slice}) (rate({series(c.COLLECTOR_ERRORS)}[5m]))"}]
+    series is kept, zeros too: a board that draws 0 has looked and found no error, where an absent one has not. And
+    per slice and collector, how many hosts' latest collection failed, zeros likewise."""
+    per_slice = f"{SLICE}, {c.Label.COLLECTOR}, {c.Label.REASON}"
+    return [
+        {"record": COLLECTOR_ERRORS_RATE, "expr": f"sum by ({per_slice}) (rate({series(c.COLLECTOR_ERRORS)}[5m]))"},
+        {
+            "record": COLLECTORS_DOWN,
+            "expr": f"sum by ({SLICE}, {c.Label.COLLECTOR}) (1 - {series(c.COLLECTOR_UP)})",
+        },
+    ]
+
+
+def host_rules() -> list[dict[str, str]]:
+    """Per slice, the worst of its hosts now: the busiest CPU and iowait, the least memory available, the most swap
+    and the job's major page faults a second. The on-call board reads the fleet through them at any range, where
+    per host it read every host's series at each point; Job debug draws one workload's hosts, and the alerts name
+    the host."""
+    host = f"{SLICE}, instance"
+    available = f"{series(c.HOST_MEMORY_AVAILABLE)} / {series(c.HOST_MEMORY_TOTAL)}"
+    swap = f"sum by ({host}, {c.Label.DIRECTION}) (rate({series(c.HOST_SWAP_IO)}[5m]))"
+    faults = f"sum by ({host}) (rate({series(c.JOB_MAJOR_PAGE_FAULTS)}[5m]))"
+    return [
+        {"record": HOST_CPU_BUSIEST, "expr": f"max by ({SLICE}) (avg by ({host}) ({series(c.HOST_CPU_UTILIZATION)}))"},
+        {"record": HOST_IOWAIT_BUSIEST, "expr": f"max by ({SLICE}) ({series(c.HOST_CPU_IOWAIT)})"},
+        {"record": HOST_MEMORY_AVAILABLE_LEAST, "expr": f"min by ({SLICE}) ({available})"},
+        {"record": HOST_SWAP_BUSIEST, "expr": f"max by ({SLICE}, {c.Label.DIRECTION}) ({swap})"},
+        {"record": MAJOR_FAULTS_BUSIEST, "expr": f"max by ({SLICE}) ({faults})"},
+    ]
 
 
 def core_state_rules() -> list[dict[str, str]]:

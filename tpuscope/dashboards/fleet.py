@@ -60,6 +60,8 @@ def goodput_ratio_hour(by: str) -> str:
 
 
 def now(t: Thresholds) -> p.Section:
+    # The fleet now: instant queries, one sample a chip. Drawn over the range, each point read every chip in the
+    # fleet (8,000 series at 1,000 hosts: 9.5 s over 24 h) for a sparkline nobody reads.
     return p.Section(
         "The fleet now",
         [
@@ -68,7 +70,7 @@ def now(t: Thresholds) -> p.Section:
                 "Accelerator chips the collectors see on the selected hosts (TPU chips from the runtime, GPUs "
                 "from NVML), whether or not a job uses them.",
                 "short",
-                p.query(CHIPS),
+                p.query(CHIPS, instant=True),
                 span=3,
             ),
             p.stat_panel(
@@ -76,7 +78,7 @@ def now(t: Thresholds) -> p.Section:
                 f"Mean share of time the chips were busy. Below {t.duty_cycle_low:.0%} the fleet pays for idle "
                 "chips: find the idle hosts on the on-call dashboard, or the input-bound jobs on Job debug.",
                 "percentunit",
-                p.query(f"avg ({q.selector(c.DUTY_CYCLE)})"),
+                p.query(f"avg ({q.selector(c.DUTY_CYCLE)})", instant=True),
                 limits=p.low_is_bad(t.duty_cycle_low),
                 span=3,
             ),
@@ -85,7 +87,7 @@ def now(t: Thresholds) -> p.Section:
                 "The 95th percentile of the chips' duty cycle: what the busiest chips reach. A high p95 with a "
                 "low mean is a fleet with some jobs well tuned and many idle chips.",
                 "percentunit",
-                p.query(f"quantile (0.95, {q.selector(c.DUTY_CYCLE)})"),
+                p.query(f"quantile (0.95, {q.selector(c.DUTY_CYCLE)})", instant=True),
                 limits=p.low_is_bad(t.duty_cycle_low),
                 span=3,
             ),
@@ -121,7 +123,7 @@ def now(t: Thresholds) -> p.Section:
                 "The chips the collectors see times the price per chip-hour (the dashboard variable): what the "
                 "selected hosts cost while they run, busy or not.",
                 "currencyUSD",
-                p.query(f"{PRICE} * {CHIPS}"),
+                p.query(f"{PRICE} * {CHIPS}", instant=True),
                 span=3,
             ),
             p.stat_panel(

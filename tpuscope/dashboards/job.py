@@ -599,6 +599,37 @@ def host(t: Thresholds) -> p.Section:
                 span=8,
             ),
             p.timeseries_panel(
+                "Host memory available, by host",
+                "Share of each of the workload's hosts' memory still available. Near zero the kernel's OOM killer "
+                f"picks a process, likely the training job ({AlertName.HOST_MEMORY_PRESSURE} pages under "
+                f"{t.host_memory_available_ratio:.0%}); the on-call board shows each slice's least.",
+                "percentunit",
+                p.query(
+                    q.on_workload_hosts(
+                        f"max by (job, instance) ({q.selector(c.HOST_MEMORY_AVAILABLE, q.WORKLOAD_HOSTS)})"
+                        f" / max by (job, instance) ({q.selector(c.HOST_MEMORY_TOTAL, q.WORKLOAD_HOSTS)})"
+                    ),
+                    "{{instance}}",
+                ),
+                limits=p.low_is_bad(t.host_memory_available_ratio, 3 * t.host_memory_available_ratio),
+                max_value=1,
+                span=8,
+            ),
+            p.timeseries_panel(
+                "Host swap in and out, by host",
+                "Bytes per second each of the workload's hosts swaps in from disk and out to it. Swapping in while "
+                "the job faults pages back from disk is thrash; swapping out alone is the kernel making room.",
+                "Bps",
+                p.query(
+                    q.on_workload_hosts(
+                        f"sum by (job, instance, direction) ({q.rate(c.HOST_SWAP_IO, q.WORKLOAD_HOSTS)})"
+                    ),
+                    "{{direction}} {{instance}}",
+                ),
+                limits=p.high_is_bad(t.swap_in_bytes_per_second),
+                span=8,
+            ),
+            p.timeseries_panel(
                 "Collector errors, by host and reason",
                 "Failed collections on the workload's hosts, per collector and reason (the on-call board has them by "
                 "slice): a host whose runtime or driver stops answering shows here first. The sidecar's log has the "

@@ -16,8 +16,14 @@ from tpuscope.conventions import (
     ALERT_PREFIX,
     COLLECTIVE_P99,
     COLLECTOR_ERRORS_RATE,
+    COLLECTORS_DOWN,
     DEFAULT_PORT,
     FAILURES_HOUR,
+    HOST_CPU_BUSIEST,
+    HOST_IOWAIT_BUSIEST,
+    HOST_MEMORY_AVAILABLE_LEAST,
+    HOST_SWAP_BUSIEST,
+    MAJOR_FAULTS_BUSIEST,
     PROFILE_MEDIAN,
     RESTARTS_HOUR,
     XID_HOUR,
@@ -38,7 +44,6 @@ DESCRIPTION = (
 # Every sidecar target, whatever slice and worker are selected: those labels come with the sidecar's own
 # series, which Prometheus' up does not carry and a sidecar that is down does not send.
 UP = f'up{{job=~"${q.JOB}"}}'
-COLLECTOR_ERRORS = f'{COLLECTOR_ERRORS_RATE}{{job=~"${q.JOB}", slice=~"${q.SLICE}"}}'  # the record keeps no worker
 # tpuscope's alerts, firing now. The same alerts as conventions.OUR_ALERTS matches, but spelt with .* as this
 # dashboard always had it, so the panels' queries (and the committed JSON) do not change.
 ALERTS = f'ALERTS{{alertstate="firing", alertname=~"{ALERT_PREFIX}.*"}}'
@@ -50,6 +55,18 @@ STRAGGLER_LEGEND = "{{workload}}: slice {{slice}} worker {{worker}} ({{instance}
 COLLECTIVE_NOW, COLLECTIVE_BASELINE = "30m", "6h"
 EXPOSED = q.eq("part", "exposed_collective")
 SM = q.eq("clock", "sm")
+# The host panels draw each slice's worst host, from recording rules: per host, a panel of a thousand hosts read
+# every host's series at each point, and drew more lines than anyone reads.
+ONE_HOST = (
+    "Each slice's worst host, from the recording rules; which host it is, Job debug's Host section shows, one line "
+    "a host of the workload."
+)
+
+
+def per_slice(record: str, by: str = "", worst: str = "max") -> str:
+    """A per-slice record on the selected jobs and slices (the records keep no worker), one series a slice (and
+    ``by``): the ``worst`` of the slice's records across jobsets."""
+    return f'{worst} by (slice{by}) ({record}{{job=~"${q.JOB}", slice=~"${q.SLICE}"}})'
 
 
 def monitoring() -> p.Section:
@@ -92,21 +109,25 @@ def monitoring() -> p.Section:
                 mappings=UP_DOWN,
                 span=12,
             ),
-            p.state_panel(
-                "Collectors",
-                "Each collector's state on each host: red while its collections fail.",
-                p.query(f"max by (instance, collector) ({q.selector(c.COLLECTOR_UP)})", "{{instance}} {{collector}}"),
-                mappings=UP_DOWN,
+            p.timeseries_panel(
+                "Hosts with a collector down, by slice",
+                "How many of each slice's hosts had each collector's latest collection fail. A libtpu collector on a "
+                "host with no job connected counts (it has nothing to read), though it pages no one. The "
+                f"{AlertName.COLLECTOR_DOWN} alert and Job debug's Host section name the host.",
+                "short",
+                p.query(per_slice(COLLECTORS_DOWN, by=", collector", worst="sum"), "{{slice}} {{collector}}"),
+                limits=p.high_is_bad(1),
                 span=12,
             ),
             p.timeseries_panel(
                 "Collector errors, by slice and reason",
                 f"Failed collections a second: {', '.join(c.COLLECTOR_ERRORS.values(c.Label.REASON))}. A collector "
-                "that keeps failing backs off and retries; the Collectors panel above says on which host, Job "
-                "debug's Host section how often each host failed, the sidecar's log the detail.",
+                "that keeps failing backs off and retries; Job debug's Host section says how often each host "
+                "failed, the sidecar's log the detail.",
                 "eps",
                 p.query(
-                    f"sum by (slice, collector, reason) ({COLLECTOR_ERRORS})", "{{slice}} {{collector}} {{reason}}"
+                    per_slice(COLLECTOR_ERRORS_RATE, by=", collector, reason", worst="sum"),
+                    "{{slice}} {{collector}} {{reason}}",
                 ),
             ),
             p.timeseries_panel(
@@ -306,56 +327,47 @@ def hosts(t: Thresholds) -> p.Section:
                 span=8,
             ),
             p.timeseries_panel(
-                "Host CPU and iowait, by host",
+                "Host CPU and iowait: the busiest host of each slice",
                 f"Busier than {t.host_cpu_ratio:.0%}, a host cannot feed its chips. High iowait points at the "
-                "disks (input files, checkpoint writes).",
+                f"disks (input files, checkpoint writes). {ONE_HOST}",
                 "percentunit",
-                p.query(f"avg by (instance) ({q.selector(c.HOST_CPU_UTILIZATION)})", "busy {{instance}}"),
-                p.query(f"max by (instance) ({q.selector(c.HOST_CPU_IOWAIT)})", "iowait {{instance}}"),
+                p.query(per_slice(HOST_CPU_BUSIEST), "busy {{slice}}"),
+                p.query(per_slice(HOST_IOWAIT_BUSIEST), "iowait {{slice}}"),
                 limits=p.high_is_bad(t.host_cpu_ratio),
                 max_value=1,
                 span=8,
             ),
             p.timeseries_panel(
-                "Host memory available, by host",
+                "Host memory available: the least of each slice",
                 "Share of host memory still available. Near zero the kernel's OOM killer picks a process, "
                 f"likely the training job: under {t.host_memory_available_ratio:.0%} while a workload runs there, "
                 f"{AlertName.HOST_MEMORY_PRESSURE} pages. In a container the OOM killer enforces the cgroup's "
-                "limit, not the host's memory: see the container's working set against its limit (cAdvisor).",
+                "limit, not the host's memory: see the container's working set against its limit (cAdvisor). "
+                f"{ONE_HOST}",
                 "percentunit",
-                p.query(
-                    f"max by (instance) ({q.selector(c.HOST_MEMORY_AVAILABLE)})"
-                    f" / max by (instance) ({q.selector(c.HOST_MEMORY_TOTAL)})",
-                    "{{instance}}",
-                ),
+                p.query(per_slice(HOST_MEMORY_AVAILABLE_LEAST, worst="min"), "{{slice}}"),
                 limits=p.low_is_bad(t.host_memory_available_ratio, 3 * t.host_memory_available_ratio),
                 max_value=1,
                 span=8,
             ),
             p.timeseries_panel(
-                "Host swap in and out, by host",
+                "Host swap in and out: the busiest host of each slice",
                 "Bytes per second the host swaps in from disk and out to it. Swapping in while the job faults pages "
                 f"back from disk (beside) is thrash: over {t.swap_in_bytes_per_second / 2**20:g} MiB/s in, with the "
                 f"job's major faults over {t.major_faults_per_second:g} a second, {AlertName.HOST_MEMORY_PRESSURE} "
-                "pages. Swapping out alone is the kernel making room.",
+                f"pages. Swapping out alone is the kernel making room. {ONE_HOST}",
                 "Bps",
-                p.query(
-                    f"sum by (instance, direction) ({q.rate(c.HOST_SWAP_IO)})",
-                    "{{direction}} {{instance}}",
-                ),
+                p.query(per_slice(HOST_SWAP_BUSIEST, by=", direction"), "{{direction}} {{slice}}"),
                 limits=p.high_is_bad(t.swap_in_bytes_per_second),
                 span=8,
             ),
             p.timeseries_panel(
-                "Job major page faults per second, by workload and host",
-                "Page faults of the job's processes that had to read from disk (swap, or a memory-mapped file). "
+                "Job major page faults per second: the busiest host of each slice",
+                "Page faults of the jobs' processes that had to read from disk (swap, or a memory-mapped file). "
                 "High with the host swapping in: the job's memory does not fit and it thrashes. High alone: the job "
-                "reads a memory-mapped file (a dataset), which is no memory problem.",
+                f"reads a memory-mapped file (a dataset), which is no memory problem. {ONE_HOST}",
                 "short",
-                p.query(
-                    f"sum by (workload, instance) ({q.rate(c.JOB_MAJOR_PAGE_FAULTS)})",
-                    "{{workload}} {{instance}}",
-                ),
+                p.query(per_slice(MAJOR_FAULTS_BUSIEST), "{{slice}}"),
                 limits=p.high_is_bad(t.major_faults_per_second),
                 span=8,
             ),
