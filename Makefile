@@ -23,9 +23,9 @@ demo: setup
 # multi-host tests (575 s on three at issue 34, with its job-safety tests: each runs real jobs twice; 562 s at issue 35). Those (tests/test_multihost.py) run alone after the rest: 4 JAX processes, 3 Prometheus
 # and 4 sidecars at a time, for about 4 minutes, took the cores from the timing-sensitive tests beside them
 # (with them in the pool, four of seven fresh-clone runs failed one of those, each time another). The tests
-# marked `alone` run there too: test_dashboards' every-panel test needs a device profile of a JAX job, whose
-# profiler thread runs at the lowest priority by design (the training thread first), and on 2 cores beside three
-# workers' JAX jobs no capture of it lived (two fresh-clone runs at issue 40).
+# marked `alone` run there too: test_dashboards' every-panel test needs a device profile of a JAX job, taken and
+# parsed while the job runs, and on 2 cores beside three workers' JAX jobs no capture of it lived (two fresh-clone
+# runs at issue 40).
 TEST_WORKERS ?= $(shell echo $$(( $$(nproc) + 1 )))
 test: setup system-deps lint
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not alone"

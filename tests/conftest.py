@@ -21,7 +21,13 @@ from typing import Any
 import psutil
 import pytest
 
+from tpuscope.exporter import config
 from tpuscope.workload.sidecar import SidecarProcess
+
+# The environment of a sidecar whose test needs a device profile parsed while its job runs: the parser at nice 0,
+# not the default 19. Beside processes that keep the CPU busy (a loaded CI machine), a parse at the lowest priority
+# may not finish in the job's life, and its priority is not what such a test is about (test_profiles checks it).
+PARSE_PROFILES_PROMPTLY = {next(o.env for o in config.OPTIONS if o.name == "profile_parser_nice"): "0"}
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

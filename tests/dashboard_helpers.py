@@ -19,6 +19,7 @@ from tpuscope.dashboards import promql
 from tpuscope.dashboards.panels import panels_of
 from tpuscope.prometheus_api import PrometheusAPI
 from tpuscope.promql import SIDECAR_START
+from tpuscope.testing import grafana
 from tpuscope.testing.prometheus import ServerProcess
 from tpuscope.thresholds import Thresholds
 
@@ -39,18 +40,9 @@ def step_values(panel: dict[str, Any]) -> list[float]:
 
 
 def substitute(expr: str, values: dict[str, str], range_seconds: int, interval_seconds: int = 2) -> str:
-    """Grafana's job before a query leaves it: template and interval variables replaced (the longer
-    names first: ``$__range_s`` is not ``$__range`` followed by ``_s``)."""
-    for name, value in values.items():
-        expr = expr.replace(f"${{{name}}}", value).replace(f"${name}", value)
-    return (
-        expr.replace("$__rate_interval", "10s")
-        .replace("$__interval_ms", f"{interval_seconds * 1000}")
-        .replace("$__interval", f"{interval_seconds}s")
-        .replace("$__range_s", f"{range_seconds}")
-        .replace("$__range", f"{range_seconds}s")
-        .replace(f"${promql.PRICE}", "1.20")
-    )
+    """Grafana's job before a query leaves it (tpuscope.testing.grafana), at the tests' short scrape interval, the
+    price per chip-hour at its default."""
+    return grafana.substitute(expr, {promql.PRICE: "1.20", **values}, range_seconds, interval_seconds, 10)
 
 
 class Fleet:

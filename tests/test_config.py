@@ -91,6 +91,14 @@ def test_unknown_file_keys_are_errors(tmp_path: Path) -> None:
         config.resolve(parse("--config", str(file)), environ={})
 
 
+def test_the_parser_is_niced_to_19_unless_told_a_value_from_0_to_19() -> None:
+    assert config.resolve(parse(), environ={}).profile_parser_nice == 19
+    assert config.resolve(parse(), environ={"TPUSCOPE_PROFILE_PARSER_NICE": "0"}).profile_parser_nice == 0
+    for bad in ("20", "-1", "low"):
+        with pytest.raises(config.ConfigError, match=r"--profile-parser-nice: expected a nice value from 0 to 19"):
+            config.resolve(parse(f"--profile-parser-nice={bad}"), environ={})
+
+
 def test_serve_help_explains_every_option() -> None:
     out = subprocess.run([sys.executable, "-m", "tpuscope", "serve", "--help"], capture_output=True, text=True)
     assert out.returncode == 0

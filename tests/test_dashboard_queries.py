@@ -342,7 +342,7 @@ def values(
     hour here, so one point holds the whole story)."""
     api, at = prometheus
     (target,) = [t for t in panel_titled(BOARDS[board], title)["targets"] if t["refId"] == ref]
-    variables = {name: ALL for name in (promql.SLICE, promql.WORKER, promql.ACCELERATOR, promql.JOB)}
+    variables = {name: ALL for name in (promql.SLICE, promql.WORKER, promql.ACCELERATOR, promql.JOB, promql.HOST)}
     chosen = {**variables, promql.WORKLOAD: workload, promql.TPU_TOPOLOGY: topology}
     expr = substitute(target["expr"], chosen, RANGE, interval)
     result = api.query(expr, at=at)

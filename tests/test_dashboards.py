@@ -14,16 +14,16 @@ from typing import Any
 
 import pytest
 import yaml
-from conftest import require
+from conftest import PARSE_PROFILES_PROMPTLY, require
 from dashboard_helpers import BOARDS, panel_titled, step_values, substitute
 
 from tpuscope import alerts, catalog, conventions
 from tpuscope.alerts.recording import recording_rules
-from tpuscope.bench.fleet_scale import grafana_regex_escape
 from tpuscope.dashboards import promql
 from tpuscope.dashboards.panels import panels_of
 from tpuscope.generator_config import GeneratorConfig
 from tpuscope.testing import bench as testing_bench
+from tpuscope.testing import grafana
 from tpuscope.testing.fake_nvml import FakeGpu, FakeNvmlState, environment
 from tpuscope.testing.fake_tpu import Chip, FakeTpuRuntime, FakeTpuServer, default_megascale
 from tpuscope.testing.prometheus import PrometheusServer, target_of
@@ -272,27 +272,13 @@ def selections(board: dict[str, Any], prom: PrometheusServer) -> Iterator[tuple[
     """The variable values to run the panels with, as Grafana fills them from its variable queries: All
     (a variable's custom all value, or every value found), then one value of each; for the accelerator,
     each value in turn (a GPU-only panel is empty with a TPU selected, and should be)."""
-    found: dict[str, list[str]] = {}
-    every: dict[str, str] = {}
-    for variable in board["templating"]["list"]:
-        if variable["type"] != "query":
-            continue
-        name = variable["name"]
-        match, label = re.fullmatch(r"label_values\((.*), (\w+)\)", variable["query"]).groups()  # type: ignore[union-attr]
-        for earlier, value in sorted(
-            every.items(), key=lambda item: -len(item[0])
-        ):  # a variable's query reads those before it
-            match = match.replace(f"${earlier}", value)
-        found[name] = prom.label_values(label, match)
-        assert found[name], f"{board['title']}: variable {name} lists nothing ({match})"
-        if not variable["includeAll"]:  # a single-value variable: Grafana selects its first value
-            every[name] = grafana_regex_escape(found[name][0])
-        else:
-            every[name] = variable.get("allValue") or "(" + "|".join(map(grafana_regex_escape, found[name])) + ")"
-    first = {name: grafana_regex_escape(values[0]) for name, values in found.items()}
-    yield "All", every
-    for accelerator in found[promql.ACCELERATOR]:
-        yield f"accelerator {accelerator}", {**first, promql.ACCELERATOR: grafana_regex_escape(accelerator)}
+    opened = grafana.variables(board, prom.label_values)
+    nothing = [name for name, values in opened.listed.items() if not values]
+    assert not nothing, f"{board['title']}: variables {nothing} list nothing"
+    first = {**opened.sent, **{name: grafana.regex_escape(values[0]) for name, values in opened.listed.items()}}
+    yield "All", opened.sent
+    for accelerator in opened.listed[promql.ACCELERATOR]:
+        yield f"accelerator {accelerator}", {**first, promql.ACCELERATOR: grafana.regex_escape(accelerator)}
 
 
 # Instant panels that read only running workers: evaluated after the bench has ended, they are empty, and must be.
@@ -315,8 +301,8 @@ def only_while_running(name: str) -> bool:
     return any(f" / {title}" in name for title in ONLY_WHILE_RUNNING)
 
 
-# Alone: the device-profile panels need a capture of the JAX job, whose profiler thread runs at the lowest priority
-# (the training thread goes first); beside the suite's other JAX jobs on 2 cores, none lived (Makefile, `test`).
+# Alone: the device-profile panels need a capture of the JAX job, taken and parsed while it runs; beside the suite's
+# other JAX jobs on 2 cores, none lived (Makefile, `test`).
 @pytest.mark.alone
 def test_every_panel_query_returns_data_from_the_workload_the_sidecar_and_prometheus(
     short_tmp: Path, fake_nvml_lib: Path
@@ -337,7 +323,8 @@ def test_every_panel_query_returns_data_from_the_workload_the_sidecar_and_promet
             "--collector-interval=0.5",
             "--slice=slice-0",  # the sidecar labels every series with its slice, and worker 0 by default
             "--tpu-topology=2x2",  # and with its TPU slice's topology: the board's variable lists it
-            env={**environment(fake_nvml_lib, nvml), "TPU_ACCELERATOR_TYPE": "v5litepod-4"},
+            # The device-profile panels need the job's capture parsed while it runs, on a loaded machine too.
+            env={**environment(fake_nvml_lib, nvml), "TPU_ACCELERATOR_TYPE": "v5litepod-4", **PARSE_PROFILES_PROMPTLY},
         ) as sidecar,
         PrometheusServer(short_tmp / "prom", [target_of(sidecar.url)], rule_files=[rules]) as prom,
     ):

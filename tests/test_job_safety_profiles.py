@@ -211,6 +211,9 @@ def train_step(x):
         x = jnp.tanh(x @ x.T) @ x
     return x
 
+def ours_ended():  # sessions of ours started and stopped (their parse, in the sidecar at the lowest priority, aside)
+    return sum(what == "stop" for what, *_ in mon._profiler.history) if monitored and mon._profiler else 0
+
 def ours_running():
     prof = mon._profiler if monitored else None  # a test may look inside: is a session of ours running?
     capture = prof._capture if prof is not None else None
@@ -228,8 +231,8 @@ x = jnp.ones((256, 256)) / 256
 tmp = tempfile.mkdtemp()
 outcomes, during = [], 0
 for n in range(900):
-    # 300 steps, and on a loaded machine more (up to 900) until a capture of ours went through between the traces
-    if n >= 300 and (not monitored or mon._profiler.captures["ok"] >= 1):
+    # 300 steps, and on a loaded machine more (up to 900) until a session of ours ran between the traces
+    if n >= 300 and (not monitored or ours_ended() >= 1):
         break
     with (mon.step(n) if monitored else contextlib.nullcontext()):
         x = train_step(x).block_until_ready()
@@ -254,9 +257,10 @@ try:
 except Exception as e:
     final = f"{type(e).__name__}: {str(e)[:80]}"
 captures = mon._profiler.captures if monitored and mon._profiler else None
+sessions = ours_ended()
 if monitored:
     mon.close()
-print(json.dumps({"outcomes": outcomes, "final": final, "captures": captures, "during": during}))
+print(json.dumps({"outcomes": outcomes, "final": final, "captures": captures, "during": during, "sessions": sessions}))
 """
 
 
@@ -269,14 +273,17 @@ def test_a_users_traces_work_however_start_trace_was_imported(module_sidecar: Si
     failed = [o for o in monitored["outcomes"] if o[1] != "written"]
     print(
         f"user traces: {len(plain['outcomes'])} without tpuscope, {len(monitored['outcomes'])} with "
-        f"({len(failed)} failed, {monitored['during']} started as a capture ran); captures {monitored['captures']}"
+        f"({len(failed)} failed, {monitored['during']} started as a capture ran); captures {monitored['captures']}, "
+        f"sessions of ours {monitored['sessions']}"
     )
     assert plain["final"] == "ok" and all(o[1] == "written" for o in plain["outcomes"])
     assert not failed, failed
     assert monitored["final"] == "ok"
     assert monitored["during"] >= 1, "a trace started while a capture ran"
     assert monitored["captures"]["busy"] >= 1 and monitored["captures"]["error"] == 0, monitored["captures"]
-    assert monitored["captures"]["ok"] >= 1, "captures went on between the user's traces"
+    # Captures went on between the user's traces: a session of ours started and stopped. Not that the sidecar parsed
+    # it: its parser yields the CPU to everything else, and beside busy processes it may not finish in the job's life.
+    assert monitored["sessions"] >= 1, "captures went on between the user's traces"
 
 
 STEPS_IN_USER_TRACE_JOB = r"""

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from conftest import PARSE_PROFILES_PROMPTLY
 
 from tpuscope import catalog
 from tpuscope.conventions import COMPUTE_OVER_MEDIAN, PROFILE_OVER_MEDIAN, AlertName
@@ -56,7 +57,7 @@ def sidecars(short_tmp: Path) -> Iterator[list[SidecarProcess]]:
     started: list[SidecarProcess] = []
     try:
         for worker in range(PROCESSES):
-            env = {WORKER_VARIABLE: str(worker)}
+            env = {WORKER_VARIABLE: str(worker), **PARSE_PROFILES_PROMPTLY}  # its straggler is told by a profile
             started.append(SidecarProcess(of_worker(short_tmp / "events.sock", worker), env=env))
         yield started
     finally:

@@ -3,6 +3,7 @@ way of the user's own profiler."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import subprocess
@@ -11,6 +12,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 from conftest import variation
 
@@ -125,6 +127,34 @@ def test_where_the_collective_wait_varies_by_half_the_alert_series_varies_less_t
     assert variation(every_step) >= 0.5, "the run's collective wait must vary by half or more"
     assert len(alert_series) >= 2, served
     assert variation(alert_series) < min(within)
+
+
+def test_the_sidecar_parses_each_capture_at_the_nice_value_it_is_given(short_tmp: Path) -> None:
+    """The parse runs in a child process at --profile-parser-nice (19 by default: the lowest priority, the job's
+    threads first). Watched on the real child, the last nice value each parser showed is the one given."""
+    last_nice: dict[int, int] = {}  # parser pid -> its nice value when last seen
+    stop = threading.Event()
+    with SidecarProcess(short_tmp / "nice.sock", "127.0.0.1:0", "--collectors=none", "--profile-parser-nice=7") as sc:
+
+        def watch() -> None:
+            sidecar_process = psutil.Process(sc.proc.pid)
+            while not stop.is_set():
+                for child in sidecar_process.children():
+                    with contextlib.suppress(psutil.Error):  # a parser that ended between the listing and the look
+                        if "tpuscope.exporter.xspace" in child.cmdline():
+                            last_nice[child.pid] = child.nice()
+                stop.wait(0.005)
+
+        watcher = threading.Thread(target=watch, daemon=True)
+        watcher.start()
+        try:
+            job = run_job(sc, 40, "0.3", "--captures", "1")
+        finally:
+            stop.set()
+            watcher.join(timeout=10)
+    assert [p for p in job["profiles"] if p["result"] == "ok"], job["captures"]
+    # Started, then niced (a look between the two sees the sidecar's own 0): each one's last look says 7.
+    assert last_nice and set(last_nice.values()) == {7}, last_nice
 
 
 def test_a_users_trace_during_a_capture_works_and_so_do_the_next(sidecar: SidecarProcess) -> None:

@@ -172,6 +172,13 @@ HOST_SWAP_BUSIEST = f"slice_direction:{c.HOST_SWAP_IO.base_name}:rate5m_busiest_
 MAJOR_FAULTS_BUSIEST = f"slice:{c.JOB_MAJOR_PAGE_FAULTS.base_name}:rate5m_busiest_host"
 # Per slice and collector, how many of the slice's hosts' collectors failed their latest collection (zeros kept).
 COLLECTORS_DOWN = f"slice_collector:{c.COLLECTOR_UP.name}:hosts_down"
+# Per slice, its hosts' multislice collective p99 (COLLECTIVE_P99): the worst host's and the median host's.
+COLLECTIVE_P99_WORST = f"slice:{c.MEGASCALE_LATENCY.name}:collective_p99_5m_worst_host"
+COLLECTIVE_P99_MEDIAN = f"slice:{c.MEGASCALE_LATENCY.name}:collective_p99_5m_median_host"
+# Per slice and result, the events the sidecars received a second.
+INGEST_RATE = f"slice_result:{c.INGEST_EVENTS.base_name}:rate5m"
+# Per scrape job of sidecars, how many of its targets Prometheus could not scrape (zeros kept).
+SIDECARS_DOWN = "job:up:targets_down"
 # Per worker, since when it has been down: its sidecar's gauge, or its last step when its pod went with it.
 DOWN_SINCE = f"worker:{c.WORKLOAD_DOWN_SINCE.name}:last"
 # The goodput SLO's bad time, a matcher on the category label: the categories booked as they happen. Productive

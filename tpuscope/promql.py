@@ -40,7 +40,7 @@ def series(metric: Metric, *matchers: str, suffix: str = "") -> str:
     return f"{name}{{{', '.join(matchers)}}}" if matchers else name
 
 
-def grown(selector: str, window: str, seconds: str = "") -> str:
+def grown(selector: str, window: str, seconds: str = "", targets: str = "") -> str:
     """How much the counters ``selector`` picks grew in ``window``, per series, a series' first event and a
     sidecar gone since included.
 
@@ -56,7 +56,9 @@ def grown(selector: str, window: str, seconds: str = "") -> str:
        window holds. A gap in the data never makes an old series count as new.
 
     A series that went down (its sidecar restarted in place) is taken by 2. ``seconds``: the window in
-    seconds where ``window`` is a variable (Grafana's ``$__range_s``); by default, parsed from it.
+    seconds where ``window`` is a variable (Grafana's ``$__range_s``); by default, parsed from it. ``targets``:
+    matchers on the scrape targets' labels (``instance``) that narrow 2 and 3 to the targets ``selector`` can
+    pick, where a reader knows them: each reads every sidecar's start, and every target's ``up``, otherwise.
     """
     # How far back a sidecar's start makes its series new: the window, and the time a new target may wait
     # for its first scrape.
@@ -64,13 +66,15 @@ def grown(selector: str, window: str, seconds: str = "") -> str:
         since = f"({seconds} + {FIRST_SCRAPE_SECONDS:g})"
     else:
         since = f"{durations.parse(window) + FIRST_SCRAPE_SECONDS:g}"
+    started = f'{SIDECAR_START}{{{HOST_LABELS[0]}!="", {targets}}}' if targets else SIDECAR_START_SERIES
+    up = f"up{{{targets}}}" if targets else "up"
     last = f"max_over_time({selector}[{window}])"
     before = f"{selector} offset {window}"
     by_target = "on (job, instance)"  # the labels of a scrape target, on every series it serves
     return (
         f"(({last} - {before}) >= 0"
-        f" or {last} and {by_target} max_over_time({SIDECAR_START_SERIES}[{window}]) > time() - {since}"
-        f" or {last} unless {before} and {by_target} up offset {window} == 1"
+        f" or {last} and {by_target} max_over_time({started}[{window}]) > time() - {since}"
+        f" or {last} unless {before} and {by_target} {up} offset {window} == 1"
         f" or {last} - min_over_time({selector}[{window}]))"
     )
 

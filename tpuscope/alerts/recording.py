@@ -20,6 +20,8 @@ from tpuscope.conventions import (
     BADPUT_CATEGORIES,
     BADPUT_RATIO,
     COLLECTIVE_P99,
+    COLLECTIVE_P99_MEDIAN,
+    COLLECTIVE_P99_WORST,
     COLLECTOR_ERRORS_RATE,
     COLLECTORS_DOWN,
     COMPUTE_MEDIAN,
@@ -38,6 +40,7 @@ from tpuscope.conventions import (
     HOST_IOWAIT_BUSIEST,
     HOST_MEMORY_AVAILABLE_LEAST,
     HOST_SWAP_BUSIEST,
+    INGEST_RATE,
     MAJOR_FAULTS_BUSIEST,
     MEMORY_USED,
     PHASE_SHARE,
@@ -54,6 +57,7 @@ from tpuscope.conventions import (
     RUNNING,
     RUNNING_INFERRED,
     SERVED,
+    SIDECARS_DOWN,
     SLOW_REQUESTS_RATIO,
     STEP_MEAN,
     STEP_P99,
@@ -91,7 +95,7 @@ def recording_rules(config: GeneratorConfig) -> list[dict[str, str]]:
         + slo_rules(config)
         + collective_rules()
         + failure_rules()
-        + collector_rules()
+        + collector_rules(config)
         + host_rules()
         + core_state_rules()
     )
@@ -336,6 +340,8 @@ def collective_rules() -> list[dict[str, str]]:
             "record": COLLECTIVE_P99,
             "expr": f"histogram_quantile(0.99, sum by ({PLACEMENT}, {WORKER}, le) (rate({buckets}[5m])))",
         },
+        {"record": COLLECTIVE_P99_WORST, "expr": f"max by ({SLICE}) ({COLLECTIVE_P99})"},
+        {"record": COLLECTIVE_P99_MEDIAN, "expr": f"quantile by ({SLICE}) (0.5, {COLLECTIVE_P99})"},
     ]
 
 
@@ -354,11 +360,12 @@ def failure_rules() -> list[dict[str, str]]:
     ]
 
 
-def collector_rules() -> list[dict[str, str]]:
-    """The sidecars' collector errors a second, per slice, collector and reason: which collector fails where, and
-    why, for the on-call board at any range without reading every host's every error counter at each point. Every
-    series is kept, zeros too: a board that draws 0 has looked and found no error, where an absent one has not. And
-    per slice and collector, how many hosts' latest collection failed, zeros likewise."""
+def collector_rules(config: GeneratorConfig) -> list[dict[str, str]]:
+    """The sidecars' own health, for the on-call board at any range without reading every host's series at each
+    point: their collector errors a second, per slice, collector and reason (which collector fails where, and why);
+    per slice and collector, how many hosts' latest collection failed; the events they received a second, per slice
+    and result; and per scrape job, how many sidecars Prometheus could not scrape. Every series is kept, zeros too:
+    a board that draws 0 has looked and found nothing wrong, where an absent one has not."""
     per_slice = f"{SLICE}, {c.Label.COLLECTOR}, {c.Label.REASON}"
     return [
         {"record": COLLECTOR_ERRORS_RATE, "expr": f"sum by ({per_slice}) (rate({series(c.COLLECTOR_ERRORS)}[5m]))"},
@@ -366,6 +373,8 @@ def collector_rules() -> list[dict[str, str]]:
             "record": COLLECTORS_DOWN,
             "expr": f"sum by ({SLICE}, {c.Label.COLLECTOR}) (1 - {series(c.COLLECTOR_UP)})",
         },
+        {"record": INGEST_RATE, "expr": f"sum by ({SLICE}, {c.Label.RESULT}) (rate({series(c.INGEST_EVENTS)}[5m]))"},
+        {"record": SIDECARS_DOWN, "expr": f'sum by ({PLACEMENT}, job) (1 - up{{job=~"{config.exporter_job}"}})'},
     ]
 
 

@@ -32,7 +32,6 @@ import json
 import math
 import multiprocessing
 import os
-import re
 import shutil
 import statistics
 import subprocess
@@ -55,6 +54,7 @@ from tpuscope.bench.verdict import Check, check_lines, write_report
 from tpuscope.catalog import Label
 from tpuscope.prometheus_api import PrometheusAPI, PrometheusError
 from tpuscope.promql import SIDECAR_START
+from tpuscope.testing import grafana
 from tpuscope.testing.prometheus import PrometheusServer, free_port
 from tpuscope.testing.waiting import wait_for
 
@@ -639,67 +639,20 @@ def grafana_interval(range_seconds: int) -> int:
 
 
 def substitute(expr: str, variables: dict[str, str], range_seconds: int, interval: int) -> str:
-    """What Grafana sends: each variable's All value, the interval variables (the longer names first)."""
+    """What Grafana sends at a step of ``interval`` seconds: its ``$__rate_interval`` is the step and a scrape, at
+    least four scrapes."""
     rate_interval = max(interval + SCRAPE_SECONDS, 4 * SCRAPE_SECONDS)
-    for name, value in sorted(variables.items(), key=lambda item: -len(item[0])):
-        expr = expr.replace(f"${{{name}}}", value).replace(f"${name}", value)
-    return (
-        expr.replace("$__rate_interval", f"{rate_interval}s")
-        .replace("$__interval_ms", f"{interval * 1000}")
-        .replace("$__interval", f"{interval}s")
-        .replace("$__range_s", f"{range_seconds}")
-        .replace("$__range", f"{range_seconds}s")
-    )
-
-
-def board_queries(board: dict[str, Any]) -> Iterator[tuple[str, str, bool]]:
-    """(panel title and ref, expression, instant) of every panel's every target."""
-
-    def panels(items: list[dict[str, Any]]) -> Iterator[dict[str, Any]]:
-        for panel in items:
-            yield panel
-            yield from panels(panel.get("panels", []))
-
-    for panel in panels(board["panels"]):
-        for target in panel.get("targets", []):
-            if target.get("expr"):
-                yield f"{panel['title']} ({target.get('refId', '')})", target["expr"], bool(target.get("instant"))
-
-
-def all_values(board: dict[str, Any], api: PrometheusAPI | None = None) -> dict[str, str]:
-    """Each variable as Grafana sends it for a board opened with its defaults: All where it offers All (its custom
-    all value, or with ``api`` the values it lists, as Grafana expands All without one); the first value it lists
-    where it offers one value at a time (Job debug's workload: with ``api``, else All); a custom variable at its
-    current value."""
-    values: dict[str, str] = {}
-    for variable in board["templating"]["list"]:
-        if variable["type"] == "query" and api is not None and not variable.get("allValue"):
-            match, label = re.fullmatch(r"label_values\((.*), (\w+)\)", variable["query"]).groups()  # type: ignore[union-attr]
-            listed = [
-                grafana_regex_escape(v) for v in sorted(api.label_values(label, substitute(match, values, 3600, 60)))
-            ]
-            one = not variable.get("includeAll", True)
-            values[variable["name"]] = (listed[0] if one else f"({'|'.join(listed)})") if listed else ".*"
-        elif variable["type"] == "query":
-            values[variable["name"]] = variable.get("allValue") or ".*"
-        elif variable["type"] in ("textbox", "constant", "custom"):  # its current value, else its default
-            values[variable["name"]] = str((variable.get("current") or {}).get("value") or variable["query"])
-    return values
-
-
-def grafana_regex_escape(value: str) -> str:
-    """How Grafana's Prometheus datasource escapes a variable's value inside a regex matcher."""
-    return re.sub(r"([\\^$*+?.()|{}\[\]])", r"\\\\\1", value)
+    return grafana.substitute(expr, variables, range_seconds, interval, rate_interval)
 
 
 def measure_board(api: PrometheusAPI, path: Path, hours: int, end: float) -> BoardFigures:
     """Every query of the board, as Grafana sends it with its variables' defaults over the last ``hours``."""
     board = json.loads(path.read_text())
-    variables = all_values(board, api)
+    variables = grafana.variables(board, api.label_values).sent
     range_seconds = hours * 3600
     step = grafana_interval(range_seconds)
     figures = BoardFigures(board.get("title", path.stem), hours, [])
-    for panel, expr, instant in board_queries(board):
+    for panel, expr, instant in grafana.queries(board):
         query = substitute(expr, variables, range_seconds, step)
         if instant:
             endpoint, parameters = "query", {"query": query, "time": end}
@@ -758,8 +711,8 @@ def boards_read() -> frozenset[str]:
     names = set()
     for path in sorted(DASHBOARDS.glob("*.json")):
         board = json.loads(path.read_text())
-        for _, expr, _ in board_queries(board):
-            names |= {read.name for read in rule_cost.reads(substitute(expr, all_values(board), 3600, 60))}
+        for _, expr, _ in grafana.queries(board):
+            names |= {read.name for read in rule_cost.reads(substitute(expr, grafana.variables(board).sent, 3600, 60))}
     return frozenset(names)
 
 
@@ -776,7 +729,7 @@ def measure(
     # The recorded series, one per workload or so, go back as far as a rule reads them (3 days: the SLO windows), or
     # a board (the records only the boards read, such as the hour of restarts).
     timing = rule_cost.Timing(end, RECORDED_DAYS, SCRAPE_SECONDS, settings.evaluation_seconds)
-    recorded = rule_cost.recorded_series(found, reads, timing, reach.seconds)
+    recorded = rule_cost.recorded_series(found, timing, reach.seconds)
     history = backfill(fleet, reach, recorded, end, workdir / "history")
     written = f"{history['series']:,.0f} series, {history['samples']:,.0f} samples"
     written += f" ({history['parts']:.0f} parts, {history['seconds']:.0f} s)"

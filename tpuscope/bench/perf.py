@@ -443,7 +443,7 @@ def capture_cost(report: Report, size: Size, sidecar: SidecarProcess, workdir: P
             "  the sidecar's parse of a capture, mean",
             sum(parses) / len(parses) if parses else None,
             "s",
-            note="a child process of the sidecar at the lowest CPU priority, started per trace"
+            note="a child process of the sidecar at its --profile-parser-nice (19 by default), started per trace"
             + (f"; max {max(parses):.2f} s" if parses else ""),
         ),
         Figure(

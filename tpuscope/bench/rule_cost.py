@@ -448,17 +448,15 @@ def probe(rules: RulesFile, records: set[str], feed: Feed, workdir: Path) -> lis
     raise PrometheusError(f"the series recorded by {rules.path} did not settle in {PROBE_ROUNDS} evaluations")
 
 
-def recorded_series(
-    found: Iterable[dict[str, Any]], reads: Reads, timing: Timing, reach: Callable[[str], float] | None = None
-) -> list[Series]:
+def recorded_series(found: Iterable[dict[str, Any]], timing: Timing, reach: Callable[[str], float]) -> list[Series]:
     """The recorded series the probes found, each at its probed value over the history it is read back: as far as
-    a rule reads it, or as ``reach`` says (a reader beside the rules: the dashboards)."""
+    ``reach`` says of its name (a rule's reach, or a dashboard's beside it)."""
     unique: dict[tuple[str, str], Series] = {}
     for result in found:
         labels = dict(result["metric"])
         name = labels.pop("__name__")
         text = label_text(labels)
-        since = timing.since(reach(name) if reach else reads.reach[name], timing.interval)
+        since = timing.since(reach(name), timing.interval)
         level = float(result["value"][1])
         unique.setdefault((name, text), Series(name, text, since, timing.interval, level=level))
     return list(unique.values())
@@ -739,7 +737,7 @@ def file_records(
         for result in results
         if result["metric"]["__name__"] not in rules.records
     ]
-    return recorded_series([*found[rules.label], *others], reads, timing)
+    return recorded_series([*found[rules.label], *others], timing, reads.reach.__getitem__)
 
 
 def run(args: argparse.Namespace) -> int:

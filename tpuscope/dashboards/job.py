@@ -13,10 +13,11 @@ compute, collectives no compute hides, and idle time.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from tpuscope import catalog as c
-from tpuscope.conventions import GOODPUT_RATE, WALL_RATE, AlertName, DashboardUID
+from tpuscope.conventions import COLLECTIVE_P99, GOODPUT_RATE, WALL_RATE, AlertName, DashboardUID
 from tpuscope.dashboards import panels as p
 from tpuscope.dashboards import promql as q
 from tpuscope.thresholds import Thresholds
@@ -26,6 +27,13 @@ DESCRIPTION = (
     "One workload's steps, host-timed phases and sampled device profiles, stragglers, compiles, memory, "
     "checkpoints and host."
 )
+
+# The rare-event counters' sidecar starts and scrapes (tpuscope.promql.grown), read on the workload's hosts only
+# (the hidden host variable): fleet-wide, each point read every sidecar's start and every target's up (9 M samples,
+# 2.3 s a panel over 24 h of 1,000 hosts).
+HOSTS = q.WORKLOAD_HOSTS
+events = functools.partial(q.events, targets=HOSTS)
+once_per_job = functools.partial(q.once_per_job, targets=HOSTS)
 
 PER_WORKER = f"workload, {q.BY_WORKER}"
 WORKER = "{{workload}} " + q.WORKER_LEGEND
@@ -135,13 +143,11 @@ def device_profile(t: Thresholds) -> p.Section:
     # of 0 s has no spread to speak of.
     spread = f"{q.selector(c.PROFILE_TIME_STDDEV)} / ({q.selector(c.PROFILE_TIME)} > 0)"
     named = q.eq(c.Label.CLASSIFIED_BY, c.PROFILE_OP_CLASSIFIERS[1])  # told by name only
-    by_name = (
-        f"sum ({q.events(c.PROFILE_OPS, named, window=q.RANGE)}) / sum ({q.events(c.PROFILE_OPS, window=q.RANGE)})"
-    )
-    capture_cost = f"{q.once_per_job(c.PROFILE_CAPTURE_SECONDS, window=q.RANGE)} / {q.SECONDS[q.RANGE]}"
+    by_name = f"sum ({events(c.PROFILE_OPS, named, window=q.RANGE)}) / sum ({events(c.PROFILE_OPS, window=q.RANGE)})"
+    capture_cost = f"{once_per_job(c.PROFILE_CAPTURE_SECONDS, window=q.RANGE)} / {q.SECONDS[q.RANGE]}"
     trace_bytes = (
-        f"sum ({q.events(c.PROFILE_CAPTURE_BYTES, window=q.RANGE)})"
-        f" / sum ({q.events(c.PROFILE_CAPTURES, q.eq('result', 'ok'), window=q.RANGE)})"
+        f"sum ({events(c.PROFILE_CAPTURE_BYTES, window=q.RANGE)})"
+        f" / sum ({events(c.PROFILE_CAPTURES, q.eq('result', 'ok'), window=q.RANGE)})"
     )
     return p.Section(
         "Device profile (sampled device traces)",
@@ -263,7 +269,7 @@ def device_profile(t: Thresholds) -> p.Section:
                 "running, so the job left it alone) and error (the capture or its parse failed: the job's log "
                 "says why). No ok capture for long: the figures above are old.",
                 "short",
-                p.query(q.once_per_job(c.PROFILE_CAPTURES, by="workload, result"), "{{result}}"),
+                p.query(once_per_job(c.PROFILE_CAPTURES, by="workload, result"), "{{result}}"),
                 span=12,
             ),
             p.stat_panel(
@@ -341,8 +347,8 @@ def stragglers(t: Thresholds) -> p.Section:
 
 
 def compiles(t: Thresholds) -> p.Section:
-    cache = f"sum ({q.events(c.COMPILE_CACHE_REQUESTS, window=q.RANGE)})"
-    hits = f"sum ({q.events(c.COMPILE_CACHE_REQUESTS, q.eq('result', 'hit'), window=q.RANGE)})"
+    cache = f"sum ({events(c.COMPILE_CACHE_REQUESTS, window=q.RANGE)})"
+    hits = f"sum ({events(c.COMPILE_CACHE_REQUESTS, q.eq('result', 'hit'), window=q.RANGE)})"
     return p.Section(
         "Compilation",
         [
@@ -354,7 +360,7 @@ def compiles(t: Thresholds) -> p.Section:
                 "state it means recompiles: shapes or static arguments that change between steps (pad to fixed "
                 "shapes, mark arguments static deliberately).",
                 "s",
-                p.query(q.once_per_job(c.COMPILE_DURATION, suffix="sum", by="workload, stage"), "{{stage}}"),
+                p.query(once_per_job(c.COMPILE_DURATION, suffix="sum", by="workload, stage"), "{{stage}}"),
                 stacked=True,
                 span=8,
             ),
@@ -365,7 +371,7 @@ def compiles(t: Thresholds) -> p.Section:
                 "recompiling job; each compile stalls every worker for its duration.",
                 "short",
                 p.query(
-                    q.once_per_job(c.COMPILE_DURATION, q.eq("stage", "backend"), suffix="count"),
+                    once_per_job(c.COMPILE_DURATION, q.eq("stage", "backend"), suffix="count"),
                     "{{workload}}",
                 ),
                 span=8,
@@ -455,9 +461,9 @@ def checkpoints(t: Thresholds) -> p.Section:
     by = "operation, result"
     checkpoint_time = f"sum ({q.increase(c.GOODPUT, q.eq('category', 'checkpoint'), window=q.RANGE)})"
     wall_time = f"sum ({q.increase(c.GOODPUT, window=q.RANGE)})"
-    written = f"sum by (operation) ({q.events(c.CHECKPOINT_BYTES, window=q.RANGE)})"
+    written = f"sum by (operation) ({events(c.CHECKPOINT_BYTES, window=q.RANGE)})"
     writing = (
-        f"sum by (operation) ({q.events(c.CHECKPOINT_DURATION, q.eq('result', 'ok'), suffix='sum', window=q.RANGE)})"
+        f"sum by (operation) ({events(c.CHECKPOINT_DURATION, q.eq('result', 'ok'), suffix='sum', window=q.RANGE)})"
     )
     return p.Section(
         "Checkpoints",
@@ -467,7 +473,9 @@ def checkpoints(t: Thresholds) -> p.Section:
                 "How long saves and restores took, by result. Long saves block training (unless asynchronous); "
                 "long restores lengthen every recovery.",
                 "s",
-                *p.quantile_queries(c.CHECKPOINT_DURATION, (0.5, 0.95), by=by, window=q.RANGE, instant=True, rare=True),
+                *p.quantile_queries(
+                    c.CHECKPOINT_DURATION, (0.5, 0.95), by=by, window=q.RANGE, instant=True, rare=True, targets=HOSTS
+                ),
                 span=8,
             ),
             p.timeseries_panel(
@@ -478,7 +486,7 @@ def checkpoints(t: Thresholds) -> p.Section:
                 "good one at risk: check the storage (quota, permissions, throttling).",
                 "short",
                 p.query(
-                    q.once_per_job(c.CHECKPOINT_DURATION, suffix="count", by=f"workload, {by}"),
+                    once_per_job(c.CHECKPOINT_DURATION, suffix="count", by=f"workload, {by}"),
                     "{{workload}} {{operation}} {{result}}",
                 ),
                 span=8,
@@ -598,12 +606,11 @@ def host(t: Thresholds) -> p.Section:
                 ),
                 span=8,
             ),
-            p.timeseries_panel(
+            p.memory_available_panel(
                 "Host memory available, by host",
                 "Share of each of the workload's hosts' memory still available. Near zero the kernel's OOM killer "
                 f"picks a process, likely the training job ({AlertName.HOST_MEMORY_PRESSURE} pages under "
                 f"{t.host_memory_available_ratio:.0%}); the on-call board shows each slice's least.",
-                "percentunit",
                 p.query(
                     q.on_workload_hosts(
                         f"max by (job, instance) ({q.selector(c.HOST_MEMORY_AVAILABLE, q.WORKLOAD_HOSTS)})"
@@ -611,9 +618,7 @@ def host(t: Thresholds) -> p.Section:
                     ),
                     "{{instance}}",
                 ),
-                limits=p.low_is_bad(t.host_memory_available_ratio, 3 * t.host_memory_available_ratio),
-                max_value=1,
-                span=8,
+                t.host_memory_available_ratio,
             ),
             p.timeseries_panel(
                 "Host swap in and out, by host",
@@ -627,6 +632,16 @@ def host(t: Thresholds) -> p.Section:
                     "{{direction}} {{instance}}",
                 ),
                 limits=p.high_is_bad(t.swap_in_bytes_per_second),
+                span=8,
+            ),
+            p.timeseries_panel(
+                "Multislice collective latency p99, by host",
+                "The TPU runtime's end-to-end collective latency across slices (megascale's collective_end_to_end, "
+                "all buffer sizes), p99 over 5 minutes on each of the workload's hosts, as the recording rule the "
+                "alert reads keeps it: in a multislice job, the DCN between the slices. A host far above its peers "
+                "has a bad network path. Empty for single-slice jobs and GPUs.",
+                "s",
+                p.query(q.on_workload_hosts(f"max by (job, instance) ({COLLECTIVE_P99}{{{HOSTS}}})"), "{{instance}}"),
                 span=8,
             ),
             p.timeseries_panel(

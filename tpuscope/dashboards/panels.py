@@ -115,13 +115,14 @@ def quantile_queries(
     window: str = promql.RATE,
     instant: bool = False,
     rare: bool = False,
+    targets: str = "",
 ) -> list[Dataquery]:
     """One target per quantile, legend ``p95 {{workload}}``; exemplars on the step histogram's highest
     quantile, where the slow steps are (on every line, each exemplar would be drawn once per line)."""
     legend = " ".join("{{" + label.strip() + "}}" for label in by.split(","))
     return [
         query(
-            promql.quantile(quantile, histogram, by=by, window=window, rare=rare),
+            promql.quantile(quantile, histogram, by=by, window=window, rare=rare, targets=targets),
             f"p{quantile * 100:g} {legend}",
             instant=instant,
             exemplar=histogram is catalog.STEP_DURATION and quantile == max(quantiles),
@@ -209,6 +210,13 @@ def stat_panel(
     panel = panel.color_mode(common.BigValueColorMode.BACKGROUND if limits else common.BigValueColorMode.NONE)
     panel = panel.graph_mode(common.BigValueGraphMode.AREA)
     return _with_targets(panel, targets)  # type: ignore[no-any-return]
+
+
+def memory_available_panel(title: str, description: str, target: Dataquery, low: float) -> timeseries.Panel:
+    """Host memory still available, as a share: red under ``low``, amber under three times it."""
+    return timeseries_panel(
+        title, description, "percentunit", target, limits=low_is_bad(low, 3 * low), max_value=1, span=8
+    )
 
 
 def bar_gauge_panel(

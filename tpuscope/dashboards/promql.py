@@ -81,20 +81,21 @@ def increase(metric: Metric, *matchers: str, suffix: str = "", window: str = RAT
     return f"increase({selector(metric, *matchers, suffix=suffix)}[{window}])"
 
 
-def events(counter: Metric, *matchers: str, suffix: str = "", window: str = INTERVAL) -> str:
+def events(counter: Metric, *matchers: str, suffix: str = "", window: str = INTERVAL, targets: str = "") -> str:
     """How much a counter of rare events (failures, XID errors, checkpoints) grew in ``window``, per
-    series, the first event and a sidecar gone since included (see :func:`tpuscope.promql.grown`)."""
-    return grown(selector(counter, *matchers, suffix=suffix), window, SECONDS.get(window, ""))
+    series, the first event and a sidecar gone since included (see :func:`tpuscope.promql.grown`, and its
+    ``targets``)."""
+    return grown(selector(counter, *matchers, suffix=suffix), window, SECONDS.get(window, ""), targets)
 
 
 def once_per_job(
-    counter: Metric, *matchers: str, by: str = "workload", suffix: str = "", window: str = INTERVAL
+    counter: Metric, *matchers: str, by: str = "workload", suffix: str = "", window: str = INTERVAL, targets: str = ""
 ) -> str:
     """:func:`events` of a counter that every worker of a job reports alike (a failure, a restart, a
     compile of the SPMD program), counted once per job, per ``by`` (which must hold ``workload``):
     summed over each worker's successive sidecars, then the most one worker saw
     (:func:`tpuscope.promql.each_worker_once`). A 4-host job's one restart is 1, not 4."""
-    return each_worker_once(events(counter, *matchers, suffix=suffix, window=window), by=by)
+    return each_worker_once(events(counter, *matchers, suffix=suffix, window=window, targets=targets), by=by)
 
 
 def slo_period_sum(recorded: str, *matchers: str, by: str = "") -> str:
@@ -127,14 +128,24 @@ def hour_once_per_job(recorded: str) -> str:
     return f'max by ({BY_REASON}) ({recorded}{{workload=~"${WORKLOAD}", {host_matchers()}}})'
 
 
-def quantile(q: float, histogram: Metric, *matchers: str, by: str = "", window: str = RATE, rare: bool = False) -> str:
+def quantile(
+    q: float,
+    histogram: Metric,
+    *matchers: str,
+    by: str = "",
+    window: str = RATE,
+    rare: bool = False,
+    targets: str = "",
+) -> str:
     """The ``q`` quantile of a histogram's observations in ``window``, per ``by``; ``rare`` for
-    histograms of rare events (checkpoints), whose first observation ``rate()`` would miss."""
+    histograms of rare events (checkpoints), whose first observation ``rate()`` would miss (:func:`events`, with
+    its ``targets``)."""
     grouping = f"le, {by}" if by else "le"
-    count = events if rare else rate
-    return (
-        f"histogram_quantile({q}, sum by ({grouping}) ({count(histogram, *matchers, suffix='bucket', window=window)}))"
-    )
+    if rare:
+        buckets = events(histogram, *matchers, suffix="bucket", window=window, targets=targets)
+    else:
+        buckets = rate(histogram, *matchers, suffix="bucket", window=window)
+    return f"histogram_quantile({q}, sum by ({grouping}) ({buckets}))"
 
 
 def mean(histogram: Metric, *matchers: str, by: str = "", window: str = RATE) -> str:

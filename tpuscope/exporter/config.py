@@ -162,6 +162,15 @@ OPTIONS = (
         "Default: $TPU_WORKER_ID, else $JOB_COMPLETION_INDEX (an Indexed Job's pod), else $JAX_PROCESS_ID, "
         "else 0.",
     ),
+    Option(
+        "profile_parser_nice",
+        lambda: "19",
+        "The nice value (0 to 19) of the child process that parses a job's device-profile capture. 19, the lowest "
+        "priority, yields the CPU to everything else in the sidecar's cgroup: the training job first, where they "
+        "share one (a VM without containers). Beside processes that keep the CPU busy, a parse at 19 may not finish "
+        "within its 120 s, and the job gets no profile; a lower value lets it finish at their cost. In a pod the "
+        "sidecar has a cgroup of its own, and its CPU request, not its nice, weighs it against the job.",
+    ),
     Option("pid", lambda: "", "Comma-separated pids of the job's processes, for the host collector."),
     Option(
         "pid_file",
@@ -193,6 +202,7 @@ class ServeConfig:
     max_label_values: int = 100  # per job-set label; past it, values fold into _overflow
     workload_expiry: float = 3600.0  # seconds; 0: never
     shutdown_linger: float = 25.0  # seconds to wait, after SIGTERM, for a scrape of the final state
+    profile_parser_nice: int = 19  # the device-profile parser's nice value: the lowest priority
     slice: str = "0"
     worker: str = "0"
 
@@ -259,6 +269,7 @@ def resolve(flags: argparse.Namespace, environ: Mapping[str, str] = os.environ) 
         max_label_values=_parse(raw["max_label_values"], _parse_positive_int),
         workload_expiry=_parse(raw["workload_expiry"], parse_expiry),
         shutdown_linger=_parse(raw["shutdown_linger"], parse_expiry),
+        profile_parser_nice=_parse(raw["profile_parser_nice"], _parse_nice),
         slice=_parse(raw["slice"], _parse_host_label) or _from_environment(environ, placement.SLICE_VARIABLES),
         worker=_parse(raw["worker"], _parse_host_label) or _from_environment(environ, placement.WORKER_VARIABLES),
     )
@@ -369,6 +380,13 @@ def parse_expiry(value: str) -> float:
 def _parse_positive_int(value: str) -> int:
     if not value.strip().isdigit() or int(value) < 1:
         raise ValueError(f"expected a whole number of at least 1, got {value!r}")
+    return int(value)
+
+
+def _parse_nice(value: str) -> int:
+    """A nice value the sidecar may set without privileges on a child of its own: its own (0, as it runs) to 19."""
+    if not value.strip().isdigit() or int(value) > 19:
+        raise ValueError(f"expected a nice value from 0 to 19, got {value!r}")
     return int(value)
 
 

@@ -132,7 +132,9 @@ def serve(config: ServeConfig) -> int:
         )
         log.info("pushing metrics over OTLP every %g s", config.otlp_metrics_interval)
     ingest.start()
-    profiles = ProfileService(config.socket, config.socket_mode, metrics)  # the jobs' device traces
+    profiles = ProfileService(
+        config.socket, config.socket_mode, metrics, config.profile_parser_nice
+    )  # the jobs' device traces
     profiles.start()
     http.start()
     for runner in runners:

@@ -52,14 +52,14 @@ POLL_SECONDS = 0.1  # how often the spool is looked at: what a job waits at most
 PARSE_TIMEOUT = 120.0  # the most one parse may take: a trace at the size cap parses in well under a minute
 STALE_SECONDS = 600.0  # a file older than this belongs to no job still waiting: deleted
 CLEAN_EVERY = 10.0  # seconds between two looks for stale files
-LOWEST_PRIORITY = 19  # the parser's nice value: the training job's threads go first
 
 
 class ProfileService:
     """Parses the device traces jobs leave in the spool beside ``socket``, on a thread of its own."""
 
-    def __init__(self, socket: Path, socket_mode: int, metrics: dict[catalog.Metric, Any]) -> None:
+    def __init__(self, socket: Path, socket_mode: int, metrics: dict[catalog.Metric, Any], nice: int) -> None:
         self.spool = events.profile_spool(socket)
+        self._nice = nice  # the parser's: 19 by default, so the training job's threads go first
         # Those allowed to connect (the socket's owner, its group where --socket-mode admits it) may create and
         # remove files here, but not list them.
         self._mode = 0o700 | (0o030 if socket_mode & 0o020 else 0)
@@ -172,7 +172,7 @@ class ProfileService:
                     stderr=subprocess.PIPE,
                 )
             with contextlib.suppress(OSError):  # at once, for its start-up too: the one place the parser is niced
-                os.setpriority(os.PRIO_PROCESS, self._child.pid, LOWEST_PRIORITY)
+                os.setpriority(os.PRIO_PROCESS, self._child.pid, self._nice)
             out, err = self._child.communicate(timeout=PARSE_TIMEOUT)
         except subprocess.TimeoutExpired:
             self._child.kill()  # type: ignore[union-attr]
