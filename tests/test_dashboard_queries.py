@@ -295,7 +295,11 @@ def recorded(f: Fleet) -> None:
 
 # The recording rules the boards read that a rule of the generated file records from raw series alone, with
 # the history a panel reads of them: promtool records them from the backfilled fleet, as Prometheus would have.
-RECORDED_FROM_RAW = (conventions.FAILURES_HOUR, conventions.RESTARTS_HOUR)
+RECORDED_FROM_RAW = (
+    conventions.FAILURES_HOUR,
+    conventions.RESTARTS_HOUR,
+    conventions.PEAK_FLOPS_SUM,
+)
 
 
 def record_rules(api: PrometheusAPI, data: Path, start: int, end: int, directory: Path) -> None:

@@ -91,6 +91,9 @@ COMPUTE_PER_WORKER = f"worker:{c.STEP_PHASE_DURATION.name}:compute_mean5m"
 COMPUTE_MEDIAN = f"workload:{c.STEP_PHASE_DURATION.name}:compute_median5m"
 COMPUTE_OVER_MEDIAN = f"worker:{c.STEP_PHASE_DURATION.name}:compute_over_median5m"
 MEMORY_USED = f"device:{c.DEVICE_MEMORY_USED.name}:ratio_limit"
+# Per workload, its chips' peak FLOP/s: the fleet's MFU integrates it over the range, where it read every host's
+# peak at every point (2.1 s over 24 h of 1,000 hosts).
+PEAK_FLOPS_SUM = f"workload:{c.PEAK_FLOPS.name}:sum"
 # From the sampled device profiles (issue 22), fresh captures of running workers only: each part's time per
 # worker, its median over the workload, each worker's over that median, and each part's share of the step.
 PROFILE_FRESH = f"worker_part:{c.PROFILE_TIME.name}:fresh"

@@ -43,6 +43,7 @@ from tpuscope.conventions import (
     INGEST_RATE,
     MAJOR_FAULTS_BUSIEST,
     MEMORY_USED,
+    PEAK_FLOPS_SUM,
     PHASE_SHARE,
     PROFILE_FRESH,
     PROFILE_FRESH_PERIODS,
@@ -144,6 +145,7 @@ def step_rules() -> list[dict[str, str]]:
             "record": MEMORY_USED,
             "expr": f"{series(c.DEVICE_MEMORY_USED)} / {series(c.DEVICE_MEMORY_LIMIT)}",
         },
+        {"record": PEAK_FLOPS_SUM, "expr": f"sum by ({WORKLOAD}) ({series(c.PEAK_FLOPS)})"},
     ]
 
 

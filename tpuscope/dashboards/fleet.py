@@ -14,6 +14,7 @@ from tpuscope.conventions import (
     BAD_RATE,
     FAILURES_HOUR,
     GOODPUT_RATE,
+    PEAK_FLOPS_SUM,
     RESTARTS_HOUR,
     SLO_PERIOD,
     WALL_ALL_RATE,
@@ -36,12 +37,14 @@ def mfu() -> str:
 
     Each sidecar reports its own host's FLOPs and peak (the job's process on that host, its devices), so
     summing a workload's workers gives the job's. The peak is integrated over the range (a subquery, one
-    point per panel interval), not read now: a workload that started or ended within the range is weighed
-    for the time it ran, and the fleet's figure is the workloads' MFUs weighted by their peak FLOP-seconds
-    (two workloads at 50% read 50%, whatever their sizes). Only workloads reporting both halves count.
+    point per panel interval) from the recorded per-workload sum, not read now: a workload that started or ended
+    within the range is weighed for the time it ran, and the fleet's figure is the workloads' MFUs weighted by their
+    peak FLOP-seconds (two workloads at 50% read 50%, whatever their sizes). Only workloads reporting both halves
+    count. Per workload, as the peak is recorded: the slice and worker variables do not apply.
     """
-    flops = f"sum by (workload) ({q.increase(c.MODEL_FLOPS, window=q.RANGE)})"
-    peak = f"sum by (workload) ({q.selector(c.PEAK_FLOPS)})"
+    workloads = f'workload=~"${q.WORKLOAD}"'
+    flops = f"sum by (workload) (increase({c.MODEL_FLOPS.name}{{{workloads}}}[{q.RANGE}]))"
+    peak = f"sum by (workload) ({PEAK_FLOPS_SUM}{{{workloads}}})"
     peak_flops = f"sum_over_time(({peak})[{q.RANGE}:{q.INTERVAL}]) * {q.SECONDS[q.INTERVAL]}"
     return f"sum ({flops} and on (workload) {peak_flops}) / sum ({peak_flops} and on (workload) {flops})"
 
@@ -96,7 +99,8 @@ def now(t: Thresholds) -> p.Section:
                 "Model FLOPs the selected workloads did over the range, over what their chips' peak could have "
                 "done while they ran: each workload's MFU over the range, weighted by its chips' peak. Below "
                 f"{t.mfu_low:.0%} the chips are busy with something other than the model's math (or waiting): "
-                "compare duty cycle with MFU per workload.",
+                "compare duty cycle with MFU per workload. Per workload (the peak from the recording rules): the "
+                "slice and worker variables do not apply.",
                 "percentunit",
                 p.query(mfu(), instant=True),
                 limits=p.low_is_bad(t.mfu_low),

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from tpuscope import catalog as c
-from tpuscope import conventions as records  # the records of each slice's hosts this board draws
+from tpuscope import conventions as records  # the per-slice and per-job records this board draws
 from tpuscope.conventions import (
     ALERT_PREFIX,
     DEFAULT_PORT,
@@ -51,8 +51,8 @@ SM = q.eq("clock", "sm")
 # The host panels draw each slice's worst host, from recording rules: per host, a panel of a thousand hosts read
 # every host's series at each point, and drew more lines than anyone reads.
 ONE_HOST = (
-    "Each slice's worst host, from the recording rules; which host it is, Job debug's Host section shows, one line "
-    "a host of the workload."
+    "Each slice's worst host, from the recording rules. Which host that is, Job debug's Host section shows: a line for "
+    "each of the workload's hosts."
 )
 
 

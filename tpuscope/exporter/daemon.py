@@ -132,9 +132,8 @@ def serve(config: ServeConfig) -> int:
         )
         log.info("pushing metrics over OTLP every %g s", config.otlp_metrics_interval)
     ingest.start()
-    profiles = ProfileService(
-        config.socket, config.socket_mode, metrics, config.profile_parser_nice
-    )  # the jobs' device traces
+    # The jobs' device traces, parsed in a child at the nice value the config gives.
+    profiles = ProfileService(config.socket, config.socket_mode, metrics, config.profile_parser_nice)
     profiles.start()
     http.start()
     for runner in runners:
