@@ -181,7 +181,7 @@ COLLECTIVE_P99_MEDIAN = f"slice:{c.MEGASCALE_LATENCY.name}:collective_p99_5m_med
 # Per slice and result, the events the sidecars received a second.
 INGEST_RATE = f"slice_result:{c.INGEST_EVENTS.base_name}:rate5m"
 # Per scrape job of sidecars, how many of its targets Prometheus could not scrape (zeros kept).
-SIDECARS_DOWN = "job:up:targets_down"
+SIDECARS_DOWN = "job:tpuscope_sidecar_targets:down"
 # Per worker, since when it has been down: its sidecar's gauge, or its last step when its pod went with it.
 DOWN_SINCE = f"worker:{c.WORKLOAD_DOWN_SINCE.name}:last"
 # The goodput SLO's bad time, a matcher on the category label: the categories booked as they happen. Productive
