@@ -711,8 +711,9 @@ def boards_read() -> frozenset[str]:
     names = set()
     for path in sorted(DASHBOARDS.glob("*.json")):
         board = json.loads(path.read_text())
+        sent = grafana.variables(board).sent
         for _, expr, _ in grafana.queries(board):
-            names |= {read.name for read in rule_cost.reads(substitute(expr, grafana.variables(board).sent, 3600, 60))}
+            names |= {read.name for read in rule_cost.reads(substitute(expr, sent, 3600, 60))}
     return frozenset(names)
 
 
