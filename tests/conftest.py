@@ -22,12 +22,17 @@ import psutil
 import pytest
 
 from tpuscope.exporter import config
+from tpuscope.tracing import profiles as device_profiles
 from tpuscope.workload.sidecar import SidecarProcess
 
-# The environment of a sidecar whose test needs a device profile parsed while its job runs: the parser at nice 0,
-# not the default 19. Beside processes that keep the CPU busy (a loaded CI machine), a parse at the lowest priority
-# may not finish in the job's life, and its priority is not what such a test is about (test_profiles checks it).
-PARSE_PROFILES_PROMPTLY = {next(o.env for o in config.OPTIONS if o.name == "profile_parser_nice"): "0"}
+# The environment of a job and of its sidecar, for a test that needs a device profile captured and parsed while the
+# job runs: the job's profiler thread and the sidecar's parser at nice 0, not their default 19. Beside processes that
+# keep the CPU busy (a loaded CI machine), work at the lowest priority may not finish in the job's life, and its
+# priority is not what such a test is about (test_profiles checks both). Each process reads only its own variable.
+PROFILE_PROMPTLY = {
+    next(o.env for o in config.OPTIONS if o.name == "profile_parser_nice"): "0",
+    device_profiles.NICE_ENV: "0",
+}
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -53,7 +58,8 @@ def module_tmp() -> Iterator[Path]:
 
 @pytest.fixture(scope="module")
 def module_sidecar(module_tmp: Path) -> Iterator[SidecarProcess]:
-    with SidecarProcess(module_tmp / "events.sock") as process:
+    """A real ``tpuscope serve`` shared by one test module's workload runs, parsing their profiles promptly."""
+    with SidecarProcess(module_tmp / "events.sock", env=PROFILE_PROMPTLY) as process:
         yield process
 
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 import yaml
-from conftest import PARSE_PROFILES_PROMPTLY, require
+from conftest import PROFILE_PROMPTLY, require
 from dashboard_helpers import BOARDS, panel_titled, step_values, substitute
 
 from tpuscope import alerts, catalog, conventions
@@ -252,6 +252,7 @@ def bench(socket: Path, run_dir: Path, cache: Path, *faults: str) -> subprocess.
         socket=socket,
         run_dir=run_dir,
         compile_cache=cache,
+        env=PROFILE_PROMPTLY,
     )
 
 
@@ -324,7 +325,7 @@ def test_every_panel_query_returns_data_from_the_workload_the_sidecar_and_promet
             "--slice=slice-0",  # the sidecar labels every series with its slice, and worker 0 by default
             "--tpu-topology=2x2",  # and with its TPU slice's topology: the board's variable lists it
             # The device-profile panels need the job's capture parsed while it runs, on a loaded machine too.
-            env={**environment(fake_nvml_lib, nvml), "TPU_ACCELERATOR_TYPE": "v5litepod-4", **PARSE_PROFILES_PROMPTLY},
+            env={**environment(fake_nvml_lib, nvml), "TPU_ACCELERATOR_TYPE": "v5litepod-4", **PROFILE_PROMPTLY},
         ) as sidecar,
         PrometheusServer(short_tmp / "prom", [target_of(sidecar.url)], rule_files=[rules]) as prom,
     ):

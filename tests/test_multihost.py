@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import PARSE_PROFILES_PROMPTLY
+from conftest import PROFILE_PROMPTLY
 
 from tpuscope import catalog
 from tpuscope.conventions import COMPUTE_OVER_MEDIAN, PROFILE_OVER_MEDIAN, AlertName
@@ -57,7 +57,7 @@ def sidecars(short_tmp: Path) -> Iterator[list[SidecarProcess]]:
     started: list[SidecarProcess] = []
     try:
         for worker in range(PROCESSES):
-            env = {WORKER_VARIABLE: str(worker), **PARSE_PROFILES_PROMPTLY}  # its straggler is told by a profile
+            env = {WORKER_VARIABLE: str(worker), **PROFILE_PROMPTLY}  # its straggler is told by a profile
             started.append(SidecarProcess(of_worker(short_tmp / "events.sock", worker), env=env))
         yield started
     finally:
@@ -82,7 +82,7 @@ class Job:
         )
         # Without the tests' XLA_FLAGS (8 devices for the in-process tests), which would win over --cpu-devices.
         env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-        env.update(XDG_CACHE_HOME=str(directory.parent / "cache"), PYTHONUNBUFFERED="1")
+        env.update(XDG_CACHE_HOME=str(directory.parent / "cache"), PYTHONUNBUFFERED="1", **PROFILE_PROMPTLY)
         self.proc = subprocess.Popen(
             command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True
         )

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 import subprocess
 import sys
 import threading
@@ -25,28 +26,40 @@ from tpuscope.tracing.profiles import (
     DEFAULT_PERIOD,
     LEAD_IN_STEPS,
     NEVER,
+    NICE_ENV,
     PERIOD_ENV,
     DeviceProfiler,
     parse_period,
+    worker_nice,
 )
 from tpuscope.workload.sidecar import SidecarProcess
 
 JOB = Path(__file__).with_name("profiled_job.py")
 
 
-def run_job(sidecar: SidecarProcess, steps: int, period: str, *flags: str) -> dict[str, Any]:
-    """The job, its captures parsed by ``sidecar``."""
+def run_job(
+    sidecar: SidecarProcess, steps: int, period: str, *flags: str, env: dict[str, str] | None = None
+) -> dict[str, Any]:
+    """The job, its captures parsed by ``sidecar``; ``env`` adds to this process's environment."""
     out = subprocess.run(
         [sys.executable, str(JOB), str(steps), period, "--socket", str(sidecar.socket), *flags],
         capture_output=True,
         text=True,
         timeout=240,
+        env={**os.environ, **(env or {})},
     )
     assert out.returncode == 0, out.stderr[-4000:]
     result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
     result["profiles"] = [dict(zip(result["fields"], p, strict=True)) for p in result["profiles"]]
     result["stderr"] = out.stderr
     return result
+
+
+def thread_nice(pid: int, tid: int) -> int:
+    """One thread's nice value, from /proc (psutil has a process's only): field 19 of its stat, counted after the
+    command name, which may hold spaces and parentheses."""
+    stat = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
+    return int(stat[stat.rindex(")") + 2 :].split()[16])
 
 
 def test_a_fused_step_profiled_splits_into_compute_exposed_collective_and_idle(sidecar: SidecarProcess) -> None:
@@ -129,32 +142,52 @@ def test_where_the_collective_wait_varies_by_half_the_alert_series_varies_less_t
     assert variation(alert_series) < min(within)
 
 
-def test_the_sidecar_parses_each_capture_at_the_nice_value_it_is_given(short_tmp: Path) -> None:
-    """The parse runs in a child process at --profile-parser-nice (19 by default: the lowest priority, the job's
-    threads first). Watched on the real child, the last nice value each parser showed is the one given."""
-    last_nice: dict[int, int] = {}  # parser pid -> its nice value when last seen
+def test_a_captures_work_runs_at_the_nice_values_it_is_given(short_tmp: Path) -> None:
+    """Both halves of a capture run at the lowest priority by default (19), the training's threads first: the job's
+    profiler thread ($TPUSCOPE_PROFILE_NICE) and the sidecar's parser, a child process (--profile-parser-nice).
+    Watched on the real processes, each shows the value it is given, and no other thread of the job is niced."""
+    job_nice: set[int] = set()  # the nice values of the job's threads, other than 0
+    parser_nice: dict[int, int] = {}  # parser pid -> its nice value when last seen
     stop = threading.Event()
     with SidecarProcess(short_tmp / "nice.sock", "127.0.0.1:0", "--collectors=none", "--profile-parser-nice=7") as sc:
 
         def watch() -> None:
-            sidecar_process = psutil.Process(sc.proc.pid)
+            sidecar_process, me = psutil.Process(sc.proc.pid), psutil.Process()
             while not stop.is_set():
-                for child in sidecar_process.children():
-                    with contextlib.suppress(psutil.Error):  # a parser that ended between the listing and the look
+                with contextlib.suppress(psutil.Error, OSError):  # a process or thread that ended meanwhile
+                    for child in sidecar_process.children():
                         if "tpuscope.exporter.xspace" in child.cmdline():
-                            last_nice[child.pid] = child.nice()
+                            parser_nice[child.pid] = child.nice()
+                    for child in me.children():
+                        if str(JOB) in child.cmdline():
+                            job_nice.update(thread_nice(child.pid, t.id) for t in child.threads())
                 stop.wait(0.005)
 
         watcher = threading.Thread(target=watch, daemon=True)
         watcher.start()
         try:
-            job = run_job(sc, 40, "0.3", "--captures", "1")
+            job = run_job(sc, 40, "0.3", "--captures", "1", env={NICE_ENV: "5"})
         finally:
             stop.set()
             watcher.join(timeout=10)
     assert [p for p in job["profiles"] if p["result"] == "ok"], job["captures"]
+    assert job_nice - {0} == {5}, job_nice
     # Started, then niced (a look between the two sees the sidecar's own 0): each one's last look says 7.
-    assert last_nice and set(last_nice.values()) == {7}, last_nice
+    assert parser_nice and set(parser_nice.values()) == {7}, parser_nice
+
+
+def test_the_profilers_nice_is_19_unless_told_a_value_from_0_to_19(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.delenv(NICE_ENV, raising=False)
+    assert worker_nice() == 19
+    monkeypatch.setenv(NICE_ENV, "0")
+    assert worker_nice() == 0
+    with caplog.at_level(logging.WARNING, logger="tpuscope"):
+        for bad in ("20", "-1", "low"):
+            monkeypatch.setenv(NICE_ENV, bad)
+            assert worker_nice() == 19
+            assert f"{NICE_ENV}={bad!r} is not a nice value from 0 to 19" in caplog.text
 
 
 def test_a_users_trace_during_a_capture_works_and_so_do_the_next(sidecar: SidecarProcess) -> None:

@@ -203,7 +203,8 @@ def test_a_job_terminated_as_a_pod_is_booked_as_the_metadata_server_says(
         if reason != "vanished":  # a notice is booked as soon as it is read: a scrape before the sidecar's end
             before = scrape_until(sidecar.url, lambda s: bool(failures(s)), timeout=30)
             assert failures(before) == {reason: 1.0}, sidecar.log()
-        assert failures(final_state(sidecar)) == {reason: 1.0}, sidecar.log()
+        final = final_state(sidecar)
+        assert failures(final) == {reason: 1.0}, sidecar.log() + "\nthe last scrape:\n" + final.text
     assert metadata.asked and not metadata.refused
 
 

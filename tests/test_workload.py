@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from conftest import PROFILE_PROMPTLY
 
 from tpuscope import catalog, events
 from tpuscope.scrape import Scrape
@@ -44,7 +45,8 @@ class Run:
 @pytest.fixture(scope="module")
 def bench(module_sidecar: SidecarProcess, module_tmp: Path) -> Callable[..., Run]:
     """Run ``tpuscope bench`` (the JAX workload, 8 CPU devices) as its own process against the module's sidecar."""
-    env = {**os.environ, "XDG_CACHE_HOME": str(module_tmp / "cache")}  # keep the CPU calibration out of ~
+    # The CPU calibration out of ~; the one test of captures needs them taken promptly on a loaded machine too.
+    env = {**os.environ, "XDG_CACHE_HOME": str(module_tmp / "cache"), **PROFILE_PROMPTLY}
 
     def run(workload: str, *args: str, expect: int = 0, warm: bool = True) -> Run:
         """``warm``: compile from the module's shared persistent cache (the baseline and the recompile

@@ -7,8 +7,10 @@ written once, here.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from tpuscope import durations
-from tpuscope.catalog import HOST_LABELS, Metric
+from tpuscope.catalog import HOST_LABELS, HOST_MEMORY_AVAILABLE, HOST_MEMORY_TOTAL, Metric
 
 # prometheus_client's process collector, in every sidecar's /metrics: when the sidecar started.
 SIDECAR_START = "process_start_time_seconds"
@@ -38,6 +40,14 @@ def series(metric: Metric, *matchers: str, suffix: str = "") -> str:
     """``name{matchers}``: a catalogue metric (a histogram's ``_bucket``/``_sum``/``_count`` by ``suffix``)."""
     name = metric.series(suffix) if suffix else metric.name
     return f"{name}{{{', '.join(matchers)}}}" if matchers else name
+
+
+def memory_available_ratio(by: str, selector: Callable[[Metric], str] = series) -> str:
+    """Each host's memory available (the kernel's MemAvailable) as a share of its total, per ``by`` (a target's
+    labels): the alert's, the per-slice record's and Job debug's. ``selector`` writes a metric's selector (the
+    dashboards add their variables)."""
+    available, total = selector(HOST_MEMORY_AVAILABLE), selector(HOST_MEMORY_TOTAL)
+    return f"max by ({by}) ({available}) / max by ({by}) ({total})"
 
 
 def grown(selector: str, window: str, seconds: str = "", targets: str = "") -> str:

@@ -8,7 +8,7 @@ from tpuscope import catalog as c
 from tpuscope.alerts.rules import Alert
 from tpuscope.conventions import LIBTPU_COLLECTOR, SIDECAR_CONTAINER, AlertName, DashboardUID
 from tpuscope.generator_config import GeneratorConfig
-from tpuscope.promql import TARGET, WORKLOAD, series
+from tpuscope.promql import TARGET, WORKLOAD, memory_available_ratio, series
 
 # Which of its two signals TpuscopeHostMemoryPressure fires on, a label of the alert.
 SIGNAL = "signal"
@@ -25,10 +25,7 @@ def host_memory_pressure(config: GeneratorConfig) -> str:
     from disk. Per workload, not per host (one job's leak on four hosts is one page): the worst of its hosts,
     each side labelled with its signal."""
     t = config.thresholds
-    available = (
-        f"max by ({TARGET}) ({series(c.HOST_MEMORY_AVAILABLE)}) / max by ({TARGET}) ({series(c.HOST_MEMORY_TOTAL)})"
-        f" < {t.host_memory_available_ratio:g}"
-    )
+    available = f"{memory_available_ratio(TARGET)} < {t.host_memory_available_ratio:g}"
     swap_in = f"sum by ({TARGET}) (rate({series(c.HOST_SWAP_IO, SWAP_IN)}[5m]))"
     faults = f"sum by ({TARGET}) (rate({series(c.JOB_MAJOR_PAGE_FAULTS)}[5m]))"
     thrashing = (

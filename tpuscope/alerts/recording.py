@@ -69,7 +69,7 @@ from tpuscope.conventions import (
     XID_HOUR,
 )
 from tpuscope.generator_config import GeneratorConfig
-from tpuscope.promql import PLACEMENT, RUN, WORKLOAD, add, grown, le, series
+from tpuscope.promql import PLACEMENT, RUN, WORKLOAD, add, grown, le, memory_available_ratio, series
 from tpuscope.thresholds import Thresholds
 
 WORKER = "job, instance, slice, worker"
@@ -386,7 +386,7 @@ def host_rules() -> list[dict[str, str]]:
     per host it read every host's series at each point; Job debug draws one workload's hosts, and the alerts name
     the host."""
     host = f"{SLICE}, instance"
-    available = f"{series(c.HOST_MEMORY_AVAILABLE)} / {series(c.HOST_MEMORY_TOTAL)}"
+    available = memory_available_ratio(host)
     swap = f"sum by ({host}, {c.Label.DIRECTION}) (rate({series(c.HOST_SWAP_IO)}[5m]))"
     faults = f"sum by ({host}) (rate({series(c.JOB_MAJOR_PAGE_FAULTS)}[5m]))"
     return [

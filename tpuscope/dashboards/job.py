@@ -20,6 +20,7 @@ from tpuscope import catalog as c
 from tpuscope.conventions import COLLECTIVE_P99, GOODPUT_RATE, WALL_RATE, AlertName, DashboardUID
 from tpuscope.dashboards import panels as p
 from tpuscope.dashboards import promql as q
+from tpuscope.promql import memory_available_ratio
 from tpuscope.thresholds import Thresholds
 
 TITLE = "tpuscope / Job debug"
@@ -31,9 +32,8 @@ DESCRIPTION = (
 # The rare-event counters' sidecar starts and scrapes (tpuscope.promql.grown), read on the workload's hosts only
 # (the hidden host variable): fleet-wide, each point read every sidecar's start and every target's up (9 M samples,
 # 2.3 s a panel over 24 h of 1,000 hosts).
-HOSTS = q.WORKLOAD_HOSTS
-events = functools.partial(q.events, targets=HOSTS)
-once_per_job = functools.partial(q.once_per_job, targets=HOSTS)
+events = functools.partial(q.events, targets=q.WORKLOAD_HOSTS)
+once_per_job = functools.partial(q.once_per_job, targets=q.WORKLOAD_HOSTS)
 
 PER_WORKER = f"workload, {q.BY_WORKER}"
 WORKER = "{{workload}} " + q.WORKER_LEGEND
@@ -474,7 +474,13 @@ def checkpoints(t: Thresholds) -> p.Section:
                 "long restores lengthen every recovery.",
                 "s",
                 *p.quantile_queries(
-                    c.CHECKPOINT_DURATION, (0.5, 0.95), by=by, window=q.RANGE, instant=True, rare=True, targets=HOSTS
+                    c.CHECKPOINT_DURATION,
+                    (0.5, 0.95),
+                    by=by,
+                    window=q.RANGE,
+                    instant=True,
+                    rare=True,
+                    targets=q.WORKLOAD_HOSTS,
                 ),
                 span=8,
             ),
@@ -613,8 +619,7 @@ def host(t: Thresholds) -> p.Section:
                 f"{t.host_memory_available_ratio:.0%}); the on-call board shows each slice's least.",
                 p.query(
                     q.on_workload_hosts(
-                        f"max by (job, instance) ({q.selector(c.HOST_MEMORY_AVAILABLE, q.WORKLOAD_HOSTS)})"
-                        f" / max by (job, instance) ({q.selector(c.HOST_MEMORY_TOTAL, q.WORKLOAD_HOSTS)})"
+                        memory_available_ratio("job, instance", lambda m: q.selector(m, q.WORKLOAD_HOSTS))
                     ),
                     "{{instance}}",
                 ),
@@ -641,7 +646,10 @@ def host(t: Thresholds) -> p.Section:
                 "alert reads keeps it: in a multislice job, the DCN between the slices. A host far above its peers "
                 "has a bad network path. Empty for single-slice jobs and GPUs.",
                 "s",
-                p.query(q.on_workload_hosts(f"max by (job, instance) ({COLLECTIVE_P99}{{{HOSTS}}})"), "{{instance}}"),
+                p.query(
+                    q.on_workload_hosts(f"max by (job, instance) ({COLLECTIVE_P99}{{{q.WORKLOAD_HOSTS}}})"),
+                    "{{instance}}",
+                ),
                 span=8,
             ),
             p.timeseries_panel(

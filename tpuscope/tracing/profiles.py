@@ -93,7 +93,10 @@ DEADLINE_FLOOR = 0.5
 ANSWER_TIMEOUT = 120.0  # the most the profiler's thread waits for the sidecar's answer
 ANSWER_POLL = 0.05  # seconds between two looks for it
 CLOSE_TIMEOUT = 5.0  # the most close() waits for the profiler's thread (a trace being stopped)
-WORKER_NICENESS = 19  # the profiler's thread's: see DeviceProfiler._run
+# The profiler's thread's nice value (see DeviceProfiler._run): 19, the lowest priority, unless $TPUSCOPE_PROFILE_NICE
+# gives 0 to 19 (a job whose machine is shared with busier processes, where a capture at 19 may not end in time).
+NICE_ENV = "TPUSCOPE_PROFILE_NICE"
+DEFAULT_NICE = 19
 
 # Every open profiler: whoever takes JAX's profiler lock first ends their capture (see _GivingWayLock).
 _open: weakref.WeakSet[DeviceProfiler] = weakref.WeakSet()
@@ -130,6 +133,27 @@ def parse_period(value: float | str | None) -> float | None:
     if not math.isfinite(value) or value < 0:
         raise ValueError(f"a profile period must be a duration or 'off', not {value!r}")
     return float(value) or None
+
+
+def worker_nice() -> int:
+    """The profiler's thread's nice value: ``$TPUSCOPE_PROFILE_NICE`` (0 to 19), else :data:`DEFAULT_NICE`. A value
+    it cannot use is said once, in the log, and the default taken: it never raises into the job."""
+    value = os.environ.get(NICE_ENV, "").strip()
+    if not value:
+        return DEFAULT_NICE
+    try:
+        nice = int(value)
+        if not 0 <= nice <= 19:
+            raise ValueError
+    except ValueError:
+        log.warning(
+            "tpuscope: $%s=%r is not a nice value from 0 to 19: the profiler's thread runs at %d",
+            NICE_ENV,
+            value,
+            DEFAULT_NICE,
+        )
+        return DEFAULT_NICE
+    return nice
 
 
 def claim(owner: object, period: float, socket_path: str | os.PathLike[str]) -> DeviceProfiler | None:
@@ -229,6 +253,7 @@ class DeviceProfiler:
         self.period = period
         self.socket_path = os.fspath(socket_path if socket_path is not None else events.default_socket_path())
         self.spool = events.profile_spool(self.socket_path)
+        self.nice = worker_nice()  # read here, so that a bad value is said when the Monitor starts
         self.every = NEVER  # K, once the step time is known
         self.watching = True  # whether the next step's end concerns the profiler (see the class's docstring)
         self.captures: dict[str, int] = dict.fromkeys(events.PROFILE_RESULTS, 0)
@@ -361,12 +386,12 @@ class DeviceProfiler:
 
     # --- the profiler's thread ----------------------------------------------------------------
     def _run(self) -> None:
-        # The lowest priority, for this thread alone (Linux): stopping a trace serializes it, CPU the training
-        # job's threads come before (measured: the steps beside a stop +21-29 % at 0, +2-17 % at 19 on 2 busy
-        # cores; the stop takes twice as long). Threads the profiler may start from here would inherit it (none
-        # on the CPU backend): they are the profiler's.
+        # The lowest priority by default, for this thread alone (Linux): stopping a trace serializes it, CPU the
+        # training job's threads come before (measured: the steps beside a stop +21-29 % at 0, +2-17 % at 19 on 2
+        # busy cores; the stop takes twice as long). Threads the profiler may start from here would inherit it
+        # (none on the CPU backend): they are the profiler's.
         with contextlib.suppress(AttributeError, OSError):
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), WORKER_NICENESS)
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), self.nice)
         while (capture := self._requests.get()) is not None:
             try:
                 self._capture_one(capture)
