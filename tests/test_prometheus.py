@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import threading
 import urllib.request
 from pathlib import Path
 
+import pytest
 from conftest import require
 from otlp import Receiver
 
 from tpuscope import catalog, events
+from tpuscope.testing import prometheus as prometheus_harness
 from tpuscope.testing.fake_device_plugin import FakeDevicePlugin, chips, page
 from tpuscope.testing.fake_nvml import FakeGpu, FakeNvmlState, environment
 from tpuscope.testing.fake_tpu import Chip, FakeTpuRuntime, FakeTpuServer, default_megascale
@@ -120,3 +123,20 @@ def test_metrics_pass_promtool_check_metrics_with_every_collector_on(short_tmp: 
     assert result.returncode == 0 and not result.stdout.strip() and not result.stderr.strip(), (
         result.stdout.decode() + result.stderr.decode()
     )
+
+
+def test_a_server_whose_port_was_taken_before_it_bound_starts_on_another(
+    short_tmp: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The harness asks for a free port, then starts the server on it: a process beside may take it between the two.
+    Here the first port it is given is held; Prometheus cannot bind it, and the harness starts it on the next."""
+    require("prometheus")
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        taken = held.getsockname()[1]
+        ports = iter([taken, prometheus_harness.free_port()])
+        monkeypatch.setattr(prometheus_harness, "free_port", lambda: next(ports))
+        with PrometheusServer(short_tmp / "prom", []) as prom:
+            assert prom.port != taken
+            assert prom.query("vector(1)")[0]["value"][1] == "1"

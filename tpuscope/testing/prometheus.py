@@ -24,6 +24,8 @@ import yaml
 from tpuscope.prometheus_api import PrometheusAPI, PrometheusError
 from tpuscope.testing.waiting import wait_for
 
+PORT_ATTEMPTS = 3  # ports a server is started on before its failure to bind is the test's
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -51,17 +53,25 @@ class ServerProcess:
             raise PrometheusError(f"{binary} not found: install Debian's {package} package (`make test` does)")
         workdir.mkdir(parents=True, exist_ok=True)
         self.name = binary
-        self.port = free_port()
-        self.address = f"127.0.0.1:{self.port}"
-        self.url = f"http://{self.address}"
         self.log_path = workdir / f"{binary}.log"
-        with open(self.log_path, "w") as log:
-            self.proc = subprocess.Popen(
-                [path, self.LISTEN_FLAG.format(self.address), *self.QUIET_FLAGS, *flags],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
-        self._wait_ready(timeout=self.READY_SECONDS)
+        # A free port is free when asked, not when the server binds it: a process beside (another test's) may take it
+        # between the two (a fresh-clone run: vmalert's "bind: address already in use"). Then another port.
+        for attempt in range(1, PORT_ATTEMPTS + 1):
+            self.port = free_port()
+            self.address = f"127.0.0.1:{self.port}"
+            self.url = f"http://{self.address}"
+            with open(self.log_path, "w") as log:
+                self.proc = subprocess.Popen(
+                    [path, self.LISTEN_FLAG.format(self.address), *self.QUIET_FLAGS, *flags],
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                )
+            try:
+                self._wait_ready(timeout=self.READY_SECONDS)
+                return
+            except PrometheusError as e:
+                if attempt == PORT_ATTEMPTS or "address already in use" not in str(e):
+                    raise
 
     def _wait_ready(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
@@ -72,7 +82,7 @@ class ServerProcess:
                 with urllib.request.urlopen(self.url + "/-/ready", timeout=1) as r:
                     if r.status == 200:
                         return
-            except (urllib.error.URLError, ConnectionError):
+            except OSError:  # not listening yet, or a port another process holds and does not answer on
                 pass
             time.sleep(0.1)
         raise PrometheusError(f"{self.name} not ready after {timeout}s")
