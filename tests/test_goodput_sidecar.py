@@ -15,7 +15,7 @@ import pytest
 
 from tpuscope import catalog, events
 from tpuscope.scrape import Scrape
-from tpuscope.testing.waiting import scrape_until, sidecar_rounds, wait_for
+from tpuscope.testing.waiting import last_scrape_before_exit, scrape_until, sidecar_rounds, wait_for
 from tpuscope.tracing import Monitor
 from tpuscope.workload.sidecar import SidecarProcess
 
@@ -162,23 +162,20 @@ def test_after_sigterm_the_sidecar_serves_until_a_scrape_reads_the_final_state(s
         assert "the final state was scraped" not in sidecar.log()
         assert sidecar.proc.poll() is None, "it stopped with its job still connected"
         mon.close()
-        # Scraped as Prometheus scrapes it, again and again, until it exits. A scrape begun before the sidecar saw
-        # the job's connection close is not the final one, though it may already hold the clean stop's booking: the
-        # sidecar waits for the next (a fresh-clone run scraped once, at that moment, and the sidecar lingered on).
-        scrapes: list[Scrape] = []
-
-        def exited() -> bool:
-            if sidecar.proc.poll() is not None:
-                return True
-            scrapes.append(Scrape.fetch(sidecar.url))
-            return False
-
-        # Stopping its threads takes seconds on a loaded machine (a fresh-clone CI run: over 5), so the wait is long.
-        wait_for(exited, 60, "the sidecar's exit", detail=sidecar.log, ignoring=(OSError,), interval=0.5)
-        assert sidecar.proc.returncode == 0
+        # Scraped as Prometheus scrapes it, again and again, until it exits (a fresh-clone run scraped once, before
+        # the sidecar saw the job leave, and the sidecar rightly lingered on). Stopping its threads takes seconds on a
+        # loaded machine (a fresh-clone CI run: over 5), so the wait is long.
+        final = last_scrape_before_exit(
+            sidecar.url,
+            lambda: sidecar.proc.poll() is not None,
+            lambda scrape: scrape.has(WALL, workload="finishing"),
+            60,
+            detail=sidecar.log,
+        )
+        assert sidecar.proc.wait(timeout=30) == 0, sidecar.log()
         # It exits for a scrape, not for the linger's end (20 s): its log says so.
         assert "the final state was scraped" in sidecar.log(), sidecar.log()
-        assert STEP_S <= booked(scrapes[-1], "finishing")["productive"] <= took
+        assert STEP_S <= booked(final, "finishing")["productive"] <= took
     # Nothing scraped this one: it has nothing to wait for.
     with SidecarProcess(short_tmp / "b.sock", "127.0.0.1:0", *linger) as unscraped:
         started = time.monotonic()

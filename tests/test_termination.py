@@ -23,7 +23,7 @@ import pytest
 from tpuscope import catalog, gce_metadata
 from tpuscope.exporter.endings import HOLD_SECONDS
 from tpuscope.scrape import Scrape
-from tpuscope.testing.waiting import scrape_until, wait_for
+from tpuscope.testing.waiting import last_scrape_before_exit, scrape_until, wait_for
 from tpuscope.workload.sidecar import SidecarProcess
 
 pytestmark = pytest.mark.long
@@ -166,28 +166,16 @@ def final_state(sidecar: SidecarProcess) -> Scrape:
     """The kubelet's SIGTERM to the sidecar, then scrapes, as Prometheus goes on scraping, until it exits: the
     last one it served (it lingers until one has read the final state)."""
     sidecar.proc.send_signal(signal.SIGTERM)
-    served: list[Scrape] = []  # the latest
-    ours = sidecar.socket.parent.name  # its slice (start_sidecar)
-
-    def gone() -> bool:
-        if sidecar.proc.poll() is not None:
-            return True
-        try:
-            scrape = Scrape.fetch(sidecar.url)
-        except OSError:  # it stopped listening between two scrapes
-            return True
-        # Closed, its port is anyone's: in the moments before its process ends, another test's server may answer on
-        # it. The likely cause of a fresh-clone run's final scrape without the workload's failure, never reproduced.
-        if not any(sample.labels.get("slice") == ours for sample in scrape.samples):
-            return True
-        served[:] = [scrape]
-        return False
-
-    # A scrape every 0.1 s, as Prometheus goes on scraping (only faster): the last one served is the final state.
-    wait_for(gone, 60, "the sidecar's exit after SIGTERM", detail=sidecar.log, interval=0.1)
+    ours = sidecar.socket.parent.name  # its slice (start_sidecar): a page without it is another server's
+    final = last_scrape_before_exit(
+        sidecar.url,
+        lambda: sidecar.proc.poll() is not None,
+        lambda scrape: any(sample.labels.get("slice") == ours for sample in scrape.samples),
+        60,
+        detail=sidecar.log,
+    )
     assert sidecar.proc.wait(timeout=30) == 0, sidecar.log()
-    assert served, "no scrape was served after SIGTERM"
-    return served[-1]
+    return final
 
 
 @pytest.mark.parametrize(

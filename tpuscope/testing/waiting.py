@@ -87,6 +87,39 @@ def sidecar_rounds(url: str, witness: str, count: int, timeout: float = 20.0) ->
     return scrape
 
 
+def last_scrape_before_exit(
+    url: str,
+    exited: Callable[[], bool],
+    ours: Callable[[Scrape], bool],
+    timeout: float,
+    *,
+    detail: Callable[[], object] | None = None,
+) -> Scrape:
+    """Scrape ``url`` as Prometheus goes on scraping (every 0.1 s) until the server behind it has gone; the last
+    scrape it served. A lingering sidecar exits after a scrape begun once its job had left: one begun earlier may
+    already show the job's last booking, yet is not the final state.
+
+    Gone: ``exited()``, a refused connection, or a page that is not ``ours``. Once closed, its port is anyone's:
+    in the moments before its process ends, another server may answer there."""
+    served: list[Scrape] = []  # the latest
+
+    def gone() -> bool:
+        if exited():
+            return True
+        try:
+            scrape = Scrape.fetch(url)
+        except OSError:  # it stopped listening between two scrapes
+            return True
+        if not ours(scrape):
+            return True
+        served[:] = [scrape]
+        return False
+
+    wait_for(gone, timeout, f"the exit of the server at {url}", detail=detail, interval=0.1)
+    assert served, f"no scrape was served at {url} before it went"
+    return served[-1]
+
+
 def _next_round(url: str, witness: str, last: Scrape, timeout: float, which: str) -> Scrape:
     wall = catalog.GOODPUT_WALL.name
     booked = last.value(wall, workload=witness) or 0.0
