@@ -69,7 +69,9 @@ class Job:
     """``tpuscope bench --processes 4`` running in its own process group, its output kept line by line with the
     time each line arrived."""
 
-    def __init__(self, directory: Path, *flags: str) -> None:
+    def __init__(self, directory: Path, shared: Path, *flags: str) -> None:
+        """``shared``: the module's directory, whose compilation cache and CPU calibration every job of its tests
+        uses (the first compiles, the others hit, as one job's restarts do)."""
         command = testing_bench.command(
             "--fused",
             *flags,
@@ -78,11 +80,11 @@ class Job:
             workload="multihost",
             socket=directory / "events.sock",
             run_dir=directory / "run",
-            compile_cache=directory.parent / "xla-cache",
+            compile_cache=shared / "xla-cache",
         )
         # Without the tests' XLA_FLAGS (8 devices for the in-process tests), which would win over --cpu-devices.
         env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-        env.update(XDG_CACHE_HOME=str(directory.parent / "cache"), PYTHONUNBUFFERED="1", **PROFILE_PROMPTLY)
+        env.update(XDG_CACHE_HOME=str(shared / "cache"), PYTHONUNBUFFERED="1", **PROFILE_PROMPTLY)
         self.proc = subprocess.Popen(
             command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True
         )
@@ -129,7 +131,7 @@ def by_worker(prom: PrometheusServer, expr: str) -> dict[str, float]:
 
 @pytest.mark.timeout(600)
 def test_the_profiles_name_a_straggler_in_a_fused_multihost_job_on_one_prometheus_and_centrally(
-    short_tmp: Path, sidecars: list[SidecarProcess]
+    short_tmp: Path, module_tmp: Path, sidecars: list[SidecarProcess]
 ) -> None:
     rules = short_tmp / "rules.yaml"
     rules.write_text(scaled_rules_file(GeneratorConfig(), K))
@@ -152,6 +154,7 @@ def test_the_profiles_name_a_straggler_in_a_fused_multihost_job_on_one_prometheu
     ):
         job = Job(
             short_tmp,
+            module_tmp,
             "--steps=1200",
             "--checkpoint-every=0",
             "--profile-period=1s",
@@ -244,12 +247,12 @@ def test_the_profiles_name_a_straggler_in_a_fused_multihost_job_on_one_prometheu
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("crashing", [1, 0], ids=["a worker", "the coordinator's worker"])
 def test_a_worker_crash_fails_the_job_in_bounded_time_and_the_rerun_resumes_every_worker(
-    short_tmp: Path, sidecars: list[SidecarProcess], crashing: int
+    short_tmp: Path, module_tmp: Path, sidecars: list[SidecarProcess], crashing: int
 ) -> None:
     """Worker 0 runs the job's coordination service too: its crash takes the service with it, where another
     worker's crash leaves the service to notice the missing heartbeats."""
     flags = ("--steps=40", "--checkpoint-every=10", "--profile-period=off")
-    crashed = Job(short_tmp, *flags, f"--inject=crash=25@{crashing}")
+    crashed = Job(short_tmp, module_tmp, *flags, f"--inject=crash=25@{crashing}")
     code = crashed.wait(300)
     assert code == 3, crashed.output()
     crash = crashed.when(f"[worker {crashing}] tpuscope bench: injected crash at step 25")
@@ -278,7 +281,7 @@ def test_a_worker_crash_fails_the_job_in_bounded_time_and_the_rerun_resumes_ever
 
     down = 3.0
     time.sleep(down)  # down a while: the downtime under test
-    resumed = Job(short_tmp, *flags)
+    resumed = Job(short_tmp, module_tmp, *flags)
     assert resumed.wait(300) == 0, resumed.output()
     for worker in range(PROCESSES):
         assert resumed.when(f"[worker {worker}] resumed from the checkpoint of step 19"), resumed.output()
