@@ -41,8 +41,9 @@ def main() -> None:
     parser.add_argument("steps", type=int)
     parser.add_argument("period")
     parser.add_argument("--socket", required=True, help="the sidecar's: it parses the captures")
-    # Step on past STEPS (up to 20 times as many) until this many captures are counted: the sidecar answers each
-    # a second or so after its steps, and a job that stops first never hears of it.
+    # Step on past STEPS (up to 20 times as many) until this many captures have come back on a step: the sidecar
+    # answers each a second or so after its steps, and a job that stops first never hears of it; the answer is
+    # counted at once, and carried by the next step's event.
     parser.add_argument("--captures", type=int, default=0)
     parser.add_argument("--user-trace-at", type=int, action="append", default=[])
     # The user starts a trace at a step while a capture of the Monitor's is running, this many times.
@@ -86,7 +87,7 @@ def main() -> None:
     sessions: dict[int, list[tuple[int, bool]]] = {}
     for n in range(20 * args.steps):
         profiler = monitor._profiler  # a test may look inside: is a session of ours running?
-        if n >= args.steps and (profiler is None or sum(profiler.captures.values()) >= args.captures):
+        if n >= args.steps and (profiler is None or len(recorder.profiles) >= args.captures):
             break
         capture = profiler._capture if profiler is not None else None
         capturing = capture is not None and capture.session is not None

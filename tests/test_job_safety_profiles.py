@@ -445,13 +445,18 @@ def overlaps(step: list[float], intervals: list[tuple[float, float]]) -> bool:
     return any(step[0] < end and begin < step[1] for begin, end in intervals)
 
 
-def test_the_steps_around_a_capture_run_about_as_fast_as_the_others(module_sidecar: SidecarProcess) -> None:
+def test_the_steps_around_a_capture_run_about_as_fast_as_the_others(sidecar: SidecarProcess) -> None:
     """Repro 10: before, the steps that overlapped a capture's stop and parse (on the job's thread, in Python)
     had a p50 33-39 % above the run's other steps. Now the job only stops the trace and hands it over, and the
     sidecar parses it in a child process at the lowest priority. On this loaded 2-core machine the bound is
-    generous; ``tpuscope bench perf`` measures it against its 5 % target."""
-    job = run(STALL_JOB, str(module_sidecar.socket), "2s", "4", "5000")
-    off = run(STALL_JOB, str(module_sidecar.socket), "off", "0", str(len(job["steps"]) + 30))
+    generous; ``tpuscope bench perf`` measures it against its 5 % target.
+
+    The sidecar and the job keep their default priorities (the parser and the profiler's thread at nice 19), which
+    are what this is about: the module's sidecar parses at nice 0, and its parse then took a core from the job's
+    steps (p50 27 % above the others on an idle machine, 35 % on a loaded one). At nice 19 a loaded machine's
+    parse takes seconds, and the job steps on until its captures are answered: two of them, not four."""
+    job = run(STALL_JOB, str(sidecar.socket), "2s", "2", "5000")
+    off = run(STALL_JOB, str(sidecar.socket), "off", "0", str(len(job["steps"]) + 30))
     stops = [(b, e) for what, b, e in job["history"] if what in ("stop", "handoff")]
     sessions = [(b, e) for what, b, e in job["history"] if what == "session"]
     assert stops and job["parse_s"] and all(s > 0 for s in job["parse_s"]), "the sidecar parsed the captures"
