@@ -25,8 +25,8 @@ demo: setup
 # (with them in the pool, four of seven fresh-clone runs failed one of those, each time another). The tests
 # marked `alone` run there too: test_dashboards' every-panel test needs a device profile of a JAX job, taken and
 # parsed while the job runs, and on 2 cores beside three workers' JAX jobs no capture of it lived (two fresh-clone
-# runs at issue 40). From a fresh clone at issue 38: 871 passed in 600 to 614 s, the alone tests in 208 to 212 s,
-# `make test` whole in 864 to 881 s; bound by CPU (docs/development.md).
+# runs at issue 40). From a fresh clone at issue 38: 871 passed in 600 to 706 s, the alone tests in 208 to 255 s,
+# `make test` whole in 864 to 1,027 s; bound by CPU (docs/development.md).
 TEST_WORKERS ?= $(shell echo $$(( $$(nproc) + 1 )))
 test: setup system-deps lint
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not alone"
