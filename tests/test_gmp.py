@@ -1,17 +1,22 @@
 """The Google Cloud Managed Service for Prometheus (GMP) objects: the same scrape, labels and rules as the operator's.
 
-GMP's CRDs are not carried here; the field names, the allowed metadata labels, the protected labels and how GMP
-fills each metadata label are those of its v1 API (pkg/operator/apis/monitoring/v1 in GoogleCloudPlatform/
-prometheus-engine), written down below.
+Their fields, the metadata labels GMP allows and the labels its relabelings may not write are GMP's CRDs' (its
+schemas and CEL rules, in ../shared/reference/crds): tests/test_kubernetes.py validates both objects against them,
+and the breaches below prove the CEL rules are evaluated. What no schema says is written down here: how GMP fills
+each metadata label, and the labels its rule evaluator sets on every result (pkg/operator/apis/monitoring/v1 and the
+rule evaluator in GoogleCloudPlatform/prometheus-engine).
 """
 
 from __future__ import annotations
 
+import copy
 import re
 import subprocess
 from pathlib import Path
 from typing import Any
 
+import crd_schemas
+import pytest
 import yaml
 from conftest import assert_promtool_checks_rules, require
 
@@ -21,13 +26,8 @@ ROOT = Path(__file__).resolve().parents[1]
 DEPLOY = ROOT / "deploy/kubernetes"
 GMP = DEPLOY / kubernetes.GMP_DIR
 
-SPEC_FIELDS = {"selector", "endpoints", "targetLabels", "filterRunning", "limits"}
-ENDPOINT_FIELDS = {"port", "path", "interval", "timeout", "scheme", "params", "metricRelabeling", "proxyUrl"}
-RELABEL_FIELDS = {"action", "sourceLabels", "targetLabel", "regex", "replacement", "separator", "modulus"}
-GROUP_FIELDS = {"name", "interval", "rules"}
-RULE_FIELDS = {"record", "alert", "expr", "for", "labels", "annotations"}
-# GMP's relabelings may not write these; its rule evaluator sets the first four on every rule's result itself.
-PROTECTED = {"project_id", "location", "cluster", "namespace", "job", "instance", "top_level_controller_type"}
+# GMP's rule evaluator sets these on every rule's result itself: a rule's own would be overwritten.
+EVALUATOR_LABELS = {"project_id", "location", "cluster", "namespace"}
 # Each metadata target label GMP allows, and the service-discovery label it copies (for the top-level
 # controller, of a Job's or a StatefulSet's pod; a Deployment's and a CronJob's differ, docs/fleet.md).
 GMP_METADATA_SOURCES = {
@@ -70,20 +70,37 @@ def _full(regex: str, name: str) -> bool:
     return re.fullmatch(regex, name) is not None
 
 
-def test_the_objects_use_only_the_fields_of_gmps_api() -> None:
+def test_the_objects_are_gmps_v1_and_set_no_label_its_evaluator_overwrites() -> None:
     assert MONITORING["apiVersion"] == RULES["apiVersion"] == "monitoring.googleapis.com/v1"
-    assert set(MONITORING["spec"]) <= SPEC_FIELDS and {"selector", "endpoints"} <= set(MONITORING["spec"])
-    assert set(ENDPOINT) <= ENDPOINT_FIELDS and {"port", "interval"} <= set(ENDPOINT)
-    assert all(set(r) <= RELABEL_FIELDS for r in ENDPOINT["metricRelabeling"])
-    assert set(MONITORING["spec"]["targetLabels"]["metadata"]) <= set(GMP_METADATA_SOURCES)
-    written = [r["targetLabel"] for r in ENDPOINT["metricRelabeling"] if "targetLabel" in r]
-    written += [m["to"] for m in MONITORING["spec"]["targetLabels"]["fromPod"]]
-    assert not set(written) & PROTECTED
-    assert all("regex" in r for r in ENDPOINT["metricRelabeling"] if r["action"] == "labeldrop")
+    assert crd_schemas.errors(MONITORING) == crd_schemas.errors(RULES) == []
     for group in RULES["spec"]["groups"]:
-        assert set(group) <= GROUP_FIELDS
-        assert all(set(rule) <= RULE_FIELDS for rule in group["rules"]), "no keep_firing_for: GMP has none"
-        assert not {label for rule in group["rules"] for label in rule.get("labels", {})} & PROTECTED
+        assert not {label for rule in group["rules"] for label in rule.get("labels", {})} & EVALUATOR_LABELS
+
+
+def breach(document: dict[str, Any], plant: Any) -> str:
+    broken = copy.deepcopy(document)
+    plant(broken)
+    return "\n".join(crd_schemas.errors(broken))
+
+
+@pytest.mark.parametrize(
+    ("document", "plant", "refused"),
+    [
+        # A field GMP does not have (the operator's rules do): the server would drop it without a word.
+        (RULES, lambda d: d["spec"]["groups"][0]["rules"][0].update({"keep_firing_for": "5m"}), "'keep_firing_for'"),
+        (RULES, lambda d: d["spec"]["groups"][0]["rules"][0].update({"alert": "A", "record": "a"}), "exactly one"),
+        (MONITORING, lambda d: d["spec"]["endpoints"][0].update({"port": 0}), "Port is required"),
+        (MONITORING, lambda d: d["spec"]["endpoints"][0].update({"timeout": "20s"}), "self.timeout <= self.interval"),
+        (MONITORING, lambda d: d["spec"]["endpoints"][0].update({"interval": "often"}), "is not a 'duration'"),
+        (MONITORING, lambda d: d["spec"]["targetLabels"]["fromPod"][0].update({"to": "job"}), "protected label"),
+        (MONITORING, lambda d: d["spec"]["targetLabels"]["metadata"].append("container_id"), "is not one of"),
+        (MONITORING, lambda d: d["spec"]["endpoints"][0]["metricRelabeling"][-1].pop("regex"), "has(self.regex)"),
+    ],
+    ids=["unknown field", "record and alert", "port 0", "timeout over interval", "not a duration", "protected label",
+         "metadata label", "labeldrop without regex"],
+)  # fmt: skip
+def test_gmps_schema_and_rules_refuse_a_planted_breach(document: dict[str, Any], plant: Any, refused: str) -> None:
+    assert refused in breach(document, plant)
 
 
 def test_gmp_scrapes_what_the_podmonitor_scrapes() -> None:

@@ -35,7 +35,8 @@ IMAGE = f"localhost/tpuscope:{VERSION}"
 SIZE_TARGET_MB = 150  # issue 37's target for an image that holds Python and the sidecar, and nothing else
 WORKLOAD = "image"
 STEPS = 30
-JOB_UID = 1000  # the manifests' runAsUser: Kubernetes runs the image as the pod's user, not the image's own
+# The sidecar container's runAsUser and runAsGroup in the manifests: Kubernetes runs the image as those, not as its own.
+SIDECAR_UID = kubernetes.UID
 CONTAINERS_CONF = '[containers]\ndefault_ulimits = []\n[engine]\nruntime = "runc"\ncgroup_manager = "cgroupfs"\n'
 # The base unpacked, the wheel's dependencies fetched, the image built: about half a minute alone.
 pytestmark = pytest.mark.long
@@ -97,13 +98,13 @@ def test_the_image_has_the_collectors_libraries_and_no_jax_and_no_shell(built: B
 
 
 def test_a_sidecar_from_the_image_is_scraped_healthy_and_stops_on_sigterm(built: Built, short_tmp: Path) -> None:
-    shared = short_tmp / "run-tpuscope"  # the pod's emptyDir
+    shared = short_tmp / "run-tpuscope"  # the pod's emptyDir: mode 0777, as the kubelet makes one without fsGroup
     shared.mkdir()
     shared.chmod(0o777)
     port = free_port()
     name = f"tpuscope-test-{port}"
     started = built.podman(
-        "run", "--detach", "--name", name, "--user", f"{JOB_UID}:{JOB_UID}", "--read-only", "--cap-drop=ALL",
+        "run", "--detach", "--name", name, "--user", f"{SIDECAR_UID}:{SIDECAR_UID}", "--read-only", "--cap-drop=ALL",
         "--security-opt=no-new-privileges", "--publish", f"127.0.0.1:{port}:9478",
         "--volume", f"{shared}:/run/tpuscope", IMAGE,
     )  # fmt: skip

@@ -1,20 +1,27 @@
-"""The Kubernetes manifests: valid for the API server, and wired so that the sidecar is scraped and reached."""
+"""The Kubernetes manifests: valid for the API server, and wired so that the sidecar is scraped and reached.
+
+Every object they hold, in the files and as ``kubectl kustomize`` renders them, is validated: the custom resources
+against the real CRDs' schemas and CEL rules (tests/crd_schemas.py), Kubernetes' own kinds against the schemas
+kubernetes-validate ships. The tests below check what no schema can say.
+"""
 
 from __future__ import annotations
 
 import argparse
 import copy
 import re
+import subprocess
 from pathlib import Path
 from typing import Any
 
+import crd_schemas
 import kubernetes_validate
 import pytest
 import yaml
-from conftest import assert_promtool_checks_rules
+from conftest import assert_promtool_checks_rules, require
 from kubernetes_validate.utils import all_versions
 
-from tpuscope import catalog, kubernetes
+from tpuscope import catalog, events, kubernetes
 from tpuscope.conventions import DEFAULT_PORT
 from tpuscope.exporter import config as serve_config
 from tpuscope.generator_config import GeneratorConfig
@@ -52,27 +59,134 @@ def jobset_jobs() -> list[dict[str, Any]]:
     ]
 
 
-def core_resources() -> list[dict[str, Any]]:
-    return [*documents("job.yaml"), *jobset_jobs(), *documents("grafana-dashboards.yaml")]
+@pytest.fixture(scope="module")
+def rendered() -> list[tuple[str, dict[str, Any]]]:
+    """Every API object of the manifests, with where it comes from: each file under deploy/kubernetes/ and gmp/, and
+    what `kubectl kustomize` renders of both folders (the Kustomizations themselves are no API objects)."""
+    found = [
+        (str(path.relative_to(ROOT)), document)
+        for path in sorted([*DEPLOY.glob("*.yaml"), *(DEPLOY / kubernetes.GMP_DIR).glob("*.yaml")])
+        for document in yaml.safe_load_all(path.read_text())
+        if document and document["kind"] != "Kustomization"
+    ]
+    for folder in (DEPLOY, DEPLOY / kubernetes.GMP_DIR):
+        out = subprocess.run(
+            [require("kubectl"), "kustomize", str(folder)], capture_output=True, text=True, timeout=120, check=True
+        )
+        source = f"kubectl kustomize {folder.relative_to(ROOT)}"
+        found += [(source, document) for document in yaml.safe_load_all(out.stdout) if document]
+    # The JobSet's Jobs, as its controller will create them: Kubernetes' newer schemas check their pods too.
+    found += [("jobset.yaml, as its controller makes it", job) for job in jobset_jobs()]
+    return found
+
+
+def named(source: str, document: dict[str, Any]) -> str:
+    return f"{source}: {document['kind']}/{document['metadata']['name']}"
+
+
+def test_every_custom_resource_validates_against_its_crd(rendered: list[tuple[str, dict[str, Any]]]) -> None:
+    custom = [(source, d) for source, d in rendered if crd_schemas.is_custom(d)]
+    assert {d["kind"] for _, d in custom} == {
+        "JobSet", "PodMonitor", "PrometheusRule", "ClusterPodMonitoring", "ClusterRules",
+    }  # fmt: skip
+    refused = {named(source, d): crd_schemas.errors(d) for source, d in custom}
+    assert not {name: why for name, why in refused.items() if why}
 
 
 @pytest.mark.parametrize("version", VERSIONS)
-def test_the_core_resources_validate_against_the_kubernetes_schemas(version: str) -> None:
-    resources = core_resources()
-    assert {r["kind"] for r in resources} == {"Job", "Service", "ConfigMap"}
-    for resource in resources:
+def test_every_core_resource_validates_against_the_kubernetes_schemas(
+    rendered: list[tuple[str, dict[str, Any]]], version: str
+) -> None:
+    core = [(source, d) for source, d in rendered if not crd_schemas.is_custom(d)]
+    assert {d["kind"] for _, d in core} == {"Job", "Service", "ConfigMap"}
+    for source, resource in core:
         try:
             kubernetes_validate.validate(resource, version, strict=True)
         except kubernetes_validate.ValidationError as e:
-            pytest.fail(f"{resource['kind']}/{resource['metadata']['name']} at {list(e.path)}: {e.message}")
+            pytest.fail(f"{named(source, resource)} at {list(e.path)}: {e.message}")
 
 
-def test_the_validation_is_strict() -> None:
+def test_the_kubernetes_validation_is_strict() -> None:
     """A misspelt field fails: proof that the test above checks something."""
     broken = copy.deepcopy(jobset_jobs()[0])
     broken["spec"]["template"]["spec"]["initContainers"][0]["restartPolcy"] = "Always"
     with pytest.raises(kubernetes_validate.ValidationError):
         kubernetes_validate.validate(broken, VERSIONS[-1], strict=True)
+
+
+def test_the_crd_validation_refuses_an_unknown_field_a_wrong_type_and_a_broken_rule() -> None:
+    """Proof that the CRD test above checks something: each breach, planted in the JobSet, is named."""
+    broken = copy.deepcopy(JOBSET)
+    pod = broken["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+    pod["initContainers"][0]["restartPolcy"] = "Always"  # pruned by the server: a plain init container, never done
+    pod["volumes"][0]["emptyDir"]["sizeLimit"] = "a lot"  # int-or-string, and a quantity's pattern
+    pod["containers"][0]["ports"] = [{"containerPort": 1}, {"containerPort": 1}]  # a list-map's key twice
+    broken["spec"]["failurePolicy"]["maxRestarts"] = "3"
+    broken["metadata"]["lables"] = {}  # ObjectMeta's
+    # A CEL rule of the JobSet's: an in-order start and dependsOn exclude each other.
+    broken["spec"]["startupPolicy"] = {"startupPolicyOrder": "InOrder"}
+    broken["spec"]["replicatedJobs"][0]["dependsOn"] = [{"name": "slice", "status": "Ready"}]
+    refused = "\n".join(crd_schemas.errors(broken))
+    pod_path = "spec.replicatedJobs.0.template.spec.template.spec"
+    for expected in (
+        f"{pod_path}.initContainers.0: Additional properties are not allowed ('restartPolcy' was unexpected)",
+        f"{pod_path}.volumes.0.emptyDir.sizeLimit: 'a lot' does not match",
+        f"{pod_path}.containers.0.ports: duplicate keys",
+        "spec.failurePolicy.maxRestarts: '3' is not of type 'integer'",
+        "metadata: Additional properties are not allowed ('lables' was unexpected)",
+        'spec: CEL rule "!(has(self.startupPolicy)',
+    ):
+        assert expected in refused, refused
+    assert crd_schemas.errors(JOBSET) == []
+
+
+def test_the_crd_schema_reads_as_the_api_server_does() -> None:
+    """Pruning, preserved unknown fields, int-or-string, nullable, defaults and the CEL binding, on small schemas."""
+    strict = crd_schemas.json_schema({"type": "object", "properties": {"a": {"type": "string"}}})
+    preserving = crd_schemas.json_schema({"type": "object", "x-kubernetes-preserve-unknown-fields": True})
+    assert crd_schemas.Validator(strict).is_valid({"a": "x"})
+    assert not crd_schemas.Validator(strict).is_valid({"a": "x", "b": 1})
+    assert crd_schemas.Validator(preserving).is_valid({"b": {"c": 1}})
+    port = crd_schemas.Validator(
+        crd_schemas.json_schema(
+            {"x-kubernetes-int-or-string": True, "anyOf": [{"type": "integer"}, {"type": "string"}]}
+        )
+    )
+    assert port.is_valid(8080) and port.is_valid("metrics")
+    assert not port.is_valid(1.5) and not port.is_valid(None)
+    nullable = crd_schemas.json_schema({"type": "string", "nullable": True})
+    assert crd_schemas.Validator(nullable).is_valid(None)
+    defaulted = {"type": "object", "properties": {"a": {"type": "object", "default": {}, "properties": {
+        "b": {"type": "string", "default": "x"}}}}}  # fmt: skip
+    assert crd_schemas.with_defaults({}, crd_schemas.json_schema(defaulted)) == {"a": {"b": "x"}}
+    # Kubernetes escapes a field named as a CEL keyword, and binds a duration as a duration: as strings, "5s" would
+    # sort after "15s" and GMP's rule that the timeout not exceed the interval would refuse a 5 s timeout.
+    rules = {
+        "type": "object",
+        "properties": {
+            "namespace": {"type": "string"},
+            "timeout": {"type": "string", "format": "duration"},
+            "interval": {"type": "string", "format": "duration"},
+        },
+        "x-kubernetes-validations": [
+            {"rule": "!has(self.__namespace__)", "message": "no namespace"},
+            {"rule": "self.timeout <= self.interval", "message": "timeout over interval"},
+            {"rule": "self == oldSelf", "message": "a transition rule: not on a create"},
+        ],
+    }
+    check = crd_schemas.Validator(crd_schemas.json_schema(rules), format_checker=crd_schemas.FORMATS)
+    assert check.is_valid({"timeout": "5s", "interval": "15s"})
+    assert [e.message for e in check.iter_errors({"timeout": "1m", "interval": "15s", "namespace": "x"})] == [
+        "CEL rule '!has(self.__namespace__)' fails: no namespace",
+        "CEL rule 'self.timeout <= self.interval' fails: timeout over interval",
+    ]
+    assert not check.is_valid({"timeout": "soon", "interval": "15s"}), "not a duration"
+
+
+def test_the_crds_are_required(tmp_path: Path) -> None:
+    """Without ../shared/reference/crds the CRD test fails, saying where it looked, rather than passing or skipping."""
+    with pytest.raises(pytest.fail.Exception, match="no CRDs at"):
+        crd_schemas.crds(tmp_path)
 
 
 def test_both_jobs_run_the_same_pods() -> None:
@@ -100,7 +214,9 @@ def test_the_sidecar_is_a_native_sidecar() -> None:
     assert SIDECAR["args"][0] == "serve"
     security = SIDECAR["securityContext"]
     assert security["readOnlyRootFilesystem"] and security["runAsNonRoot"]
+    assert security["runAsUser"] == security["runAsGroup"] == kubernetes.UID
     assert security["capabilities"] == {"drop": ["ALL"]} and security["allowPrivilegeEscalation"] is False
+    assert security["seccompProfile"] == {"type": "RuntimeDefault"}
     assert set(SIDECAR["resources"]["requests"]) == set(SIDECAR["resources"]["limits"]) == {"cpu", "memory"}
 
 
@@ -112,14 +228,30 @@ def test_the_job_sends_to_the_socket_the_sidecar_listens_on() -> None:
     shared = [name for name in mounts[0] if mounts[1].get(name) == mounts[0][name]]
     assert len(shared) == 1, "one volume mounted at the same path in both containers"
     (volume,) = shared
-    assert "emptyDir" in volumes[volume]
     assert socket.parent == Path(mounts[0][volume]), "the socket lies on the shared volume"
-    # Mode 0600 (the default) admits the socket's owner only: both containers must run as one user.
-    pod_security = POD["spec"]["securityContext"]
-    assert pod_security["runAsNonRoot"] and pod_security["runAsUser"] == kubernetes.UID
-    for container in (SIDECAR, TRAIN):
-        assert "runAsUser" not in container.get("securityContext", {}), container["name"]
+    # In memory: the socket, and the profile spool beside it, with room for a trace at its cap and more.
+    empty_dir = volumes[volume]["emptyDir"]
+    assert empty_dir["medium"] == "Memory"
+    assert int(empty_dir["sizeLimit"].removesuffix("Mi")) << 20 >= 2 * events.PROFILE_MAX_BYTES
+    # Mode 0600 (the default) admits the sidecar's user and root: a root training container sends as it is.
     assert "--socket-mode" not in SIDECAR["args"]
+
+
+def test_the_training_container_runs_as_its_image_says() -> None:
+    """No securityContext but the sidecar's: most TPU images expect root, a pod-level fsGroup would have the kubelet
+    chown the job's volumes, and no_new_privs would break an image's setuid tools."""
+    for pod in [POD, *(r["template"]["spec"]["template"] for r in JOBSET["spec"]["replicatedJobs"])]:
+        assert "securityContext" not in pod["spec"], "no pod-level securityContext"
+        (train,) = pod["spec"]["containers"]
+        assert "securityContext" not in train
+
+
+def test_the_platform_sets_the_tpu_metrics_ports() -> None:
+    """GKE's device plugin gives the training container TPU_RUNTIME_METRICS_PORTS, a port per chip: set here, it
+    would override that list, and the sidecar reads the plugin's ports without it."""
+    for pod in [POD, *(r["template"]["spec"]["template"] for r in JOBSET["spec"]["replicatedJobs"])]:
+        for container in [*pod["spec"]["initContainers"], *pod["spec"]["containers"]]:
+            assert "TPU_RUNTIME_METRICS_PORTS" not in {e["name"] for e in container["env"]}, container["name"]
 
 
 def test_the_sidecar_labels_its_series_with_the_slice_and_worker_kubernetes_gives_it() -> None:

@@ -43,9 +43,12 @@ SOCKET = f"{SOCKET_DIR}/events.sock"
 # The socket's volume holds the profile spool too: room for a few traces at their cap.
 SOCKET_VOLUME_SIZE = f"{4 * events.PROFILE_MAX_BYTES // 2**20}Mi"
 PORT_NAME = "metrics"
-# Both containers run as this user (pod-level securityContext): the socket keeps its default mode 0600,
-# which admits only its owner. fsGroup makes the emptyDir group-owned and setgid, so a training image
-# that must run as another uid can still send with `--socket-mode 0660` (docs/fleet.md).
+# The sidecar's user and group, in its own securityContext. The pod has none: a pod-level runAsNonRoot would stop
+# the many training images that expect root, and an fsGroup would have the kubelet chown every volume of the pod (a
+# large checkpoint volume delays its start). So the training container runs as its image says. The socket keeps its
+# default mode 0600, which admits its owner and root (CAP_DAC_OVERRIDE): a root training container sends as it is.
+# One that runs as uid U, gid G: the sidecar's runAsGroup set to G and `--socket-mode 0660` (socket and profile
+# spool then group-writable; a world-writable mode is refused), or the sidecar run as U (docs/fleet.md).
 UID = 1000
 # The PodMonitor (and prometheus.yml) scrape pods carrying this label; the pod template sets it.
 SCRAPE_LABEL = {"tpuscope/scrape": "true"}
@@ -108,9 +111,9 @@ POD_IDENTITY = [
 # reaches at the node's IP. The downward API gives that IP, though not the node's labels
 # (cloud.google.com/gke-tpu-topology): the sidecar asks the plugin for the topology instead.
 HOST_IP = _downward("HOST_IP", "status.hostIP")
-# libtpu serves its runtime metrics only when this names a port; the sidecar's libtpu collector reads
-# the same ports over the pod's shared localhost (and runs under `--collectors auto` because it is set).
-METRICS_PORTS = {"name": "TPU_RUNTIME_METRICS_PORTS", "value": "8431"}
+# No TPU_RUNTIME_METRICS_PORTS in either container: the device plugin injects it into the training container, one
+# port per chip it allocates (8431 for one chip up to 8431,...,8438 for eight), and a value set here would override
+# that list. The sidecar, without the variable, reads the ports the plugin hands out over the pod's shared localhost.
 
 
 def sidecar_container() -> dict[str, Any]:
@@ -139,7 +142,6 @@ def sidecar_container() -> dict[str, Any]:
             # Job the label is absent, the variable empty, and the sidecar says slice 0. The worker label
             # needs nothing: Kubernetes sets JOB_COMPLETION_INDEX in every container of an Indexed Job.
             _downward("MEGASCALE_SLICE_ID", "metadata.labels['jobset.sigs.k8s.io/job-index']"),
-            METRICS_PORTS,
             # The device plugin on this node, at its default port. Kubernetes expands $(HOST_IP) as it is above.
             HOST_IP,
             {"name": "TPUSCOPE_DEVICE_PLUGIN_ADDRESS", "value": f"$({HOST_IP['name']})"},
@@ -150,18 +152,26 @@ def sidecar_container() -> dict[str, Any]:
         # About 50 MiB resident when idle here; the limit leaves room for many workloads' series, and for the
         # child that parses a device profile now and then (about 5 times the trace's bytes, at most 384 MiB).
         "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"cpu": "500m", "memory": "512Mi"}},
+        # The sidecar's alone (see UID): the training container's user and privileges are its image's business.
         "securityContext": {
             "runAsNonRoot": True,
-            "readOnlyRootFilesystem": True,  # it writes nothing but the socket, on the shared volume
+            "runAsUser": UID,
+            "runAsGroup": UID,
+            "readOnlyRootFilesystem": True,  # it writes nothing but the socket and the spool, on the shared volume
             "allowPrivilegeEscalation": False,
             "capabilities": {"drop": ["ALL"]},
+            "seccompProfile": {"type": "RuntimeDefault"},
         },
         "volumeMounts": [{"name": SOCKET_VOLUME, "mountPath": SOCKET_DIR}],
     }
 
 
 def training_container() -> dict[str, Any]:
-    """The user's training process: its image and command are placeholders, the rest is what tpuscope needs."""
+    """The user's training process: its image and command are placeholders, the rest is what tpuscope needs.
+
+    No securityContext: its user is its image's (root, for most TPU images), and allowPrivilegeEscalation: false
+    would set no_new_privs, which breaks the setuid tools an image may hold.
+    """
     chips = {"google.com/tpu": str(CHIPS_PER_HOST)}
     return {
         "name": "train",
@@ -170,12 +180,10 @@ def training_container() -> dict[str, Any]:
         "env": [
             {"name": "TPUSCOPE_SOCKET", "value": SOCKET},  # where Monitor() sends
             *POD_IDENTITY,
-            METRICS_PORTS,
             # Spans over OTLP/HTTP to the collector of deploy/otel-collector/; drop it to write them to a file.
             {"name": "OTEL_EXPORTER_OTLP_ENDPOINT", "value": TRACES_ENDPOINT},
         ],
         "resources": {"requests": chips, "limits": chips},
-        "securityContext": {"allowPrivilegeEscalation": False},
         "volumeMounts": [{"name": SOCKET_VOLUME, "mountPath": SOCKET_DIR}],
     }
 
@@ -194,23 +202,16 @@ def pod_template() -> dict[str, Any]:
             # The host collector finds the job's processes by the pids connected to the socket, which it
             # can read only in a shared process namespace.
             "shareProcessNamespace": True,
-            "securityContext": {
-                "runAsNonRoot": True,
-                "runAsUser": UID,
-                "runAsGroup": UID,
-                "fsGroup": UID,
-                "seccompProfile": {"type": "RuntimeDefault"},
-            },
             "nodeSelector": {
                 "cloud.google.com/gke-tpu-accelerator": ACCELERATOR,
                 "cloud.google.com/gke-tpu-topology": TOPOLOGY,
             },
             "initContainers": [sidecar_container()],
             "containers": [training_container()],
-            # Memory-backed: the socket is all it holds.
-            # On disk, not in memory: beside the socket lies the spool of device-profile traces (megabytes each,
-            # at most PROFILE_MAX_BYTES), which in a memory volume would count against the containers' limits.
-            "volumes": [{"name": SOCKET_VOLUME, "emptyDir": {"sizeLimit": SOCKET_VOLUME_SIZE}}],
+            # Memory-backed (tmpfs). Beside the socket lies the spool of device-profile traces: a trace (at most
+            # PROFILE_MAX_BYTES) is in memory from the job's write until the sidecar has parsed and deleted it,
+            # charged to the container that wrote it, the training container, and sizeLimit bounds the whole.
+            "volumes": [{"name": SOCKET_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": SOCKET_VOLUME_SIZE}}],
         },
     }
 
