@@ -127,3 +127,24 @@ def test_gpu_nccl_streams_reads_as_its_ground_truth() -> None:
     nccl = sum(ms for kernel, ms in kernels.items() if kernel.lower().startswith("nccl")) / (GPUS * len(truth))
     exposed = _mean(step["deviceCollectivesTimeMs"] for step in steps)
     _assert_close("NCCL time under compute", nccl - exposed, _ms(truth[0].overlapped), _ms(truth[0].step))
+
+
+def test_gpu_raw_capture_is_grouped_by_xprof_as_a_saved_capture_is() -> None:
+    """The raw shape (launches named after their kernels, on the launching thread's /host:CPU line; no group_id, no
+    derived lines): XProf groups it itself, each step from its first kernel to its last (so the tail after the last
+    kernel is neither in its step time nor in its "All others")."""
+    fixture = fixtures.gpu_raw_capture()
+    split = xprof_split(fixture.hosts)
+    truth = fixture.truth["gpu-host-0"]
+    steps = split["steps"]
+    assert isinstance(steps, list)
+    assert split["hardware"] == "GPU"
+    assert len(steps) == len(truth)
+    tail = fixtures.RAW_TAIL_US
+    for step, expected in zip(steps, truth, strict=True):
+        name = f"step {step['stepnum']}"
+        period = _ms(expected.step - tail)
+        _assert_close(f"{name} step time", step["stepTimeMs"], period, period)
+        _assert_close(f"{name} device compute", step["deviceComputeTimeMs"], _ms(expected.compute), period)
+        _assert_close(f"{name} device collectives", step["deviceCollectivesTimeMs"], _ms(expected.exposed), period)
+        _assert_close(f"{name} all others", step["otherTimeMs"], _ms(expected.idle - tail), period)

@@ -2,10 +2,11 @@
 take: built the way XProf's own tests build theirs (tpuscope.testing.xplane_builder), and read by XProf's own
 converters beside ours.
 
-Two layers: small hand-built planes, one rule each (categories, async pairs, nesting, where steps come from); then the
-fixtures of tests/xplane_fixtures.py (a TPU data-parallel step with an async all-reduce, a fusion that holds a
-reduce-scatter, two hosts with a straggler, a GPU step with NCCL kernels on their own stream), whose split must match
-both their worked-out truth and XProf's reading of them within 5 %.
+Two layers: small hand-built planes, one rule each (categories, async pairs, nesting, where steps come from, how
+program runs meet across cores); then the fixtures of tests/xplane_fixtures.py (a TPU data-parallel step with an async
+all-reduce, a fusion that holds a reduce-scatter, two hosts with a straggler, a GPU step with NCCL kernels on their own
+stream, a GPU capture shaped as XLA's profiler writes it), whose split must match both their worked-out truth and
+XProf's reading of them within 5 %. The real captures are read in tests/test_reference_traces.py.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from xprof_reference import IDLE_CATEGORY, XPROF_COLLECTIVE_CATEGORIES, xprof_sp
 
 from tpuscope.events import STEP_ANNOTATION
 from tpuscope.exporter.xspace import ProfiledSteps, async_half, is_collective_op, split_steps
-from tpuscope.testing.xplane_builder import XPlaneBuilder, XSpaceBuilder
+from tpuscope.testing.xplane_builder import Uint, XPlaneBuilder, XSpaceBuilder
 
 US = 1_000_000  # picoseconds
 # A real capture's lines start at epoch nanoseconds: past a float's exact integers once in picoseconds.
@@ -406,3 +407,77 @@ def test_a_gpus_copies_are_not_compute_and_every_device_takes_its_windows_from_o
     result = split(space)
     assert result.windows_from == "annotation" and (result.steps, result.devices) == (2, 2)
     assert [us(s.compute_s) for s in result.per_step] == [20, 20]  # the copy is the host's input: idle
+
+
+# --- a raw GPU capture, and program runs across devices ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("unmerged", [False, True], ids=["saved", "unmerged"])
+def test_a_raw_gpu_capture_groups_kernels_by_the_step_that_launched_them(unmerged: bool) -> None:
+    """Launches named after their kernels (``void cutlass::Kernel2<...>(...)``), on the launching thread's line of
+    ``/host:CPU`` (a saved capture) or of ``/host:CUPTI`` (the tracer's own planes): each kernel is in the step whose
+    annotation its launch nests in, whatever its name. XProf groups the saved shape the same way; it does not group
+    the unmerged one (to XProf, ``/host:CUPTI`` is no host plane), so that one is ours alone."""
+    fixture = fixtures.gpu_raw_capture(unmerged=unmerged)
+    [(host, data)] = fixture.hosts.items()
+    result = split_steps(data)
+    assert result is not None
+    assert result.windows_from == "device"  # the kernels by the step that launched them, not the host's windows
+    assert_matches_truth(result, fixture.truth[host])
+    assert result.ops_by_category == 0 and result.ops_by_name > 0
+    if unmerged:
+        return
+    # XProf's step runs from the step's first kernel to its last: the GPU's idle after the last is not in it
+    xprof = xprof_split({host: data}, verbose=False)
+    tail_ms = fixtures.RAW_TAIL_US / 1000
+    assert len(xprof["steps"]) == len(fixture.truth[host])
+    for ours, theirs in zip(result.per_step, xprof["steps"], strict=False):  # ours: the last step closes no window
+        step = theirs["stepTimeMs"]
+        assert within(ms(ours.step_s), step + tail_ms, step)
+        assert within(ms(ours.compute_s), theirs["deviceComputeTimeMs"], step)
+        assert within(ms(ours.exposed_collective_s), theirs["deviceCollectivesTimeMs"], step)
+        assert within(ms(ours.idle_s), theirs["otherTimeMs"] + tail_ms, step)
+
+
+PROGRAM_IDS = {"init": 9646411105960254074, "step": 12190760917235803885}  # XLA's fingerprints: all 64 bits
+
+
+def _cores_running(space: XSpaceBuilder, runs: dict[int, list[tuple[str, int, int, int]]], named: str) -> None:
+    """TPU cores, each with its program runs on its "XLA Modules" line, (program, start us, end us, compute us from
+    the start), numbered by libtpu's per-core ``run_id``; ``named``: how a run says its program (``"name"``: by its
+    name, ``jit_step(12190760917235803885)``, as libtpu names it; ``"metadata"``: a ``program_id`` stat of the run's
+    metadata; ``"event"``: one of the run's own, each run named ``jit_f`` whatever its program, as a function traced
+    anew for other shapes is; ``"module"``: not at all, the module's name alone)."""
+    for ordinal, core_runs in runs.items():
+        plane = space.plane(f"/device:TPU:{ordinal}", ordinal + 1)
+        ops, modules = plane.line(1, "XLA Ops", EPOCH_NS), plane.line(2, "XLA Modules", EPOCH_NS)
+        plane.event_metadata("fusion.1", {"hlo_category": "loop fusion"})
+        for program in {run[0] for run in core_runs} if named == "metadata" else ():
+            plane.event_metadata(f"jit_{program}", {"program_id": Uint(PROGRAM_IDS[program])})
+        for run_id, (program, start, end, compute) in enumerate(core_runs, start=1):
+            module = {"name": f"jit_{program}({PROGRAM_IDS[program]})", "event": "jit_f"}.get(named, f"jit_{program}")
+            stats = {"run_id": Uint(run_id), **({"program_id": Uint(PROGRAM_IDS[program])} if named == "event" else {})}
+            modules.event(module, start * US, (end - start) * US, stats)
+            ops.event("fusion.1", start * US, compute * US)
+
+
+@pytest.mark.parametrize("named", ["name", "metadata", "event", "module"])
+def test_program_runs_meet_across_cores_by_program_and_run_not_by_position(named: str) -> None:
+    # Core 0 runs a program the other core does not (an initialization) before the three runs of the step both run;
+    # libtpu numbers each core's runs (run_id) on its own, so core 0's step runs are its runs 2 to 4, core 1's 1 to 3.
+    space = XSpaceBuilder()
+    _cores_running(
+        space,
+        {
+            0: [("init", 0, 10, 10), ("step", 20, 60, 30), ("step", 70, 90, 15), ("step", 100, 150, 40)],
+            1: [("step", 20, 70, 40), ("step", 70, 100, 10), ("step", 100, 140, 30)],
+        },
+        named,
+    )
+    result = split(space)
+    assert result.windows_from == "module"
+    assert [(d.device, d.steps) for d in result.per_device] == [(0, 4), (1, 3)]  # the init is core 0's alone
+    # in time order: the init (core 0 alone), then the step's three runs, each the mean of both cores' k-th run
+    assert [us(s.step_s) for s in result.per_step] == [10, 45, 25, 45]
+    assert [us(s.compute_s) for s in result.per_step] == [10, 35, 12.5, 35]
+    assert [us(s.slowest_compute_s) for s in result.per_step] == [10, 40, 15, 40]

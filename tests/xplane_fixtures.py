@@ -12,8 +12,10 @@ would not be read the way a real capture is.
   An async collective is two ops on that line, ``all-reduce-start.N`` and ``all-reduce-done.N``: what runs between
   them is the compute it overlaps, and the done's own length is the wait that compute did not hide.
 - GPU: a ``/device:GPU:N`` plane per GPU whose "Stream #N(...)" lines hold kernels with CUPTI's ``correlation_id``;
-  the host thread's driver API call (``cuLaunchKernel``) has the same ``correlation_id``, and nests in the job's
-  ``train`` annotation. That is the chain XProf groups a GPU step by: root annotation -> launch -> kernel.
+  the host thread's driver API call has the same ``correlation_id``, and nests in the job's ``train`` annotation.
+  That is the chain XProf groups a GPU step by: root annotation -> launch -> kernel. ``gpu_nccl_streams`` names its
+  launches ``cuLaunchKernel`` (CUPTI's name only where it has no kernel symbol); ``gpu_raw_capture`` names them after
+  their kernels, as real captures do, and says where each part of its shape comes from.
 - host: ``/host:CPU``, a line per thread; ``jax.profiler.StepTraceAnnotation("train", step_num=n)`` is a TraceMe whose
   encoded arguments become the event's stats ``step_num`` and ``_r`` (is_root) = 1.
 
@@ -31,7 +33,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from tpuscope.testing.xplane_builder import Ref, Uint, XSpaceBuilder
+from tpuscope.testing.xplane_builder import Ref, StatValue, Uint, XSpaceBuilder
 
 US = 1_000_000  # picoseconds in a microsecond
 SESSION_START_NS = 2_000_000  # where the lines start, from the start of the session
@@ -289,3 +291,151 @@ def gpu_nccl_streams(gap_us: int = 0, runtime_thread: bool = False) -> Fixture:
                      "kernel_details": "regs:128 static_shared:0 dynamic_shared:98304 grid:132,1,1 block:384,1,1"},
                 )  # fmt: skip
     return Fixture({"gpu-host-0": space.serialize()}, {"gpu-host-0": GPU_NCCL_STREAMS_TRUTH}, starts)
+
+
+# --- GPU, a raw capture as XLA's profiler writes it ---------------------------------------------------------------
+#
+# One GPU, kernels on one compute stream, an input copy on a copy stream; per step (step k lasts 9000 + 100 k), from
+# the step's first kernel:
+#   "Stream #7(Compute)":
+#     [0, 2500 + 100 k)  void cutlass::Kernel2<..._128x128_...>(...) (a library GEMM: a demangled C++ name)
+#     [3000, 3400)     loop_add_fusion                               (an XLA fusion: one word)
+#     [4000, 6000)     void cutlass::Kernel2<..._64x64_...>(...)
+#     [6000, 6500)     input_reduce_fusion
+#     [8000 + 100 k, 8500 + 100 k)  loop_convert_fusion               (after the host read back the loss)
+#   "Stream #8(MemcpyH2D)":
+#     [100, 400)       MemcpyH2D                                     (the next batch: the host's input, not compute)
+# compute = 2500 + 100 k + 400 + 2000 + 500 + 500 = 5900 + 100 k; no collective; idle = 3100 (the last kernel ends 500
+# before the next step's first: XProf's step, first kernel to last, is 500 shorter than ours, and its idle too). The
+# first kernel's length changes from step to step: a reader that missed its launch would start each step at the
+# second kernel, and count the next step's first kernel in it.
+_CUTLASS_GEMMS = [
+    f"void cutlass::Kernel2<{kernel}>({kernel}::Params)"
+    for kernel in (
+        "cutlass_80_tensorop_s1688gemm_128x128_32x3_nn_align4",
+        "cutlass_80_tensorop_s1688gemm_64x64_32x6_tn_align4",
+    )
+]
+RAW_COMPUTE_STREAM, RAW_COPY_STREAM = 7, 8
+RAW_TAIL_US = 500  # from a step's last kernel to the next step's first
+RAW_THREAD_ID = 2718281  # the job's main thread: its line's id on /host:CPU and on /host:CUPTI alike
+PROFILE_START_EPOCH_NS = 1_741_722_099_081_044_120  # where an unmerged capture's lines start: wall-clock time
+GPU_RAW_TRUTH = [Split(9000 + 100 * k, 5900 + 100 * k, 0, 0, 3100) for k in range(STEPS)]
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """A GPU's kernel or copy in a step: its name (the kernel's symbol), the HLO op that launched it, its stream, and
+    its start and end in microseconds from the step's first kernel."""
+
+    name: str
+    hlo_op: str
+    stream: int
+    begin: int
+    end: int
+
+
+def _raw_kernels(step: int) -> list[Kernel]:
+    """A step's device work in launch order: the input copy, then the kernels."""
+    return [
+        Kernel("MemcpyH2D", "", RAW_COPY_STREAM, 100, 400),
+        Kernel(_CUTLASS_GEMMS[0], "cublas-gemm.1", RAW_COMPUTE_STREAM, 0, 2500 + 100 * step),
+        Kernel("loop_add_fusion", "loop_add_fusion", RAW_COMPUTE_STREAM, 3000, 3400),
+        Kernel(_CUTLASS_GEMMS[1], "cublas-gemm.2", RAW_COMPUTE_STREAM, 4000, 6000),
+        Kernel("input_reduce_fusion", "input_reduce_fusion", RAW_COMPUTE_STREAM, 6000, 6500),
+        Kernel(
+            "loop_convert_fusion",
+            "loop_convert_fusion",
+            RAW_COMPUTE_STREAM,
+            8000 + 100 * step,
+            9000 + 100 * step - RAW_TAIL_US,
+        ),
+    ]
+
+
+def gpu_raw_capture(unmerged: bool = False) -> Fixture:
+    """A JAX GPU capture shaped as XLA's profiler writes it, not as XProf shows it: no ``group_id``, no "Steps",
+    "XLA Ops" or "Launch Stats" line (XProf derives those when it reads a capture), kernels only on their CUPTI
+    stream lines; ``unmerged``: as the GPU tracer hands its planes to the profiler session, before the session's
+    post-processing.
+
+    Where each shape comes from (openxla/xla, each file at the commit it was read at):
+
+    - ``xla/backends/profiler/gpu/cupti_tracer.cc`` @80c095fc2f5ba8b1e8c8b7df79c0be532416dd69: a kernel launch's
+      driver-API event is named after the kernel's symbol, demangled (``void cutlass::Kernel2<...>(...)``);
+      ``cuLaunchKernel`` only where CUPTI gives no symbol. A copy's call is named ``MemcpyH2D``, an allocation's
+      after its function (``cuMemAlloc_v2``).
+    - ``xla/backends/profiler/gpu/cupti_collector.cc`` @0c24afffd24b459ab172a163943aa5e6d1c1e480: the driver calls
+      go on the ``/host:CUPTI`` plane, a line per host thread whose id is the thread's (``Host Threads/<tid>``),
+      each with ``device_id`` (uint64), ``correlation_id`` (uint64) and ``context_id`` (``"$$<context>"``); a GPU's
+      plane is ``/device:GPU:<ordinal>`` with the ordinal for its id, a line per stream (``Stream #<id>(<kinds>)``),
+      its kernels with the same ``correlation_id`` and ``context_id``, ``kernel_details``, the occupancy, and the
+      launch's annotation stack as stats (``hlo_op``, ``hlo_module``, ``program_id``).
+    - ``xla/tsl/profiler/convert/post_process_single_host_xplane.cc`` @80c095fc2f5ba8b1e8c8b7df79c0be532416dd69:
+      before a capture is saved, ``/host:CUPTI`` is merged into ``/host:CPU``, each CUPTI line into the line of the
+      same id (the thread's TraceMe line, whose name it keeps), the lines' timestamps are made relative to the
+      session's start, and a "Task Environment" plane gets the session's start and stop. A saved capture has no
+      ``/host:CUPTI``; the unmerged shape is what a reader of the tracer's own planes sees.
+    - ``xla/tsl/profiler/utils/xplane_schema.cc`` @02e89dc4d52744db60acd1fa82ef4417f539b6d8: the stats' names.
+    - jax's ``StepTraceAnnotation("train", step_num=n)`` is a TraceMe ``train#_r=1,step_num=n#``, whose arguments
+      become int64 stats (``host_tracer_utils.cc`` @827aca0eb2748018b7e803606250f9ea56939ab0).
+
+    Checked against a real capture, ../shared/reference/traces/gpu_v100_bert_tf.xplane.pb (TensorFlow's, V100):
+    its launches carry ``correlation_id`` on ``/host:CPU``, on the lines of the threads that launched them, named
+    after their kernels (``void Eigen::internal::EigenMetaKernel<...>``), and its kernels carry the same ids on
+    ``Stream #N(Compute)`` lines. (That capture was also grouped by XProf before it was saved, so its own steps are
+    on a "Steps" line: this fixture is the raw shape it was made from.)"""
+    # the first step's annotation begins 2500 us ahead of its first kernel: the lines start 3000 us earlier
+    starts = [start + 3000 for start in _step_starts([9000 + 100 * k for k in range(STEPS)])]
+    origin = PROFILE_START_EPOCH_NS if unmerged else SESSION_START_NS
+    space = XSpaceBuilder("gpu-host-0")
+    cupti = space.plane("/host:CUPTI", 0) if unmerged else None
+    gpu = space.plane("/device:GPU:0", 0)
+    host = space.plane("/host:CPU", 0)
+    thread = host.line(RAW_THREAD_ID, f"main/{RAW_THREAD_ID}", origin)
+    driver = cupti.line(RAW_THREAD_ID, f"Host Threads/{RAW_THREAD_ID}", origin) if cupti else thread
+    if not unmerged:
+        space.plane("Task Environment", 0).stats(
+            {
+                "profile_start_time": Uint(PROFILE_START_EPOCH_NS),
+                "profile_stop_time": Uint(PROFILE_START_EPOCH_NS + 10**9),
+            }
+        )
+    gpu.stats({"device_vendor": "Nvidia", "gpu_device_name": "NVIDIA A100-SXM4-40GB", "compute_cap_major": 8,
+               "compute_cap_minor": 0, "core_count": 108, "clock_rate": 1410000,
+               "memory_bandwidth": Uint(1555 * 10**9), "memory_size": Uint(40 * 2**30)})  # fmt: skip
+    streams = {
+        RAW_COMPUTE_STREAM: gpu.line(RAW_COMPUTE_STREAM, f"Stream #{RAW_COMPUTE_STREAM}(Compute)", origin),
+        RAW_COPY_STREAM: gpu.line(RAW_COPY_STREAM, f"Stream #{RAW_COPY_STREAM}(MemcpyH2D)", origin),
+    }
+    call: dict[str, StatValue] = {
+        "device_id": Uint(0),
+        "context_id": "$$1",
+    }  # a driver call's stats, but for its correlation id
+    # the runtime's allocation before the first step: a driver call whose correlation id no kernel has
+    driver.event("cuMemAlloc_v2", 200 * US, 15 * US, {**call, "correlation_id": Uint(1)})
+    for step, start in enumerate(starts):
+        # the step's annotation, 2500 us ahead of its kernels (asynchronous dispatch), and the jitted call inside it
+        begin = start - 2500
+        thread.event("train", begin * US, 1000 * US, {"_r": 1, "step_num": FIRST_STEP_NUM + step})
+        thread.event("PjitFunction(train_step)", (begin + 20) * US, 900 * US)
+        for index, kernel in enumerate(_raw_kernels(step)):
+            correlation_id = Uint(100 + 10 * step + index)
+            driver.event(
+                kernel.name, (begin + 50 + 100 * index) * US, 6 * US, {**call, "correlation_id": correlation_id}
+            )
+            details: dict[str, StatValue] = (
+                {"kernel_details": Ref("regs:128 static_shared:0 dynamic_shared:49152 grid:108,1,1 block:256,1,1 "
+                                       "occ_pct:50"),
+                 "theoretical_occupancy_pct": 50.0, "hlo_op": Ref(kernel.hlo_op), "hlo_module": Ref("jit_train_step"),
+                 "program_id": 7}
+                if kernel.hlo_op
+                else {"memcpy_details": Ref("kind_src:pageable kind_dst:device size:4194304 dest:0 async:1")}
+            )  # fmt: skip
+            streams[kernel.stream].event(
+                kernel.name,
+                (start + kernel.begin) * US,
+                (kernel.end - kernel.begin) * US,
+                {"correlation_id": correlation_id, "context_id": "$$1", **details},
+            )
+    return Fixture({"gpu-host-0": space.serialize()}, {"gpu-host-0": GPU_RAW_TRUTH}, starts)

@@ -8,12 +8,14 @@
   (``deviceComputeTimeMs``, ``deviceCollectivesTimeMs``, ``otherTimeMs``, ``stepTimeMs``...). This is the breakdown
   overview_page shows too (op_stats_to_input_pipeline_analysis.cc).
 - ``op_profile`` (TPU): time per HLO category, summed over every core and step, from the ops' ``hlo_category``; its
-  ``IDLE`` node is the cores' time in steps that no op covers. On GPU it needs the HLO protos, which a CUPTI capture
-  does not carry, so it holds only ``IDLE``.
+  ``IDLE`` node is the cores' time in steps that no op covers (without steps: from a core's first op to its last).
+  On GPU it needs the HLO protos, which a CUPTI capture does not carry, so it holds only ``IDLE``.
 - ``kernel_stats`` (GPU): each kernel's total time over all GPUs and steps: the one place XProf counts an NCCL
   kernel's time in full, before its step breakdown gives compute the time both cover.
 
-Every value is returned under XProf's own field name; the tests say which of our parts each one is.
+Every value is returned under XProf's own field name; the tests say which of our parts each one is. XProf sums a
+capture's devices together (op_profile over all cores; the step graph over the devices that ran a step):
+``one_device`` cuts a capture down to one device plane, beside its host's planes, for XProf's figures of that device.
 """
 
 from __future__ import annotations
@@ -58,6 +60,21 @@ def xprof_split(hosts: Mapping[str, bytes], verbose: bool = True) -> dict[str, A
     return split
 
 
+def one_device(data: bytes, plane_name: str) -> bytes:
+    """A serialized XSpace holding of ``data``'s device planes only ``plane_name``, and all its other planes (the
+    host's, whose annotations and launches XProf groups the device's steps by, and the programs' HLO)."""
+    from tpuscope.exporter import xplane
+
+    space = xplane.XSpace.FromString(data)
+    kept = [plane for plane in space.planes if plane.name == plane_name or not plane.name.startswith("/device:")]
+    assert any(plane.name == plane_name for plane in kept), f"no plane {plane_name}"
+    one = xplane.XSpace(hostnames=space.hostnames, errors=space.errors, warnings=space.warnings)
+    one.planes.extend(kept)
+    data = one.SerializeToString()
+    assert isinstance(data, bytes)
+    return data
+
+
 def _tool(paths: list[Path], tool: str) -> Any:
     # imported here: loading XProf's library costs a test file that does not use it
     from xprof.convert import raw_to_tool_data  # type: ignore[import-untyped]
@@ -84,13 +101,16 @@ def _step_graph(pipeline: list[dict[str, Any]]) -> tuple[str, list[dict[str, Any
 
 
 def _categories_ms(profile: dict[str, Any]) -> dict[str, float]:
-    """Time per HLO category, from the leaves (the ops) of the by-program tree, which each name their category."""
+    """Time per HLO category, from the ops of the by-program tree: its first nodes that name an HLO category. Not
+    its leaves: where the capture carries its programs' HLO, a fusion's node holds the instructions fused into it
+    (with no time of their own), and ops of one name grouped together ("fusion.1 and its duplicate(s)") hold each."""
     totals: dict[str, float] = {}
 
     def walk(node: dict[str, Any]) -> None:
-        if not node.get("children") and "xla" in node:
+        if "xla" in node:
             category = node["xla"]["category"]
-            totals[category] = totals.get(category, 0.0) + node["metrics"]["rawTime"] / 1e9
+            totals[category] = totals.get(category, 0.0) + node["metrics"].get("rawTime", 0) / 1e9
+            return
         for child in node.get("children", []):
             walk(child)
 

@@ -61,12 +61,19 @@ every device with ops has:
 2. a GPU's kernels grouped by the step that launched them: the step annotation that the driver call with the
    kernel's CUPTI ``correlation_id`` nests in, or, for a launch from a runtime thread, the annotation begun last
    before it (XProf follows the runtime's flow events there); step k from its first kernel to the first kernel of
-   step k+1, so a GPU's idle between two steps is in the step (XProf's GPU step ends at its last kernel);
+   step k+1, so a GPU's idle between two steps is in the step (XProf's GPU step ends at its last kernel). CUPTI
+   names a launch after its kernel (``void cutlass::Kernel2<...>(...)``, not ``cuLaunchKernel``), and a saved
+   capture has it on ``/host:CPU``, on the line of the thread that launched it (the profiler merges its
+   ``/host:CUPTI`` plane into ``/host:CPU`` before it writes the capture); an unmerged capture's ``/host:CUPTI``
+   lines are read too, each matched to its thread's annotations by the line id (the thread id on both planes);
 3. the host's step annotations, window k being [start of step k, start of step k+1): with asynchronous dispatch a
    step's device work runs after its Python annotation has ended, so consecutive starts give the steady-state
    period, not the annotation's own length; the last annotated step only closes the window before it;
 4. without steps or annotations (batched inference, a job that annotates no step), each run of a program (the
-   events of a device's "XLA Modules" line).
+   events of a device's "XLA Modules" line), known across devices by what it is: its program (its program id) and
+   which of that program's runs on the device it is. Not by its place on the line, nor by libtpu's ``run_id``: both
+   count the core's own runs, so where one core ran a program the others did not (a real v6e capture's core 0 ran
+   two), each later run of that core would meet another run of the others'.
 
 Empty windows are left out, and ops straddling a window's edge are clipped to it.
 
@@ -143,6 +150,7 @@ ASYNC_HALF = re.compile(r"^(?P<kind>.+?)-(?P<half>start|done)(?:[._]\d+)*$")
 # The planes of real devices; their trailing number is the device's ordinal.
 DEVICE_PLANE = re.compile(r"^/device:(?:GPU|TPU):(\d+)$")
 HOST_PLANE = "/host:CPU"
+CUPTI_PLANE = "/host:CUPTI"  # CUPTI's driver calls, one line per thread, before the profiler merges it into HOST_PLANE
 OPS_LINE = "XLA Ops"
 ASYNC_OPS_LINE = "Async XLA Ops"  # libtpu: each async op's time in flight, from its start to its done
 STEPS_LINE = "Steps"
@@ -156,6 +164,9 @@ DEVICE_ORDINAL = "device_ordinal"
 STEP_NUM = "step_num"
 GROUP_ID = "group_id"
 CORRELATION_ID = "correlation_id"  # CUPTI's: a kernel's and the driver call's that launched it
+PROGRAM_ID = "program_id"
+# A program run's name on a device's "XLA Modules" line: the module, then its program id (jit_f(12190760917235803885)).
+MODULE_PROGRAM_ID = re.compile(r"\((\d+)\)$")
 
 # The most memory the sidecar's parse child may map: a trace costs about 5 times its bytes to parse (a 30 MB one of
 # 1.9 million ops about 150 MB, a 3 MB one about 40 MB), so this parses traces of 70 MB or so, and leaves the
@@ -169,6 +180,7 @@ class DeviceSplit:
     """One device's split, each figure a mean per measured step, in seconds."""
 
     device: int  # the local device ordinal
+    steps: int  # the windows it was measured on (a program's runs may be on some devices only)
     step_s: float
     compute_s: float
     exposed_collective_s: float
@@ -301,7 +313,7 @@ class _Ops:
     collective: array.array[int] = field(default_factory=lambda: array.array("q"))
     in_flight: array.array[int] = field(default_factory=lambda: array.array("q"))
     steps: list[tuple[int, Interval]] = field(default_factory=list)  # (number, window) from the Steps line
-    modules: list[tuple[int, Interval]] = field(default_factory=list)  # (index, run) from the XLA Modules line
+    modules: list[tuple[str, Interval]] = field(default_factory=list)  # (program, run) from the XLA Modules line
     kernels: list[tuple[int, Interval]] = field(default_factory=list)  # (correlation id, span) of a GPU's kernels
 
 
@@ -315,8 +327,10 @@ class _Trace:
     by_category: int = 0  # device ops told by their HLO category
     by_name: int = 0  # device ops told by name only
     host_thunks: int = 0  # the CPU backend's thunks: all told by name
-    annotated: list[tuple[int, int, int]] = field(default_factory=list)  # every thread's (start, end, step number)
-    launches: list[tuple[int, int, int]] = field(default_factory=list)  # (correlation id, step or -1, launch time)
+    # by thread (a host line's id: the thread's id, on /host:CPU and /host:CUPTI alike): its (start, end, step number)
+    annotated: defaultdict[int, list[tuple[int, int, int]]] = field(default_factory=lambda: defaultdict(list))
+    # by thread: its kernel launches' (start, correlation id)
+    launches: defaultdict[int, list[tuple[int, int]]] = field(default_factory=lambda: defaultdict(list))
     launched: dict[int, int] = field(default_factory=dict)  # a kernel's correlation id -> the step that launched it
     origin_ns: int | None = None  # the first line's start: times are picoseconds from it (epoch ps overflow int64)
 
@@ -327,15 +341,21 @@ class _Trace:
         return (int(line.timestamp_ns) - self.origin_ns) * 1000
 
     def resolve_launches(self) -> None:
-        """A kernel's step: the annotation its launch nests in on its thread; else, where a runtime thread launched
-        it, the step whose annotation began last before the launch (XProf follows the runtime's own flow events
-        there; this reading holds while the job's thread does not run a step ahead of its launches)."""
-        starts = sorted((start, number) for start, _, number in self.annotated)
-        for correlation_id, number, at in self.launches:
-            if number < 0 and (i := bisect.bisect_right(starts, (at, 1 << 62)) - 1) >= 0:
-                number = starts[i][1]
-            if number >= 0:
-                self.launched[correlation_id] = number
+        """A kernel's step: the annotation its launch nests in on its thread (as XProf groups a GPU's kernels into
+        steps, through CUPTI's correlation ids); else, where a runtime thread launched it, the step whose
+        annotation began last before the launch (XProf follows the runtime's own flow events there; this reading
+        holds while the job's thread does not run a step ahead of its launches). Done once every plane is read: a
+        thread's launches and its annotations may come from two planes."""
+        starts = sorted((start, number) for annotated in self.annotated.values() for start, _, number in annotated)
+        for thread, launches in self.launches.items():
+            annotated = sorted(self.annotated.get(thread, ()))
+            own = [start for start, _, _ in annotated]
+            for at, correlation_id in launches:
+                i = bisect.bisect_right(own, at) - 1
+                if i >= 0 and at < annotated[i][1]:
+                    self.launched[correlation_id] = annotated[i][2]
+                elif (i := bisect.bisect_right(starts, (at, 1 << 62)) - 1) >= 0:
+                    self.launched[correlation_id] = starts[i][1]
 
 
 class _Kind(NamedTuple):
@@ -354,6 +374,7 @@ class _Plane:
         self.plane = plane
         self.stat_ids = {meta.name: key for key, meta in plane.stat_metadata.items()}
         self._kinds: dict[int, _Kind] = {}
+        self._programs: dict[int, str] = {}  # a run's metadata id -> its program, where the run itself says none
 
     def stat_id(self, name: str) -> int:
         return int(self.stat_ids.get(name, -1))
@@ -400,6 +421,29 @@ class _Plane:
         meta = self.plane.event_metadata.get(metadata_id)
         return str(meta.name) if meta is not None else ""
 
+    def program(self, event: Any) -> str:
+        """Which program a run (an "XLA Modules" event) is: its program id (a ``program_id`` stat of the event or
+        of its metadata, else the number its name ends with: ``jit_f(12190760917235803885)``), else its name."""
+        wanted = self.stat_id(PROGRAM_ID)
+        for stat in event.stats if wanted >= 0 else ():
+            if stat.metadata_id == wanted and (number := _integer(stat)) is not None:
+                return str(number)
+        if (known := self._programs.get(event.metadata_id)) is None:
+            meta = self.plane.event_metadata.get(event.metadata_id)
+            stats = meta.stats if meta is not None else ()
+            number = next((n for s in stats if s.metadata_id == wanted and (n := _integer(s)) is not None), None)
+            name = self.name(event.metadata_id)
+            match = MODULE_PROGRAM_ID.search(name)
+            known = str(number) if number is not None else match.group(1) if match else name
+            self._programs[event.metadata_id] = known
+        return known
+
+
+def _integer(stat: Any) -> int | None:
+    """A stat's value if it is an integer (an id, signed or not), else None."""
+    kind = stat.WhichOneof("value")
+    return int(getattr(stat, kind)) if kind in ("int64_value", "uint64_value") else None
+
 
 def _read(data: bytes) -> _Trace:
     """What a serialized capture holds, one plane at a time: each device's ops are merged into their unions as its
@@ -410,6 +454,8 @@ def _read(data: bytes) -> _Trace:
     for plane in xplane.planes(data):
         if plane.name == HOST_PLANE:
             _read_host(_Plane(plane), trace)
+        elif plane.name == CUPTI_PLANE:
+            _read_launches(_Plane(plane), trace)
         elif match := DEVICE_PLANE.match(plane.name):
             _read_device(_Plane(plane), int(match.group(1)), trace)
     trace.resolve_launches()
@@ -421,13 +467,16 @@ def _start(trace: _Trace, line: Any, event: Any) -> int:
 
 
 def _read_host(plane: _Plane, trace: _Trace) -> None:
-    """The host's step annotations, and (the CPU backend) its threads' thunks.
+    """The host's step annotations, (the CPU backend) its threads' thunks, and (a GPU's) kernel launches.
 
     Reading stats is most of the parse's cost, so they are read only where they can matter, and only until what is
     looked for is found: a thunk's event is named by its HLO instruction, whose names XLA keeps to
     ``[A-Za-z0-9_.-]`` (its NameUniquer), while most other events ("Wait for donation holds", "end: dot.1",
     "ThunkExecutor::Execute", the Python tracer's "$file.py:12 f") have a space or a colon; and a thunk's first
-    stats are ``hlo_op`` and ``device_ordinal``, before the costlier source location and flow ids."""
+    stats are ``hlo_op`` and ``device_ordinal``, before the costlier source location and flow ids. A launch is
+    named after its kernel, space or not (``void cutlass::Kernel2<...>(...)``), so any other event may be one, but
+    only where CUPTI wrote the plane: a plane without a ``correlation_id`` stat (the CPU backend's, a TPU host's)
+    has no launch to look for."""
     metadata = plane.plane.event_metadata
     steps = {key for key, meta in metadata.items() if meta.name == STEP_ANNOTATION}
     thunks = {key for key, meta in metadata.items() if " " not in meta.name and ":" not in meta.name} - steps
@@ -435,8 +484,8 @@ def _read_host(plane: _Plane, trace: _Trace) -> None:
     correlation = plane.stat_id(CORRELATION_ID)
     for line in plane.plane.lines:
         ops: list[_Op] = []
-        annotated: list[tuple[int, int, int]] = []  # this thread's steps: (start, end, number)
-        launches: list[tuple[int, int]] = []  # this thread's kernel launches: (start, correlation id)
+        annotated = trace.annotated[int(line.id)]
+        launches = trace.launches[int(line.id)]
         for event in line.events:
             key = event.metadata_id
             if key in steps:
@@ -454,30 +503,39 @@ def _read_host(plane: _Plane, trace: _Trace) -> None:
                         op = plane.text(stat)
                     elif stat.metadata_id == ordinal:
                         device = plane.number(stat)
-                    elif stat.metadata_id == correlation:  # a driver call (cuLaunchKernel): has no HLO op
+                    elif stat.metadata_id == correlation:  # a launch of a kernel whose name is one word
                         launches.append((_start(trace, line, event), plane.number(stat)))
                         break
                     if op is not None and device >= 0:
                         start = _start(trace, line, event)
                         ops.append((start, -(start + int(event.duration_ps)), device, op))
                         break
+            elif correlation >= 0:
+                _add_launch(plane, trace, line, event, correlation, launches)
         trace.host_thunks += len(ops)
         _add_leaves(ops, trace.host_ops)
-        trace.annotated.extend(annotated)
-        trace.launches.extend(_launched_in(annotated, launches))
 
 
-def _launched_in(annotated: list[tuple[int, int, int]], launches: list[tuple[int, int]]) -> list[tuple[int, int, int]]:
-    """Which step launched each kernel, ``(correlation id, step number or -1, launch time)``: the step annotation
-    its driver call nests in on the same thread (as XProf groups a GPU's kernels into steps, through CUPTI's
-    correlation ids); -1 where it nests in none (a runtime thread launched it: see _Trace.resolve_launches)."""
-    annotated = sorted(annotated)
-    starts = [start for start, _, _ in annotated]
-    found = []
-    for at, correlation_id in launches:
-        i = bisect.bisect_right(starts, at) - 1
-        found.append((correlation_id, annotated[i][2] if i >= 0 and at < annotated[i][1] else -1, at))
-    return found
+def _read_launches(plane: _Plane, trace: _Trace) -> None:
+    """An unmerged capture's ``/host:CUPTI`` plane: its kernel launches, by thread (its lines are ``Host
+    Threads/<tid>``, with the thread's id for the line's, as the thread's line on ``/host:CPU`` has)."""
+    correlation = plane.stat_id(CORRELATION_ID)
+    if correlation < 0:
+        return
+    for line in plane.plane.lines:
+        launches = trace.launches[int(line.id)]
+        for event in line.events:
+            _add_launch(plane, trace, line, event, correlation, launches)
+
+
+def _add_launch(plane: _Plane, trace: _Trace, line: Any, event: Any, correlation: int,
+                launches: list[tuple[int, int]]) -> None:  # fmt: skip
+    """A driver call's (start, correlation id), if it has one: a kernel's launch (or a copy's, which is harmless:
+    a GPU's copies are not ops)."""
+    for stat in event.stats:
+        if stat.metadata_id == correlation:
+            launches.append((_start(trace, line, event), plane.number(stat)))
+            return
 
 
 # An op read from a line: start, and minus its end (ps: a plain tuple sort then puts an op before the ops it encloses
@@ -531,9 +589,9 @@ def _read_device(plane: _Plane, ordinal: int, trace: _Trace) -> None:
                 start = _start(trace, line, event)
                 ops.steps.append((number, (start, start + int(event.duration_ps))))
         elif line.name == MODULES_LINE:
-            for index, event in enumerate(line.events):
+            for event in line.events:  # a few per program run: their stats cost little
                 start = _start(trace, line, event)
-                ops.modules.append((index, (start, start + int(event.duration_ps))))
+                ops.modules.append((plane.program(event), (start, start + int(event.duration_ps))))
     if not (ops.compute or ops.collective):
         del trace.device_ops[ordinal]
 
@@ -624,7 +682,9 @@ def _pairs(flat: array.array[int]) -> Iterator[Interval]:
 # --- the split ---------------------------------------------------------------------------------------------------
 
 
-Windows = dict[int, list[tuple[int, Interval]]]  # device ordinal -> its (step number, window) in time order
+# What a window is across devices: a step's number, or a program run's (program, which of its runs on the device).
+WindowKey = int | tuple[str, int]
+Windows = dict[int, list[tuple[WindowKey, Interval]]]  # device ordinal -> its (key, window) in time order
 
 
 def _windows(trace: _Trace, devices: dict[int, _Ops], skip_first: int) -> tuple[str, Windows]:
@@ -633,11 +693,11 @@ def _windows(trace: _Trace, devices: dict[int, _Ops], skip_first: int) -> tuple[
     line; a GPU's kernels by the step that launched them), the host's annotations, its programs' runs."""
     first_annotation = min(trace.step_starts.values(), default=None)
     annotated = _annotation_windows(trace.step_starts, skip_first)
-    sources: list[tuple[str, Callable[[_Ops], list[tuple[int, Interval]]]]] = [
+    sources: list[tuple[str, Callable[[_Ops], Sequence[tuple[WindowKey, Interval]]]]] = [
         ("device", lambda ops: _device_steps(ops.steps, first_annotation)),
         ("device", lambda ops: _launched_windows(ops.kernels, trace.launched)),
         ("annotation", lambda ops: annotated),
-        ("module", lambda ops: sorted(ops.modules, key=lambda run: run[1])),
+        ("module", lambda ops: _program_runs(ops.modules)),
     ]
     for name, source in sources:
         windows = {ordinal: [w for w in source(ops) if w[1][1] > w[1][0]] for ordinal, ops in devices.items()}
@@ -653,6 +713,17 @@ def _annotation_windows(step_starts: dict[int, int], skip_first: int) -> list[tu
     Time order, not step-number order: the windows are the timeline's, whatever the numbers say."""
     starts = sorted((start, number) for number, start in step_starts.items())
     return [(number, (start, following)) for (start, number), (following, _) in itertools.pairwise(starts)][skip_first:]
+
+
+def _program_runs(modules: list[tuple[str, Interval]]) -> list[tuple[WindowKey, Interval]]:
+    """A device's program runs in time order, each keyed by its program and which of that program's runs on the
+    device it is: the k-th run of a program meets the other devices' k-th run of it."""
+    runs: dict[str, int] = defaultdict(int)
+    keyed: list[tuple[WindowKey, Interval]] = []
+    for program, run in sorted(modules, key=lambda module: module[1]):
+        keyed.append(((program, runs[program]), run))
+        runs[program] += 1
+    return keyed
 
 
 def _device_steps(steps: list[tuple[int, Interval]], first_annotation: int | None) -> list[tuple[int, Interval]]:
@@ -679,15 +750,15 @@ def split_steps(xspace: bytes, skip_first: int = 0) -> ProfiledSteps | None:
     if not measured:
         return None
     per_device: list[DeviceSplit] = []
-    by_step: dict[int, list[tuple[int, int, int, int, int]]] = defaultdict(list)
-    began: dict[int, int] = {}  # each step's start on the first device that ran it: steps in time order
+    by_step: dict[WindowKey, list[tuple[int, int, int, int, int]]] = defaultdict(list)
+    began: dict[WindowKey, int] = {}  # each step's start on the first device that ran it: steps in time order
     for ordinal in sorted(measured):
         split, steps = _device_split(ordinal, devices[ordinal], measured[ordinal])
         per_device.append(split)
-        for (number, parts), (_, (start, _)) in zip(steps, measured[ordinal], strict=True):
-            by_step[number].append(parts)
-            began[number] = min(began.get(number, start), start)
-    per_step = tuple(_step_split(by_step[number]) for number in sorted(by_step, key=began.__getitem__))
+        for (key, parts), (_, (start, _)) in zip(steps, measured[ordinal], strict=True):
+            by_step[key].append(parts)
+            began[key] = min(began.get(key, start), start)
+    per_step = tuple(_step_split(by_step[key]) for key in sorted(by_step, key=began.__getitem__))
     return ProfiledSteps(
         steps=len(per_step),
         devices=len(per_device),
@@ -720,24 +791,24 @@ PS = 1e-12
 
 
 def _device_split(
-    ordinal: int, ops: _Ops, windows: list[tuple[int, Interval]]
-) -> tuple[DeviceSplit, list[tuple[int, tuple[int, int, int, int, int]]]]:
+    ordinal: int, ops: _Ops, windows: Sequence[tuple[WindowKey, Interval]]
+) -> tuple[DeviceSplit, list[tuple[WindowKey, tuple[int, int, int, int, int]]]]:
     """One device's split over its windows, and each window's parts (ps): step, compute, exposed and overlapped
     collective, idle."""
     compute_ops, collective_ops = union(_pairs(ops.compute)), union(_pairs(ops.collective))
     # what overlap is judged on: in flight counts
     collective_time = union(itertools.chain(collective_ops, _pairs(ops.in_flight)))
-    steps: list[tuple[int, tuple[int, int, int, int, int]]] = []
-    for number, (low, high) in windows:
+    steps: list[tuple[WindowKey, tuple[int, int, int, int, int]]] = []
+    for key, (low, high) in windows:
         compute = clip(compute_ops, low, high)
         computed = total(compute)
         exposed = total(subtract(clip(collective_ops, low, high), compute))
         busy = clip(collective_time, low, high)
         overlapped = total(busy) - total(subtract(busy, compute))
-        steps.append((number, (high - low, computed, exposed, overlapped, high - low - computed - exposed)))
+        steps.append((key, (high - low, computed, exposed, overlapped, high - low - computed - exposed)))
     per_step = PS / len(steps)
     sums = [sum(parts[i] for _, parts in steps) for i in range(5)]
-    split = DeviceSplit(ordinal, *(value * per_step for value in sums))
+    split = DeviceSplit(ordinal, len(steps), *(value * per_step for value in sums))
     return split, steps
 
 
