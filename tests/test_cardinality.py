@@ -67,6 +67,7 @@ CLOSED: dict[Label, tuple[str, ...]] = {  # every value the code can give it
         *events.REJECT_REASONS,
         *CONNECTION_ERRORS,
         *collector_base.REASONS,
+        *catalog.RUNTIME_ERROR_REASONS,
     ),  # the sidecar's own; jobs' are limited
     Label.LABEL: tuple(LIMITED),
     Label.PART: catalog.PROFILE_PARTS,
@@ -76,6 +77,7 @@ HOST: dict[Label, str] = {  # set by collectors from what this host has, so boun
     Label.PID: "one value per watched process: connected jobs (at most ingest.MAX_CONNECTIONS) and --pid",
     Label.WORKLOAD: "job_* series: the workloads of the connected processes, as the limiter filed them",
     Label.DEVICE: "the devices the libtpu, gke-device-plugin and nvml collectors see (the plugin's: this pod's chips)",
+    Label.DEVICE_ID: "the runtime's id of each of those TPU chips: one per device",
     Label.ACCELERATOR: "the accelerator kinds of those devices",
     # Not on any metric of the catalogue: the sidecar adds it to every series, like slice and worker.
     Label.TPU_TOPOLOGY: "one value per sidecar (--tpu-topology), constant for its life: it adds no series",

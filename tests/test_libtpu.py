@@ -21,19 +21,24 @@ from tpu_info.proto import tpu_metric_service_pb2 as pb
 from tpuscope import catalog
 from tpuscope.exporter.collectors import libtpu
 from tpuscope.exporter.collectors.base import CollectorError, Settings
-from tpuscope.exporter.samples import Sample, SampleStore
+from tpuscope.exporter.samples import Histogram, Sample, SampleStore
 from tpuscope.scrape import Scrape
 from tpuscope.testing.fake_tpu import (
     DELIVERY_RATE,
     DUTY_CYCLE,
     HBM_USED,
     MEGASCALE,
+    MEGASCALE_SIZES,
     UNKNOWN_NAMES,
+    V5P_HOST,
     Chip,
     Distribution,
     FakeTpuRuntime,
     FakeTpuServer,
+    MegascaleValue,
     default_megascale,
+    hang_detected,
+    slice_error,
 )
 from tpuscope.testing.waiting import scrape_until
 from tpuscope.workload.sidecar import SidecarProcess
@@ -94,12 +99,15 @@ def test_the_fake_runtime_answers_tpu_infos_own_client(two_ports: tuple[FakeTpuS
         assert tpu_metrics.get_tensorcore_idle_duration(server.address) == [
             (c.device, c.idle_seconds) for c in scripted
         ]
+        # The HLO metrics carry the process's own device ordinal: the second port's chips 4 to 7 are its 0 to 3.
         queues = tpu_metrics.get_hlo_queue_size(tpu_device.TpuChip.V5E, server.address)
-        assert [(q.device_id, q.queue_size) for q in queues] == [(c.device, c.queue_size) for c in scripted]
+        assert [(q.device_id, q.queue_size) for q in queues] == [(n, c.queue_size) for n, c in enumerate(scripted)]
         timings = tpu_metrics.get_hlo_exec_timing(tpu_device.TpuChip.V5E, server.address)
-        assert [(t.device_id, t.mean) for t in timings] == [(c.device, 300.0) for c in scripted]
+        assert [(t.device_id, t.mean) for t in timings] == [(n, 300.0) for n, _ in enumerate(scripted)]
+        # tpu-info groups a megascale family's values by size (the first attribute, where no `buffer-size` key
+        # is) and sums the kinds of a size: one row per size, as tpuscope serves them.
         latencies = tpu_metrics.get_transfer_latency("collective_e2e_latency", server.address)
-        assert sorted(d.transfer_size for d in latencies) == ["1MB", "64MB", "8MB"]
+        assert sorted(d.transfer_size for d in latencies) == sorted(MEGASCALE_SIZES)
         assert all(0 < d.p50 <= d.p90 <= d.p999 for d in latencies)
 
 
@@ -132,15 +140,18 @@ def test_every_runtime_metric_reaches_metrics_per_device(
         }
         assert scrape.value(catalog.HLO_EXECUTION_DURATION.series("count"), **d) == n + 6
         assert scrape.value(catalog.HLO_EXECUTION_DURATION.series("sum"), **d) == pytest.approx(300e-6 * (n + 6))
-    # Megascale comes per host, not per device: both ports' counts of a buffer size add up.
+    # Megascale comes per host, not per device: every value of a size (each kind, each port) adds up.
     operations = {s.labels["operation"] for s in scrape.find(catalog.MEGASCALE_LATENCY.series("count"))}
     assert len(operations) == len(MEGASCALE) == 7
-    one = default_megascale()[MEGASCALE[0]]["8MB"]
+    values = [v for v in default_megascale()[MEGASCALE[0]] if v.attributes["buffer_size"] == "8MB+"]
+    assert len(values) == 2, "grpc and rdma"
     count = catalog.MEGASCALE_LATENCY.series("count")
-    assert scrape.value(count, operation="dcn_transfer", buffer_size="8MB") == 2 * sum(one.counts)
-    le = scrape.find(catalog.MEGASCALE_LATENCY.series("bucket"), operation="dcn_transfer", buffer_size="8MB")
+    assert scrape.value(count, operation="dcn_transfer", buffer_size="8MB+") == 2 * sum(
+        sum(v.distribution.counts) for v in values
+    )
+    le = scrape.find(catalog.MEGASCALE_LATENCY.series("bucket"), operation="dcn_transfer", buffer_size="8MB+")
     bounds = [s.labels["le"] for s in le]
-    assert bounds[0] == "1e-05" and bounds[-1] == "+Inf" and len(bounds) == one.num_finite + 2
+    assert bounds[0] == "1e-05" and bounds[-1] == "+Inf" and len(bounds) == values[0].distribution.num_finite + 2
 
 
 def wait_state(url: str, up: int, reason: str | None = None, after: float = 0.0) -> Scrape:
@@ -204,12 +215,14 @@ def test_faults_mark_the_collector_down_with_a_reason_and_it_recovers(short_tmp:
     assert log.count("collector libtpu: up") == 4, log
 
 
-def test_addresses_come_from_tpu_runtime_metrics_ports() -> None:
+def test_addresses_come_from_tpu_runtime_metrics_ports_else_every_port_the_device_plugin_may_set() -> None:
     assert libtpu.addresses_from_environment({"TPU_RUNTIME_METRICS_PORTS": "8431, 8432"}) == (
         "localhost:8431",
         "localhost:8432",
     )
-    assert libtpu.addresses_from_environment({}) == ("localhost:8431",)
+    # GKE's TPU device plugin gives a TPU container 8431 to 8438 on an 8-chip host (acceleratorCountToMetricsPorts);
+    # the sidecar holds no chips, so it gets none, and reads them all.
+    assert libtpu.addresses_from_environment({}) == tuple(f"localhost:{port}" for port in range(8431, 8439))
 
 
 @pytest.mark.parametrize(
@@ -333,3 +346,155 @@ def test_a_runtime_that_offers_only_what_we_know_counts_none_and_one_we_cannot_r
         samples, error, _ = collect_in_process(server)
     assert error is not None and error.reason == "unknown_metrics"
     assert unknown_count(samples) == len(UNKNOWN_NAMES), "the down collector still says how many it cannot read"
+
+
+def test_a_multislice_answer_shaped_as_the_real_clients_read_it_keeps_the_collector_up_and_counts_every_value(
+    short_tmp: Path,
+) -> None:
+    """Several distributions per size (each transport, each kind of collective), keyed as libtpu keys them: the
+    collector stays up on every collection, and a size's series counts every one of its values."""
+    megascale = default_megascale()
+    runtime = FakeTpuRuntime(chips(0, 4), megascale)
+    with FakeTpuServer(runtime) as server:
+        collector = libtpu.LibtpuCollector(Settings(libtpu_addresses=(server.address,)))
+        try:
+            for _ in range(3):
+                samples = collector.collect(2.0)  # raises where the collection fails
+        finally:
+            collector.close()
+        served = {s.labels: s.value for s in samples if s.metric is catalog.MEGASCALE_LATENCY}
+        expected: dict[tuple[str, ...], list[MegascaleValue]] = {}
+        for name, values in megascale.items():
+            for v in values:
+                size = next((v.attributes[k] for k in ("buffer_size", "input_size") if k in v.attributes), "")
+                expected.setdefault((libtpu.BY_NAME[name].operation, size), []).append(v)
+        assert set(served) == set(expected)
+        assert max(len(same) for same in expected.values()) == 2, "two kinds of a size: the case that broke"
+        for labels, same in expected.items():
+            histogram = served[labels]
+            assert isinstance(histogram, Histogram)
+            assert histogram.count == sum(sum(v.distribution.counts) for v in same), labels
+            means = sum(v.distribution.mean * sum(v.distribution.counts) for v in same)
+            assert histogram.sum == pytest.approx(means / 1e6), labels
+
+        # The sidecar: up on every collection, no error of any reason, while the runtime answers many times.
+        with libtpu_sidecar(short_tmp / "s.sock", server.address) as sidecar:
+            calls = runtime.calls
+            scrape = scrape_until(
+                sidecar.url,
+                lambda s: runtime.calls >= calls + 5 * (1 + len(runtime._offered())) and s.has(UP),
+            )
+            assert scrape.value(UP, collector="libtpu") == 1, sidecar.log()
+            errors = sum(s.value for s in scrape.find(ERRORS, collector="libtpu"))
+            assert errors == 0, sidecar.log()
+
+
+def test_a_multi_host_slices_chips_are_their_index_on_the_host_in_every_family_and_keep_their_runtime_ids() -> None:
+    """One v5p host of an 8x8x16, two processes of two chips each: the gauges say 404/405 and 412/413, the HLO
+    metrics each process's ordinals 0 and 1. Every family names the same 4 chips, 0 to 3, and the info series maps
+    them back."""
+    ids = list(V5P_HOST)
+    first, second = FakeTpuRuntime(chips(0, 2)), FakeTpuRuntime(chips(2, 2))
+    for runtime, chip_ids in ((first, ids[:2]), (second, ids[2:])):
+        for chip, chip_id in zip(runtime.chips, chip_ids, strict=True):
+            chip.device = chip_id
+    with FakeTpuServer(first) as a, FakeTpuServer(second) as b:
+        samples, error, _ = collect_in_process(a, b)
+    assert error is None, error
+    by_index = dict(zip(("0", "1", "2", "3"), [*first.chips, *second.chips], strict=True))
+    families = {
+        catalog.DUTY_CYCLE: lambda c: c.duty_cycle_percent / 100,
+        catalog.DEVICE_MEMORY_USED: lambda c: c.hbm_used,
+        catalog.TENSORCORE_IDLE: lambda c: c.idle_seconds,
+        catalog.HLO_QUEUE_SIZE: lambda c: c.queue_size,
+    }
+    for metric, expected in families.items():
+        served = {s.labels[0]: s.value for s in samples if s.metric is metric}
+        assert served == {device: pytest.approx(expected(chip)) for device, chip in by_index.items()}, metric.name
+    info = {(s.labels[0], s.labels[1]) for s in samples if s.metric is catalog.TPU_CHIP_INFO}
+    assert info == {("0", "404"), ("1", "405"), ("2", "412"), ("3", "413")}
+
+
+def free_address() -> str:
+    """A loopback port nothing listens on: one of TPU_RUNTIME_METRICS_PORTS that no process of the job serves."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"127.0.0.1:{s.getsockname()[1]}"
+
+
+def test_a_port_no_runtime_ever_answered_on_is_unused_and_one_that_stops_answering_is_a_failure() -> None:
+    runtime = FakeTpuRuntime(chips(0, 4))
+    unused = free_address()
+    server = FakeTpuServer(runtime).start()
+    collector = libtpu.LibtpuCollector(Settings(libtpu_addresses=(server.address, unused)))
+    try:
+        assert {s.metric for s in collector.collect(2.0)} >= {catalog.DUTY_CYCLE}  # no error: the job uses one port
+        server.stop()
+        with pytest.raises(CollectorError) as stopped:
+            collector.collect(2.0)
+        assert stopped.value.reason == "unavailable" and server.address in str(stopped.value)
+    finally:
+        server.stop()
+        collector.close()
+    nobody = libtpu.LibtpuCollector(Settings(libtpu_addresses=(free_address(), unused)))
+    try:
+        with pytest.raises(CollectorError) as silent:
+            nobody.collect(2.0)
+    finally:
+        nobody.close()
+    assert silent.value.reason == "unavailable" and "nor 1 more ports" in str(silent.value), silent.value
+
+
+def test_the_runtimes_error_detectors_are_served_as_0_or_1_and_absent_where_it_has_none(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    runtime = FakeTpuRuntime(chips(0, 2), default_megascale(), errors={**hang_detected(True), **slice_error()})
+    detected = catalog.TPU_RUNTIME_ERROR
+    with FakeTpuServer(runtime) as server, caplog.at_level("WARNING", logger="tpuscope.collectors"):
+        samples, error, _ = collect_in_process(server)
+        assert error is None
+        # The other error type beside HANG_DETECTED (1 too) is not a hang: only the hang's entry counts.
+        assert {s.labels: s.value for s in samples if s.metric is detected} == {
+            ("megascale_hang",): 1.0,
+            ("slice_error",): 0.0,
+        }
+        runtime.errors = {**hang_detected(False), **slice_error("ICI link 3 down")}
+        samples, error, _ = collect_in_process(server)
+        assert {s.labels: s.value for s in samples if s.metric is detected} == {
+            ("megascale_hang",): 0.0,
+            ("slice_error",): 1.0,
+        }
+    assert any("ICI link 3 down" in r.getMessage() for r in caplog.records), "the runtime's message, logged"
+    with FakeTpuServer(FakeTpuRuntime(chips(0, 2))) as plain:
+        samples, _, _ = collect_in_process(plain)
+    assert detected not in {s.metric for s in samples}, "a runtime without the detectors: absent, not 0"
+
+
+def test_without_tpu_infos_core_state_call_the_stall_asks_nothing_and_the_metrics_are_read(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """tpu-info before 0.7 has no GetTpuRuntimeStatus in its stubs: core state off, said once; the rest read."""
+    rpc, stubs, services = libtpu._stubs()
+
+    class Before07:
+        def __getattr__(self, name: str) -> object:
+            if name.startswith("GetTpuRuntimeStatus"):
+                raise AttributeError(name)
+            return getattr(stubs, name)
+
+    monkeypatch.setattr(libtpu, "_stubs", lambda: (rpc, Before07(), services))
+    runtime = FakeTpuRuntime(chips(0, 2))
+    with FakeTpuServer(runtime) as server, caplog.at_level("WARNING", logger="tpuscope.collectors"):
+        stalled = Settings(
+            libtpu_addresses=(server.address,), workload_progress=lambda: {"train": 0.0}, core_state_after=1.0
+        )
+        collector = libtpu.LibtpuCollector(stalled)
+        try:
+            samples = collector.collect(2.0)
+        finally:
+            collector.close()
+    assert runtime.status_requests == []
+    assert catalog.DUTY_CYCLE in {s.metric for s in samples}
+    assert [r.getMessage() for r in caplog.records if "GetTpuRuntimeStatus" in r.getMessage()], caplog.text

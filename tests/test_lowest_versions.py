@@ -2,10 +2,10 @@
 
 CI installs what constraints.txt pins, the newest when it was locked; a user's environment may hold anything
 pyproject.toml allows. So the floors of the sidecar's leaf dependencies (the exposition format's library, the wire
-codec, YAML, bcrypt, psutil, rich) are installed beside the environment, ahead of it on PYTHONPATH, and the tests of
-/metrics, the wire, the web config and the sidecar run on them, real sidecar processes included (they inherit the
-path). OpenTelemetry and protobuf are left at the pinned versions: their floors come as a family of packages that
-must move together.
+codec, YAML, bcrypt, psutil, rich, the TPU runtime's stubs) are installed beside the environment, ahead of it on
+PYTHONPATH, and the tests of /metrics, the wire, the web config, the sidecar and the libtpu collector run on them,
+real sidecar processes included (they inherit the path). OpenTelemetry and protobuf are left at the pinned versions:
+their floors come as a family of packages that must move together.
 """
 
 from __future__ import annotations
@@ -23,13 +23,17 @@ from packaging.version import Version
 pytestmark = pytest.mark.long
 
 ROOT = Path(__file__).resolve().parent.parent
-FLOORED = ("prometheus-client", "msgspec", "pyyaml", "bcrypt", "psutil", "rich")
-TESTS = ("tests/test_exposition.py", "tests/test_sidecar.py", "tests/test_security.py")
+# tpu-info: the libtpu collector's stubs (the `tpu` extra), whose floor is the first without import-time side
+# effects; its tests run the collector against a fake runtime built on the same stubs.
+FLOORED = ("prometheus-client", "msgspec", "pyyaml", "bcrypt", "psutil", "rich", "tpu-info")
+TESTS = ("tests/test_exposition.py", "tests/test_sidecar.py", "tests/test_security.py", "tests/test_libtpu.py")
 
 
 def floors() -> dict[str, str]:
-    """Each of FLOORED at the lowest version pyproject.toml's dependencies allow (its ``>=`` bound)."""
-    declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    """Each of FLOORED at the lowest version pyproject.toml's dependencies (and the sidecar's extras) allow (its
+    ``>=`` bound)."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    declared = [*project["dependencies"], *project["optional-dependencies"]["tpu"]]
     bounds = dict(m.groups() for req in declared if (m := re.match(r"^([A-Za-z0-9._-]+)>=([0-9][0-9.]*)", req)))
     return {name: bounds[name] for name in FLOORED}
 

@@ -14,9 +14,9 @@ from otlp import Receiver
 
 from tpuscope import catalog, events
 from tpuscope.testing import prometheus as prometheus_harness
-from tpuscope.testing.fake_device_plugin import FakeDevicePlugin, chips, page
+from tpuscope.testing.fake_device_plugin import FakeDevicePlugin, v5p_host
 from tpuscope.testing.fake_nvml import FakeGpu, FakeNvmlState, environment
-from tpuscope.testing.fake_tpu import Chip, FakeTpuRuntime, FakeTpuServer, default_megascale
+from tpuscope.testing.fake_tpu import Chip, FakeTpuRuntime, FakeTpuServer, default_megascale, hang_detected, slice_error
 from tpuscope.testing.prometheus import PrometheusServer, target_of
 from tpuscope.testing.waiting import scrape_until, wait_for
 from tpuscope.tracing import Monitor
@@ -68,9 +68,11 @@ def test_metrics_pass_promtool_check_metrics_with_every_collector_on(short_tmp: 
     receiver = Receiver()  # for the OTLP push, whose health is in the catalogue too
     otlp = {"OTEL_EXPORTER_OTLP_METRICS_ENDPOINT": receiver.endpoint, "OTEL_EXPORTER_OTLP_METRICS_PROTOCOL": "grpc"}
     with (
-        FakeTpuServer(FakeTpuRuntime([Chip(d) for d in range(8)], default_megascale())) as runtime,
+        FakeTpuServer(
+            FakeTpuRuntime([Chip(d) for d in range(8)], default_megascale(), {**hang_detected(), **slice_error()})
+        ) as runtime,
         # GKE's TPU device plugin beside libtpu: libtpu's series win, the plugin adds TensorCore utilization.
-        FakeDevicePlugin(page(chips())) as device_plugin,
+        FakeDevicePlugin(v5p_host()) as device_plugin,
         SidecarProcess(
             short_tmp / "s.sock",
             "127.0.0.1:0",

@@ -60,6 +60,7 @@ class Label(enum.StrEnum):
     CORE = "core"
     FINGERPRINT = "fingerprint"
     HLO_LOCATION = "hlo_location"
+    DEVICE_ID = "device_id"
 
 
 # Where in a multi-host job the sidecar runs: every series it serves carries these two
@@ -641,6 +642,33 @@ MEGASCALE_LATENCY = _metric(
     unit="seconds",
     group=ACCELERATOR_GROUP,
     sampled=True,
+)
+TPU_CHIP_INFO = _metric(
+    "tpu_chip_info",
+    Kind.GAUGE,
+    "1 for each TPU chip of the host: device is its index on the host (0 to 7), which every TPU series's device "
+    "label is, from every source; device_id is the id the TPU runtime and JAX (jax.Device.id) give it, on a "
+    "multi-host slice its id in the whole slice (404 on a v5p host of an 8x8x16).",
+    Label.DEVICE,
+    Label.DEVICE_ID,
+    Label.ACCELERATOR,
+    Label.SOURCE,
+    group=ACCELERATOR_GROUP,
+    sampled=True,
+)
+RUNTIME_ERROR_REASONS = ("megascale_hang", "slice_error")
+TPU_RUNTIME_ERROR = _metric(
+    "tpu_runtime_error_detected",
+    Kind.GAUGE,
+    "1 while the TPU runtime's own detector reports this error on the host, else 0 (absent where the runtime does "
+    "not offer it): megascale_hang (libtpu's megascale.error.detected.gauge with error_type HANG_DETECTED: a "
+    "multislice collective that stopped making progress) or slice_error (slice.error.detected.gauge: the slice "
+    "failed). They are what GKE's TPU device plugin turns into the node conditions MegascaleHangDetected and "
+    "SliceErrorDetected.",
+    Label.REASON,
+    group=ACCELERATOR_GROUP,
+    sampled=True,
+    closed={Label.REASON: RUNTIME_ERROR_REASONS},
 )
 CORE_STATE = _metric(
     "tpu_core_state_info",

@@ -39,10 +39,10 @@ class Histogram:
         return self.buckets[-1][1] if self.buckets else 0.0
 
     def __add__(self, other: Histogram) -> Histogram:
-        """Two sources' counts of the same thing with the same bounds (e.g. two runtime ports)."""
-        if [b for b, _ in self.buckets] != [b for b, _ in other.buckets]:
-            raise ValueError("cannot add histograms with different bucket bounds")
-        merged = tuple((b, n + m) for (b, n), (_, m) in zip(self.buckets, other.buckets, strict=True))
+        """Two counts of the same thing (two runtime ports; two kinds of one megascale size). Bounds that only one
+        of them has cannot be added exactly, so the sum keeps the bounds both have: coarser, never wrong."""
+        theirs = dict(other.buckets)  # each ends at +Inf: the sum keeps at least that bound
+        merged = tuple((bound, count + theirs[bound]) for bound, count in self.buckets if bound in theirs)
         return Histogram(merged, self.sum + other.sum)
 
 

@@ -1,26 +1,46 @@
 """A stand-in for libtpu's runtime metrics service, for tests and benchmarks on machines without a TPU.
 
-It implements the real gRPC service from the tpu-info package's generated
-stubs and answers with scripted values in the shapes libtpu uses: gauges keyed
-by an integer ``device-id`` attribute, HLO metrics keyed by a ``device_ordinal``
-in a key/value list, megascale distributions keyed by ``buffer-size``, all
-distributions with exponential buckets. tpu-info's own client reads it (see
-tests/test_libtpu.py), which is what makes it a fair stand-in.
+It implements the real gRPC service from the tpu-info package's generated stubs and answers in the shapes the two
+real clients of libtpu read, each behaviour from their source (nothing of theirs is copied here):
 
-``GetTpuRuntimeStatus`` answers each core's state as tpu_telemetry.proto's
-``CurrentCoreStateSummary`` defines it: its identity, its sequencers (the HLO
-location and detailed info only when ``include_hlo_info`` asks for them, as
-libtpu, for whom they are costly), the program it runs, the programs queued
-behind it and any error. Each chip's :class:`CoreState` is settable, so a test
-can make one worker's cores sit somewhere else than its peers'.
+- per-chip gauges keyed by the runtime's device id, an ``int_attr`` whose key the clients ignore (``device-id``):
+  tpu-info 0.14.2 ``tpu_info/metrics.py`` ``get_chip_usage`` (AI-Hypercomputer/cloud-accelerator-diagnostics
+  87975f8), the device plugin's ``collectRuntimeMetricsDouble``/``Int64`` and ``buildRuntimeResponse`` in
+  ``pkg/metrics/metrics.go`` and ``metrics_test.go`` (ai-on-gke/tpu-device-plugin 4626a9f). Duty cycle is an
+  ``as_double`` and HBM an ``as_int``: the plugin reads each only as that one. On a multi-host slice the ids are
+  slice-wide: :data:`V5P_HOST` is one v5p host of an 8x8x16, as GKE's device plugin recorded it (404, 405, 412,
+  413 in ``../shared/reference/gke-device-plugin/axlearn_sample_metrics.txt``); tpu-info's README shows 8, 9, 12, 13
+  on a v6e host the same way;
+- the HLO metrics keyed by ``device_ordinal``, a digit string (``int_attr`` from older runtimes) beside
+  ``core_type`` in a key/value list: tpu-info's ``get_hlo_queue_size``/``get_hlo_exec_timing``. The ordinal is the
+  process's own: the k-th of the chips its port reports;
+- megascale distributions several per size, a key/value list under the attribute key ``megascale``: ``buffer_size``
+  and ``type`` (the transport) for the DCN transfers, ``input_size`` and ``collective_type`` for
+  ``collective_end_to_end``, ``buffer_size`` alone for host compute and the host/device transfers, none for the TCP
+  round trip (the plugin's ``histCollector.UpdateValues`` labels in ``prom_metrics.go``, and ``buildMXLAAttribute``
+  in its tests); sizes spelled ``512B+``, ``1MB+``, ``8MB+``. Exponential buckets: underflow, the finite buckets,
+  overflow (``exponentialBuckets``, ``validateDistributionInfo``). tpu-info's ``get_transfer_latency`` groups them by
+  size (the first attribute, when no ``buffer-size`` key) and sums their counts;
+- the runtime's error detectors, gauges over key/value lists: ``megascale.error.detected.gauge`` (``error_type``
+  ``HANG_DETECTED``, ``host_name``, ``launch_id``, ``start_time``) and ``slice.error.detected.gauge``
+  (``error_message``, ``session_id``, ``type``, ``topology``): the plugin's ``hangDetected`` and
+  ``sliceErrorDetected``, which set the node conditions ``MegascaleHangDetected`` and ``SliceErrorDetected``;
+- ``ListSupportedMetrics`` lists what a runtime has (megascale only on a multislice job), and a metric it lacks is
+  ``NOT_FOUND`` (tpu-info's ``cli_helper`` treats that code as "not offered"); loopback only, local credentials, as
+  tpu-info dials it.
 
-Faults, for the collector's tests: :attr:`FakeTpuRuntime.mode` ``hang`` holds
-every call until released, ``unknown_names`` offers only metrics nobody knows;
-:attr:`FakeTpuRuntime.newer_metrics` lists metrics a newer runtime offers beside
-ours; :attr:`FakeTpuRuntime.status_unimplemented` answers GetTpuRuntimeStatus as
-a runtime without it does; :meth:`FakeTpuServer.stop` and
-:meth:`~FakeTpuServer.start` take the server away and bring it back on the same
-port.
+``GetTpuRuntimeStatus`` answers each core's state as tpu_telemetry.proto's ``CurrentCoreStateSummary`` defines it,
+in a map keyed by the global core id (tpu-info's ``get_tpuz_info`` takes the id from the key): its identity, its
+sequencers (the HLO location and detailed info only when ``include_hlo_info`` asks for them, as libtpu, for whom
+they are costly), the program it runs, the programs queued behind it and any error. Neither client says which chip
+numbering ``chip_id`` uses; here it is the runtime's device id, as its gauges use. Each chip's :class:`CoreState`
+is settable, so a test can make one worker's cores sit somewhere else than its peers'.
+
+Faults, for the collector's tests: :attr:`FakeTpuRuntime.mode` ``hang`` holds every call until released,
+``unknown_names`` offers only metrics nobody knows; :attr:`FakeTpuRuntime.newer_metrics` lists metrics a newer
+runtime offers beside ours; :attr:`FakeTpuRuntime.status_unimplemented` answers GetTpuRuntimeStatus as a runtime
+without it does; :meth:`FakeTpuServer.stop` and :meth:`~FakeTpuServer.start` take the server away and bring it
+back on the same port.
 
     python -m tpuscope.testing.fake_tpu --port 8431 --devices 8
 """
@@ -38,14 +58,30 @@ from tpu_info.proto import tpu_metric_service_pb2 as pb
 from tpu_info.proto import tpu_metric_service_pb2_grpc as pb_grpc
 from tpu_info.proto import tpu_telemetry_pb2 as telemetry
 
-from tpuscope.exporter.collectors.libtpu import RUNTIME_METRICS
+from tpuscope import catalog
+from tpuscope.exporter.collectors.libtpu import MEGASCALE_HANG, RUNTIME_METRICS, SLICE_ERROR
 
 # The runtime's names, as tpuscope's collector knows them (one list, not typed twice).
 DUTY_CYCLE, HBM_USED, HBM_TOTAL, HBM_BANDWIDTH, IDLE, QUEUE, HLO_TIMING = (m.name for m in RUNTIME_METRICS[:7])
-MEGASCALE = tuple(m.name for m in RUNTIME_METRICS[7:])
+MEGASCALE = tuple(m.name for m in RUNTIME_METRICS if m.metric is catalog.MEGASCALE_LATENCY)
 UNKNOWN_NAMES = ("tpu.runtime.renamed.dutycycle.pct", "tpu.runtime.renamed.hbm.used")
-# A metric libtpu serves (tpu-info reads it) that tpuscope's collector does not: what a newer runtime adds.
+# A metric libtpu serves (tpu-info and the plugin read it) that tpuscope's collector does not: what a newer runtime
+# adds, from tpuscope's point of view.
 DELIVERY_RATE = "megascale.grpc_tcp_delivery_rate.Mbps.cumulative.distribution"
+# One v5p host of an 8x8x16 slice: its chips' runtime ids, as GKE's device plugin recorded them.
+V5P_HOST = (404, 405, 412, 413)
+# The sizes libtpu spells its megascale buckets with (the plugin's tests; tpu-info's README: 8MB+, 4MB+).
+MEGASCALE_SIZES = ("512B+", "1MB+", "8MB+")
+# Each megascale family's attributes beside its size: (size key, kind key, kinds), as the plugin labels them.
+_MEGASCALE_KINDS: dict[str, tuple[str | None, str | None, tuple[str, ...]]] = {
+    "dcn_transfer": ("buffer_size", "type", ("grpc", "rdma")),
+    "dcn_inbound_transfer": ("buffer_size", "type", ("grpc", "rdma")),
+    "collective_end_to_end": ("input_size", "collective_type", ("ALL_REDUCE", "ALL_GATHER")),
+    "mxla_compute": ("buffer_size", None, ("",)),
+    "host_to_device_transfer": ("buffer_size", None, ("",)),
+    "device_to_host_transfer": ("buffer_size", None, ("",)),
+    "grpc_tcp_min_rtt": (None, None, ("",)),
+}
 
 
 @dataclass
@@ -70,6 +106,17 @@ class Distribution:
         return pb.Distribution(
             count=sum(self.counts), mean=self.mean, bucket_options=options, bucket_counts=self.counts
         )
+
+
+@dataclass
+class MegascaleValue:
+    """One of a megascale family's distributions: its attributes (size, kind) and its counts."""
+
+    attributes: dict[str, str]
+    distribution: Distribution
+
+    def to_proto(self) -> Any:
+        return pb.Metric(attribute=_kvlist("megascale", self.attributes), distribution=self.distribution.to_proto())
 
 
 @dataclass
@@ -140,7 +187,8 @@ class CoreState:
 
 @dataclass
 class Chip:
-    """What one device reports (in the runtime's units: percent, bytes, seconds, microseconds)."""
+    """What one chip reports (in the runtime's units: percent, bytes, seconds, microseconds). ``device`` is the
+    runtime's device id: the host's index on a single-host slice, a slice-wide id on a multi-host one."""
 
     device: int
     duty_cycle_percent: float = 50.0
@@ -154,16 +202,43 @@ class Chip:
     tensor_cores: int = 1  # 2 on a v4 or v5p chip (one device to JAX: megacore)
 
 
-def default_megascale(buffer_sizes: tuple[str, ...] = ("1MB", "8MB", "64MB")) -> dict[str, dict[str, Distribution]]:
-    """A distribution per megascale metric and buffer size, 24 buckets each (about what libtpu sends)."""
+def megascale_counts(seed: int = 0) -> list[int]:
+    """24 buckets, about what libtpu sends: underflow, 22 finite, overflow; ``seed`` shifts the mass."""
     counts = [0, 1, 4, 9, 16, 25, 16, 9, 4, 1, 1] + [0] * 13
-    return {name: {size: Distribution(list(counts), 10.0, 1.5, 120.0) for size in buffer_sizes} for name in MEGASCALE}
+    return counts[-seed:] + counts[:-seed] if seed else counts
+
+
+def default_megascale(sizes: tuple[str, ...] = MEGASCALE_SIZES) -> dict[str, list[MegascaleValue]]:
+    """Every megascale family as a multislice job's runtime answers it: per size, one distribution per kind
+    (transport or collective), each with its own counts."""
+    families: dict[str, list[MegascaleValue]] = {}
+    for name in MEGASCALE:
+        size_key, kind_key, kinds = _MEGASCALE_KINDS[name.split(".")[1].removesuffix("_latencies")]
+        values = []
+        for size in sizes if size_key else ("",):
+            for n, kind in enumerate(kinds):
+                attributes = {size_key: size} if size_key else {}
+                if kind_key:
+                    attributes[kind_key] = kind
+                values.append(MegascaleValue(attributes, Distribution(megascale_counts(n), 10.0, 1.5, 120.0 + n)))
+        families[name] = values
+    return families
 
 
 class FakeTpuRuntime(pb_grpc.RuntimeMetricServiceServicer):  # type: ignore[misc]
-    def __init__(self, chips: list[Chip], megascale: dict[str, dict[str, Distribution]] | None = None) -> None:
+    """One process's runtime: its chips (the ones its port reports) and, on a multislice job, megascale."""
+
+    def __init__(
+        self,
+        chips: list[Chip],
+        megascale: dict[str, list[MegascaleValue]] | None = None,
+        errors: dict[str, list[tuple[dict[str, str], int]]] | None = None,
+    ) -> None:
         self.chips = chips
         self.megascale = megascale if megascale is not None else {}
+        # The error detectors' entries: (attributes, value) per gauge name (MEGASCALE_HANG, SLICE_ERROR); a name
+        # absent is a runtime that does not offer it.
+        self.errors = errors if errors is not None else {}
         self.mode = "ok"  # or "hang", "unknown_names"
         # Per metric name, a way to answer it wrongly: "not_found" (listed, then NOT_FOUND, as an older
         # runtime does), "wrong_type" (a distribution where a gauge belongs).
@@ -183,14 +258,16 @@ class FakeTpuRuntime(pb_grpc.RuntimeMetricServiceServicer):  # type: ignore[misc
     def _offered(self) -> list[str]:
         if self.mode == "unknown_names":
             return list(UNKNOWN_NAMES)
-        return [DUTY_CYCLE, HBM_USED, HBM_TOTAL, HBM_BANDWIDTH, IDLE, QUEUE, HLO_TIMING, *self.megascale, *self.newer]
+        gauges = [DUTY_CYCLE, HBM_USED, HBM_TOTAL, HBM_BANDWIDTH, IDLE, QUEUE, HLO_TIMING]
+        return [*gauges, *self.megascale, *self.errors, *self.newer]
 
     @property
     def newer(self) -> list[str]:
         return [name for name in self.newer_metrics if name not in self.megascale]
 
     def ListSupportedMetrics(self, request: Any, context: Any) -> Any:
-        # The request's filter has no documented syntax; tpu-info and tpuscope send none, and it is ignored.
+        # The request's filter is a regular expression (the proto's comment); tpu-info, the plugin and tpuscope
+        # send none, and it is ignored.
         self._hang()
         return pb.ListSupportedMetricsResponse(
             supported_metric=[pb.SupportedMetric(metric_name=name) for name in self._offered()]
@@ -220,27 +297,26 @@ class FakeTpuRuntime(pb_grpc.RuntimeMetricServiceServicer):  # type: ignore[misc
         return pb.GetTpuRuntimeStatusResponse(host_name=self.host_name, core_states=states)
 
     def _values(self, name: str) -> list[Any]:
-        if name in self.newer:  # a distribution per buffer size, as libtpu's megascale ones
-            return [
-                pb.Metric(attribute=_kvlist(("buffer-size", size)), distribution=Distribution([1, 2, 1]).to_proto())
-                for size in ("1MB", "8MB")
-            ]
+        if name in self.newer:  # no attributes, as the plugin's TCP families
+            return [pb.Metric(attribute=_kvlist("megascale", {}), distribution=Distribution([1, 2, 1]).to_proto())]
         if name in self.megascale:
+            return [value.to_proto() for value in self.megascale[name]]
+        if name in self.errors:
             return [
-                pb.Metric(attribute=_kvlist(("buffer-size", size)), distribution=dist.to_proto())
-                for size, dist in self.megascale[name].items()
+                pb.Metric(attribute=_kvlist("megascale", attributes), gauge=pb.Gauge(as_int=value))
+                for attributes, value in self.errors[name]
             ]
-        if name in (QUEUE, HLO_TIMING):  # newer keys: a key/value list with a string ordinal
+        if name in (QUEUE, HLO_TIMING):  # the process's ordinal, a digit string, in a key/value list
             return [
                 pb.Metric(
-                    attribute=_kvlist(("device_ordinal", str(c.device)), ("core_type", "tensor_core")),
+                    attribute=_kvlist("", {"device_ordinal": str(ordinal), "core_type": "tensor_core"}),
                     **(
                         {"gauge": pb.Gauge(as_int=c.queue_size)}
                         if name == QUEUE
                         else {"distribution": c.hlo_timing.to_proto()}
                     ),
                 )
-                for c in self.chips
+                for ordinal, c in enumerate(sorted(self.chips, key=lambda chip: chip.device))
             ]
         gauges = {
             DUTY_CYCLE: lambda c: pb.Gauge(as_double=c.duty_cycle_percent),
@@ -257,9 +333,22 @@ class FakeTpuRuntime(pb_grpc.RuntimeMetricServiceServicer):  # type: ignore[misc
         ]
 
 
-def _kvlist(*items: tuple[str, str]) -> Any:
-    attributes = [pb.Attribute(key=k, value=pb.AttrValue(string_attr=v)) for k, v in items]
-    return pb.Attribute(value=pb.AttrValue(kvlist_attr=pb.KeyValueList(attributes=attributes)))
+def hang_detected(detected: bool = True, host: str = "fake-tpu-host") -> dict[str, list[tuple[dict[str, str], int]]]:
+    """The megascale detector's answer, as the plugin's tests mock it, with one other error type beside it."""
+    hang = {"error_type": "HANG_DETECTED", "host_name": host, "launch_id": "7", "start_time": "2026-11-28 09:00:00 UTC"}
+    other = {"error_type": "OTHER_ERROR", "host_name": host}
+    return {MEGASCALE_HANG: [(other, 1), (hang, int(detected))]}
+
+
+def slice_error(message: str = "", topology: str = "8x8x16") -> dict[str, list[tuple[dict[str, str], int]]]:
+    """The slice's error detector: an entry with a value of 1 and the runtime's message where ``message`` is set."""
+    attributes = {"error_message": message, "session_id": "123", "type": "ici", "topology": topology}
+    return {SLICE_ERROR: [(attributes, 1 if message else 0)]}
+
+
+def _kvlist(key: str, items: dict[str, str]) -> Any:
+    attributes = [pb.Attribute(key=k, value=pb.AttrValue(string_attr=v)) for k, v in items.items()]
+    return pb.Attribute(key=key, value=pb.AttrValue(kvlist_attr=pb.KeyValueList(attributes=attributes)))
 
 
 class FakeTpuServer:

@@ -404,6 +404,8 @@ class Monitor:
         peak_bytes: int = 0,
         source: Literal["workload", "process"] = "workload",
     ) -> None:
+        """A device's memory as the job sees it. ``device``: its index on the host (0 to 7), as the collectors name
+        the same chip; not ``jax.Device.id``, which on a multi-host TPU slice counts across the slice."""
         self._send(
             events.DeviceMemory,
             device=sanitize_label(device),

@@ -257,10 +257,13 @@ class Workload:
                 source="process",
             )
             return
+        # The device label is the chip's index on the host, as every collector names it (jax.Device.id is the
+        # runtime's id: slice-wide on a multi-host TPU slice, docs/metrics.md).
+        index = {d.id: n for n, d in enumerate(sorted(self.local_devices, key=lambda d: d.id))}
         for device, s in stats:
             if s:
                 self.monitor.device_memory(
-                    str(device.id),
+                    str(index[device.id]),
                     self.accelerator,
                     used_bytes=int(s.get("bytes_in_use", 0)),
                     limit_bytes=int(s.get("bytes_limit", 0)),

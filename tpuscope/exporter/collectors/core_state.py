@@ -71,20 +71,23 @@ class CoreAt:
         return (self.fingerprint, self.hlo_location)
 
 
-def cores(response: Any) -> list[CoreAt]:
-    """Each core of a ``GetTpuRuntimeStatusResponse``, in chip and core order, at most :data:`MAX_CORES`."""
+def cores(response: Any, chip_label: Callable[[int], str] = str) -> list[CoreAt]:
+    """Each core of a ``GetTpuRuntimeStatusResponse``, in chip and core order, at most :data:`MAX_CORES`.
+
+    ``chip_label``: the ``device`` label of the runtime's ``chip_id`` (:meth:`.chips.HostChips.label`), so that a
+    core's chip is the device the other TPU series name."""
     found = sorted(
-        (_core(summary) for summary in response.core_states.values()),
+        (_core(summary, chip_label) for summary in response.core_states.values()),
         key=lambda c: (int(c.device) if c.device.isdigit() else 0, c.core),
     )
     return found[:MAX_CORES]
 
 
-def _core(summary: Any) -> CoreAt:
+def _core(summary: Any, chip_label: Callable[[int], str]) -> CoreAt:
     on_chip = summary.core_id.core_on_chip
     fingerprint = summary.program_fingerprint.hex()[:FINGERPRINT_DIGITS]
     return CoreAt(
-        device=str(summary.core_id.chip_id),
+        device=chip_label(summary.core_id.chip_id),
         core=f"{_CORE_KINDS.get(on_chip.type, 'core')}{on_chip.index}",
         fingerprint=fingerprint or NONE,
         hlo_location=label_value(_hlo_location(summary.sequencer_info)),

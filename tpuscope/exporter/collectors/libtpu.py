@@ -1,22 +1,37 @@
-"""``libtpu``: the TPU runtime's own metrics service, over gRPC, as the ``tpu-info`` CLI reads it.
+"""``libtpu``: the TPU runtime's own metrics service, over gRPC, as tpu-info and GKE's TPU device plugin read it.
 
-libtpu serves ``tpu.monitoring.runtime.RuntimeMetricService`` on each port in
-``TPU_RUNTIME_METRICS_PORTS`` (one per process on multi-process hosts; 8431
-when unset) with local channel credentials. Each collection asks every port
-which metrics it offers, then fetches all of ours it offers at once, so one
-collection costs two round trips whatever the number of metrics. A metric a
-runtime does not offer (megascale on a single slice) is simply absent; a
-runtime that offers none of ours is down with ``unknown_metrics``, which is
-what a renamed metric in a new libtpu looks like. The metrics a runtime lists
-that tpuscope does not read are counted (``collector_unknown_metrics``) and
-logged by name, so a newer libtpu's additions are noticed, not silently missing.
+libtpu serves ``tpu.monitoring.runtime.RuntimeMetricService`` on the ports of ``TPU_RUNTIME_METRICS_PORTS``, which
+GKE's TPU device plugin sets in every TPU container (8431, up to 8431 to 8438 on an 8-chip host: one per process a
+host may run); tpu-info dials 8431. The collector reads that variable where the sidecar has it, else every port the
+plugin can set: a port no process has ever answered on is one this host's job does not use, not a failure, while
+one that answered and stops is. Each collection asks every port which metrics it offers, then fetches all of ours
+it offers at once: two round trips whatever the number of metrics. A metric a runtime does not offer (megascale on a
+single slice) is simply absent; a runtime that offers none of ours is down with ``unknown_metrics``, which is what
+a renamed metric in a new libtpu looks like. The metrics a runtime lists that tpuscope does not read are counted
+(``collector_unknown_metrics``) and logged by name, so a newer libtpu's additions are noticed.
 
-While a workload on the host stalls, each collection also asks every port for
-its cores' state (:mod:`.core_state`), in the same round trip as the listing.
+How values are keyed, as both clients read them (tpu-info 0.14.2 ``metrics.py``; the plugin's
+``pkg/metrics/metrics.go`` at ai-on-gke/tpu-device-plugin 4626a9f):
 
-Distributions keep the runtime's own bucket bounds: bucket 0 is the underflow
-below the first bound and the last is the overflow, as in Cloud Monitoring's
-``Distribution``; they become Prometheus ``le`` bounds in seconds.
+- per-chip gauges (duty cycle, HBM) by the runtime's device id, an integer attribute whatever its key; on a
+  multi-host slice a slice-wide id. ``device`` is the chip's index on the host (:mod:`.chips`), and
+  ``tpuscope_tpu_chip_info`` maps one to the other;
+- the HLO metrics by ``device_ordinal`` in a key/value list: the process's own ordinal, the k-th of the chips its
+  port reports;
+- megascale distributions several per size: a key/value list with the size (``buffer_size``; ``input_size`` for
+  ``collective_end_to_end``; ``buffer-size`` as tpu-info spells it) and what kind (``type``: the transport, grpc or
+  rdma; ``collective_type``: ALL_REDUCE...). They are served summed per operation and size, as tpu-info and Cloud
+  Monitoring show them: the kinds are the runtime's open set, and the question they answer is how long a transfer of
+  that size takes on this host. Sizes keep the runtime's spelling (``1MB+``);
+- the runtime's error detectors (the gauges behind GKE's ``MegascaleHangDetected`` and ``SliceErrorDetected`` node
+  conditions) as ``tpuscope_tpu_runtime_error_detected``, which the stall diagnosis reads.
+
+While a workload on the host stalls, each collection also asks every port for its cores' state (:mod:`.core_state`),
+in the same round trip as the listing; with a tpu-info older than the call (0.7) that is off, said once, and the
+rest is read.
+
+Distributions keep the runtime's own bucket bounds: bucket 0 is the underflow below the first bound and the last is
+the overflow, as in Cloud Monitoring's ``Distribution``; they become Prometheus ``le`` bounds in seconds.
 """
 
 from __future__ import annotations
@@ -24,7 +39,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -43,6 +58,7 @@ from tpuscope.exporter.collectors.base import (
     CollectorError,
     Settings,
 )
+from tpuscope.exporter.collectors.chips import HostChips
 from tpuscope.exporter.samples import Histogram, Sample
 
 if TYPE_CHECKING:
@@ -51,6 +67,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("tpuscope.collectors")
 
 DEFAULT_PORT = 8431
+# The ports GKE's TPU device plugin puts in TPU_RUNTIME_METRICS_PORTS: one per chip of the host, 8 at most
+# (pkg/tpu/util/util.go, acceleratorCountToMetricsPorts).
+PLUGIN_PORTS = tuple(range(DEFAULT_PORT, DEFAULT_PORT + 8))
 SOURCE = "libtpu"
 
 
@@ -63,10 +82,12 @@ class RuntimeMetric:
     # Runtime units per base unit: 100 (percent -> ratio), 1e6 (microseconds -> seconds). Dividing,
     # rather than multiplying by 1e-6, keeps bounds such as 100 us at 0.0001 s exactly.
     per_unit: float = 1.0
-    operation: str = ""  # megascale only: the `operation` label
+    operation: str = ""  # megascale: the `operation` label; the error detectors: the `reason` label
 
 
 _MEGASCALE = "megascale.{}_latencies.microsecond.cumulative.distribution"
+MEGASCALE_HANG = "megascale.error.detected.gauge"
+SLICE_ERROR = "slice.error.detected.gauge"
 RUNTIME_METRICS = (
     RuntimeMetric("tpu.runtime.tensorcore.dutycycle.percent", catalog.DUTY_CYCLE, 100),
     RuntimeMetric("tpu.runtime.hbm.memory.usage.bytes", catalog.DEVICE_MEMORY_USED),
@@ -89,32 +110,43 @@ RUNTIME_METRICS = (
     RuntimeMetric(
         "megascale.grpc_tcp_min_rtt.microsecond.cumulative.distribution", catalog.MEGASCALE_LATENCY, 1e6, "tcp_min_rtt"
     ),
+    RuntimeMetric(MEGASCALE_HANG, catalog.TPU_RUNTIME_ERROR, operation="megascale_hang"),
+    RuntimeMetric(SLICE_ERROR, catalog.TPU_RUNTIME_ERROR, operation="slice_error"),
 )
 BY_NAME = {m.name: m for m in RUNTIME_METRICS}
 Key = tuple[catalog.Metric, tuple[str, ...]]
 
-# Attribute keys that name a device (older runtimes: an int attribute; newer: a key/value list).
-_DEVICE_KEYS = ("device_ordinal", "device-id", "device_id")
-_BUFFER_SIZE_KEYS = ("buffer-size", "buffer_size")
+# Key/value-list keys. A device: the process's ordinal (the HLO metrics), or a runtime device id.
+ORDINAL_KEY = "device_ordinal"
+_DEVICE_ID_KEYS = ("device-id", "device_id")
+# A megascale value's size, as libtpu spells it for each family (the plugin reads buffer_size and, for
+# collective_end_to_end, input_size; tpu-info reads buffer-size).
+_SIZE_KEYS = ("buffer_size", "buffer-size", "input_size", "transfer_size")
+# The megascale error detector: the value of its error_type that the plugin's MegascaleHangDetected is.
+_ERROR_TYPE, _HANG = "error_type", "HANG_DETECTED"
 
 
 def addresses_from_environment(environ: Mapping[str, str] = os.environ) -> tuple[str, ...]:
-    """``TPU_RUNTIME_METRICS_PORTS=8431,8432`` -> ``localhost:8431``, ``localhost:8432``."""
+    """``TPU_RUNTIME_METRICS_PORTS=8431,8432`` -> ``localhost:8431``, ``localhost:8432``; unset, every port GKE's
+    device plugin may have given the job (a sidecar gets none: it holds no chips)."""
     ports = [p.strip() for p in environ.get("TPU_RUNTIME_METRICS_PORTS", "").split(",") if p.strip()]
-    return tuple(f"localhost:{port}" for port in ports) or (f"localhost:{DEFAULT_PORT}",)
+    return tuple(f"localhost:{port}" for port in ports or PLUGIN_PORTS)
 
 
-def accelerator_from_environment() -> str:
-    """The chip model, from the TPU VM's metadata variable or the PCI devices, else plain ``tpu``."""
-    if name := accelerator_name(os.environ.get("TPU_ACCELERATOR_TYPE", "")):
-        return name
+def local_chips() -> tuple[str | None, int | None]:
+    """The chip model and how many the host has, from its PCI devices (tpu-info); (None, None) where unreadable."""
     try:
         from tpu_info import device
 
         chip, count = device.get_local_chips()
-    except Exception:  # no sysfs, no permission: the label is a nicety, never a reason to fail
-        return "tpu"
-    return (accelerator_name(chip.value.name) if chip and count else None) or "tpu"
+    except Exception:  # no sysfs, no permission, no tpu-info: both are niceties, never a reason to fail
+        return None, None
+    return (accelerator_name(chip.value.name) if chip and count else None), (count or None)
+
+
+def accelerator_from_environment() -> str:
+    """The chip model, from the TPU VM's metadata variable or the PCI devices, else plain ``tpu``."""
+    return accelerator_name(os.environ.get("TPU_ACCELERATOR_TYPE", "")) or local_chips()[0] or "tpu"
 
 
 def _stubs() -> tuple[Any, Any, Any]:
@@ -130,6 +162,16 @@ def _stubs() -> tuple[Any, Any, Any]:
     return grpc, tpu_metric_service_pb2, tpu_metric_service_pb2_grpc
 
 
+@dataclass(frozen=True)
+class _Value:
+    """One value of a response, before its chip is known: what it is keyed by, and the value."""
+
+    runtime: RuntimeMetric
+    keyed_by: str  # "id" (a runtime device id), "ordinal" (the process's), "size" (megascale), "error"
+    key: str
+    value: float | Histogram
+
+
 class LibtpuCollector(Collector):
     name = LIBTPU_COLLECTOR
 
@@ -137,20 +179,18 @@ class LibtpuCollector(Collector):
     def unavailable_here(cls, settings: Settings) -> str | None:
         if os.environ.get("TPU_RUNTIME_METRICS_PORTS"):
             return None
-        try:
-            from tpu_info import device
-
-            if device.get_local_chips()[1]:
-                return None
-        except Exception:  # tpu-info missing or sysfs unreadable
-            pass
+        if local_chips()[1]:
+            return None
         return "no TPU chips on this host and TPU_RUNTIME_METRICS_PORTS is not set"
 
     def __init__(self, settings: Settings) -> None:
         self._rpc, self._pb, self._grpc = _stubs()
         self.addresses = settings.libtpu_addresses
-        self.accelerator = accelerator_from_environment()
+        model, count = local_chips()
+        self.accelerator = accelerator_name(os.environ.get("TPU_ACCELERATOR_TYPE", "")) or model or "tpu"
+        self.chips = HostChips(count)
         self._channels: dict[str, tuple[grpc.Channel, Any]] = {}
+        self._answered: set[str] = set()  # the ports a runtime has answered on: the ones this host's job uses
         self._missing: dict[str, frozenset[str]] = {}  # per address: our metrics it does not offer (logged once)
         self._unknown: dict[str, frozenset[str]] = {}  # per address: what it offers that we do not read
         self.stall = core_state.StallTrigger(settings.workload_progress, settings.core_state_after)
@@ -158,6 +198,13 @@ class LibtpuCollector(Collector):
         self._without_status: set[str] = set()  # addresses whose runtime has no GetTpuRuntimeStatus
         self._stalled: list[str] = []  # the stalled workloads of the last collection (a change is logged)
         self._status_failed: dict[str, str] = {}  # per address: why its cores' state did not come (logged once)
+        self._errors_logged: dict[str, str] = {}  # per detector: the runtime's last message (logged when it changes)
+        self._status_call = hasattr(self._pb, "GetTpuRuntimeStatusRequest")
+        if not self._status_call:
+            log.warning(
+                "libtpu: this tpu-info has no GetTpuRuntimeStatus (it came in 0.7): a stalled job's cores' state "
+                "is off; the runtime's metrics are read as before (pip install 'tpuscope[tpu]')"
+            )
 
     def _stub(self, address: str) -> Any:
         if address not in self._channels:
@@ -184,42 +231,54 @@ class LibtpuCollector(Collector):
             for a in self.addresses
         }
         statuses = self._ask_core_state(timeout * 0.8)
-        failures: list[CollectorError] = []
+        failures: dict[str, CollectorError] = {}
         requests: dict[str, dict[str, Any]] = {}
         for address, listing in listings.items():
             try:
                 offered = self._offered(address, listing)
             except CollectorError as e:
-                failures.append(e)
+                failures[address] = e
                 continue
+            self._answered.add(address)
             stub = self._stub(address)
             left = max(0.01, end - time.monotonic())
             requests[address] = {
                 name: stub.GetRuntimeMetric.future(self._pb.MetricRequest(metric_name=name), timeout=left)
                 for name in offered
             }
-        readings: dict[Key, tuple[str, float | Histogram]] = {}  # -> (the port it came from, value)
+        values: dict[str, list[_Value]] = {}
         for address, futures in requests.items():
-            answered = 0
+            values[address] = []
             for name, future in futures.items():
                 try:
-                    self._read(BY_NAME[name], self._answer(address, future), address, readings)
-                    answered += 1
+                    found, invalid = self._read(BY_NAME[name], self._answer(address, future), address)
+                    values[address] += found
+                    if invalid is not None:
+                        failures.setdefault(address, invalid)
                 except CollectorError as e:
                     if e.reason == UNKNOWN_METRICS:  # NOT_FOUND: a runtime that does not have this one
                         continue
-                    failures.append(e)
+                    failures.setdefault(address, e)
                     if e.reason in (UNAVAILABLE, DEADLINE):
                         break  # the port is gone; the rest of its answers would say the same
-            else:
-                if not answered:
-                    failures.append(CollectorError(UNKNOWN_METRICS, f"{address} answered none of our metrics"))
-        result = [Sample(metric, labels, value) for (metric, labels), (_, value) in readings.items()]
-        result.append(self._unknown_count())
-        result += self._core_state(statuses)
-        if failures:
-            raise CollectorError(failures[0].reason, "; ".join(str(f) for f in failures), partial=result)
+            if not values[address] and address not in failures:
+                failures[address] = CollectorError(UNKNOWN_METRICS, f"{address} answered none of our metrics")
+        samples, problems = self._samples(values)
+        result = [*samples, self._unknown_count(), *self._core_state(statuses)]
+        failed = self._failures(failures, answered=bool(requests)) + problems
+        if failed:
+            raise CollectorError(failed[0].reason, "; ".join(str(f) for f in failed), partial=result)
         return result
+
+    def _failures(self, failures: dict[str, CollectorError], answered: bool) -> list[CollectorError]:
+        """What fails the collection: a port that has answered before; or, where no port answers at all, the first
+        failure (a port no runtime has ever answered on is one the job does not use, once another one answers)."""
+        counted = [e for address, e in failures.items() if address in self._answered]
+        if answered or counted or not failures:
+            return counted
+        (_, error), *others = failures.items()
+        more = f"; nor {len(others)} more ports ({', '.join(a for a, _ in others)})" if others else ""
+        return [CollectorError(error.reason, f"{error}{more}")]
 
     def _offered(self, address: str, listing: Any) -> list[str]:
         """Our metrics that the runtime at ``address`` offers."""
@@ -265,7 +324,8 @@ class LibtpuCollector(Collector):
         return Sample(catalog.COLLECTOR_UNKNOWN_METRICS, (self.name,), float(len(names)))
 
     def _ask_core_state(self, timeout: float) -> dict[str, Any]:
-        """While a workload stalls, every port's cores' state, asked now and awaited after the metrics."""
+        """While a workload stalls, the cores' state from every port a runtime answers on, asked now and awaited
+        after the metrics."""
         stalled = self.stall.stalled()
         if stalled != self._stalled:
             self._stalled = stalled
@@ -275,13 +335,14 @@ class LibtpuCollector(Collector):
                     ", ".join(stalled),
                     self.stall.after,
                 )
-        if not stalled:
+        if not stalled or not self._status_call:
             self._clock.forget()
             return {}
         request = self._pb.GetTpuRuntimeStatusRequest(include_hlo_info=True)
+        used = [a for a in self.addresses if a in self._answered] or self.addresses  # before any answer, all
         return {
             address: self._stub(address).GetTpuRuntimeStatus.future(request, timeout=timeout)
-            for address in self.addresses
+            for address in used
             if address not in self._without_status
         }
 
@@ -300,7 +361,7 @@ class LibtpuCollector(Collector):
                 self._status_failed[address] = e.reason
                 continue
             self._status_failed.pop(address, None)
-            for core in core_state.cores(response):
+            for core in core_state.cores(response, self.chips.label):
                 found.setdefault(core.key, core)  # a core two ports both report is counted once
         return self._clock.samples(list(found.values())[: core_state.MAX_CORES]) if statuses else []
 
@@ -320,55 +381,120 @@ class LibtpuCollector(Collector):
             self._reset(address)
         raise CollectorError(reason, f"{address}: {code.name}: {detail}")
 
-    def _read(self, runtime: RuntimeMetric, response: Any, address: str, into: dict[Key, tuple[str, Any]]) -> None:
-        """Fold one response's values (one per device, or per buffer size) into ``into``.
-
-        A value that cannot be used is left out and reported; the response's other values still count.
-        """
+    def _read(self, runtime: RuntimeMetric, response: Any, address: str) -> tuple[list[_Value], CollectorError | None]:
+        """One response's values, each with what it is keyed by; a value that cannot be used is left out and
+        reported, and the response's other values still count."""
         if response.metric.name and response.metric.name != runtime.name:
-            raise CollectorError(INVALID_RESPONSE, f"{address}: asked for {runtime.name}, got {response.metric.name}")
-        problems = []
+            error = CollectorError(INVALID_RESPONSE, f"{address}: asked for {runtime.name}, got {response.metric.name}")
+            return [], error
+        found, problems = [], []
         for value in response.metric.metrics:
             try:
-                labels = self._labels(runtime, value.attribute)
-                reading = _value(value, runtime.per_unit)
-                if isinstance(reading, Histogram) != (runtime.metric.kind is catalog.Kind.HISTOGRAM):
-                    raise ValueError("a gauge where a distribution belongs, or the other way round")
-                key = (runtime.metric, labels)
-                if key in into:
-                    origin, previous = into[key]
-                    if runtime.metric is not catalog.MEGASCALE_LATENCY or origin == address:
-                        # A device has one value: two for the same device id cannot both be right.
-                        raise ValueError(f"device {labels[0]} reported by both {origin} and {address}")
-                    reading = previous + reading  # megascale is per process: the ports' counts add up
+                found.append(_keyed(runtime, value))
+            except _NotOurs:
+                continue
             except ValueError as e:
                 problems.append(str(e))
-                continue
-            into[key] = (address, reading)
-        if problems:
-            raise CollectorError(INVALID_RESPONSE, f"{address}: {runtime.name}: {'; '.join(sorted(set(problems)))}")
+        if not problems:
+            return found, None
+        return found, CollectorError(INVALID_RESPONSE, f"{address}: {runtime.name}: {'; '.join(sorted(set(problems)))}")
 
-    def _labels(self, runtime: RuntimeMetric, attribute: Any) -> tuple[str, ...]:
-        if runtime.metric is catalog.MEGASCALE_LATENCY:
-            return (runtime.operation, _attribute(attribute, _BUFFER_SIZE_KEYS) or "")
-        device = _attribute(attribute, _DEVICE_KEYS)
-        if device is None:
-            raise ValueError("a value without a device attribute")
-        return (device, self.accelerator, SOURCE)
+    def _samples(self, values: dict[str, list[_Value]]) -> tuple[list[Sample], list[CollectorError]]:
+        """Every port's values under their labels: chips by their index on the host, megascale summed per operation
+        and size, the error detectors as 0 or 1. A chip two ports both report is an error, not a sum."""
+        ids = {a: sorted({int(v.key) for v in found if v.keyed_by == "id"}) for a, found in values.items()}
+        for port_ids in ids.values():
+            self.chips.see(port_ids)
+        readings: dict[Key, tuple[str, float | Histogram]] = {}  # -> (the port it came from, value)
+        problems: list[CollectorError] = []
+        for address, found in values.items():
+            for v in found:
+                labels = self._labels(v, ids[address])
+                key = (v.runtime.metric, labels)
+                if key not in readings:
+                    readings[key] = (address, v.value)
+                    continue
+                origin, previous = readings[key]
+                if v.keyed_by in ("id", "ordinal"):  # a chip has one value: two cannot both be right
+                    problems.append(
+                        CollectorError(
+                            INVALID_RESPONSE,
+                            f"{v.runtime.name}: device {labels[0]} reported by both {origin} and {address}",
+                        )
+                    )
+                elif v.keyed_by == "error":  # detected on any port: detected on the host
+                    readings[key] = (address, max(_number_of(previous), _number_of(v.value)))
+                else:  # megascale: several values per size and per process, which add up
+                    readings[key] = (address, previous + v.value)  # type: ignore[operator]
+        self._log_detections(v for found in values.values() for v in found if v.keyed_by == "error")
+        samples = [Sample(metric, labels, value) for (metric, labels), (_, value) in readings.items()]
+        return samples + self.chips.info(self.accelerator, SOURCE), problems
+
+    def _log_detections(self, detections: Iterable[_Value]) -> None:
+        """The runtime's message when one of its error detectors first fires (free text: the log's, not a label's)."""
+        now: dict[str, str] = {}
+        for v in detections:
+            if v.value:
+                now[v.runtime.operation] = v.key
+        for reason, message in now.items():
+            if self._errors_logged.get(reason) != message:
+                log.warning("libtpu reports %s on this host: %s", reason, message or "(no message)")
+        self._errors_logged = now
+
+    def _labels(self, v: _Value, port_ids: list[int]) -> tuple[str, ...]:
+        if v.keyed_by == "size":
+            return (v.runtime.operation, v.key)
+        if v.keyed_by == "error":
+            return (v.runtime.operation,)
+        number = int(v.key)
+        if v.keyed_by == "ordinal" and number < len(port_ids):
+            number = port_ids[number]  # the process's k-th chip: the k-th of the ids its port reports
+        return (self.chips.label(number), self.accelerator, SOURCE)
 
 
-def _attribute(attribute: Any, keys: tuple[str, ...]) -> str | None:
-    """The value of the first of ``keys`` in a runtime attribute (a plain value or a key/value list)."""
-    value = attribute.value
-    kind = value.WhichOneof("attr")
-    if kind == "kvlist_attr":
-        for item in value.kvlist_attr.attributes:
-            if item.key in keys:
-                return _scalar(item.value)
-        return None
-    if attribute.key in keys or not attribute.key:
-        return _scalar(value)
-    return None
+def _keyed(runtime: RuntimeMetric, metric: Any) -> _Value:
+    """One value of a response and what it is keyed by, as tpu-info and the device plugin read it."""
+    value = _value(metric, runtime.per_unit)
+    if isinstance(value, Histogram) != (runtime.metric.kind is catalog.Kind.HISTOGRAM):
+        raise ValueError("a gauge where a distribution belongs, or the other way round")
+    attributes = _kvlist(metric.attribute)
+    if runtime.metric is catalog.MEGASCALE_LATENCY:
+        size = next((attributes[k] for k in _SIZE_KEYS if k in attributes), "")
+        return _Value(runtime, "size", size, value)
+    if runtime.metric is catalog.TPU_RUNTIME_ERROR:
+        if runtime.name == MEGASCALE_HANG and attributes.get(_ERROR_TYPE) != _HANG:
+            raise _NotOurs
+        return _Value(runtime, "error", attributes.get("error_message", ""), 1.0 if value else 0.0)
+    if ORDINAL_KEY in attributes:
+        return _Value(runtime, "ordinal", _number(attributes[ORDINAL_KEY]), value)
+    device = next((attributes[k] for k in _DEVICE_ID_KEYS if k in attributes), None)
+    if device is None and metric.attribute.value.WhichOneof("attr") in ("int_attr", "string_attr"):
+        device = _scalar(metric.attribute.value)  # the runtime's id, whatever the attribute's key
+    if device is None:
+        raise ValueError("a value without a device attribute")
+    return _Value(runtime, "id", _number(device), value)
+
+
+class _NotOurs(ValueError):
+    """A value of a shared family that is not the one read (another error type of the megascale detector)."""
+
+
+def _number_of(value: float | Histogram) -> float:
+    assert not isinstance(value, Histogram)
+    return value
+
+
+def _kvlist(attribute: Any) -> dict[str, str]:
+    """A key/value-list attribute's items, each value as text; {} for a plain attribute."""
+    if attribute.value.WhichOneof("attr") != "kvlist_attr":
+        return {}
+    return {item.key: _scalar(item.value) for item in attribute.value.kvlist_attr.attributes}
+
+
+def _number(text: str) -> str:
+    if not text.isdigit():
+        raise ValueError(f"a device {text!r} that is not a number")
+    return str(int(text))
 
 
 def _scalar(value: Any) -> str:
