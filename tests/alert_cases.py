@@ -159,7 +159,7 @@ def collective_history(
 def megascale(at: int, minutes: int, running: bool = True, team: dict[str, str] | None = None) -> dict[str, str]:
     """A multislice job's host whose runtime times 100 collectives a minute, every one within 10 ms up to minute
     ``at`` (a p99 of 9.9 ms), then every one between 10 and 100 ms (99.1 ms): ten times slower."""
-    bucket = {"operation": "collective_end_to_end", "buffer_size": "8MB", **(team or {})}
+    bucket = {"operation": "collective_end_to_end", "buffer_size": "8MB+", **(team or {})}
     result = {
         s(c.MEGASCALE_LATENCY, "bucket", le="0.01", **bucket): f"0+100x{at} {100 * at}x{minutes - at - 1}",
         s(c.MEGASCALE_LATENCY, "bucket", le="0.1", **bucket): f"0+100x{minutes}",
@@ -245,6 +245,22 @@ STALLED_ODD = (
     f"{STALLED} Worker 2 (slice 0, h2:9478) has had its TPU cores at HLO fusion.7 of program {PROGRAM} for 5m 0s, "
     "where most of its peers' are not: the others likely wait for it."
 )
+
+
+def runtime_errors(hang_on: int, workers: int = 4, minutes: int = 20) -> dict[str, str]:
+    """Each worker's TPU runtime serving its error detectors, worker ``hang_on``'s reporting a megascale hang
+    from minute 8 (before tpuscope's own stall threshold), none a slice error."""
+    series = {}
+    for worker in range(workers):
+        host = {"instance": f"h{worker}:9478", "worker": str(worker)}
+        hang = "0x8 1x12" if worker == hang_on else f"0x{minutes}"
+        series[s(c.TPU_RUNTIME_ERROR, reason="megascale_hang", **host)] = hang
+        series[s(c.TPU_RUNTIME_ERROR, reason="slice_error", **host)] = f"0x{minutes}"
+        series[s(c.WORKLOAD_PROCESSES, **host, **W)] = f"1x{minutes}"
+    return series
+
+
+STALLED_HANG = f"{STALLED} The TPU runtime of worker 1 (slice 0, h1:9478) reports megascale_hang."
 REGRESSION_STEPS = s(c.STEP_DURATION, "count", **W)
 REGRESSION_SUM = s(c.STEP_DURATION, "sum", **W)
 DEVICE = {"device": "0", "accelerator": "v5e", "source": "libtpu"}
@@ -285,6 +301,8 @@ CASES = [
         STALLED,
     ),
     Case(AlertName.WORKLOAD_STALLED, "critical", "16m", {**stalling("0x20"), **cores_at("all-reduce.42")}, W, STALLED),
+    # Issue 51: the runtime's own hang detector (what GKE turns into MegascaleHangDetected) names its worker.
+    Case(AlertName.WORKLOAD_STALLED, "critical", "16m", {**stalling("0x20"), **runtime_errors(1)}, W, STALLED_HANG),
     # A save from minute 30 that never ends pages as a stall does (from its last step, the save's beginning).
     Case(AlertName.WORKLOAD_STALLED, "critical", "46m", stalling("0+60x30 1800x20"), W, STALLED),
     Case(AlertName.WORKLOAD_STALLED, None, "10m", stalling("0+60x20")),  # stepping

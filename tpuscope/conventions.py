@@ -110,6 +110,9 @@ COLLECTIVE_P99 = f"worker:{c.MEGASCALE_LATENCY.name}:collective_p99_5m"
 CORE_LOCATION = f"worker_location:{c.CORE_LOCATION_AGE.name}:max"
 CORE_LOCATION_WORKERS = f"workload_location:{c.CORE_STATE.name}:workers"
 CORE_ELSEWHERE = f"worker_location:{c.CORE_LOCATION_AGE.name}:elsewhere"
+# The workers of a workload on whose hosts the TPU runtime's own detector reports a megascale hang or a slice error
+# (the gauges behind GKE's MegascaleHangDetected and SliceErrorDetected node conditions): the stall names them too.
+RUNTIME_ERROR_WORKERS = f"worker_reason:{c.TPU_RUNTIME_ERROR.name}:detected"
 PROFILE_OVER_MEDIAN = f"worker_part:{c.PROFILE_TIME.name}:over_median"
 PROFILE_SHARE = f"workload_part:{c.PROFILE_TIME.name}:share"
 # A worker's device profile counts for this many of the periods its job says it captures at

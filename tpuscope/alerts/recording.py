@@ -57,6 +57,7 @@ from tpuscope.conventions import (
     RUN_MEMORY,
     RUNNING,
     RUNNING_INFERRED,
+    RUNTIME_ERROR_WORKERS,
     SERVED,
     SIDECARS_DOWN,
     SLOW_REQUESTS_RATIO,
@@ -399,7 +400,8 @@ def host_rules() -> list[dict[str, str]]:
 
 
 def core_state_rules() -> list[dict[str, str]]:
-    """Which worker of a stalled workload has its TPU cores somewhere else than its peers': each sidecar serves its
+    """Which worker of a stalled workload has its TPU cores somewhere else than its peers', and on which the TPU
+    runtime's own detectors report a megascale hang or a slice error: each sidecar serves its
     cores' program and HLO location while a workload on its host stalls (the runtime's series carry no workload
     label: the workload running on the host is theirs). A location is a program fingerprint and an HLO location;
     the workers at the location most of them are at are the majority, and a worker with cores anywhere else is
@@ -411,6 +413,7 @@ def core_state_rules() -> list[dict[str, str]]:
     )
     location = "fingerprint, hlo_location"
     most = f"max by ({WORKLOAD}) ({CORE_LOCATION_WORKERS})"
+    detected = f"{series(c.TPU_RUNTIME_ERROR)} == 1"
     return [
         {"record": CORE_LOCATION, "expr": f"max by ({RUN}, instance, {location}) ({located})"},
         {"record": CORE_LOCATION_WORKERS, "expr": f"count by ({WORKLOAD}, {location}) ({CORE_LOCATION})"},
@@ -418,5 +421,12 @@ def core_state_rules() -> list[dict[str, str]]:
             "record": CORE_ELSEWHERE,
             "expr": f"{CORE_LOCATION} unless on ({WORKLOAD}, {location})"
             f" ({CORE_LOCATION_WORKERS} == on ({WORKLOAD}) group_left () {most})",
+        },
+        # The runtime's own detectors, whatever the stall: libtpu sees a megascale hang before tpuscope's
+        # threshold does, and a slice error says why the job stopped.
+        {
+            "record": RUNTIME_ERROR_WORKERS,
+            "expr": f"max by ({RUN}, instance, reason)"
+            f" (({detected}) * on (job, instance) group_left ({c.Label.WORKLOAD}) {workload_on_host()})",
         },
     ]

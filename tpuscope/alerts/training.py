@@ -16,6 +16,7 @@ from tpuscope.conventions import (
     PROFILE_MEDIAN,
     PROFILE_OVER_MEDIAN,
     PROFILE_SHARE,
+    RUNTIME_ERROR_WORKERS,
     STEP_MEAN,
     AlertName,
     DashboardUID,
@@ -82,6 +83,13 @@ CORE_ELSEWHERE_OF_WORKLOAD = (
     "{{ .Labels.hlo_location }} of program {{ .Labels.fingerprint }} for {{ .Value | humanizeDuration }}, where "
     "most of its peers' are not: the others likely wait for it.{{ end }}"
 )
+# The workers whose TPU runtime reports a megascale hang or a slice error (recording.core_state_rules).
+RUNTIME_ERROR_OF_WORKLOAD = (
+    f'{{{{ range query (printf "{RUNTIME_ERROR_WORKERS}{{namespace=%q, jobset=%q, workload=%q}}"'
+    ' (or $labels.namespace "") (or $labels.jobset "") $labels.workload) }}'
+    " The TPU runtime of worker {{ .Labels.worker }} (slice {{ .Labels.slice }}, {{ .Labels.instance }}) reports "
+    "{{ .Labels.reason }}.{{ end }}"
+)
 
 
 def by_source(profile: str, host: str) -> str:
@@ -100,7 +108,7 @@ def alerts(config: GeneratorConfig) -> list[Alert]:
             "A workload has stopped making progress.",
             "Workload {{ $labels.workload }} has completed no step for {{ $value | humanizeDuration }}, nor any "
             "checkpoint or compile stage (counted from the last of them, or from its start), while its processes "
-            "are still connected." + CORE_ELSEWHERE_OF_WORKLOAD,
+            "are still connected." + CORE_ELSEWHERE_OF_WORKLOAD + RUNTIME_ERROR_OF_WORKLOAD,
             DashboardUID.JOB,
             # The job sends nothing while it saves or compiles, so a save or compile that begins at a step is
             # timed from that step: waiting half the threshold again lets one last 1.5x the threshold, and a hung
@@ -116,7 +124,10 @@ def alerts(config: GeneratorConfig) -> list[Alert]:
             f"`{c.CORE_STATE.name}` (the program's fingerprint and the HLO location) and "
             f"`{c.CORE_LOCATION_AGE.name}` (how long it has been there). In a hung multi-host job every worker's "
             "cores wait at the same collective but one's: the description names a worker whose cores sit "
-            "elsewhere than most of its peers' (a tie names nobody). Start with that worker: its logs, its input, "
+            "elsewhere than most of its peers' (a tie names nobody). It also names the workers whose runtime's own "
+            f"detectors report a hang of a multislice collective or a slice error (`{c.TPU_RUNTIME_ERROR.name}`, what "
+            "GKE turns into the node conditions MegascaleHangDetected and SliceErrorDetected): a slice error is a "
+            "hardware or ICI failure, a case for the platform. Start with the worker named: its logs, its input, "
             "its host (`tpuscope top` there shows its cores). Otherwise check the job's logs on every worker, the "
             "On-call dashboard's sidecars and collectors, and the last kept trace.",
         ),
