@@ -51,18 +51,21 @@ def until(last: int, value: Callable[[int], float], gone: str = "stale") -> Call
     return lambda minute: f"{value(minute):g}" if minute <= last else (gone if minute == last + 1 else "_")
 
 
-def worker(last: int, minutes: int, labels: dict[str, str], up: Callable[[int], str] | None = None) -> dict[str, str]:
+def worker(
+    last: int, minutes: int, labels: dict[str, str], up: Callable[[int], str] | None = None, gone: str = "stale"
+) -> dict[str, str]:
     """A training worker stepping once a second up to minute ``last``, its wall time booked productive, when its
-    sidecar's series end (stale) and ``up`` says what Prometheus saw of its target (by default, gone with it)."""
+    sidecar's series end (``gone``: stale, or ``_`` on a backend without staleness markers) and ``up`` says what
+    Prometheus saw of its target (by default, gone with it)."""
     series = {
-        s(c.GOODPUT_WALL, **labels): timeline(minutes, until(last, lambda m: 60 * m)),
-        s(c.GOODPUT, category="productive", **labels): timeline(minutes, until(last, lambda m: 60 * m)),
-        s(c.LAST_STEP, **labels): timeline(minutes, until(last, lambda m: 60 * m)),
-        s(c.WORKLOAD_PROCESSES, **labels): timeline(minutes, until(last, lambda m: 1)),
-        s(c.STEPS, **labels): timeline(minutes, until(last, lambda m: 60 * m)),
+        s(c.GOODPUT_WALL, **labels): timeline(minutes, until(last, lambda m: 60 * m, gone)),
+        s(c.GOODPUT, category="productive", **labels): timeline(minutes, until(last, lambda m: 60 * m, gone)),
+        s(c.LAST_STEP, **labels): timeline(minutes, until(last, lambda m: 60 * m, gone)),
+        s(c.WORKLOAD_PROCESSES, **labels): timeline(minutes, until(last, lambda m: 1, gone)),
+        s(c.STEPS, **labels): timeline(minutes, until(last, lambda m: 60 * m, gone)),
     }
     target = s("up", **HOST)
-    series[target] = timeline(minutes, up or until(last, lambda m: 1))
+    series[target] = timeline(minutes, up or until(last, lambda m: 1, gone))
     return series
 
 
@@ -76,10 +79,10 @@ def kube_state_metrics(minutes: int) -> dict[str, str]:
     }
 
 
-def job_exists(last: int, minutes: int) -> dict[str, str]:
+def job_exists(last: int, minutes: int, gone: str = "stale") -> dict[str, str]:
     """The Job llm-workers-0 (JobSet llm's), as kube-state-metrics lists it up to minute ``last``."""
     job = s("kube_job_info", namespace="ml", job_name="llm-workers-0")
-    return {job: timeline(minutes, until(last, lambda m: 1))}
+    return {job: timeline(minutes, until(last, lambda m: 1, gone))}
 
 
 def job_missed(missed: int, minutes: int) -> dict[str, str]:

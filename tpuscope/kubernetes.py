@@ -22,7 +22,8 @@ from typing import Any
 
 import yaml
 
-from tpuscope import __version__, alerts, events
+from tpuscope import __version__, alerts, durations, events
+from tpuscope.alerts import staleness
 from tpuscope.conventions import CONTROLLER, DEFAULT_PORT, SIDECAR_CONTAINER
 from tpuscope.generator_config import GeneratorConfig
 
@@ -43,6 +44,7 @@ SOCKET = f"{SOCKET_DIR}/events.sock"
 # The socket's volume holds the profile spool too: room for a few traces at their cap.
 SOCKET_VOLUME_SIZE = f"{4 * events.PROFILE_MAX_BYTES // 2**20}Mi"
 PORT_NAME = "metrics"
+SCRAPE_INTERVAL = "15s"  # the PodMonitor's and the ClusterPodMonitoring's
 # The sidecar's user and group, in its own securityContext. The pod has none: a pod-level runAsNonRoot would stop
 # the many training images that expect root, and an fsGroup would have the kubelet chown every volume of the pod (a
 # large checkpoint volume delays its start). So the training container runs as its image says. The socket keeps its
@@ -277,7 +279,7 @@ def podmonitor() -> str:
                 {
                     "port": PORT_NAME,
                     "path": "/metrics",
-                    "interval": "15s",
+                    "interval": SCRAPE_INTERVAL,
                     "relabelings": [{camel.get(k, k): v for k, v in r.items()} for r in relabel_configs()],
                 }
             ],
@@ -333,6 +335,14 @@ GMP_FROM_POD = {"jobset": JOBSET_NAME_LABEL}
 # The evaluation interval of deploy/prometheus/prometheus.yml and of the Prometheus Operator's default, where
 # the rules are tested; GMP's rule evaluator would otherwise evaluate every 60 s.
 GMP_RULE_INTERVAL = "30s"
+# GMP has no staleness markers (tpuscope/alerts/staleness.py): its rules read a series as gone once it has not been
+# written for four scrapes, or two evaluations of a record; kube-state-metrics, which a GMP install may scrape every
+# 30 to 60 s, for two minutes.
+GMP_FRESH = staleness.Windows(
+    scraped=durations.prometheus(4 * durations.prometheus_ms(SCRAPE_INTERVAL)),
+    recorded=durations.prometheus(2 * durations.prometheus_ms(GMP_RULE_INTERVAL)),
+    kube_state_metrics="2m",
+)
 
 
 def gmp_metric_relabeling() -> list[dict[str, Any]]:
@@ -349,7 +359,12 @@ def cluster_pod_monitoring() -> str:
         "spec": {
             "selector": {"matchLabels": SCRAPE_LABEL},
             "endpoints": [
-                {"port": PORT_NAME, "path": "/metrics", "interval": "15s", "metricRelabeling": gmp_metric_relabeling()}
+                {
+                    "port": PORT_NAME,
+                    "path": "/metrics",
+                    "interval": SCRAPE_INTERVAL,
+                    "metricRelabeling": gmp_metric_relabeling(),
+                }
             ],
             "targetLabels": {
                 "metadata": [*GMP_METADATA, *GMP_CONTROLLER.values()],
@@ -361,14 +376,19 @@ def cluster_pod_monitoring() -> str:
 
 
 def cluster_rules() -> str:
-    groups = [{**group, "interval": GMP_RULE_INTERVAL} for group in alerts.rule_groups(GeneratorConfig())]
+    fresh = staleness.rule_groups(alerts.rule_groups(GeneratorConfig()), GMP_FRESH)
+    groups = [{**group, "interval": GMP_RULE_INTERVAL} for group in fresh]
     document = {
         "apiVersion": GMP_API,
         "kind": "ClusterRules",
         "metadata": {"name": GMP_NAME, "labels": PART_OF},
         "spec": {"groups": groups},
     }
-    return _file([document], "GMP: the rules of deploy/prometheus/tpuscope-rules.yaml, evaluated over this cluster.")
+    return _file(
+        [document],
+        "GMP: the rules of deploy/prometheus/tpuscope-rules.yaml, evaluated over this cluster, each instant read of a",
+        "series bounded to its last minutes: GMP has no staleness markers (docs/fleet.md).",
+    )
 
 
 def gmp_kustomization() -> str:
