@@ -15,6 +15,7 @@ capture itself, as from a real one), times them, and splits them. Which XProf fi
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 import xplane_fixtures as fixtures
 from xprof_reference import IDLE_CATEGORY, XPROF_COLLECTIVE_CATEGORIES, xprof_split
@@ -107,14 +108,19 @@ def test_multi_host_straggler_shows_as_its_peers_all_reduce() -> None:
         _assert_tpu_categories(alone, truth, TPU_CORES)
 
 
-def test_gpu_nccl_streams_reads_as_its_ground_truth() -> None:
-    fixture = fixtures.gpu_nccl_streams()
+def _gpu_steps(fixture: Any) -> tuple[dict[str, Any], list[dict[str, Any]], list[Any]]:
+    """XProf's split of a GPU fixture's host, its step rows (one per step of the fixture's truth), and the truth."""
     split = xprof_split(fixture.hosts)
     truth = fixture.truth["gpu-host-0"]
     steps = split["steps"]
     assert isinstance(steps, list)
     assert split["hardware"] == "GPU"
     assert len(steps) == len(truth)
+    return split, steps, truth
+
+
+def test_gpu_nccl_streams_reads_as_its_ground_truth() -> None:
+    split, steps, truth = _gpu_steps(fixtures.gpu_nccl_streams())
     for step, expected in zip(steps, truth, strict=True):
         name = f"step {step['stepnum']}"
         period = _ms(expected.step)
@@ -133,13 +139,7 @@ def test_gpu_raw_capture_is_grouped_by_xprof_as_a_saved_capture_is() -> None:
     """The raw shape (launches named after their kernels, on the launching thread's /host:CPU line; no group_id, no
     derived lines): XProf groups it itself, each step from its first kernel to its last (so the tail after the last
     kernel is neither in its step time nor in its "All others")."""
-    fixture = fixtures.gpu_raw_capture()
-    split = xprof_split(fixture.hosts)
-    truth = fixture.truth["gpu-host-0"]
-    steps = split["steps"]
-    assert isinstance(steps, list)
-    assert split["hardware"] == "GPU"
-    assert len(steps) == len(truth)
+    _, steps, truth = _gpu_steps(fixtures.gpu_raw_capture())
     tail = fixtures.RAW_TAIL_US
     for step, expected in zip(steps, truth, strict=True):
         name = f"step {step['stepnum']}"
