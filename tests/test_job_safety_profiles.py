@@ -533,14 +533,18 @@ def test_the_spool_admits_whom_the_socket_admits(short_tmp: Path) -> None:
 
 JOB_OF_AN_OLDER_SIDECAR = r"""
 import logging
+import time
 logging.basicConfig(level=logging.INFO)
 from tpuscope.tracing import Monitor
 mon = Monitor("old", socket=sys.argv[1], traces=False, profile_period="0.01s")  # K: 8 steps or so
 f = jax.jit(lambda x: jnp.tanh(x @ x.T))
 x = jnp.ones((128, 128))
-for n in range(200):
+# 200 steps, and on until the profiler's thread (at nice 19, late on a loaded machine) has looked for the spool.
+deadline, n = time.monotonic() + 60, 0
+while n < 200 or ("spool" not in mon._profiler._said and time.monotonic() < deadline):
     with mon.step(n):
         f(x).block_until_ready()
+    n += 1
 captures = dict(mon._profiler.captures)
 mon.close()
 print(json.dumps({"captures": captures}))
