@@ -239,7 +239,6 @@ class LibtpuCollector(Collector):
             except CollectorError as e:
                 failures[address] = e
                 continue
-            self._answered.add(address)
             stub = self._stub(address)
             left = max(0.01, end - time.monotonic())
             requests[address] = {
@@ -288,6 +287,7 @@ class LibtpuCollector(Collector):
             if "UNIMPLEMENTED" not in str(e):
                 raise
             listed = set(BY_NAME)  # an older runtime without the listing: ask for everything
+        self._answered.add(address)  # a runtime is there, whatever it offers
         self._note_unknown(address, frozenset(listed) - frozenset(BY_NAME))
         offered = [name for name in BY_NAME if name in listed]
         if not offered:
