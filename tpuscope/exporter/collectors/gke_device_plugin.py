@@ -122,6 +122,9 @@ HOLD_SECONDS = 30.0
 CHIP, MODEL, TOPOLOGY, POD, NAMESPACE = "accelerator_id", "model", "tpu_topology", "pod", "namespace"
 
 
+SeriesKey = tuple[str, tuple[str, str] | None, str]  # a reading's family, holder and chip
+
+
 @dataclass(frozen=True)
 class Reading:
     """One sample of one of our gauges on the page, and what it says about its chip."""
@@ -133,8 +136,9 @@ class Reading:
     labels: Mapping[str, str]
 
     @property
-    def key(self) -> tuple[str, bool, str]:
-        return (self.metric.name, self.per_node, self.chip)
+    def key(self) -> SeriesKey:
+        """Which series it is: its family, the container it is written under (None: the node's), its chip."""
+        return (self.metric.name, self.held_by(), self.chip)
 
     def held_by(self) -> tuple[str, str] | None:
         """(namespace, pod) of the container it is written under; None for a per-node one."""
@@ -338,7 +342,7 @@ class GkeDevicePluginCollector(Collector):
         self.address = settings.device_plugin_address or DEFAULT_ADDRESS
         self._libtpu = settings.libtpu_addresses
         self._pod = this_pod()
-        self._seen: dict[tuple[str, bool, str], tuple[float, Reading]] = {}  # each reading, and when it was last
+        self._seen: dict[SeriesKey, tuple[float, Reading]] = {}  # each reading, and when it was last seen
         self._state: tuple[str | None, str | None, str] | None = None  # (libtpu listening, topology, chips) logged
 
     def collect(self, timeout: float) -> list[Sample]:
