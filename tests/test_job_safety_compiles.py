@@ -4,8 +4,10 @@ tpuscope, or with one Monitor and with two, and compares what the job sees and w
 
 from __future__ import annotations
 
+import collections
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -289,3 +291,62 @@ def test_explanations_stop_after_their_budget_and_recompiles_are_still_counted(t
     assert job.result == {"during": False, "after": False}
     assert job.causes("job") == ["input_types"] * 5 + [UNEXPLAINED] * 5
     assert job.explanations == 0 and "CACHE MISS" not in job.stderr
+
+
+LOGS = """
+logging.basicConfig(level=logging.WARNING, format="LOG %(levelname)s %(name)s: %(message)s")
+if sys.argv[2] == "cache":  # a fresh cache each run: every program is a miss, then written
+    jax.config.update("jax_compilation_cache_dir", os.path.join(HERE, "cache"))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+jax.devices()  # the backend's set-up records, before the Monitor's
+mon = monitor("job") if sys.argv[1] == "monitor" else None
+job = logging.getLogger("job")
+f = jax.jit(lambda x: x * 2)
+for phase, level in enumerate((logging.WARNING, logging.INFO, logging.DEBUG)):
+    logging.getLogger().setLevel(level)
+    print("PHASE", logging.getLevelName(level), file=sys.stderr, flush=True)
+    for size in (2 * phase + 1, 2 * phase + 2):
+        f(jnp.ones(size)).block_until_ready()  # a first trace, then five recompiles
+        for say in (job.debug, job.info, job.warning):
+            say("step")  # the job's own records
+if mon:
+    mon.close()
+print(json.dumps({}))
+"""
+# The loggers compared: JAX's and the job's own (tpuscope's are its own business, not the job's).
+JOBS_LOGGERS = re.compile(r"^LOG (\w+) (jax[\w.]*|job): ")
+
+
+def log_levels(stderr: str) -> dict[str, collections.Counter[str]]:
+    """Per phase of LOGS (the job's root level), how many records of each level each compared logger printed."""
+    phases: dict[str, collections.Counter[str]] = {"set-up": collections.Counter()}
+    phase = "set-up"
+    for line in stderr.splitlines():
+        if line.startswith("PHASE "):
+            phase = line.split()[1]
+            phases[phase] = collections.Counter()
+        elif match := JOBS_LOGGERS.match(line):
+            phases[phase][f"{match[1]} {match[2]}"] += 1
+    return phases
+
+
+@pytest.mark.parametrize("cache", ["cache", "no cache"])
+def test_the_jobs_log_is_as_without_tpuscope_at_every_level(tmp_path: Path, cache: str) -> None:
+    """Issue 52, N3 and N7: the setting the watcher borrows raises the persistent cache's records to WARNING and
+    adds JAX's explanations; with and without the Monitor, the job's log has the same records, of the same levels,
+    from the same loggers, with its root logger at WARNING, INFO and DEBUG; and the Monitor counted the
+    recompiles with their cause."""
+    plain = run_job(tmp_path / "plain", LOGS, "plain", cache)
+    monitored = run_job(tmp_path / "monitored", LOGS, "monitor", cache)
+    expected, seen = log_levels(plain.stderr), log_levels(monitored.stderr)
+    assert list(expected) == ["set-up", "WARNING", "INFO", "DEBUG"], plain.stderr[-2000:]
+    none: collections.Counter[str] = collections.Counter()
+    diff = {
+        phase: (levels - seen.get(phase, none), seen.get(phase, none) - levels) for phase, levels in expected.items()
+    }
+    assert seen == expected, f"per phase, records only without the Monitor, and only with it: {diff}"
+    written = "LOG DEBUG jax._src.compilation_cache: Writing jit__lambda to persistent compilation cache"
+    assert (written in plain.stderr) == (cache == "cache")  # at DEBUG only: the records the setting raises
+    assert monitored.explanations == plain.explanations == 0
+    assert monitored.causes("job") == ["input_types"] * 5

@@ -31,8 +31,15 @@ it propagate unchanged. A recompile is seen two ways, because JAX's explanation 
 ``JAX_EXPLAIN_CACHE_MISSES`` in the environment, JAX's default value), while at least one subscriber asks for
 explanations, and it sets it back to False when none does. While the value is the watcher's, a hook on JAX's
 setting (JAX calls it on ``jax.config.update``) hears the job's own update: from then on the setting is the job's,
-and the watcher never changes it again. Only while the value is the watcher's does it keep JAX's explanations,
-and the persistent cache's messages the same setting raises, out of the job's log (at DEBUG again).
+and the watcher never changes it again.
+
+While the value is the watcher's, the job's log must read as if it were off. The setting does two things to it:
+JAX logs an explanation of each tracing-cache miss, at WARNING, that it does not log at all otherwise; and, with
+the persistent compilation cache on, JAX logs the cache's records of a miss, a write or an entry not written at
+WARNING instead of DEBUG. The watcher's filters, first on those loggers, drop each explanation once read, and
+put each raised record back at DEBUG. A logger checks its level before its filters, at the raised level, so such
+a record is kept only where the logger is enabled for DEBUG; the handlers then see it at DEBUG, as without the
+setting.
 """
 
 from __future__ import annotations
@@ -73,7 +80,7 @@ EXPLAIN_CONFIG = "jax_explain_cache_misses"
 EXPLAIN_ENV = EXPLAIN_CONFIG.upper()
 # Where JAX logs its explanation of a tracing-cache miss: partial_eval since JAX 0.5 or so, pjit before.
 EXPLAIN_LOGGERS = ("jax._src.interpreters.partial_eval", "jax._src.pjit")
-# Where the setting also raises the persistent compilation cache's messages from DEBUG to WARNING.
+# Where the setting also raises the persistent compilation cache's records from DEBUG to WARNING.
 RAISED_LOGGERS = ("jax._src.compiler", "jax._src.compilation_cache")
 # Explanations the watcher asks JAX for, at most, in a process: recompiles counted while the setting is the
 # watcher's. JAX compares a miss with every earlier key of the function, so a job with hundreds of shapes pays
@@ -97,8 +104,9 @@ _CAUSES = (
 )
 _FIRST_TRACE = "never seen function"  # a first compile, not a recompile
 _MISS = "cache miss"  # in every explanation, and in none of the loggers' other records
-# The persistent cache's records the setting raises to WARNING (DEBUG without it), by their first words.
-_RAISED = ("PERSISTENT COMPILATION CACHE MISS", "Not writing persistent cache entry")
+# The persistent cache's records the setting raises to WARNING (DEBUG without it), by their format's first words:
+# a miss, an entry not written (each reason), an entry written.
+_RAISED = ("PERSISTENT COMPILATION CACHE MISS", "Not writing persistent cache entry", "Writing %s to persistent")
 
 
 def recompile_cause(explanation: str) -> str | None:
@@ -290,9 +298,9 @@ class _Watcher:
         except (ImportError, AttributeError) as e:
             _say_once(f"tpuscope: only the recompiles JAX explains are counted: {e!r}")
         for name in EXPLAIN_LOGGERS:
-            logging.getLogger(name).addFilter(self._on_explanation)
+            _filter_first(logging.getLogger(name), self._on_explanation)
         for name in RAISED_LOGGERS:
-            logging.getLogger(name).addFilter(self._on_cache_record)
+            _filter_first(logging.getLogger(name), self._on_cache_record)
         return True
 
     def _stop_listening(self) -> None:
@@ -369,12 +377,12 @@ class _Watcher:
             log.debug("tpuscope: cache event %s not reported", event, exc_info=True)
 
     def _on_explanation(self, record: logging.LogRecord) -> bool:
-        """A filter on JAX's explanation loggers: report the cause, then log the record as the job would have
-        without the watcher (:meth:`_lowered`)."""
+        """A filter on JAX's explanation loggers: report the cause; keep the record only where the job asked JAX
+        for it (without the watcher's setting JAX would not have logged it, at any level)."""
         message = record.getMessage()
         if _MISS not in message.lower():
             return True  # another record of the logger's: none of ours
-        keep = self._lowered(record)  # before counting: the explanation that spends the budget is still ours
+        keep = not self.explanations.only_ours_here()  # before counting: the one that spends the budget is ours
         if not self.ignoring_here():
             self.local.explained = True  # the trace event that follows on this thread is explained
             try:
@@ -385,16 +393,11 @@ class _Watcher:
         return keep
 
     def _on_cache_record(self, record: logging.LogRecord) -> bool:
-        """A filter on the persistent cache's loggers: the records the setting raised go back to DEBUG."""
-        if isinstance(record.msg, str) and record.msg.startswith(_RAISED):
-            return self._lowered(record)
-        return True  # the cache's own warnings (an unreadable entry) stay warnings
-
-    def _lowered(self, record: logging.LogRecord) -> bool:
-        """What the setting raised to WARNING, at DEBUG again while only the watcher asked for it: kept where the
-        job logs that logger at DEBUG, dropped elsewhere (each miss would print a warning into the job's log)."""
-        if record.levelno != logging.WARNING or not self.explanations.only_ours_here():
-            return True
+        """A filter on the persistent cache's loggers: a record the watcher's setting raised to WARNING goes back
+        to DEBUG, kept only where the logger is enabled for DEBUG (where JAX would have logged it)."""
+        raised = isinstance(record.msg, str) and record.msg.startswith(_RAISED)
+        if not raised or record.levelno != logging.WARNING or not self.explanations.only_ours_here():
+            return True  # the cache's own warnings (an unsupported runtime), or the job asked for the setting
         record.levelno, record.levelname = logging.DEBUG, logging.getLevelName(logging.DEBUG)
         return logging.getLogger(record.name).isEnabledFor(logging.DEBUG)
 
@@ -428,6 +431,12 @@ def _filename_of(fun: Any) -> str | None:
         return str(inspect.unwrap(fun).__code__.co_filename)
     except (AttributeError, ValueError):  # a callable object: JAX explains those
         return None
+
+
+def _filter_first(logger: logging.Logger, on_record: Callable[[logging.LogRecord], bool]) -> None:
+    """Add ``on_record`` to ``logger``'s filters, before the job's: they see a record as without the watcher."""
+    if on_record not in logger.filters:
+        logger.filters.insert(0, on_record)
 
 
 _said: set[str] = set()
