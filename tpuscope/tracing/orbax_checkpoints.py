@@ -17,23 +17,43 @@ Why a wrapper around the manager: Orbax 0.12 has three hooks, and none of them t
 Nor does Orbax's ``StepMetadata`` hold a size (and 0.12.8 leaves its ``commit_timestamp_nsecs`` unset).
 
 So :class:`OrbaxCheckpoints` stands where the job calls Orbax: ``save`` and ``restore`` are timed around the
-manager's own, and everything else is the manager's, passed through. After each save a watcher thread calls
-the manager's public ``wait_until_finished()``, which joins that save's finalize thread and raises its
-error, then reports it: the time from the call until durable (the event's one duration, which the
-checkpoint's age and goodput count), the part the job waited for (in the checkpoint's span and the log: the
-wire's Checkpoint event has no field for it), the bytes of the finished step directory, read on that
-thread, and success or failure.
+manager's own, and everything else is the manager's, passed through. Each save is then reported by a watcher
+thread: the time from the call until durable (the event's one duration, which the checkpoint's age and
+goodput count), the part the job waited for (in the checkpoint's span and the log: the wire's Checkpoint event
+has no field for it), the bytes of the finished step directory, read on that thread, and success or failure.
 
-The watcher must join *its* save's finalize thread, so a save that Orbax is going to make first waits until
-the watcher has: no new wait, as Orbax's save waits for the previous one at that point anyway. A save that
-Orbax will skip (its ``should_save`` says no) waits for nothing.
+How the watcher learns that a save is durable, from Orbax itself and without a call into the manager: an
+async ``CheckpointManager.save`` ends by starting a ``_FinalizeThread`` for its step and keeping it in the
+manager's ``_finalize_thread`` (orbax/checkpoint/checkpoint_manager.py in 0.12.8: the class at line 120; the
+thread made and started at lines 1618-1627, kept in the ``OptionalRef`` made at line 903, a plain attribute
+before 0.11.6). That thread runs ``_finalize`` (line 2185), which waits for the step's commit, then deletes the
+steps ``max_to_keep`` lets go: it ends when the save is durable, as Orbax's ``wait_until_finished`` (which joins
+it) says, and its ``run`` keeps the save's failure in ``exception`` (lines 148-152). The wrapper reads that
+attribute as ``save`` returns (another thread object: this save's; none, or the one before: a synchronous
+save, made in the call), and the watcher joins that thread object with ``threading.Thread.join``, the base
+class's, not Orbax's override (lines 154-163), which raises the failure once in each thread that joins: the
+watcher neither takes the failure from the job's thread nor writes an Orbax log line. It never calls the
+manager's ``wait_until_finished()``, and nothing waits before ``save``: Orbax's ``save`` waits for the
+previous save where it always has (line 1459), on the job's thread, so what Orbax records of that wait
+(``/jax/checkpoint/write/wait_for_prev_duration_secs``, from ``wait_until_finished`` on the main thread only,
+lines 2117-2124; ``/jax/orbax/write/blocking_wait_prev_duration_secs``; the save's statistics given to its
+logger) and the lines it logs are those of the job without tpuscope. Orbax's other per-save objects do not
+serve: the checkpointer's commit futures are its own, replaced by the next save, and the hooks above say too
+little. A manager without ``_finalize_thread`` (not Orbax's) has its saves reported as durable when ``save``
+returns. Orbax before 0.6.2 (August 2024) clears the failure from the thread for the first thread that joins
+it: when that is the job's (its next ``save`` or wait), the watcher learns it from that call if the call
+returns before the watcher reads the thread, else reports the save as made.
 
 Failures. A failed save, at the call or in the background, is reported (``ok=False``) and logged, and the
 job goes on: ``save`` returns False, as for a save not made, and the error that Orbax keeps for the next
 ``save``, ``wait_until_finished`` or ``close`` after an async save failed is taken there, not raised again.
-``raise_errors=True`` raises them instead, where Orbax would. A failed restore is reported, then raised: the
-job needs what it asked for. A failure of tpuscope's own part (reading a size, reporting) is counted in
-``errors`` and logged once, and never reaches the job.
+When the watcher has seen the failure before the next ``save``, that ``save`` first takes the error with the
+manager's ``wait_until_finished()`` (it returns at once: the thread has ended); when Orbax's ``save`` raises
+it from its wait, the wrapper calls Orbax's ``save`` again, once (on a multi-host job, a host whose save
+failed then passes Orbax's start-of-save barrier twice; without tpuscope that host's job would have raised
+there). ``raise_errors=True`` raises them instead, where Orbax would. A failed restore is reported, then
+raised: the job needs what it asked for. A failure of tpuscope's own part (reading a size, reporting) is
+counted in ``errors`` and logged once, and never reaches the job.
 """
 
 from __future__ import annotations
@@ -43,6 +63,7 @@ import logging
 import re
 import threading
 import time
+from collections.abc import Callable
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -80,21 +101,31 @@ class OrbaxCheckpoints:
         """The manager's ``save``, reported when the checkpoint is durable. False when no save was made: Orbax
         skipped it (``should_save``), or it failed (reported and logged; raised with ``raise_errors``)."""
         started = time.perf_counter()  # what the job waits for includes the previous save's end, as in Orbax
-        force = kwargs.get("force", args[3] if len(args) > 3 else False)  # (step, items, save_kwargs, metrics, force)
-        last = self._last
-        if last is not None and not last.settled.is_set() and (force or self._will_save(step)):
-            last.settled.wait()
         self._take_error()
+        before = finalize_thread(self.manager)
         try:
-            saved = bool(self.manager.save(step, *args, **kwargs))
+            try:
+                saved = bool(self.manager.save(step, *args, **kwargs))
+            except Exception as e:
+                if not self._previous_failure(e) or self._raise:
+                    raise
+                # Orbax's save raised the previous save's failure (reported by its watcher) before saving this
+                # step; taken now, so the job's one call saves it.
+                before = finalize_thread(self.manager)
+                saved = bool(self.manager.save(step, *args, **kwargs))
         except Exception as e:
+            if self._raise and self._previous_failure(e):
+                raise  # the previous save's, where Orbax raises it: reported already
             self._report("save", step, time.perf_counter() - started, ok=False)
             if self._raise:
                 raise
             log.warning("tpuscope: the checkpoint save of step %d failed: %s (reported; the job goes on)", step, e)
             return False
+        returned = time.perf_counter()
         if saved:
-            self._last = _SaveWatcher(self, step, started, returned=time.perf_counter())
+            after = finalize_thread(self.manager)
+            mine = after is not None and after is not before and _step_of(after) in (step, None)
+            self._last = _SaveWatcher(self, step, started, returned, after if mine else None)
         return saved
 
     def restore(self, step: int | None = None, *args: Any, **kwargs: Any) -> Any:
@@ -117,20 +148,25 @@ class OrbaxCheckpoints:
         return restored
 
     def wait_until_finished(self) -> None:
-        """The manager's wait. An async save that failed has been reported by then; it is raised only with
+        """The manager's wait. An async save that failed is reported by its watcher; raised only with
         ``raise_errors``."""
-        if self._last is not None:
-            self._last.settled.wait()
-        self._take_error()
-        self.manager.wait_until_finished()
+        try:
+            self.manager.wait_until_finished()
+        except Exception as e:
+            if not self._previous_failure(e) or self._raise:
+                raise
 
     def close(self) -> None:
-        """Wait for the last save, close the manager, and send the last save's report (waiting
+        """Close the manager (which waits for the last save), and send the last save's report (waiting
         ``CLOSE_TIMEOUT_SECONDS`` at most for it)."""
         try:
-            self.wait_until_finished()
+            try:
+                self.manager.close()
+            except Exception as e:
+                if not self._previous_failure(e) or self._raise:
+                    raise
+                self.manager.close()  # Orbax's close stopped at that error, before closing anything
         finally:
-            self.manager.close()
             if self._last is not None:
                 self._last.thread.join(CLOSE_TIMEOUT_SECONDS)
 
@@ -144,24 +180,30 @@ class OrbaxCheckpoints:
 
     # --- inside ----------------------------------------------------------------------------------------------------
 
-    def _will_save(self, step: int) -> bool:
-        try:
-            return bool(self.manager.should_save(step))
-        except Exception:
-            return True  # then wait, as Orbax's save itself would
+    def _previous_failure(self, error: BaseException) -> bool:
+        """Whether ``error``, raised by one of the manager's calls on the job's thread, is the last save's
+        failure, which Orbax raises again there (and the watcher reports): then it is taken."""
+        last = self._last
+        if last is None or last.finalize is None or not _raised_from(error, last.finalize):
+            return False
+        last.taken = True
+        if last.error is None:
+            last.error = error  # Orbax before 0.6.2 hands it to the first thread that joins: maybe this one
+        return True
 
     def _take_error(self) -> None:
         """Take from the manager, on the job's thread, the error of a failed async save that was reported already:
-        Orbax raises it once per thread, from the next wait, which would otherwise be the next save's."""
+        Orbax raises it once per thread, from the next wait, which would otherwise be the next save's. Its wait
+        returns at once: that save's finalize thread has ended."""
         last = self._last
-        if last is None or not last.settled.is_set() or last.error is None or last.taken:
+        if self._raise or last is None or not last.settled.is_set() or last.error is None or last.taken:
             return
-        last.taken = True
         try:
             self.manager.wait_until_finished()
-        except BaseException as e:
-            if self._raise or e is not last.error:
+        except Exception as e:
+            if not self._previous_failure(e):
                 raise
+        last.taken = True
 
     def _latest_step(self, directory: Any) -> int:
         """The step a restore of "the latest" will read: the manager's, unless another directory is named."""
@@ -213,11 +255,14 @@ class OrbaxCheckpoints:
 
 
 class _SaveWatcher:
-    """Waits, on a thread of its own, for one save to be durable or to fail, then reports it."""
+    """Waits, on a thread of its own, for one save's finalize thread (Orbax's) to end, then reports the save."""
 
-    def __init__(self, owner: OrbaxCheckpoints, step: int, started: float, returned: float) -> None:
-        self.settled = threading.Event()  # the manager's wait has returned: the next save may go ahead
-        self.error: BaseException | None = None  # the save's failure, as the manager raised it
+    def __init__(
+        self, owner: OrbaxCheckpoints, step: int, started: float, returned: float, finalize: threading.Thread | None
+    ) -> None:
+        self.settled = threading.Event()  # the save is durable, or failed
+        self.finalize = finalize  # Orbax's thread that finalizes the save; None: durable when save() returned
+        self.error: BaseException | None = None  # the save's failure, as Orbax's finalize thread kept it
         self.taken = False  # whether the job's thread has taken that error from the manager
         self._owner = owner
         self._step = step
@@ -227,12 +272,13 @@ class _SaveWatcher:
         self.thread.start()
 
     def _run(self) -> None:
-        owner = self._owner
-        try:
-            owner.manager.wait_until_finished()
-        except BaseException as e:  # the save's own failure, raised again by Orbax for this thread
-            self.error = e
-        durable = time.perf_counter()
+        owner, finalize = self._owner, self.finalize
+        if finalize is not None:
+            # The base class's join: Orbax's own raises the failure at most once per thread (clearing it before
+            # 0.6.2), and the job's thread must still get it from Orbax where it would.
+            threading.Thread.join(finalize)
+            self.error = self.error or getattr(finalize, "exception", None)
+        durable = time.perf_counter() if finalize is not None else self._returned  # synchronous: made in the call
         self.settled.set()
         seconds, blocking = durable - self._started, self._returned - self._started
         if self.error is not None:
@@ -253,6 +299,37 @@ class _SaveWatcher:
             blocking,
             size,
         )
+
+
+def finalize_thread(manager: Any) -> threading.Thread | None:
+    """The thread that finalizes the manager's latest async save (Orbax's ``_FinalizeThread``, kept in an
+    ``OptionalRef`` since 0.11.6, in a plain attribute before), or None: none yet, or not Orbax's manager."""
+    kept = getattr(manager, "_finalize_thread", None)
+    thread = kept.get() if kept is not None and callable(getattr(kept, "get", None)) else kept
+    return thread if isinstance(thread, threading.Thread) else None
+
+
+def _step_of(thread: threading.Thread) -> int | None:
+    """The step of Orbax's finalize thread (``step()``, since 0.6), None when it does not say."""
+    step: Callable[[], Any] | None = getattr(thread, "step", None)
+    try:
+        return int(step()) if callable(step) else None
+    except Exception:
+        return None
+
+
+def _raised_from(error: BaseException, thread: threading.Thread) -> bool:
+    """Whether ``error`` is the failure kept by Orbax's finalize ``thread``: the object itself, or (once Orbax
+    before 0.6.2 has cleared it from the thread) an error whose traceback passes through the thread's ``run``
+    or ``join``."""
+    if error is getattr(thread, "exception", None):
+        return True
+    tb = error.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_locals.get("self") is thread:
+            return True
+        tb = tb.tb_next
+    return False
 
 
 def step_directory(root: Any, step: int) -> Any | None:
