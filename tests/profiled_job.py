@@ -14,6 +14,7 @@ step to the next. It prints one JSON line: the profiles the Monitor sent, the ca
 from __future__ import annotations
 
 import argparse
+import atexit
 import itertools
 import json
 import os
@@ -110,6 +111,11 @@ def main() -> None:
             params, value = step(params, batch)
             float(value)  # waits: the step ends when its work does
     monitor.close()
+    # Printed at exit, once the interpreter has waited for the stops under way: each trace is in the spool by then.
+    atexit.register(report, monitor, recorder, sessions, user_traces)
+
+
+def report(monitor: Monitor, recorder: ProfileSink, sessions: dict[int, Any], user_traces: list[Any]) -> None:
     profiler = monitor._profiler
     print(
         json.dumps(
@@ -117,6 +123,7 @@ def main() -> None:
                 "profiles": msgspec.to_builtins(recorder.profiles),  # each a list, as its fields
                 "fields": list(events.DeviceProfile.__struct_fields__),
                 "captures": profiler.captures if profiler is not None else None,
+                "handed_over": profiler.handed_over if profiler is not None else None,
                 "every": profiler.every if profiler is not None else None,
                 "sessions": {first: steps for first, steps in sessions.items() if steps},
                 "user_traces": user_traces,

@@ -148,7 +148,7 @@ mode, socket_path = sys.argv[1], sys.argv[2]
 monitored = mode == "monitor"
 if monitored:
     from tpuscope.tracing import Monitor
-    mon = Monitor("pgle", socket=socket_path, traces=False, profile_period="0.3s")
+    mon = Monitor("pgle", socket=socket_path, traces=False, profile_period="0.02s")  # K: the floor, 16 steps
 
 @jax.jit
 def train_step(x):

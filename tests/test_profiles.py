@@ -19,7 +19,7 @@ from conftest import variation
 
 from tpuscope import catalog, events
 from tpuscope.scrape import Scrape
-from tpuscope.testing.waiting import wait_for
+from tpuscope.testing.waiting import scrape_until, wait_for
 from tpuscope.tracing import Monitor
 from tpuscope.tracing.profiles import (
     CAPTURED_STEPS,
@@ -144,7 +144,7 @@ def test_where_the_collective_wait_varies_by_half_the_alert_series_varies_less_t
 
 def test_a_captures_work_runs_at_the_nice_values_it_is_given(short_tmp: Path) -> None:
     """Both halves of a capture run at the lowest priority by default (19), the training's threads first: the job's
-    profiler thread ($TPUSCOPE_PROFILE_NICE) and the sidecar's parser, a child process (--profile-parser-nice).
+    stop of its trace ($TPUSCOPE_PROFILE_NICE) and the sidecar's parser, a child process (--profile-parser-nice).
     Watched on the real processes, each shows the value it is given, and no other thread of the job is niced."""
     job_nice: set[int] = set()  # the nice values of the job's threads, other than 0
     parser_nice: dict[int, int] = {}  # parser pid -> its nice value when last seen
@@ -358,27 +358,53 @@ def test_a_period_longer_than_an_event_may_carry_is_said_as_the_longest_it_may()
     profiler.close()
 
 
-@pytest.mark.parametrize("field", ["period_s", "per_step", "ops_by_category"])
+@pytest.mark.parametrize("field", ["period_s", "per_step", "ops_by_category", "served"])
 def test_the_trailing_fields_ride_on_the_wire_both_ways_with_older_peers(field: str) -> None:
-    """``period_s`` and then ``per_step``, ``ops_by_category`` and ``ops_by_name`` are trailing fields: a sidecar
-    older than one reads a newer job's step (the field and those after it ignored), and a newer sidecar reads an
-    older job's profile with their defaults (a period of 0, unknown: the rules judge it by the default period; no
-    steps one by one: the sidecar takes the capture's means as its steps)."""
+    """``period_s`` and then ``per_step``, ``ops_by_category``, ``ops_by_name`` and ``served`` are trailing fields: a
+    sidecar older than one reads a newer job's step (the field and those after it ignored), and a newer sidecar reads
+    an older job's profile with their defaults (a period of 0, unknown: the rules judge it by the default period; no
+    steps one by one: the sidecar takes the capture's means as its steps; not served: the step's profile counts)."""
     import msgspec
 
     fields = msgspec.structs.fields(events.DeviceProfile)
     names = [f.name for f in fields]
-    assert names[-4:] == ["period_s", "per_step", "ops_by_category", "ops_by_name"]
+    assert names[-5:] == ["period_s", "per_step", "ops_by_category", "ops_by_name", "served"]
     kept = names.index(field)
     older_type = msgspec.defstruct(
         "DeviceProfile", [(f.name, f.type, f.default) for f in fields[:kept]], array_like=True, frozen=True
     )
     per_step = (events.ProfiledStep(0.09, 0.05, 0.02, 0.0, 0.02, 0.05),) * 2
     newer = events.DeviceProfile(
-        "ok", 2, 8, 0.09, 0.05, 0.02, 0.0, 0.02, 0.05, 0.3, 720_000, 0.6, 900.0, per_step, 40, 3
+        "ok", 2, 8, 0.09, 0.05, 0.02, 0.0, 0.02, 0.05, 0.3, 720_000, 0.6, 900.0, per_step, 40, 3, True
     )
     older = msgspec.msgpack.decode(msgspec.msgpack.encode(newer), type=older_type)
     assert msgspec.structs.astuple(older) == msgspec.structs.astuple(newer)[:kept]
     read = msgspec.msgpack.decode(msgspec.msgpack.encode(older), type=events.DeviceProfile)
     assert msgspec.structs.astuple(read)[:kept] == msgspec.structs.astuple(newer)[:kept]
     assert [getattr(read, name) for name in names[kept:]] == [f.default for f in fields[kept:]]
+
+
+def test_every_capture_the_job_handed_over_is_served_though_the_job_ended_first(sidecar: SidecarProcess) -> None:
+    """Issue 52: on a 2-core machine with both cores busy, a 400-step fused run with a short period ended before any
+    capture's answer came back, and none was served: the answer went from the sidecar to the job and back on a step.
+    Now the sidecar serves what it parsed itself, for the workload the job named beside the trace, and the step that
+    carries an answer back does not count it again."""
+    workload = "loaded"
+    # Both cores busy: this hog and the job (and, in the suite, the other worker's tests).
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"])]
+    try:
+        job = run_job(sidecar, 400, "0.3", "--workload", workload)
+    finally:
+        for hog in hogs:
+            hog.kill()
+            hog.wait()
+    handed, heard = job["handed_over"], job["captures"]["ok"]
+    assert handed >= 1, job["captures"]
+
+    def parsed(scrape: Scrape) -> bool:
+        return sum(scrape.value(catalog.PROFILE_PARSES.name, result=r) or 0 for r in ("ok", "empty")) >= handed
+
+    scrape = scrape_until(sidecar.url, parsed, timeout=120, what=f"{handed} traces parsed")
+    served = scrape.value(catalog.PROFILE_CAPTURES.name, workload=workload, result="ok")
+    print(f"{handed} traces handed over; the job heard back of {heard} before it ended; the sidecar serves {served}")
+    assert served == scrape.value(catalog.PROFILE_PARSES.name, result="ok") == handed, scrape.text

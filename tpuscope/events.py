@@ -75,9 +75,11 @@ STEP_ANNOTATION = "train"
 # A capture's serialized trace larger than this is not handed over (the job) nor read (the sidecar): a few steps'
 # trace is a few MB; a bigger one is a capture that ran far past its steps.
 PROFILE_MAX_BYTES = 128 << 20
-# In the spool (profile_spool): a job writes STEM.xspace.tmp, renames it STEM.xspace (a trace is whole or absent),
-# and the sidecar answers STEM.json (a DeviceProfile as JSON, written the same way). STEM is JOB-SEQ: JOB names the
-# process (its pid and a random token: two containers' jobs may both be pid 1), SEQ counts its captures.
+# In the spool (profile_spool): a job writes STEM.head (a ProfileHandover: whose trace, so that the sidecar serves
+# its answer itself) and STEM.xspace.tmp, renames the latter STEM.xspace (a trace is whole or absent), and the sidecar
+# answers STEM.json (a DeviceProfile as JSON, written the same way). STEM is JOB-SEQ: JOB names the process (its pid
+# and a random token: two containers' jobs may both be pid 1), SEQ counts its captures.
+PROFILE_HEADER_SUFFIX = ".head"
 PROFILE_TRACE_SUFFIX = ".xspace"
 PROFILE_ANSWER_SUFFIX = ".json"
 PROFILE_PARTIAL_SUFFIX = ".tmp"
@@ -123,6 +125,8 @@ class DeviceProfile(msgspec.Struct, array_like=True, frozen=True):
     sidecar can average several captures and say their spread (trailing: empty from an older parser).
     ``ops_by_category`` / ``ops_by_name``: the device ops the parser classified by their HLO category (as XProf
     does) and those it could only tell by name (no category in the trace: the CPU backend, an older runtime).
+    ``served``: the sidecar that parsed the capture served it already (from the job's ProfileHandover), so that the
+    step carrying it back is not counted again (trailing: False from an older sidecar, whose jobs' steps carry it).
     """
 
     result: ProfileResult
@@ -141,6 +145,7 @@ class DeviceProfile(msgspec.Struct, array_like=True, frozen=True):
     per_step: Annotated[tuple[ProfiledStep, ...], msgspec.Meta(max_length=PROFILE_MAX_STEPS)] = ()
     ops_by_category: Count = 0
     ops_by_name: Count = 0
+    served: bool = False
 
     def overlap(self) -> float | None:
         """The share of the collective ops' time that compute covered; None without collective ops."""
@@ -150,6 +155,16 @@ class DeviceProfile(msgspec.Struct, array_like=True, frozen=True):
     def imbalance(self) -> float | None:
         """The busiest local device's compute over the devices' mean; None without compute."""
         return self.slowest_compute_s / self.compute_s if self.compute_s > 0 else None
+
+
+class ProfileHandover(msgspec.Struct, frozen=True):
+    """Whose trace a spool's STEM.xspace is, written beside it as STEM.head by the job that captured it: the sidecar
+    that parses it serves the answer for ``workload`` itself, whether or not the job is still there to carry it.
+    ``capture_s`` and ``period_s`` as in DeviceProfile."""
+
+    workload: LabelValue
+    capture_s: Seconds = 0.0
+    period_s: Seconds = 0.0
 
 
 class Event(msgspec.Struct, array_like=True, frozen=True, tag_field="k"):

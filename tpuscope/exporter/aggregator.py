@@ -312,7 +312,7 @@ class Aggregator:
         self._progress(e.workload)
         if e.dropped:
             self._ingest[catalog.DROPPED].inc(e.dropped)
-        if e.profile is not None:
+        if e.profile is not None and not e.profile.served:  # a served one was counted as it was parsed
             self._profile(e.workload, e.profile)
         if e.flops:
             m[catalog.MODEL_FLOPS].labels(e.workload).inc(e.flops)
@@ -326,6 +326,16 @@ class Aggregator:
                 achieved = min(achieved, 1.0)
                 state.mfu = achieved if state.mfu is None else state.mfu + MFU_SMOOTHING * (achieved - state.mfu)
                 m[catalog.MFU].labels(e.workload).set(state.mfu)
+
+    def parsed_profile(self, workload: str, profile: events.DeviceProfile) -> None:
+        """A capture this sidecar parsed and serves itself (tpuscope.exporter.profiles), whether or not its job is
+        still there to carry the answer back; the step that does carries it marked ``served``. Called on the ingest
+        thread, as the events are."""
+        self._now = time.time()
+        workload = self._limiter.value(catalog.Label.WORKLOAD, workload, workload)
+        state = self._workload(workload)
+        state.last_seen = time.monotonic()
+        self._profile(workload, profile)
 
     def _profile(self, workload: str, p: events.DeviceProfile) -> None:
         """A device-profile capture, riding on a step. Every attempt is counted with its cost, and says the job's

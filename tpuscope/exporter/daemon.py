@@ -133,7 +133,13 @@ def serve(config: ServeConfig) -> int:
         log.info("pushing metrics over OTLP every %g s", config.otlp_metrics_interval)
     ingest.start()
     # The jobs' device traces, parsed in a child at the nice value the config gives.
-    profiles = ProfileService(config.socket, config.socket_mode, metrics, config.profile_parser_nice)
+    profiles = ProfileService(
+        config.socket,
+        config.socket_mode,
+        metrics,
+        config.profile_parser_nice,
+        serve=lambda workload, profile: ingest.call(lambda: aggregator.parsed_profile(workload, profile)),
+    )
     profiles.start()
     http.start()
     for runner in runners:

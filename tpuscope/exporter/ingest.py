@@ -31,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import queue
 import select
 import selectors
 import socket
@@ -38,6 +39,7 @@ import stat
 import struct
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -148,6 +150,8 @@ class IngestLoop:
         self._selector = selectors.DefaultSelector()
         self._selector.register(self._listener, selectors.EVENT_READ, None)
         self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._calls: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()  # see call()
         self._selector.register(self._wake_r, selectors.EVENT_READ, "wake")
         self._stopping = threading.Event()
         self._connections: set[Connection] = set()
@@ -170,6 +174,8 @@ class IngestLoop:
             for key, _ in self._selector.select(wait if busy else EXPIRY_CHECK_INTERVAL):
                 if key.data is None:
                     self._accept()
+                elif key.data == "wake":
+                    self._run_calls()
             received = full = 0
             stamped = wait >= STAMPED_AFTER_SECONDS
             for conn in list(self._connections):
@@ -201,6 +207,26 @@ class IngestLoop:
                     self._aggregator.tick()
                 except Exception:  # a bug of ours must not stop the ingest of every job
                     log.exception("failed to expire idle workloads or book their wall time")
+
+    def call(self, fn: Callable[[], None]) -> None:
+        """Run ``fn`` on the ingest thread, the aggregator's one (soon: the loop is woken for it)."""
+        self._calls.put(fn)
+        with contextlib.suppress(OSError):  # the loop stopped: nothing is left to serve
+            self._wake_w.send(b"c")
+
+    def _run_calls(self) -> None:
+        with contextlib.suppress(BlockingIOError, OSError):
+            while self._wake_r.recv(4096):
+                pass
+        while True:
+            try:
+                fn = self._calls.get_nowait()
+            except queue.Empty:
+                return
+            try:
+                fn()
+            except Exception:  # a bug of ours must not stop the ingest of every job
+                log.exception("a call on the ingest thread failed")
 
     def _accept(self) -> None:
         try:

@@ -2,15 +2,21 @@
 
 A job's capture (:mod:`tpuscope.tracing.profiles`) ends with the serialized XSpace of a few steps. Reading it is a
 second or more of Python per few MB, which in the job would compete with the training loop for its GIL and cores. So
-the job only starts and stops the trace and hands the bytes over; the split comes back as the job's answer, and the
-job sends it on its next step event as before (``Step.profile``).
+the job only starts and stops the trace and hands the bytes over, and this sidecar serves what it parsed itself: the
+job names the trace's workload beside it (a :class:`~tpuscope.events.ProfileHandover`), and the parse goes straight
+into this sidecar's metrics (``Aggregator.parsed_profile``, on the ingest thread). A job that has ended meanwhile (a
+short run, a starved parse on a busy host: the job comes first) loses nothing. The answer still goes back to the
+job, marked ``served``, for its own recording; the step that carries it is not counted again. A trace without a
+handover (a job older than this) is answered unserved, and its job's next step event carries it as before
+(``Step.profile``).
 
 The hand-over is a spool directory beside the socket (:func:`tpuscope.events.profile_spool`):
 
 - this service makes it as it starts and removes it as it stops: a job finds a sidecar that parses by finding it (an
   older sidecar makes none, and its jobs take no captures). Whoever may connect to the socket may write into it (its
   group bits follow ``--socket-mode``), without listing it: the names carry a random token per job process;
-- a job writes ``STEM.xspace.tmp`` and renames it ``STEM.xspace``: a trace here is whole;
+- a job writes ``STEM.head`` (its handover), then ``STEM.xspace.tmp``, and renames that ``STEM.xspace``: a trace here
+  is whole, and its handover already there;
 - this service answers ``STEM.json`` (the :class:`~tpuscope.events.DeviceProfile`, as JSON, written the same way) and
   deletes the trace; the job reads and deletes the answer.
 
@@ -39,6 +45,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -52,13 +59,22 @@ POLL_SECONDS = 0.1  # how often the spool is looked at: what a job waits at most
 PARSE_TIMEOUT = 120.0  # the most one parse may take: a trace at the size cap parses in well under a minute
 STALE_SECONDS = 600.0  # a file older than this belongs to no job still waiting: deleted
 CLEAN_EVERY = 10.0  # seconds between two looks for stale files
+HANDOVER_MAX_BYTES = 4096  # a workload's name and two figures
 
 
 class ProfileService:
     """Parses the device traces jobs leave in the spool beside ``socket``, on a thread of its own."""
 
-    def __init__(self, socket: Path, socket_mode: int, metrics: dict[catalog.Metric, Any], nice: int) -> None:
+    def __init__(
+        self,
+        socket: Path,
+        socket_mode: int,
+        metrics: dict[catalog.Metric, Any],
+        nice: int,
+        serve: Callable[[str, events.DeviceProfile], None] = lambda workload, profile: None,
+    ) -> None:
         self.spool = events.profile_spool(socket)
+        self._serve = serve  # a parsed capture, for its workload: into the metrics, on the aggregator's thread
         self._nice = nice  # the parser's: 19 by default, so the training job's threads go first
         # Those allowed to connect (the socket's owner, its group where --socket-mode admits it) may create and
         # remove files here, but not list them.
@@ -202,11 +218,22 @@ class ProfileService:
         return profile, "ok" if profile.result == "ok" else "empty"
 
     def _finish(self, stem: str, profile: events.DeviceProfile, result: str) -> None:
-        """Answer the trace's job (unless it took the trace back), delete the trace, count the result."""
+        """Serve the trace's answer where its job handed it over, answer the job (unless it took the trace back),
+        delete the trace, count the result."""
         self._parses[result].inc()
         trace = self.spool / (stem + events.PROFILE_TRACE_SUFFIX)
-        if not trace.exists():
+        handover = self._handover(stem)
+        if not trace.exists():  # its job took it back (and counted it): nothing to serve
             return
+        if handover is not None and result != "dropped":  # a dropped one was given up on, and counted, by its job
+            profile = msgspec.structs.replace(
+                profile,
+                capture_s=handover.capture_s,
+                period_s=handover.period_s,
+                trace_bytes=_size(trace),
+                served=True,
+            )
+            self._serve(handover.workload, profile)
         answer = self.spool / (stem + events.PROFILE_ANSWER_SUFFIX)
         partial = answer.with_name(answer.name + events.PROFILE_PARTIAL_SUFFIX)
         try:
@@ -221,6 +248,30 @@ class ProfileService:
             log.warning("device profiles: cannot answer %s: %s", stem, e)
         self._remove(trace.name)
 
+    def _handover(self, stem: str) -> events.ProfileHandover | None:
+        """The job's handover of a trace (and it is removed), or None: none (an older job), or unreadable."""
+        path = self.spool / (stem + events.PROFILE_HEADER_SUFFIX)
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except OSError:
+            return None
+        try:
+            with os.fdopen(fd, "rb") as f:
+                data = f.read(HANDOVER_MAX_BYTES + 1) if stat.S_ISREG(os.fstat(f.fileno()).st_mode) else b""
+            return msgspec.json.decode(data, type=events.ProfileHandover) if len(data) <= HANDOVER_MAX_BYTES else None
+        except (OSError, msgspec.DecodeError) as e:
+            log.warning("device profiles: the handover of %s is unreadable (%s): its job's step carries it", stem, e)
+            return None
+        finally:
+            self._remove(path.name)
+
     def _remove(self, name: str) -> None:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.spool / name)
+
+
+def _size(path: Path) -> int:
+    try:
+        return os.lstat(path).st_size
+    except OSError:
+        return 0

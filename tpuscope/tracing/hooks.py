@@ -38,7 +38,7 @@ class Hook:
     default: bool
     changes: str  # what it does to the process
     why: str  # why this default, and what proves it harmless
-    proof: str = ""  # the test that runs a real job with and without it
+    proof: str = ""  # the tests that run a real job with and without it (files, ", " between two)
 
 
 SIGTERM = Hook(
@@ -79,10 +79,13 @@ EXPLAIN_RECOMPILES = Hook(
     True,
     "turns `jax_explain_cache_misses` on, only where the job left it at its default (not in the environment, "
     "False), for a budget of explanations (`jax_compiles.EXPLAIN_BUDGET`); hooks that setting's updates to hand "
-    "it back at the job's own `jax.config.update`; filters JAX's explanation and cache loggers to keep what the "
-    "setting raises to WARNING at DEBUG; restores the setting only if it is still tpuscope's",
-    "the job's log and config read as without it; the explanations name why a function was traced again "
-    "(without them a recompile's cause reads `unexplained`)",
+    "it back at the job's own `jax.config.update`; filters (first, before the job's) JAX's explanation and cache "
+    "loggers: an explanation is read and dropped (JAX logs none without the setting), and a cache record the "
+    "setting raised to WARNING is put back at DEBUG, kept only where the logger is enabled for DEBUG; restores the "
+    "setting only if it is still tpuscope's",
+    "the job's log and config read as without it, record for record and level for level (cache on or off, the "
+    "job at DEBUG, INFO or WARNING); the explanations name why a function was traced again (without them a "
+    "recompile's cause reads `unexplained`)",
     "tests/test_job_safety_compiles.py",
 )
 PROFILES = Hook(
@@ -90,13 +93,19 @@ PROFILES = Hook(
     "TPUSCOPE_PROFILES",
     True,
     "samples a device profile of a few steps every `profile_period` (10 min) with JAX's one profiler "
-    "session, on a thread of its own at the lowest CPU priority; the sidecar parses it. While a profiler lives, "
-    "JAX's profiler lock (`jax._src.profiler._profile_state.lock`) is wrapped so that any `start_trace`, "
-    "`stop_trace` or `trace()` of the job's first ends a capture (given back at the last close, and in a forked "
-    "child); never captures while PGLE is on; a capture ends when the job leaves the step loop",
+    "session, started on a thread of its own; each session ends with its `stop()` (never dropped unstopped: its "
+    "destructor holds the GIL) on a thread the interpreter waits for at exit (`tpuscope-profile-stop`, at the "
+    "lowest CPU priority once the trace stops recording), which writes the trace into the sidecar's spool; the "
+    "sidecar parses and serves it. While a profiler lives, JAX's profiler lock "
+    "(`jax._src.profiler._profile_state.lock`) is wrapped so that any `start_trace`, `stop_trace` or `trace()` of "
+    "the job's first ends a capture and waits only until the native profiler has let it go (given back once the "
+    "last profiler is closed and its last stop done, and in a forked child); never captures while PGLE is on; a "
+    "capture ends when the job leaves the step loop",
     "the only way to split a fused step into compute and collective; bounded in time, memory and cost, "
-    "and the job's own traces come first",
-    "tests/test_job_safety_profiles.py",
+    "and the job's own traces come first; `close()` returns at once, a finished job exits cleanly (a stop under "
+    "way delays its exit by that stop, never aborts it; a killed job does not wait), and what was captured is "
+    "served even if the job ended first",
+    "tests/test_job_safety_profiles.py, tests/test_job_safety_captures.py",
 )
 EXCEPTHOOK = Hook(
     "excepthook",

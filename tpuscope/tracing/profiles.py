@@ -1,58 +1,77 @@
 """Sampled device profiles: where a fused step's time goes on the devices, measured live.
 
-A real job runs one fused jitted step, in which collectives overlap compute: no timer on the host can
-split it. Only a device trace can. So every K steps the job traces a few steps in-process (the profiler
-JAX itself uses, held in memory) and hands the trace to the sidecar, which parses it
-(:mod:`tpuscope.exporter.profiles`) and answers with the split; the answer rides on the next step's event
-(``Step.profile``).
+A real job runs one fused jitted step, in which collectives overlap compute: no timer on the host can split it. Only
+a device trace can. So every K steps the job traces a few steps in-process (the profiler JAX itself uses, held in
+memory) and hands the trace to the sidecar, which parses it (:mod:`tpuscope.exporter.profiles`) and serves the split
+itself; it answers the job too, whose next step's event carries it (``Step.profile``, marked ``served``) to the
+job's own sinks.
 
-- **Which steps.** K is a power of two near ``period / step time``, and a capture starts at a step
-  divisible by K. Hosts of a synchronous job step in lockstep and measure nearly the same step time, so
-  they choose the same K; where one chose twice another's (near a power-of-two boundary, or after
-  widening its period), its captures are still a subset of the other's: every host that captures at a
-  step captures the same steps. Each attempt's event says the wall time K steps now take
-  (``DeviceProfile.period_s``): the sidecar serves it, and the rules count a capture fresh for a few of them.
-- **Which of them are measured.** The session starts on the profiler's thread while the step that asked for
-  it runs: that step is neither traced whole nor annotated (a trace's first annotation is the step after it, or
-  later on a starved host: never a step the session began inside). The first step begun inside the session is a
-  lead-in, not annotated either: ops dispatched before the session (an asynchronous job's earlier steps) began
-  untraced, and a window they ran into would read their time as idle. Then :data:`CAPTURED_STEPS` steps are
-  annotated, and the sidecar measures every window between two consecutive annotations the trace holds: 5
-  steps, and still 4 should the trace lack one.
-- **What it costs the job.** On the training thread, while a capture runs: a step annotation and a clock
-  read per annotated step (about a microsecond). On the profiler's thread, at the lowest CPU priority: starting
-  and stopping the trace (JAX's stop serializes it without holding the GIL) and writing it into the sidecar's
-  spool; never a parse. That cost is measured each time (``capture_s``); a capture costing more than
-  :data:`COST_BUDGET` of its period's wall time doubles K.
-- **Bounded.** JAX's profiler buffers every op it sees in host memory (hundreds of MB a second on a busy
-  CPU backend), so a capture must not outlive its steps: it ends after its lead-in and :data:`CAPTURED_STEPS`
-  annotated steps (with the end of the step that asked, 8 steps' ops: 0.2 s of the bench's 25 ms steps), or is
-  discarded (counted ``error``, said once) when the job goes :data:`DEADLINE_STEPS` mean step times
-  (at least :data:`DEADLINE_FLOOR`) without starting or ending a step: an eval, a checkpoint, the loop's end.
-  Each step pushes that deadline forward; the profiler's thread waits for it. (``ProfileOptions.duration_ms``
-  bounds only a remote capture through a profiler server; an in-process session ignores it.)
-- **The user's profiler comes first.** JAX allows one profiling session per process. While a profiler
-  lives, JAX's own profiler lock (``jax._src.profiler._profile_state.lock``, which ``start_trace``,
-  ``stop_trace`` and ``trace()`` take at each call) is wrapped so that whoever takes it first ends a
-  capture under way: the user's trace works, however ``start_trace`` was imported, and JAX's profiler stays
-  usable. A capture does not start (counted ``busy``) while a session of the user's or a profiler server
-  runs, nor while JAX's PGLE is on (``jax_enable_pgle``): its sessions start inside the user's jitted calls
-  and raise there when another session runs. Steps are annotated only while a session of ours runs, so
-  nothing is written into a user's trace.
+- **Which steps.** K is a power of two near ``period / step time``, and a capture starts at a step divisible by K.
+  Hosts of a synchronous job step in lockstep and measure nearly the same step time, so they choose the same K;
+  where one chose twice another's (near a power-of-two boundary, or after widening its period), its captures are
+  still a subset of the other's: every host that captures at a step captures the same steps. Each attempt's event
+  says the wall time K steps now take (``DeviceProfile.period_s``): the sidecar serves it, and the rules count a
+  capture fresh for a few of them.
+- **Which of them are measured.** The session starts on the profiler's thread while the step that asked for it runs:
+  that step is neither traced whole nor annotated (a trace's first annotation is the step after it, or later on a
+  starved host: never a step the session began inside). The first step begun inside the session is a lead-in, not
+  annotated either: ops dispatched before the session (an asynchronous job's earlier steps) began untraced, and a
+  window they ran into would read their time as idle. Then :data:`CAPTURED_STEPS` steps are annotated, and the
+  sidecar measures every window between two consecutive annotations the trace holds: 5 steps, and still 4 should the
+  trace lack one.
+- **What it costs the job.** On the training thread, while a capture runs: a step annotation and a clock read per
+  annotated step (about a microsecond). On the profiler's threads: starting the trace, then stopping it and writing
+  it into the sidecar's spool at the lowest CPU priority once it no longer records; never a parse. That cost is
+  measured each time (``capture_s``); a capture costing more than :data:`COST_BUDGET` of its period's wall time
+  doubles K.
+- **Never under the GIL.** A session is always ended by its ``stop()``, which collects, converts and serializes the
+  trace without holding the GIL (a step of the job's, an eval's pure Python, go on meanwhile). Never by dropping it
+  unstopped: its C++ destructor collects the whole trace holding the GIL, freezing every Python thread of the job
+  for as long; so an expired or discarded capture is stopped too, and its bytes thrown away.
+- **Nothing native at exit.** Each ``stop()``, and the trace's write into the spool, runs on a thread of its own
+  that is *not* a daemon (``tpuscope-profile-stop``): the interpreter waits for it before it finalizes. A daemon
+  thread inside ``stop()`` when the interpreter finalizes is killed as it takes the GIL back, through a C++ frame
+  that may not unwind: the job, finished, aborts (SIGABRT, a failed container that JobSet restarts). So
+  :meth:`DeviceProfiler.close` returns at once (the ``with`` block's exit, a notebook cell), a capture under way is
+  stopped on that thread and discarded, and a stop already under way runs on: a job that exits then exits once it is
+  done (the stop of a capture's few steps; longer for a bigger trace, at the lowest priority). A job that is killed
+  (SIGKILL, or SIGTERM without a handler) does not wait: it never finalizes, so it cannot abort there either. A
+  trace whose stop finished is in the spool, and the sidecar serves its answer (:mod:`tpuscope.exporter.profiles`)
+  whether or not the job is still there to carry it.
+- **Bounded.** JAX's profiler buffers every op it sees in host memory (hundreds of MB a second on a busy CPU
+  backend), so a capture must not outlive its steps: it ends after its lead-in and :data:`CAPTURED_STEPS` annotated
+  steps (with the end of the step that asked, 8 steps' ops: 0.2 s of the bench's 25 ms steps), or is discarded
+  (counted ``error``, said once) when the job goes :data:`DEADLINE_STEPS` mean step times (at least
+  :data:`DEADLINE_FLOOR`) without starting or ending a step: an eval, a checkpoint, the loop's end. Each step pushes
+  that deadline forward; the profiler's thread waits for it. (``ProfileOptions.duration_ms`` bounds only a remote
+  capture through a profiler server; an in-process session ignores it.)
+- **The user's profiler comes first.** JAX allows one profiling session per process. While a profiler lives, JAX's
+  own profiler lock (``jax._src.profiler._profile_state.lock``, which ``start_trace``, ``stop_trace`` and
+  ``trace()`` take at each call) is wrapped so that whoever takes it first ends a capture under way: the user's
+  trace works, however ``start_trace`` was imported, and JAX's profiler stays usable. The user's call waits for no
+  lock of ours, only until the native profiler has let our session go, as it must: the runtime (tsl's
+  ``ProfilerSession``) refuses a second session until the first is collected, and a session made before that is dead
+  (its ``stop_trace`` raises ``ALREADY_EXISTS``), so returning sooner would lose the user's trace. A capture still
+  tracing is stopped at once, on a thread of the user's priority, without the GIL; one whose stop is under way is
+  waited for, its write into the spool not. A capture does not start (counted ``busy``) while a session of the
+  user's or a profiler server runs, nor while JAX's PGLE is on (``jax_enable_pgle``): its sessions start inside the
+  user's jitted calls and raise there when another session runs. Steps are annotated only while a session of ours
+  runs, so nothing is written into a user's trace.
 - **One per process.** :func:`claim` gives the process's one profiler to the first Monitor that asks;
   :func:`release` ends it.
 - **Only with a sidecar that parses.** The sidecar offers the service by making its spool
-  (:func:`tpuscope.events.profile_spool`); without it (an older sidecar, none at all) no capture is taken,
-  said once.
-- **Never in the way.** Nothing here raises into the training loop; what fails is counted (``error``)
-  and said once in the log, and a JAX without the parts used here means no captures, said once.
+  (:func:`tpuscope.events.profile_spool`); without it (an older sidecar, none at all) no capture is taken, said
+  once.
+- **Never in the way.** Nothing here raises into the training loop; what fails is counted (``error``) and said once
+  in the log, and a JAX without the parts used here means no captures, said once.
 
-``period`` (seconds, or a duration such as ``"10m"``, or ``"off"``) comes from the Monitor's
-``profile_period``, else ``$TPUSCOPE_PROFILE_PERIOD``, else :data:`DEFAULT_PERIOD`.
+``period`` (seconds, or a duration such as ``"10m"``, or ``"off"``) comes from the Monitor's ``profile_period``,
+else ``$TPUSCOPE_PROFILE_PERIOD``, else :data:`DEFAULT_PERIOD`.
 """
 
 from __future__ import annotations
 
+import atexit
 import collections
 import contextlib
 import itertools
@@ -92,9 +111,12 @@ DEADLINE_STEPS = 4.0  # a capture lives this many mean step times past the job's
 DEADLINE_FLOOR = 0.5
 ANSWER_TIMEOUT = 120.0  # the most the profiler's thread waits for the sidecar's answer
 ANSWER_POLL = 0.05  # seconds between two looks for it
-CLOSE_TIMEOUT = 5.0  # the most close() waits for the profiler's thread (a trace being stopped)
-# The profiler's thread's nice value (see DeviceProfiler._run): 19, the lowest priority, unless $TPUSCOPE_PROFILE_NICE
-# gives 0 to 19 (a job whose machine is shared with busier processes, where a capture at 19 may not end in time).
+CLOSE_TIMEOUT = 0.2  # the most close() waits for the profiler's thread, which never waits on a native call
+RECORDING_POLL = 0.0005  # seconds between two looks for a stop's end of the recording (see _Stop._lower)
+RECORDING_ENDS_WITHIN = 0.5  # the most seconds those looks take: a stop begun ends the recording in about one
+# A stop's nice value once the trace no longer records (see _Stop): 19, the lowest priority, unless
+# $TPUSCOPE_PROFILE_NICE gives 0 to 19 (a job whose machine is shared with busier processes, where a stop at 19 may
+# not end in time).
 NICE_ENV = "TPUSCOPE_PROFILE_NICE"
 DEFAULT_NICE = 19
 
@@ -105,6 +127,16 @@ _claim_lock = threading.Lock()
 _claimed: tuple[Callable[[], object | None], DeviceProfiler] | None = None
 _refused: weakref.WeakSet[Any] = weakref.WeakSet()  # the owners told that another holds it (told once)
 _jax_state: Any = None  # JAX's _profile_state, once its lock is wrapped
+_stopping: set[_Stop] = set()  # sessions being stopped: a user's call waits for each (see _GivingWayLock)
+# Set by an exit handler, which the interpreter runs once it has waited for its threads: a thread started from then
+# on is not waited for (see _Stop).
+_exiting = False
+_exit_watched = False  # whether that handler is registered (by the first profiler: see claim)
+
+
+def _at_exit() -> None:
+    global _exiting
+    _exiting = True
 
 
 def _forget_in_forked_child() -> None:
@@ -115,6 +147,7 @@ def _forget_in_forked_child() -> None:
     _claimed = None
     _open.clear()
     _refused.clear()
+    _stopping.clear()
     if _jax_state is not None and isinstance(lock := _jax_state.lock, _GivingWayLock):
         _jax_state.lock = threading.Lock() if lock.locked() else lock.lock
 
@@ -136,8 +169,8 @@ def parse_period(value: float | str | None) -> float | None:
 
 
 def worker_nice() -> int:
-    """The profiler's thread's nice value: ``$TPUSCOPE_PROFILE_NICE`` (0 to 19), else :data:`DEFAULT_NICE`. A value
-    it cannot use is said once, in the log, and the default taken: it never raises into the job."""
+    """A stop's nice value: ``$TPUSCOPE_PROFILE_NICE`` (0 to 19), else :data:`DEFAULT_NICE`. A value it cannot use
+    is said once, in the log, and the default taken: it never raises into the job."""
     value = os.environ.get(NICE_ENV, "").strip()
     if not value:
         return DEFAULT_NICE
@@ -147,7 +180,7 @@ def worker_nice() -> int:
             raise ValueError
     except ValueError:
         log.warning(
-            "tpuscope: $%s=%r is not a nice value from 0 to 19: the profiler's thread runs at %d",
+            "tpuscope: $%s=%r is not a nice value from 0 to 19: a trace's stop runs at %d",
             NICE_ENV,
             value,
             DEFAULT_NICE,
@@ -181,7 +214,12 @@ def claim(owner: object, period: float, socket_path: str | os.PathLike[str]) -> 
                 )
                 return None
             held.close()  # its owner is gone without releasing it
-        profiler = DeviceProfiler(period, socket_path)
+        workload = getattr(owner, "workload", "")
+        profiler = DeviceProfiler(period, socket_path, workload if isinstance(workload, str) else "")
+        global _exit_watched
+        if not _exit_watched:
+            atexit.register(_at_exit)
+            _exit_watched = True
         _claimed = (_reference(owner), profiler)
     log.info("tpuscope: device profiles in this process are %s's (every %g s of steps)", _name(owner), period)
     return profiler
@@ -230,6 +268,7 @@ class _Capture:
     deadline: float  # time.monotonic(): pushed forward by each step the job starts or ends
     busy: str = ""  # why it may not start, known on the training thread (PGLE is on)
     session: Any = None  # our profiler session, while it runs (set and cleared under DeviceProfiler._lock)
+    stop: _Stop | None = None  # its stop, once begun (set under DeviceProfiler._lock)
     begun: int = 0  # steps begun inside the session, the lead-in's included
     annotated: int = 0  # steps annotated inside the session (and ended)
     done: threading.Event = field(default_factory=threading.Event)  # its steps are traced, or it must end now
@@ -249,14 +288,16 @@ class DeviceProfiler:
     (writing it to the spool and waiting for the sidecar's answer): benchmarks classify steps by it.
     """
 
-    def __init__(self, period: float, socket_path: str | os.PathLike[str] | None = None) -> None:
+    def __init__(self, period: float, socket_path: str | os.PathLike[str] | None = None, workload: str = "") -> None:
         self.period = period
+        self.workload = workload  # whose traces: the sidecar serves them for it (none: the job's steps carry them)
         self.socket_path = os.fspath(socket_path if socket_path is not None else events.default_socket_path())
         self.spool = events.profile_spool(self.socket_path)
         self.nice = worker_nice()  # read here, so that a bad value is said when the Monitor starts
         self.every = NEVER  # K, once the step time is known
         self.watching = True  # whether the next step's end concerns the profiler (see the class's docstring)
         self.captures: dict[str, int] = dict.fromkeys(events.PROFILE_RESULTS, 0)
+        self.handed_over = 0  # traces written into the spool: the sidecar serves each, whether or not the job waits
         self.history: collections.deque[tuple[str, float, float]] = collections.deque(maxlen=64)
         self._seen = 0  # steps timed so far, until K is chosen
         self._step_time = 0.0  # wall seconds per step: the warm steps' mean, then measured between two captures
@@ -372,26 +413,24 @@ class DeviceProfiler:
 
     # --- a user's trace, on whichever thread starts or stops it ------------------------------
     def give_way(self) -> None:
-        """JAX's profiler lock is being taken (a user's start_trace, stop_trace or trace()): end our capture
-        first, discarding its trace (serializing it would hold up the user's call). The worker holds the same
-        lock while it starts or stops a session: the user's call waits for that, then finds JAX's profiler free."""
+        """JAX's profiler lock is being taken (a user's start_trace, stop_trace or trace()): a session of ours still
+        tracing is stopped now and discarded, and one being stopped is waited for, each without the GIL, until the
+        native profiler is free (see the module's docstring). The worker holds ``_lock`` only to start a session
+        or to hand it to its stop, never across a native call that takes long."""
         capture = self._capture
         if capture is None:
             return
         with self._lock:
             session, capture.session = capture.session, None
-            capture.yielded = True
-            del session  # unstopped: ended without serializing what it holds
+            if session is not None:
+                capture.yielded = True
+                # On a thread started here, of this thread's priority: not the worker's lowest.
+                capture.stop = _Stop(self._jax, session, None, nice=None)
         capture.done.set()
 
     # --- the profiler's thread ----------------------------------------------------------------
     def _run(self) -> None:
-        # The lowest priority by default, for this thread alone (Linux): stopping a trace serializes it, CPU the
-        # training job's threads come before (measured: the steps beside a stop +21-29 % at 0, +2-17 % at 19 on 2
-        # busy cores; the stop takes twice as long). Threads the profiler may start from here would inherit it
-        # (none on the CPU backend): they are the profiler's.
-        with contextlib.suppress(AttributeError, OSError):
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), self.nice)
+        # At the job's priority: this thread only starts sessions and waits; each stop lowers its own (see _Stop).
         while (capture := self._requests.get()) is not None:
             try:
                 self._capture_one(capture)
@@ -404,7 +443,7 @@ class DeviceProfiler:
                         self._capture = None
 
     def _capture_one(self, capture: _Capture) -> None:
-        """Start the session, wait for its steps or its deadline, stop it, hand the trace over, count the answer."""
+        """Start the session, wait for its steps or its deadline, have it stopped and handed over, count the answer."""
         jax = self._jax
         assert jax is not None
         if not self.spool.is_dir():
@@ -440,42 +479,45 @@ class DeviceProfiler:
             if time.monotonic() >= capture.deadline:
                 expired = True
                 break
-        # Ended under the lock a user's trace takes first (give_way): JAX's one session is ours until it is gone,
-        # and a user's start_trace waits for that rather than fail.
-        trace: bytes | None = None
+        # Handed to its stop under the lock a user's trace takes first (give_way): the session is ours or theirs.
+        stem = f"{self._job}-{next(self._sequence)}"
         with self._lock:
             session, capture.session = capture.session, None
-            stopping = time.perf_counter()
             if session is not None:
-                if not (expired or self._closed):
-                    trace = jax.stop(session)
-                del session  # unstopped: ended without serializing what it holds
-            stopped = time.perf_counter()
-        self.history.append(("session", started, stopping))
-        if trace is None:
-            if capture.yielded:  # a user's trace ended it
-                self._skipped("it gave way to a user's trace")
-            elif expired:
-                cost = started - began + stopped - stopping
-                self._count("error", events.DeviceProfile(result="error", capture_s=cost))
-                self._say(
-                    "expired",
-                    f"a device-profile capture was discarded: no step began or ended for {capture.allowance:.1f} s "
-                    "(the job left its step loop: an eval, a checkpoint, its end); counted as error",
-                    logging.INFO,
-                )
+                keep = None if expired or self._closed else _Handover(self, stem, started - began)
+                capture.stop = _Stop(jax, session, keep, self.nice)
+        stop = capture.stop
+        if stop is None:  # the capture never began (it gave way before its session started)
             return
-        self.history.append(("stop", stopping, stopped))
-        cost = started - began + stopped - stopping
-        if len(trace) > events.PROFILE_MAX_BYTES:
-            self._count("error", events.DeviceProfile(result="error", capture_s=cost, trace_bytes=len(trace)))
-            self._say("large", f"a device-profile capture of {len(trace)} bytes is too large to hand over (error)")
+        stop.done.wait()  # a wait in Python: this thread is never inside the stop (see the module's docstring)
+        self.history.append(("session", started, stop.began))
+        self.history.append(("stop", stop.began, stop.ended))
+        cost = started - began + stop.ended - stop.began
+        if self._closed and not capture.yielded:  # discarded, or its answer left to the sidecar: counted by none
             return
-        answer = self._hand_over(trace)
-        self.history.append(("handoff", stopped, time.perf_counter()))
+        if capture.yielded:  # a user's trace ended it
+            self._skipped("it gave way to a user's trace")
+        elif stop.failed:
+            self._count("error", events.DeviceProfile(result="error", capture_s=cost, trace_bytes=stop.trace_bytes))
+            self._say(stop.failed, f"a device-profile capture failed: {stop.failure}")
+        elif expired:
+            self._count("error", events.DeviceProfile(result="error", capture_s=cost))
+            self._say(
+                "expired",
+                f"a device-profile capture was discarded: no step began or ended for {capture.allowance:.1f} s "
+                "(the job left its step loop: an eval, a checkpoint, its end); counted as error",
+                logging.INFO,
+            )
+        else:
+            self._answered(stem, cost, stop.trace_bytes, stop.ended)
+
+    def _answered(self, stem: str, cost: float, trace_bytes: int, written: float) -> None:
+        """Wait for the sidecar's answer to a trace in the spool, and count it."""
+        answer = self._wait_answer(stem)
+        self.history.append(("handoff", written, time.perf_counter()))
         if answer is None:
             return
-        profile = msgspec.structs.replace(answer, capture_s=cost, trace_bytes=len(trace))
+        profile = msgspec.structs.replace(answer, capture_s=cost, trace_bytes=trace_bytes)
         if profile.result == "ok":
             self._widen(cost)  # before it is counted: its event says the period the next capture follows
         self._count(profile.result, profile)
@@ -495,17 +537,11 @@ class DeviceProfiler:
         aimed = self.every * self._step_time if self.every != NEVER and self._step_time > 0 else self.period
         return min(aimed, events.MAX_SECONDS)
 
-    def _hand_over(self, trace: bytes) -> events.DeviceProfile | None:
-        """Leave the trace in the sidecar's spool and wait for its answer; None when there is none (counted)."""
-        stem = f"{self._job}-{next(self._sequence)}"
-        path = self.spool / (stem + events.PROFILE_TRACE_SUFFIX)
+    def _wait_answer(self, stem: str) -> events.DeviceProfile | None:
+        """The sidecar's answer to the trace ``stem`` in its spool; None when there is none (counted). Once the
+        profiler is closed the trace is left there: the sidecar serves its answer without the job."""
+        trace = self.spool / (stem + events.PROFILE_TRACE_SUFFIX)
         answer = self.spool / (stem + events.PROFILE_ANSWER_SUFFIX)
-        try:
-            _write_whole(path, trace)
-        except OSError as e:  # the sidecar went away (its spool with it), a full disk
-            self._count("error", events.DeviceProfile(result="error"))
-            self._say("write", f"a device-profile capture could not be handed to the sidecar: {e} (error)")
-            return None
         deadline = time.monotonic() + ANSWER_TIMEOUT
         looks = 0
         while True:
@@ -514,15 +550,17 @@ class DeviceProfiler:
                 break
             except FileNotFoundError:
                 pass
+            if self._closed:
+                return None
             looks += 1
             gone = looks % 20 == 0 and not self.spool.is_dir()  # about once a second: the sidecar stopped
-            if self._closed or gone or time.monotonic() > deadline:
-                with contextlib.suppress(OSError):
-                    path.unlink()
-                if not self._closed:
-                    self._count("error", events.DeviceProfile(result="error"))
-                    why = "stopped" if gone else f"did not answer within {ANSWER_TIMEOUT:g} s"
-                    self._say("answer", f"the sidecar {why} for a device-profile capture (error)")
+            if gone or time.monotonic() > deadline:
+                for taken_back in (trace, trace.with_suffix(events.PROFILE_HEADER_SUFFIX)):
+                    with contextlib.suppress(OSError):
+                        taken_back.unlink()
+                self._count("error", events.DeviceProfile(result="error"))
+                why = "stopped" if gone else f"did not answer within {ANSWER_TIMEOUT:g} s"
+                self._say("answer", f"the sidecar {why} for a device-profile capture (error)")
                 return None
             self._wake.wait(ANSWER_POLL)
         with contextlib.suppress(OSError):
@@ -546,19 +584,23 @@ class DeviceProfiler:
             self.watching = True
 
     def close(self) -> None:
-        """Discard a capture under way, end the profiler's thread (waiting at most :data:`CLOSE_TIMEOUT`) and,
-        with the process's last profiler, give JAX its own profiler lock back. What was measured is kept for
-        :meth:`take`."""
+        """Discard a capture under way and end the profiler's thread, at once: a stop under way runs on (see the
+        module's docstring) and, once the process's last profiler is closed and its last stop done, JAX gets its
+        own profiler lock back. What was measured is kept for :meth:`take`."""
         self._closed = True
         self._wake.set()
         if (capture := self._capture) is not None:
+            with self._lock:  # here, not on the worker: JAX's lock is not given back while a stop may yet begin
+                session, capture.session = capture.session, None
+                if session is not None and self._jax is not None:
+                    capture.stop = _Stop(self._jax, session, None, self.nice)
             capture.done.set()
         if self._worker is not None:
             self._requests.put(None)
-            self._worker.join(timeout=CLOSE_TIMEOUT)
+            if capture is None or capture.stop is None or capture.stop.done.is_set():  # else it waits for the stop
+                self._worker.join(timeout=CLOSE_TIMEOUT)
         _open.discard(self)
-        if self._jax is not None and not _open:
-            self._jax.unwrap_lock()
+        _give_lock_back_if_idle()
 
     # --- JAX ------------------------------------------------------------------------------------
     def _jax_api(self) -> _Jax | None:
@@ -579,6 +621,101 @@ class DeviceProfiler:
         if key not in self._said:
             self._said.add(key)
             log.log(level, "tpuscope: %s", message)
+
+
+def _give_lock_back_if_idle() -> None:
+    """JAX's own profiler lock back, once no profiler is open and no session of ours is being stopped."""
+    if not _open and not _stopping and _jax_state is not None and isinstance(_jax_state.lock, _GivingWayLock):
+        _jax_state.lock = _jax_state.lock.lock
+
+
+@dataclass(eq=False)
+class _Handover:
+    """What a stop does with a trace it keeps: the sidecar's spool gets it, as ``stem``, with its handover."""
+
+    profiler: DeviceProfiler
+    stem: str
+    start_cost: float  # seconds the session took to start
+
+    def write(self, trace: bytes, stop_cost: float) -> str:
+        """Write the trace and its handover into the spool; "" or why not (a key of the profiler's messages)."""
+        if len(trace) > events.PROFILE_MAX_BYTES:
+            return "large"
+        profiler, spool = self.profiler, self.profiler.spool
+        if profiler.workload:  # the sidecar serves it for this workload (tpuscope.exporter.profiles)
+            handover = events.ProfileHandover(profiler.workload, self.start_cost + stop_cost, profiler.aimed_period())
+            _write_whole(spool / (self.stem + events.PROFILE_HEADER_SUFFIX), msgspec.json.encode(handover))
+        _write_whole(spool / (self.stem + events.PROFILE_TRACE_SUFFIX), trace)
+        profiler.handed_over += 1
+        return ""
+
+
+class _Stop:
+    """A session's end: its ``stop()`` (without the GIL), and a trace that is kept written into the spool, on a
+    thread the interpreter waits for before it finalizes (see the module's docstring). Once the interpreter has
+    stopped waiting for threads (an exit handler's close, a daemon thread that woke then), no thread starts and the
+    session is dropped where it is, holding the GIL: nothing of the job runs any more, and no thread of ours is left
+    inside a native call that gives the GIL up."""
+
+    def __init__(self, jax: _Jax | None, session: Any, keep: _Handover | None, nice: int | None) -> None:
+        self.stopped = threading.Event()  # the native profiler has let the session go
+        self.done = threading.Event()  # and the trace is in the spool, or thrown away
+        self.began = self.ended = time.perf_counter()  # the stop's
+        self.trace_bytes = 0
+        self.failed = ""  # why not kept (a key of the profiler's messages), said as failure
+        self.failure = ""
+        self._work: tuple[_Jax | None, Any, _Handover | None] | None = (jax, session, keep)
+        if not _exiting:
+            _stopping.add(self)
+            with contextlib.suppress(RuntimeError):  # "can't create new thread at interpreter shutdown"
+                thread = threading.Thread(target=self._run, name="tpuscope-profile-stop", daemon=False)
+                thread.start()
+                if nice is not None and jax is not None:
+                    self._lower(thread, jax, nice)
+                return
+            _stopping.discard(self)
+        self._work = None
+        del session  # unstopped, at exit
+        self.failed, self.failure = "exit", "the interpreter was exiting"
+        self.stopped.set()
+        self.done.set()
+
+    def _lower(self, thread: threading.Thread, jax: _Jax, nice: int) -> None:
+        """Lower the stop's priority once the trace no longer records. Begun at its maker's priority, the stop ends
+        the recording at once; begun at 19 on busy cores, it would wait for a share of them while the session
+        records on (the job's eval, say), hundreds of MB a second. Its collecting and serializing come after the
+        job's threads (the steps beside a stop: +21-29 % at 0, +2-17 % at 19 on 2 busy cores), which an unprivileged
+        thread may lower but never raise again: hence this thread's few looks, each a fraction of a millisecond."""
+        deadline = time.monotonic() + RECORDING_ENDS_WITHIN
+        while jax.recording() and not self.stopped.is_set() and time.monotonic() < deadline:
+            time.sleep(RECORDING_POLL)
+        with contextlib.suppress(AttributeError, OSError, TypeError):  # not Linux; the thread already gone
+            os.setpriority(os.PRIO_PROCESS, thread.native_id, nice)  # type: ignore[arg-type]
+
+    def _run(self) -> None:
+        assert self._work is not None
+        (jax, session, keep), self._work = self._work, None
+        trace = None
+        try:
+            self.began = time.perf_counter()
+            trace = jax.stop(session) if jax is not None else bytes(session.stop())
+        except Exception as e:
+            self.failed, self.failure = "stop", f"{type(e).__name__}: {e}"
+        finally:
+            del session  # stopped: its destructor has nothing left to collect
+            self.ended = time.perf_counter()
+            _stopping.discard(self)
+            self.stopped.set()
+            _give_lock_back_if_idle()
+        try:
+            if trace is not None and keep is not None:
+                self.trace_bytes = len(trace)
+                if why := keep.write(trace, self.ended - self.began):
+                    self.failed, self.failure = why, f"a trace of {len(trace)} bytes is too large to hand over"
+        except OSError as e:  # the sidecar went away (its spool with it), a full disk
+            self.failed, self.failure = "write", f"it could not be handed to the sidecar: {e}"
+        finally:
+            self.done.set()
 
 
 def _write_whole(path: Path, data: bytes) -> None:
@@ -614,6 +751,8 @@ class _GivingWayLock:
                 profiler.give_way()
             except Exception:  # JAX's lock is held by now: nothing may leave it so
                 log.debug("tpuscope: a capture failed to give way", exc_info=True)
+        for stop in list(_stopping):  # until the native profiler is free: a session made before would be dead
+            stop.stopped.wait()
 
     # JAX's lock first, then ours give way: no capture can start in between (the profiler's thread only tries
     # JAX's lock, never waits for it while it holds its own, so the two orders cannot deadlock).
@@ -656,6 +795,7 @@ class _Jax:
             getattr(self._state, name)
         jax_profiler._profiler_server  # noqa: B018 - it must exist: a server's session would collide with ours
         self._session = _profiler.ProfilerSession
+        self.recording = _profiler.TraceMe.is_enabled  # whether the native profiler records (a session runs)
         self._options = _profiler.ProfileOptions
         self.annotation = jax.profiler.StepTraceAnnotation
         self._config = jax.config
@@ -695,8 +835,3 @@ class _Jax:
     @staticmethod
     def stop(session: Any) -> bytes:
         return bytes(session.stop())
-
-    def unwrap_lock(self) -> None:
-        """Give JAX its own lock back (the process's last profiler closed)."""
-        if isinstance(self._state.lock, _GivingWayLock):
-            self._state.lock = self._state.lock.lock
