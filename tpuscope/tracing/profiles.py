@@ -422,9 +422,9 @@ class DeviceProfiler:
             return
         with self._lock:
             session, capture.session = capture.session, None
-            if session is not None:
+            if session is not None and self._jax is not None:
                 capture.yielded = True
-                # On a thread started here, of this thread's priority: not the worker's lowest.
+                # On a thread started here, of this thread's priority: not the lowest, the user waits for it.
                 capture.stop = _Stop(self._jax, session, None, nice=None)
         capture.done.set()
 
@@ -493,7 +493,7 @@ class DeviceProfiler:
         self.history.append(("session", started, stop.began))
         self.history.append(("stop", stop.began, stop.ended))
         cost = started - began + stop.ended - stop.began
-        if self._closed and not capture.yielded:  # discarded, or its answer left to the sidecar: counted by none
+        if (self._closed or _exiting) and not capture.yielded:  # discarded, or answered to the sidecar: counted by none
             return
         if capture.yielded:  # a user's trace ended it
             self._skipped("it gave way to a user's trace")
@@ -657,20 +657,20 @@ class _Stop:
     session is dropped where it is, holding the GIL: nothing of the job runs any more, and no thread of ours is left
     inside a native call that gives the GIL up."""
 
-    def __init__(self, jax: _Jax | None, session: Any, keep: _Handover | None, nice: int | None) -> None:
+    def __init__(self, jax: _Jax, session: Any, keep: _Handover | None, nice: int | None) -> None:
         self.stopped = threading.Event()  # the native profiler has let the session go
         self.done = threading.Event()  # and the trace is in the spool, or thrown away
         self.began = self.ended = time.perf_counter()  # the stop's
         self.trace_bytes = 0
         self.failed = ""  # why not kept (a key of the profiler's messages), said as failure
         self.failure = ""
-        self._work: tuple[_Jax | None, Any, _Handover | None] | None = (jax, session, keep)
+        self._work: tuple[_Jax, Any, _Handover | None] | None = (jax, session, keep)
         if not _exiting:
             _stopping.add(self)
             with contextlib.suppress(RuntimeError):  # "can't create new thread at interpreter shutdown"
                 thread = threading.Thread(target=self._run, name="tpuscope-profile-stop", daemon=False)
                 thread.start()
-                if nice is not None and jax is not None:
+                if nice is not None:
                     self._lower(thread, jax, nice)
                 return
             _stopping.discard(self)
@@ -681,11 +681,11 @@ class _Stop:
         self.done.set()
 
     def _lower(self, thread: threading.Thread, jax: _Jax, nice: int) -> None:
-        """Lower the stop's priority once the trace no longer records. Begun at its maker's priority, the stop ends
-        the recording at once; begun at 19 on busy cores, it would wait for a share of them while the session
-        records on (the job's eval, say), hundreds of MB a second. Its collecting and serializing come after the
-        job's threads (the steps beside a stop: +21-29 % at 0, +2-17 % at 19 on 2 busy cores), which an unprivileged
-        thread may lower but never raise again: hence this thread's few looks, each a fraction of a millisecond."""
+        """Lower the stop's priority once the trace no longer records: its collecting and serializing come after the
+        job's threads (the steps beside a stop run slower at 0: docs/performance.md). Begun at its maker's priority,
+        the stop ends the recording at once; begun at the lowest on busy cores, it would wait for a share of them
+        while the session records on (the job's eval, say). An unprivileged thread may lower a priority but never
+        raise it again: hence this thread's few looks, each a fraction of a millisecond."""
         deadline = time.monotonic() + RECORDING_ENDS_WITHIN
         while jax.recording() and not self.stopped.is_set() and time.monotonic() < deadline:
             time.sleep(RECORDING_POLL)
@@ -698,7 +698,7 @@ class _Stop:
         trace = None
         try:
             self.began = time.perf_counter()
-            trace = jax.stop(session) if jax is not None else bytes(session.stop())
+            trace = jax.stop(session)
         except Exception as e:
             self.failed, self.failure = "stop", f"{type(e).__name__}: {e}"
         finally:
