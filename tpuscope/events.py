@@ -160,10 +160,11 @@ class DeviceProfile(msgspec.Struct, array_like=True, frozen=True):
 class ProfileHandover(msgspec.Struct, frozen=True):
     """Whose trace a spool's STEM.xspace is, written beside it as STEM.head by the job that captured it: the sidecar
     that parses it serves the answer for ``workload`` itself, whether or not the job is still there to carry it.
-    ``capture_s`` and ``period_s`` as in DeviceProfile."""
+    ``capture_s``, ``trace_bytes`` and ``period_s`` as in DeviceProfile: the job's figures, which the parse lacks."""
 
     workload: LabelValue
     capture_s: Seconds = 0.0
+    trace_bytes: Count = 0
     period_s: Seconds = 0.0
 
 

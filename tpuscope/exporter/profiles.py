@@ -230,7 +230,7 @@ class ProfileService:
                 profile,
                 capture_s=handover.capture_s,
                 period_s=handover.period_s,
-                trace_bytes=_size(trace),
+                trace_bytes=handover.trace_bytes,
                 served=True,
             )
             self._serve(handover.workload, profile)
@@ -268,10 +268,3 @@ class ProfileService:
     def _remove(self, name: str) -> None:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.spool / name)
-
-
-def _size(path: Path) -> int:
-    try:
-        return os.lstat(path).st_size
-    except OSError:
-        return 0

@@ -643,7 +643,9 @@ class _Handover:
             return "large"
         profiler, spool = self.profiler, self.profiler.spool
         if profiler.workload:  # the sidecar serves it for this workload (tpuscope.exporter.profiles)
-            handover = events.ProfileHandover(profiler.workload, self.start_cost + stop_cost, profiler.aimed_period())
+            handover = events.ProfileHandover(
+                profiler.workload, self.start_cost + stop_cost, len(trace), profiler.aimed_period()
+            )
             _write_whole(spool / (self.stem + events.PROFILE_HEADER_SUFFIX), msgspec.json.encode(handover))
         _write_whole(spool / (self.stem + events.PROFILE_TRACE_SUFFIX), trace)
         profiler.handed_over += 1
