@@ -444,8 +444,8 @@ CASES = [
         "warning",
         "40m",
         {s(c.DUTY_CYCLE, **DEVICE): "0.1x40", s(c.WORKLOAD_PROCESSES, **W): "1x40"},
-        HOST,
-        "The chips of h:9478 were busy 10% of the time.",
+        W,
+        "Workload w: the chips of 1 of its hosts were busy less than 50% of the time: h:9478 (10%).",
     ),
     Case(
         AlertName.LOW_DUTY_CYCLE,
@@ -581,15 +581,24 @@ CASES = [
         AlertName.DEVICE_MEMORY_NEAR_LIMIT,
         "warning",
         "20m",
-        {s(c.DEVICE_MEMORY_USED, **DEVICE): "15e9x20", s(c.DEVICE_MEMORY_LIMIT, **DEVICE): "16e9x20"},
-        {**HOST, **PLACE, **DEVICE},
-        "Device 0 (v5e, libtpu) of h:9478 uses 93.75% of its memory.",
+        {
+            s(c.DEVICE_MEMORY_USED, **DEVICE): "15e9x20",
+            s(c.DEVICE_MEMORY_LIMIT, **DEVICE): "16e9x20",
+            s(c.WORKLOAD_PROCESSES, **W): "1x20",
+        },
+        W,
+        "Workload w: 1 of its hosts have a device using more than 90% of its memory (the fullest device of each): "
+        "h:9478 (93.75%).",
     ),
     Case(
         AlertName.DEVICE_MEMORY_NEAR_LIMIT,
         None,
         "20m",
-        {s(c.DEVICE_MEMORY_USED, **DEVICE): "8e9x20", s(c.DEVICE_MEMORY_LIMIT, **DEVICE): "16e9x20"},
+        {
+            s(c.DEVICE_MEMORY_USED, **DEVICE): "8e9x20",
+            s(c.DEVICE_MEMORY_LIMIT, **DEVICE): "16e9x20",
+            s(c.WORKLOAD_PROCESSES, **W): "1x20",
+        },
     ),
     Case(
         AlertName.CHECKPOINT_FAILING,
@@ -617,10 +626,17 @@ CASES = [
     Case(
         AlertName.CHECKPOINT_STALE,
         "critical",
-        "70m",
-        {s(c.CHECKPOINT_LAST_SUCCESS, **W): "0x70", s(c.WORKLOAD_PROCESSES, **W): "1x70"},
+        "75m",
+        {s(c.CHECKPOINT_LAST_SUCCESS, **W): "0x75", s(c.WORKLOAD_PROCESSES, **W): "1x75"},
         W,
-        "Workload w last saved a checkpoint 1h 10m 0s ago: that much work is lost if it fails now.",
+        "Workload w last saved a checkpoint 1h 15m 0s ago: that much work is lost if it fails now.",
+    ),
+    # Issue 53: older than the threshold, but not for 10 minutes yet (a job that saves every hour, late).
+    Case(
+        AlertName.CHECKPOINT_STALE,
+        None,
+        "68m",
+        {s(c.CHECKPOINT_LAST_SUCCESS, **W): "0x68", s(c.WORKLOAD_PROCESSES, **W): "1x68"},
     ),
     Case(AlertName.CHECKPOINT_STALE, None, "70m", {s(c.CHECKPOINT_LAST_SUCCESS, **W): "0x70"}),  # finished
     Case(
@@ -921,11 +937,20 @@ CASES = [
         AlertName.HOST_CPU_SATURATED,
         "warning",
         "20m",
-        {s(c.HOST_CPU_UTILIZATION, cpu="0"): "0.95x20", s(c.HOST_CPU_UTILIZATION, cpu="1"): "0.97x20"},
-        HOST,
-        "The CPU of h:9478 is 96% busy: it cannot feed its chips.",
+        {
+            s(c.HOST_CPU_UTILIZATION, cpu="0"): "0.95x20",
+            s(c.HOST_CPU_UTILIZATION, cpu="1"): "0.97x20",
+            s(c.WORKLOAD_PROCESSES, **W): "1x20",
+        },
+        W,
+        "Workload w: 1 of its hosts have their CPU more than 90% busy, too busy to feed their chips: h:9478 (96%).",
     ),
-    Case(AlertName.HOST_CPU_SATURATED, None, "20m", {s(c.HOST_CPU_UTILIZATION, cpu="0"): "0.5x20"}),
+    Case(
+        AlertName.HOST_CPU_SATURATED,
+        None,
+        "20m",
+        {s(c.HOST_CPU_UTILIZATION, cpu="0"): "0.5x20", s(c.WORKLOAD_PROCESSES, **W): "1x20"},
+    ),
     Case(
         AlertName.INFERENCE_LATENCY_BUDGET_BURN,
         "critical",

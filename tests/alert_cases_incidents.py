@@ -79,16 +79,21 @@ def kube_state_metrics(minutes: int) -> dict[str, str]:
     }
 
 
-def job_exists(last: int, minutes: int, gone: str = "stale") -> dict[str, str]:
-    """The Job llm-workers-0 (JobSet llm's), as kube-state-metrics lists it up to minute ``last``."""
-    job = s("kube_job_info", namespace="ml", job_name="llm-workers-0")
-    return {job: timeline(minutes, until(last, lambda m: 1, gone))}
+# When the Job was created (kube_job_created's value): before the test's minute 0.
+JOB_CREATED = 1.7e9
+
+
+def job_exists(last: int, minutes: int, gone: str = "stale", name: str = "llm-workers-0") -> dict[str, str]:
+    """The Job llm-workers-0 (JobSet llm's), as kube-state-metrics lists it up to minute ``last``: its
+    ``kube_job_created``, which both kube-prometheus' and GMP's recipe for kube-state-metrics keep."""
+    job = s("kube_job_created", namespace="ml", job_name=name)
+    return {job: timeline(minutes, until(last, lambda m: JOB_CREATED, gone))}
 
 
 def job_missed(missed: int, minutes: int) -> dict[str, str]:
     """The Job listed throughout, but for the scrape of minute ``missed`` that kube-state-metrics failed."""
-    job = s("kube_job_info", namespace="ml", job_name="llm-workers-0")
-    return {job: timeline(minutes, lambda m: "stale" if m == missed else "1")}
+    job = s("kube_job_created", namespace="ml", job_name="llm-workers-0")
+    return {job: timeline(minutes, lambda m: "stale" if m == missed else f"{JOB_CREATED:g}")}
 
 
 def failing_every_fifth_scrape(minute: int) -> bool:

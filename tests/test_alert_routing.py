@@ -64,8 +64,10 @@ def alert(name: AlertName, severity: str, workload: str, namespace: str = "ml", 
 
 
 def named(labels: Labels) -> str:
-    """An alert as the assertions say it: ``TpuscopeStraggler/warning ml/w``."""
-    return f"{labels['alertname']}/{labels['severity']} {labels['namespace']}/{labels['workload']}"
+    """An alert as the assertions say it: ``TpuscopeStraggler/warning ml/llm/w`` (``ml/w``: run by no JobSet). The
+    JobSet is part of it: two JobSets of one namespace may each run a workload of the same name."""
+    place = "/".join(labels[key] for key in ("namespace", "jobset", "workload") if key in labels)
+    return f"{labels['alertname']}/{labels['severity']} {place}"
 
 
 @dataclass(frozen=True)
@@ -253,8 +255,51 @@ def test_a_crash_loop_pages_once_and_nothing_else_notifies(routing: Routing) -> 
     check(routing, Scenario((looping, failed, down, burn), ((PAGE, looping),), (failed, down, burn)))
 
 
+@pytest.mark.parametrize(
+    ("cause", "labels"),
+    [(AlertName.INPUT_BOUND, {"phase": "io"}), (AlertName.COMPILE_TIME_HIGH, {}), (AlertName.RECOMPILING, {})],
+    ids=["input-bound", "compile-time-high", "recompiling"],
+)
+def test_waiting_for_input_or_the_compiler_opens_one_ticket_not_another_for_the_mfu_it_costs(
+    routing: Routing, cause: AlertName, labels: dict[str, str]
+) -> None:
+    """Chips that wait for their input, or for a compile, sit idle and reach little of their peak: the wait is the
+    cause. (Its hosts' idle chips are one alert of the workload, as the rules make it.)"""
+    workload = f"idle-for-{cause.lower()}"
+    waiting = alert(cause, WARNING, workload, **labels)
+    low = alert(AlertName.LOW_MFU, WARNING, workload)
+    idle = alert(AlertName.LOW_DUTY_CYCLE, WARNING, workload)
+    check(routing, Scenario((waiting, low, idle), ((TICKET, waiting),), (low, idle)))
+
+
+def test_a_failing_compile_opens_one_ticket_not_another_for_the_job_it_ends(routing: Routing) -> None:
+    """A program that fails to compile ends its job with reason compile_error: CompileFailing's ticket names the
+    stage and why, the failure's would add nothing."""
+    failing = alert(AlertName.COMPILE_FAILING, WARNING, "uncompiled", stage="backend", reason="invalid_program")
+    failed = alert(AlertName.WORKLOAD_FAILED, WARNING, "uncompiled", reason="compile_error")
+    check(routing, Scenario((failing, failed), ((TICKET, failing),), (failed,)))
+
+
+def test_a_failing_compile_keeps_quiet_no_failure_of_another_reason(routing: Routing) -> None:
+    """A job that ran out of memory failed of another cause than its failing compile: each opens its ticket."""
+    failing = alert(AlertName.COMPILE_FAILING, WARNING, "uncompiled-and-oom", stage="backend", reason="invalid_program")
+    oom = alert(AlertName.WORKLOAD_FAILED, WARNING, "uncompiled-and-oom", reason="out_of_memory")
+    check(routing, Scenario((failing, oom), ((TICKET, failing), (TICKET, oom))))
+
+
+def test_a_crash_loop_keeps_quiet_its_own_outage_not_a_namesakes_of_another_jobset(routing: Routing) -> None:
+    """Two JobSets of one namespace often run a workload of the same name: JobSet A's crash loop is no cause of
+    JobSet B's outage, which pages on its own, while A's own outage is held."""
+    looping = alert(AlertName.WORKLOAD_CRASH_LOOPING, CRITICAL, "namesake", jobset="llm-a")
+    its_down = alert(AlertName.WORKLOAD_DOWN, CRITICAL, "namesake", jobset="llm-a")
+    namesakes_down = alert(AlertName.WORKLOAD_DOWN, CRITICAL, "namesake", jobset="llm-b")
+    posted = (looping, its_down, namesakes_down)
+    check(routing, Scenario(posted, ((PAGE, looping), (PAGE, namesakes_down)), (its_down,)))
+
+
 def apart(first: Labels, second: Labels) -> Scenario:
-    """Two alerts of different workloads (or one name in two namespaces): each notifies, neither inhibited."""
+    """Two alerts of different workloads (or one name in two namespaces, or in two JobSets of one namespace): each
+    notifies, neither inhibited."""
     receiver = {CRITICAL: PAGE, WARNING: TICKET}
     return Scenario((first, second), tuple((receiver[labels["severity"]], labels) for labels in (first, second)))
 
@@ -295,6 +340,23 @@ def apart(first: Labels, second: Labels) -> Scenario:
             alert(AlertName.WORKLOAD_CRASH_LOOPING, CRITICAL, "twin-6"),
             alert(AlertName.WORKLOAD_FAILED, WARNING, "twin-6", "research", reason="other"),
         ),
+        # One workload name in two JobSets of one namespace: two workloads too.
+        apart(
+            alert(AlertName.STRAGGLER, WARNING, "sibling-1", jobset="llm-a", **WORKER, source="profile"),
+            alert(AlertName.SYNC_BOUND, WARNING, "sibling-1", jobset="llm-b", source="profile"),
+        ),
+        apart(
+            alert(AlertName.WORKLOAD_STALLED, CRITICAL, "sibling-2", jobset="llm-a"),
+            alert(AlertName.STEP_TIME_REGRESSION, WARNING, "sibling-2", jobset="llm-b"),
+        ),
+        apart(
+            alert(AlertName.INPUT_BOUND, WARNING, "sibling-3", jobset="llm-a", phase="io"),
+            alert(AlertName.LOW_MFU, WARNING, "sibling-3", jobset="llm-b"),
+        ),
+        apart(
+            alert(AlertName.COMPILE_FAILING, WARNING, "sibling-4", jobset="llm-a", stage="backend", reason="internal"),
+            alert(AlertName.WORKLOAD_FAILED, WARNING, "sibling-4", jobset="llm-b", reason="compile_error"),
+        ),
     ],
     ids=[
         "straggler-and-another-workloads-sync",
@@ -305,9 +367,13 @@ def apart(first: Labels, second: Labels) -> Scenario:
         "stall-and-a-namesakes-regression",
         "fast-burn-and-a-namesakes-slow-burn",
         "crash-loop-and-a-namesakes-failure",
+        "straggler-and-another-jobsets-sync",
+        "stall-and-another-jobsets-regression",
+        "input-bound-and-another-jobsets-low-mfu",
+        "compile-failure-and-another-jobsets-compile-error",
     ],
 )
-def test_causes_stay_apart_across_workloads_and_namespaces(routing: Routing, scenario: Scenario) -> None:
+def test_causes_stay_apart_across_workloads_namespaces_and_jobsets(routing: Routing, scenario: Scenario) -> None:
     check(routing, scenario)
 
 

@@ -13,6 +13,7 @@ import pytest
 import yaml
 from alert_cases import CASES as ONE_BY_ONE
 from alert_cases import REGRESSION_STEPS, REGRESSION_SUM, Case
+from alert_cases_clusters import CASES as CLUSTERS
 from alert_cases_freshness import CASES as FRESHNESS
 from alert_cases_incidents import CASES as INCIDENTS
 from alert_cases_incidents import READINGS
@@ -39,7 +40,7 @@ pytestmark = pytest.mark.long
 
 ROOT = Path(__file__).resolve().parents[1]
 RULES = ROOT / "deploy/prometheus/tpuscope-rules.yaml"
-CASES = ONE_BY_ONE + FRESHNESS + INCIDENTS
+CASES = ONE_BY_ONE + FRESHNESS + INCIDENTS + CLUSTERS
 ALERTMANAGER = ROOT / "deploy/alertmanager/alertmanager.yml"
 
 

@@ -187,7 +187,7 @@ def cluster(f: Fleet) -> None:
     """kube-state-metrics' series of the controllers, and of its own pod (in every cluster it watches)."""
     for jobset, end in (("train", 0), ("tune", 0), ("old", -1800), ("eval", 0)):
         job = {**KSM_TARGET, "namespace": NAMESPACE, "job_name": f"{jobset}-workers-0"}
-        f.series("kube_job_info", job, KSM_SINCE, end, constant(1))
+        f.series("kube_job_created", job, KSM_SINCE, end, constant(1.7e9))  # its creation, long before
         owner = {"owner_kind": "JobSet", "owner_name": jobset, "owner_is_controller": "true"}
         f.series("kube_job_owner", {**job, **owner}, KSM_SINCE, end, constant(1))
     # A Job's conditions, once it has them: eval's completed at -20 min.

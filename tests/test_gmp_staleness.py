@@ -93,15 +93,16 @@ PROGRESS = {s(c.LAST_PROGRESS, **W, **TEAM): "0x100"}
 STALL_KILLED = {**PROGRESS, s(c.WORKLOAD_PROCESSES, **W, **TEAM): "1x44"}
 STALL_HUNG = {**PROGRESS, s(c.WORKLOAD_PROCESSES, **W, **TEAM): "1x100"}
 
-# A job whose last checkpoint is from its start crashes at minute 58, before it is an hour old.
-CHECKPOINT = {s(c.CHECKPOINT_LAST_SUCCESS, **W, **TEAM): "0x260"}
-CHECKPOINT_CRASHED = {**CHECKPOINT, s(c.WORKLOAD_PROCESSES, **W, **TEAM): "1x232"}
-CHECKPOINT_RUNNING = {**CHECKPOINT, s(c.WORKLOAD_PROCESSES, **W, **TEAM): "1x260"}
+# A job whose last checkpoint is from its start crashes at minute 67, its checkpoint older than the hour but not for
+# the 10 minutes more the alert waits.
+CHECKPOINT = {s(c.CHECKPOINT_LAST_SUCCESS, **W, **TEAM): "0x320"}
+CHECKPOINT_CRASHED = {**CHECKPOINT, s(c.WORKLOAD_PROCESSES, **W, **TEAM): "1x268"}
+CHECKPOINT_RUNNING = {**CHECKPOINT, s(c.WORKLOAD_PROCESSES, **W, **TEAM): "1x320"}
 
 CASES = [
     (AlertName.EXPORTER_DOWN, EXPORTER_LEFT, {"15m30s": True}, EXPORTER_OUTAGE, {"14m": False, "16m": True}),
     (AlertName.WORKLOAD_STALLED, STALL_KILLED, {"15m30s": True}, STALL_HUNG, {"14m": False, "16m": True}),
-    (AlertName.CHECKPOINT_STALE, CHECKPOINT_CRASHED, {"61m": True}, CHECKPOINT_RUNNING, {"59m": False, "61m": True}),
+    (AlertName.CHECKPOINT_STALE, CHECKPOINT_CRASHED, {"71m": True}, CHECKPOINT_RUNNING, {"69m": False, "71m": True}),
 ]
 
 

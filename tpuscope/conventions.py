@@ -148,6 +148,9 @@ RUNNING_INFERRED = f"worker:{c.WORKLOAD_PROCESSES.name}:running_inferred"
 # replica or more. A deleted JobSet's Jobs, a Deployment scaled to zero: no series.
 CONTROLLER_WANTED = f"namespace_controller:{c.WORKLOAD_PROCESSES.name}:wanted"
 CONTROLLER = "controller_kind, controller"
+# Per controller and workload, the last step (or start) any of its workers had in the last RUN_MEMORY: a Job's pods
+# that run a newer workload than a worker's (a JobSet applied again, its workload renamed) leave that worker gone.
+CONTROLLER_NEWEST = f"namespace_controller_workload:{c.LAST_STEP.name}:max1h"
 # Per worker whose run goes on: RUNNING_INFERRED, less the workers whose controller kube-state-metrics says is
 # gone, plus the workers not seen for longer than RUN_MEMORY whose controller still wants its pods (Pending).
 RUNNING = f"worker:{c.WORKLOAD_PROCESSES.name}:running"
@@ -187,6 +190,12 @@ INGEST_RATE = f"slice_result:{c.INGEST_EVENTS.base_name}:rate5m"
 SIDECARS_DOWN = "job:tpuscope_sidecar_targets:down"
 # Per worker, since when it has been down: its sidecar's gauge, or its last step when its pod went with it.
 DOWN_SINCE = f"worker:{c.WORKLOAD_DOWN_SINCE.name}:last"
+# Per workload, how long it has been down (since its first worker went): what TpuscopeWorkloadDown pages on, and
+# what keeps the goodput burn quiet over the outage it paged for.
+DOWN_FOR = f"workload:{c.WORKLOAD_DOWN_SINCE.name}:age"
+# Per workload, its latest good checkpoint, remembered through its restarts (a new pod's sidecar has none until it
+# saves) while the workload runs on.
+CHECKPOINT_LAST = f"workload:{c.CHECKPOINT_LAST_SUCCESS.name}:max"
 # The goodput SLO's bad time, a matcher on the category label: the categories booked as they happen. Productive
 # time is booked when a checkpoint covers it and other when a process ends: over a window with neither, counting
 # them would read all time bad (tpuscope.goodput.PROMPT_BADPUT).

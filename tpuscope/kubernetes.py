@@ -377,7 +377,7 @@ def cluster_pod_monitoring() -> str:
 
 def cluster_rules() -> str:
     fresh = staleness.rule_groups(alerts.rule_groups(GeneratorConfig()), GMP_FRESH)
-    groups = [{**group, "interval": GMP_RULE_INTERVAL} for group in fresh]
+    groups = [{**group, "interval": group.get("interval", GMP_RULE_INTERVAL)} for group in fresh]
     document = {
         "apiVersion": GMP_API,
         "kind": "ClusterRules",

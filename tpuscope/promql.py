@@ -58,14 +58,17 @@ def grown(selector: str, window: str, seconds: str = "", targets: str = "") -> s
     already at 1, and ``increase()`` never counts a series' first sample (the first failure would read 0);
     nor does it see a sidecar that has gone since (a crashed pod's). So, the first that holds, per series:
 
-    1. it existed ``window`` ago: what it gained since, up to its last sample (a gone sidecar's too);
-    2. its sidecar started inside the window (or so shortly before that it was not yet scraped when the
+    1. it existed ``window`` ago and its sidecar restarted in place since (the same target, a new start
+       time): the counter went back to zero with it, so ``increase()``, which counts a reset's new value,
+       rounded (its extrapolation to the window's edges adds a few percent);
+    2. it existed ``window`` ago: what it gained since, up to its last sample (a gone sidecar's too);
+    3. its sidecar started inside the window (or so shortly before that it was not yet scraped when the
        window began): all of it, every count of a new sidecar is new;
-    3. its target was scraped ``window`` ago without it: all of it (it was born since);
-    4. otherwise (Prometheus itself was down ``window`` ago): what it gained between the samples the
+    4. its target was scraped ``window`` ago without it: all of it (it was born since);
+    5. otherwise (Prometheus itself was down ``window`` ago): what it gained between the samples the
        window holds. A gap in the data never makes an old series count as new.
 
-    A series that went down (its sidecar restarted in place) is taken by 2. ``seconds``: the window in
+    ``seconds``: the window in
     seconds where ``window`` is a variable (Grafana's ``$__range_s``); by default, parsed from it. ``targets``:
     matchers on the scrape targets' labels (``instance``) that narrow 2 and 3 to the targets ``selector`` can
     pick, where a reader knows them: each reads every sidecar's start, and every target's ``up``, otherwise.
@@ -81,9 +84,11 @@ def grown(selector: str, window: str, seconds: str = "", targets: str = "") -> s
     last = f"max_over_time({selector}[{window}])"
     before = f"{selector} offset {window}"
     by_target = "on (job, instance)"  # the labels of a scrape target, on every series it serves
+    started_lately = f"{by_target} max_over_time({started}[{window}]) > time() - {since}"
     return (
-        f"(({last} - {before}) >= 0"
-        f" or {last} and {by_target} max_over_time({started}[{window}]) > time() - {since}"
+        f"(round(increase({selector}[{window}])) and {before} and {started_lately}"
+        f" or ({last} - {before}) >= 0"
+        f" or {last} and {started_lately}"
         f" or {last} unless {before} and {by_target} {up} offset {window} == 1"
         f" or {last} - min_over_time({selector}[{window}]))"
     )

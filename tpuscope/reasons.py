@@ -20,6 +20,8 @@ class Reason:
     runbook: str
 
 
+# The failure a program that fails to compile ends its job with (TpuscopeCompileFailing names the program).
+COMPILE_ERROR = "compile_error"
 FAILURE_REASONS: tuple[Reason, ...] = (
     Reason(
         "out_of_memory",
@@ -29,7 +31,7 @@ FAILURE_REASONS: tuple[Reason, ...] = (
         "rematerialise activations, or offload. tpuscope_device_memory_peak_bytes shows how close the job ran.",
     ),
     Reason(
-        "compile_error",
+        COMPILE_ERROR,
         "A program failed to trace, lower or compile (compile_failures_total says which stage and why).",
         "A code or dependency change: a tracing error (a Python branch on a traced value), an op the backend does "
         "not implement, or a compiler bug. It fails again on restart: roll back the change or pin JAX and libtpu.",

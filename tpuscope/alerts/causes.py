@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tpuscope.conventions import AlertName
+from tpuscope.reasons import COMPILE_ERROR
 
 # What each alert stands for: the one cause an on-call reads it as (docs/alerts.md).
 CAUSES: dict[AlertName, str] = {
@@ -21,7 +22,7 @@ CAUSES: dict[AlertName, str] = {
     AlertName.INPUT_BOUND: "the input pipeline cannot keep up with the chips",
     AlertName.SYNC_BOUND: "the job waits on collectives more than it computes, with no straggler named",
     AlertName.STRAGGLER: "one worker is slower than its peers, who wait for it",
-    AlertName.LOW_DUTY_CYCLE: "a host's chips sit idle while a job runs on them",
+    AlertName.LOW_DUTY_CYCLE: "a job's chips sit idle on some of its hosts",
     AlertName.LOW_MFU: "the job uses a small share of its chips' peak",
     AlertName.WORKLOAD_FAILED: "the job failed, for a reason of its own (not the platform's)",
     AlertName.WORKLOAD_DOWN: "the job is down and has not come back: the time is lost while it stays down",
@@ -33,7 +34,7 @@ CAUSES: dict[AlertName, str] = {
     AlertName.COMPILE_CACHE_HIT_RATIO_LOW: "the persistent compilation cache misses: restarts compile from scratch",
     AlertName.COMPILE_FAILING: "a program fails to trace, lower or compile",
     AlertName.MEMORY_SPILL: "a program does not fit in device memory and spills to the host",
-    AlertName.DEVICE_MEMORY_NEAR_LIMIT: "a device's memory is nearly full",
+    AlertName.DEVICE_MEMORY_NEAR_LIMIT: "a job's devices are nearly out of memory on some of its hosts",
     AlertName.CHECKPOINT_FAILING: "checkpoint saves fail",
     AlertName.CHECKPOINT_STALE: "no checkpoint saved for too long: a failure now loses that much work",
     AlertName.CHECKPOINT_MISSING: "the job steps without ever having saved a checkpoint",
@@ -45,7 +46,7 @@ CAUSES: dict[AlertName, str] = {
     AlertName.EXPORTER_DOWN: "Prometheus cannot scrape a job's sidecars: its workloads are unmonitored",
     AlertName.EXPORTER_ABSENT: "pods run sidecars that no scrape configuration finds",
     AlertName.INGEST_LOSING_EVENTS: "a sidecar drops the events its jobs send",
-    AlertName.HOST_CPU_SATURATED: "a host's CPU is too busy to feed its chips",
+    AlertName.HOST_CPU_SATURATED: "a job's hosts' CPUs are too busy to feed their chips",
     AlertName.HOST_MEMORY_PRESSURE: "a job's host runs out of memory: the OOM killer is near",
     AlertName.DEVICE_THROTTLED: "a GPU's driver holds its clocks down",
     AlertName.MODEL_STALE: "a service serves a model older than it should",
@@ -61,18 +62,20 @@ STALL_SAYS_IT = (
     AlertName.CHECKPOINT_STALE,
     AlertName.COLLECTIVE_LATENCY_SPIKE,
 )
-# The labels two alerts must share for one to be the other's cause: the same workload (a name is unique in its
-# namespace, not across teams).
-SAME_WORKLOAD = ("namespace", "workload")
+# The labels two alerts must share for one to be the other's cause: the same workload of the same JobSet (a workload
+# name is unique in neither a namespace nor a team: two JobSets of one namespace often run the same model's name).
+SAME_WORKLOAD = ("namespace", "jobset", "workload")
 
 
 @dataclass(frozen=True)
 class Inhibition:
-    """While ``source`` fires for a workload, ``targets`` of the same workload notify nobody: ``why``."""
+    """While ``source`` fires for a workload, ``targets`` of the same workload notify nobody: ``why``. ``only``:
+    a further matcher on the targets (one reason of an alert fired per reason)."""
 
     source: tuple[AlertName, ...]
     targets: tuple[AlertName, ...]
     why: str
+    only: str = ""
 
 
 INHIBITIONS: tuple[Inhibition, ...] = (
@@ -92,6 +95,23 @@ INHIBITIONS: tuple[Inhibition, ...] = (
         (AlertName.WORKLOAD_CRASH_LOOPING,),
         (AlertName.WORKLOAD_FAILED, AlertName.WORKLOAD_DOWN),
         "a crash loop is failures, and downtime between them: paged once",
+    ),
+    Inhibition(
+        (AlertName.INPUT_BOUND,),
+        (AlertName.LOW_MFU, AlertName.LOW_DUTY_CYCLE),
+        "chips that wait for their input sit idle and reach little of their peak: the input pipeline is the cause",
+    ),
+    Inhibition(
+        (AlertName.COMPILE_TIME_HIGH, AlertName.RECOMPILING),
+        (AlertName.LOW_MFU, AlertName.LOW_DUTY_CYCLE),
+        "a job that compiles does not step: its chips idle meanwhile, its MFU falls",
+    ),
+    Inhibition(
+        (AlertName.COMPILE_FAILING,),
+        (AlertName.WORKLOAD_FAILED,),
+        "a program that fails to compile ends the job with a compile error: one ticket, the one that names the "
+        "program and the stage",
+        only=f'reason="{COMPILE_ERROR}"',
     ),
     Inhibition(
         (AlertName.WORKLOAD_DOWN, AlertName.WORKLOAD_STALLED, AlertName.WORKLOAD_CRASH_LOOPING),

@@ -3,19 +3,22 @@
 from __future__ import annotations
 
 from tpuscope import catalog as c
+from tpuscope import durations
 from tpuscope.alerts.rules import Alert, new_or_increase, running
-from tpuscope.conventions import AlertName, DashboardUID
+from tpuscope.conventions import CHECKPOINT_LAST, AlertName, DashboardUID
 from tpuscope.generator_config import GeneratorConfig
 from tpuscope.promql import WORKLOAD, series
 
 SAVE = 'operation="save"'
 ERROR = 'result="error"'
 CHECKPOINTING = 'category="checkpoint"'
+# How long past its threshold a checkpoint's age pages: a save that ends a few minutes late is no incident.
+STALE_FOR = "10m"
 
 
 def alerts(config: GeneratorConfig) -> list[Alert]:
     t = config.thresholds
-    last_success = series(c.CHECKPOINT_LAST_SUCCESS)
+    age = durations.human(t.checkpoint_age_seconds)
     return [
         Alert(
             AlertName.CHECKPOINT_FAILING,
@@ -30,17 +33,23 @@ def alerts(config: GeneratorConfig) -> list[Alert]:
         Alert(
             AlertName.CHECKPOINT_STALE,
             "critical",
-            f"time() - max by ({WORKLOAD}) ({last_success}) > {t.checkpoint_age_seconds:g} {running()}",
+            f"time() - {CHECKPOINT_LAST} > {t.checkpoint_age_seconds:g} {running()}",
             "A running workload has no recent good checkpoint.",
             "Workload {{ $labels.workload }} last saved a checkpoint {{ $value | humanizeDuration }} ago: that much "
             "work is lost if it fails now.",
             DashboardUID.ONCALL,
-            runbook=f"Are saves failing ({AlertName.CHECKPOINT_FAILING}), or was the checkpoint interval set too long?",
+            STALE_FOR,
+            f"Are saves failing ({AlertName.CHECKPOINT_FAILING}), or was the checkpoint interval set too long? It "
+            f"pages once the workload's latest good checkpoint is older than {age} for {STALE_FOR} more, while a "
+            f"process of it runs: a job that saves every {age} and takes a few minutes to, pages not. The latest "
+            "checkpoint "
+            "is the workload's, remembered through its restarts (a restarted job's new pods have saved nothing yet): "
+            "a job that restarts and then never saves again pages as if it had not restarted.",
         ),
         Alert(
             AlertName.CHECKPOINT_MISSING,
             "warning",
-            f"max by ({WORKLOAD}) ({series(c.STEPS)}) > 0 unless on ({WORKLOAD}) {last_success} {running()}",
+            f"max by ({WORKLOAD}) ({series(c.STEPS)}) > 0 unless on ({WORKLOAD}) {CHECKPOINT_LAST} {running()}",
             "A training workload has never saved a checkpoint.",
             "Workload {{ $labels.workload }} has been stepping for "
             f"{t.checkpoint_age_seconds / 3600:g} h without a good checkpoint: a failure loses all of it.",

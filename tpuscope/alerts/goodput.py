@@ -3,14 +3,26 @@
 from __future__ import annotations
 
 from tpuscope import catalog as c
+from tpuscope import durations
+from tpuscope.alerts.recording import down_for, jobs_suspended
 from tpuscope.alerts.rules import FAILURE_REASON_ANCHOR, Alert, burn_rate_alerts, reason_runbook
-from tpuscope.conventions import BADPUT_RATIO, DOWN_SINCE, FAILURES_HOUR, AlertName, DashboardUID
+from tpuscope.conventions import (
+    BADPUT_RATIO,
+    CONTROLLER,
+    DOWN_FOR,
+    FAILURES_HOUR,
+    RUN_MEMORY,
+    RUNNING_INFERRED,
+    AlertName,
+    DashboardUID,
+)
 from tpuscope.generator_config import GeneratorConfig
 from tpuscope.promql import RUN, WORKLOAD, add, series
 from tpuscope.reasons import PLATFORM_REASONS, VANISHED
 
 PLATFORM = f'reason=~"{"|".join(PLATFORM_REASONS)}"'  # the platform's doing, not the job's
 NOT_THE_PLATFORM = f'reason!~"{"|".join((*PLATFORM_REASONS, VANISHED))}"'  # failures the job named itself
+VANISHED_HERE = f'reason="{VANISHED}"'  # processes that ended without a word
 
 
 def failed(matcher: str, by: str = RUN) -> str:
@@ -21,11 +33,16 @@ def failed(matcher: str, by: str = RUN) -> str:
 
 def vanished_on_its_own() -> str:
     """Each worker's processes of the last hour that ended without a word (``vanished``), less those the platform
-    explains: when the platform preempts one slice of a job, or takes a host for maintenance, its peers' processes
-    end without a word too (the job restarts as a whole), and only the preempted hosts are told. Each platform
-    event of the workload (the most any worker was told of) accounts for one vanishing of each worker."""
-    platform = f"max by ({WORKLOAD}) ({failed(PLATFORM)})"
-    vanished = failed(f'reason="{VANISHED}"')
+    explains. When the platform preempts one slice of a job, or takes a host for maintenance, its peers' processes
+    end without a word too (the job restarts as a whole), and only the preempted hosts are told: each platform event
+    of the workload accounts for one vanishing of each worker. The events are counted per slice (the most any host
+    of the slice was told of; one preemption tells every host of its slice) and summed over the slices: six slices
+    preempted one after another are six events, not one. And a worker whose Job a queue suspended in the hour (Kueue:
+    its pods deleted on purpose, kube-state-metrics says) vanished for that."""
+    per_slice = f"max by ({WORKLOAD}, {c.Label.SLICE}) ({failed(PLATFORM)})"
+    platform = f"sum by ({WORKLOAD}) ({per_slice})"
+    suspended = f"{RUNNING_INFERRED} and on (namespace, {CONTROLLER}) {jobs_suspended(RUN_MEMORY)}"
+    vanished = f"({failed(VANISHED_HERE)} unless on ({RUN}) ({suspended}))"
     return f"(clamp_min({vanished} - on ({WORKLOAD}) group_left () {platform}, 0) or {vanished})"
 
 
@@ -45,13 +62,18 @@ def alerts(config: GeneratorConfig) -> list[Alert]:
             "A workload is burning its goodput error budget.",
             "goodput",
             DashboardUID.FLEET,
-            "Find the largest badput category (Fleet overview) and fix it: restarts and lost work first.",
+            "Find the largest badput category (Fleet overview) and fix it: restarts and lost work first. Each pair "
+            f"of windows stays quiet while its short window holds an outage {AlertName.WORKLOAD_DOWN} paged for "
+            f"(down longer than {durations.human(t.downtime_seconds)}): that page said it, and the burn it leaves "
+            "in the long window would otherwise page again as the outage ends and its page resolves. A job that "
+            "comes back and burns its budget on its own pages once its short window is past the outage.",
             existed=series(c.STEPS),
+            paged_outage=(DOWN_FOR, t.downtime_seconds),
         ),
         Alert(
             AlertName.WORKLOAD_DOWN,
             "critical",
-            f"time() - min by ({WORKLOAD}) ({DOWN_SINCE}) > {t.downtime_seconds:g}",
+            f"{down_for()} > {t.downtime_seconds:g}",
             "A workload is down and has not started again.",
             "Workload {{ $labels.workload }} has been down for {{ $value | humanizeDuration }}: a process failed or "
             "vanished, or its pod went with its sidecar, and none has started since.",
@@ -69,7 +91,14 @@ def alerts(config: GeneratorConfig) -> list[Alert]:
             "Job's workload whose Job still wants its pods is down until they run again, however long they stay "
             "Pending; a pod that kube-state-metrics says is not ready (its node dead) is down though its target is "
             "still listed. A Job that failed for good (its backoff limit, its JobSet's restarts spent) is still "
-            "wanted: it pages until someone deletes it. A suspended Job (Kueue) is wanted too. Pods of a kind "
+            "wanted: it pages until someone deletes it. A Job a queue suspended (Kueue, `kube_job_status_suspended`) "
+            "is not: its workload waits in the queue on purpose, and is not down. A Job is known by "
+            "`kube_job_created`, which Google's recipe for kube-state-metrics on GMP keeps too (docs/fleet.md says "
+            "what else to keep there). A JobSet deleted and applied again under its name, its workload renamed, has "
+            "Jobs of the same names: once the new workload is served, the old one is gone, not down (until then, "
+            "its Jobs want pods and none runs: the old name reads down). Through an outage of kube-state-metrics "
+            "itself, an outage it vouched for is remembered for up to an hour: no all-clear, and no second page "
+            "when it returns. Pods of a kind "
             "kube-state-metrics does not describe (a Kubeflow JAXJob, a RayCluster) are inferred as without it. "
             "Without kube-state-metrics, Prometheus infers: a worker not seen for an hour (the sidecar's "
             "--workload-expiry, the rules' memory) is forgotten, and its outage with it, so a job deleted while down "
@@ -96,7 +125,10 @@ def alerts(config: GeneratorConfig) -> list[Alert]:
             "(docs/failures.md, Preemption and maintenance without a handler in the job). When the platform "
             "preempts one slice of a job, or takes one host for maintenance, the other workers' processes end "
             "without a word too: each such event of the workload in the hour accounts for one `vanished` of each "
-            "worker, which makes no ticket. The work since the last checkpoint was lost; read the job's logs for "
+            "worker, which makes no ticket. The events are counted per slice (the most any host of the slice was "
+            "told of) and summed over the slices: four slices preempted one after another are four events. A worker "
+            "whose Job a queue suspended in the hour (Kueue; `kube_job_status_suspended`) vanished for that: no "
+            "ticket either. The work since the last checkpoint was lost; read the job's logs for "
             "the failure. A preemption or a host maintenance event is the platform's doing and makes no ticket: "
             f"{AlertName.WORKLOAD_DOWN} pages if the job does not come back.",
         ),
@@ -112,9 +144,10 @@ def alerts(config: GeneratorConfig) -> list[Alert]:
             runbook="A crash loop burns chips without progress: stop it, read the first failure's logs. It counts "
             "the job's own failures in the hour, those it named and its processes that vanished on their own, "
             "however the job restarts (a JobSet's new pods, a process restarted in place, before its first "
-            "checkpoint or after): not the platform's preemptions and maintenance, nor the peers' processes that "
-            f"ended with them. Its {AlertName.WORKLOAD_FAILED} tickets and {AlertName.WORKLOAD_DOWN} page are "
-            "inhibited while it fires. A pod deleted under a running job (a redeploy, a drain, a queue's "
-            "preemption) ends its processes without a word: `vanished`, counted; three in an hour page.",
+            "checkpoint or after): not the platform's preemptions and maintenance (each slice's counted once), nor "
+            "the peers' processes that ended with them, nor those a queue's suspension of their Job ended "
+            f"(`kube_job_status_suspended`). Its {AlertName.WORKLOAD_FAILED} tickets and {AlertName.WORKLOAD_DOWN} "
+            "page are inhibited while it fires. A pod deleted under a running job (a redeploy, a drain) ends its "
+            "processes without a word: `vanished`, counted; three in an hour page.",
         ),
     ]

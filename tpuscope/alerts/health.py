@@ -5,7 +5,7 @@ OOM killer strikes, a GPU whose clocks the driver holds down."""
 from __future__ import annotations
 
 from tpuscope import catalog as c
-from tpuscope.alerts.rules import Alert
+from tpuscope.alerts.rules import HOSTS_NAMED, Alert, HostsOfWorkload
 from tpuscope.conventions import LIBTPU_COLLECTOR, SIDECAR_CONTAINER, AlertName, DashboardUID
 from tpuscope.generator_config import GeneratorConfig
 from tpuscope.promql import TARGET, WORKLOAD, memory_available_ratio, series
@@ -48,6 +48,7 @@ def alerts(config: GeneratorConfig) -> list[Alert]:
     libtpu, not_libtpu = f'collector="{LIBTPU_COLLECTOR}"', f'collector!="{LIBTPU_COLLECTOR}"'
     # A pod running a sidecar container, as kube-state-metrics says (an init container with restartPolicy
     # Always is listed among the init containers).
+    busy = HostsOfWorkload(f"avg by ({TARGET}) ({series(c.HOST_CPU_UTILIZATION)}) > {t.host_cpu_ratio:g}")
     running_sidecar = " or ".join(
         f'{metric}{{container="{SIDECAR_CONTAINER}"}} == 1'
         for metric in ("kube_pod_init_container_status_running", "kube_pod_container_status_running")
@@ -112,12 +113,15 @@ def alerts(config: GeneratorConfig) -> list[Alert]:
         Alert(
             AlertName.HOST_CPU_SATURATED,
             "warning",
-            f"avg by ({TARGET}) ({series(c.HOST_CPU_UTILIZATION)}) > {t.host_cpu_ratio:g}",
-            "A training host's CPU is saturated.",
-            "The CPU of {{ $labels.instance }} is {{ $value | humanizePercentage }} busy: it cannot feed its chips.",
+            busy.expr(),
+            "A workload's hosts' CPUs are saturated.",
+            "Workload {{ $labels.workload }}: {{ $value }} of its hosts have their CPU more than "
+            f"{t.host_cpu_ratio:.0%} busy, too busy to feed their chips:" + busy.named() + ".",
             DashboardUID.ONCALL,
             "15m",
-            f"Find the process ({c.JOB_CPU.name}); move input decoding elsewhere.",
+            f"Find the process ({c.JOB_CPU.name}); move input decoding elsewhere. One ticket per workload, whatever "
+            f"the hosts (the description names the {HOSTS_NAMED} busiest; the On-call board draws each slice's "
+            "busiest host, Job debug every host of the workload).",
         ),
         Alert(
             AlertName.HOST_MEMORY_PRESSURE,

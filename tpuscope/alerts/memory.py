@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 from tpuscope import catalog as c
-from tpuscope.alerts.rules import Alert, running
+from tpuscope.alerts.rules import HOSTS_NAMED, Alert, HostsOfWorkload, running
 from tpuscope.conventions import MEMORY_USED, AlertName, DashboardUID
 from tpuscope.generator_config import GeneratorConfig
-from tpuscope.promql import WORKLOAD, series
+from tpuscope.promql import TARGET, WORKLOAD, series
 
 
 def alerts(config: GeneratorConfig) -> list[Alert]:
     t = config.thresholds
+    full = HostsOfWorkload(f"max by ({TARGET}) ({MEMORY_USED}) > {t.hbm_used_ratio:g}")
     return [
         Alert(
             AlertName.MEMORY_SPILL,
@@ -26,12 +27,14 @@ def alerts(config: GeneratorConfig) -> list[Alert]:
         Alert(
             AlertName.DEVICE_MEMORY_NEAR_LIMIT,
             "warning",
-            f"{MEMORY_USED} > {t.hbm_used_ratio:g}",
-            "A device's memory is nearly full.",
-            "Device {{ $labels.device }} ({{ $labels.accelerator }}, {{ $labels.source }}) of {{ $labels.instance }} "
-            "uses {{ $value | humanizePercentage }} of its memory.",
+            full.expr(),
+            "A workload's devices are nearly out of memory on some of its hosts.",
+            "Workload {{ $labels.workload }}: {{ $value }} of its hosts have a device using more than "
+            f"{t.hbm_used_ratio:.0%} of its memory (the fullest device of each):" + full.named() + ".",
             DashboardUID.ONCALL,
             "10m",
-            "The next larger program will fail with out-of-memory; reduce the batch or rematerialize.",
+            "The next larger program will fail with out-of-memory; reduce the batch or rematerialize. One ticket per "
+            f"workload, whatever the hosts (the description names the {HOSTS_NAMED} whose fullest device is "
+            "fullest; the On-call and Job debug dashboards show every device).",
         ),
     ]

@@ -19,6 +19,7 @@ from tpuscope.conventions import (
     BAD_RATE,
     BADPUT_CATEGORIES,
     BADPUT_RATIO,
+    CHECKPOINT_LAST,
     COLLECTIVE_P99,
     COLLECTIVE_P99_MEDIAN,
     COLLECTIVE_P99_WORST,
@@ -28,11 +29,13 @@ from tpuscope.conventions import (
     COMPUTE_OVER_MEDIAN,
     COMPUTE_PER_WORKER,
     CONTROLLER,
+    CONTROLLER_NEWEST,
     CONTROLLER_WANTED,
     CORE_ELSEWHERE,
     CORE_LOCATION,
     CORE_LOCATION_WORKERS,
     DOWN_AFTER,
+    DOWN_FOR,
     DOWN_SINCE,
     FAILURES_HOUR,
     GOODPUT_RATE,
@@ -85,6 +88,14 @@ SLICE = f"{PLACEMENT}, job, {c.Label.SLICE}"  # a slice's hosts, as one sidecar 
 # KSM_BLIP).
 KSM_NAMESPACES = "kube_namespace_created"
 KSM_BLIP = "5m"
+# Its series of a Job (namespace and job_name labels): that it exists, as Google's recipe for a GMP install keeps it
+# (prometheus-engine examples/kube-state-metrics keeps kube_job_created, drops kube_job_info), whether it completed,
+# and whether it is suspended (a queue such as Kueue holds it: its pods deleted on purpose). The last two only where
+# they are scraped (docs/fleet.md): without them, a completed Job reads as wanted (its workers ended cleanly: not
+# down) and a suspended one as down.
+KSM_JOB_EXISTS = "kube_job_created"
+KSM_JOB_COMPLETE = 'kube_job_complete{condition="true"}'
+KSM_JOB_SUSPENDED = "kube_job_status_suspended"
 # The kinds of pod controller kube-state-metrics describes, that the rules judge by it (controllers_wanted).
 CONTROLLER_KINDS = ("Job", "ReplicaSet", "StatefulSet")
 
@@ -220,15 +231,25 @@ def unbooked_rules() -> list[dict[str, str]]:
     # Gone on kube-state-metrics' word only: a controller of a kind it describes, in a namespace it lists, that it
     # no longer says wants its pods. A kind it does not describe (a JAXJob, a RayCluster) is inferred as before.
     known = f'{RUNNING_INFERRED}{{controller_kind=~"{"|".join(CONTROLLER_KINDS)}"}}'
-    gone = (
-        f"{known} unless on (namespace, {CONTROLLER}) {CONTROLLER_WANTED}"
-        f" and on (namespace) group by (namespace) (last_over_time({KSM_NAMESPACES}[{KSM_BLIP}]))"
-    )
+    listed = f"group by (namespace) (last_over_time({KSM_NAMESPACES}[{KSM_BLIP}]))"
+    unwanted = f"unless on (namespace, {CONTROLLER}) {CONTROLLER_WANTED} and on (namespace) {listed}"
+    # Or gone because its controller's pods run another workload since: a JobSet deleted and applied again under
+    # its name with its workload renamed has Jobs of the same names (JobSet derives them), which want their pods.
+    newest = f"max_over_time({CONTROLLER_NEWEST}[{RUN_MEMORY}])"
+    superseded = f"{newest} < on (namespace, {CONTROLLER}) group_left () max by (namespace, {CONTROLLER}) ({newest})"
+    gone = f"{known} {unwanted} or {known} and on (namespace, {CONTROLLER}, workload) {superseded}"
     # Only a Job's workers are remembered: a Job that wants its pods wants every worker of it. A ReplicaSet or
-    # StatefulSet scaled down still wants some replicas, not the one that went.
-    remembered = (
+    # StatefulSet scaled down still wants some replicas, not the one that went. Remembered while kube-state-metrics
+    # says its Job wants its pods, and through an outage of kube-state-metrics itself (its namespace listed in the
+    # last RUN_MEMORY, not now): no false all-clear, and no second page when it returns.
+    unseen = (
         f'last_over_time({RUNNING}{{controller_kind="{CONTROLLER_KINDS[0]}"}}[{RUN_MEMORY}])'
-        f" unless on ({RUN}) {seen} and on (namespace, {CONTROLLER}) {CONTROLLER_WANTED}"
+        f" unless on ({RUN}) {seen} unless on (namespace, {CONTROLLER}, workload) {superseded}"
+    )
+    listed_lately = f"group by (namespace) (last_over_time({KSM_NAMESPACES}[{RUN_MEMORY}]))"
+    remembered = (
+        f"{unseen} and on (namespace, {CONTROLLER}) {CONTROLLER_WANTED}"
+        f" or ({unseen} unless on (namespace) {listed}) and on (namespace) {listed_lately}"
     )
     target = "on (job, instance)"  # the scrape target of the sidecar that served the worker
     # A pod kube-state-metrics says is not ready (its node dead, the pod being deleted) is not merely unscraped.
@@ -251,6 +272,10 @@ def unbooked_rules() -> list[dict[str, str]]:
     running = f"max by ({RUN}) ({RUNNING})"
     return [
         {"record": CONTROLLER_WANTED, "expr": controllers_wanted()},
+        {  # a worker's last step is its last sighting; over RUN_MEMORY here, and RUN_MEMORY more where it is read
+            "record": CONTROLLER_NEWEST,
+            "expr": f"max by (namespace, {CONTROLLER}, workload) (last_over_time({last}[{RUN_MEMORY}]))",
+        },
         {  # recorded once for the rules below: its hour-long look-backs are the costly part
             "record": RUNNING_INFERRED,
             "expr": f"{processes} unless on ({RUN}) {ended}",
@@ -270,7 +295,30 @@ def unbooked_rules() -> list[dict[str, str]]:
             f" or (({latest(last)} or last_over_time({DOWN_SINCE}[{RUN_MEMORY}]))"
             f" unless on ({RUN}) {SERVED} unless on ({RUN}) {unlisted_lately} and on ({RUN}) {RUNNING})",
         },
+        {"record": DOWN_FOR, "expr": down_for()},
+        {  # a restarted job's new sidecars have no save yet: the workload's last one is remembered while it runs
+            "record": CHECKPOINT_LAST,
+            "expr": f"max by ({WORKLOAD}) ({series(c.CHECKPOINT_LAST_SUCCESS)}) or last_over_time({CHECKPOINT_LAST}"
+            f"[{RUN_MEMORY}]) and on ({WORKLOAD}) group by ({WORKLOAD}) ({RUNNING})",
+        },
     ]
+
+
+def named(selector: str, kind: str, label: str = "job_name") -> str:
+    """kube-state-metrics' series of a controller, labelled as the sidecars' targets name their pod's."""
+    renamed = f'label_replace({selector}, "controller", "$1", "{label}", "(.+)")'
+    return f'group by (namespace, {CONTROLLER}) (label_replace({renamed}, "controller_kind", "{kind}", "", ""))'
+
+
+def jobs_suspended(window: str) -> str:
+    """The Jobs kube-state-metrics said were suspended at some time in ``window``, as controllers."""
+    return named(f"max_over_time({KSM_JOB_SUSPENDED}[{window}]) == 1", CONTROLLER_KINDS[0])
+
+
+def down_for() -> str:
+    """How long each workload has been down, since its first worker went: TpuscopeWorkloadDown reads it as it is
+    now (a record of it lags an evaluation), the goodput burn recorded (:data:`DOWN_FOR`)."""
+    return f"time() - min by ({WORKLOAD}) ({DOWN_SINCE})"
 
 
 def controllers_wanted() -> str:
@@ -283,16 +331,15 @@ def controllers_wanted() -> str:
     def recent(metric: str) -> str:
         return f"last_over_time({metric}[{KSM_BLIP}])"
 
-    def named(selector: str, kind: str, label: str) -> str:
-        renamed = f'label_replace({selector}, "controller", "$1", "{label}", "(.+)")'
-        return f'group by (namespace, {CONTROLLER}) (label_replace({renamed}, "controller_kind", "{kind}", "", ""))'
-
     job, replicaset, statefulset = CONTROLLER_KINDS
-    complete = 'kube_job_complete{condition="true"}'
-    completed = f"{recent(complete)} == 1"
+    completed = f"{recent(KSM_JOB_COMPLETE)} == 1"
+    suspended = f"{recent(KSM_JOB_SUSPENDED)} == 1"
     return " or ".join(
         (
-            named(f"({recent('kube_job_info')} unless on (namespace, job_name) {completed})", job, "job_name"),
+            named(
+                f"({recent(KSM_JOB_EXISTS)} unless on (namespace, job_name) ({completed} or {suspended}))",
+                job,
+            ),
             named(f"{recent('kube_replicaset_spec_replicas')} > 0", replicaset, "replicaset"),
             named(f"{recent('kube_statefulset_replicas')} > 0", statefulset, "statefulset"),
         )
@@ -301,9 +348,7 @@ def controllers_wanted() -> str:
 
 def slo_rules(config: GeneratorConfig) -> list[dict[str, str]]:
     """The SLO ratios the burn-rate alerts read, one per window, and the 5-minute rates they sum."""
-    slow = f'le="{le(config.thresholds.inference_latency_seconds)}"'
-    within = series(c.INFERENCE_REQUEST_DURATION, slow, suffix="bucket")
-    total = series(c.INFERENCE_REQUEST_DURATION, suffix="count")
+    within, total = latency_requests(config)
     unbooked = f"sum by ({WORKLOAD}) ({UNBOOKED_RATE})"
     bad = f"sum by ({WORKLOAD}) ({GOODPUT_RATE}{{{BADPUT_CATEGORIES}}})"
     rules = [
@@ -316,15 +361,31 @@ def slo_rules(config: GeneratorConfig) -> list[dict[str, str]]:
         {"record": REQUESTS_FAST_RATE, "expr": per_workload("rate", within, "5m")},
         {"record": REQUESTS_RATE, "expr": per_workload("rate", total, "5m")},
     ]
+    return rules + slo_ratios(config, slow=False)
+
+
+def latency_requests(config: GeneratorConfig) -> tuple[str, str]:
+    """The latency SLO's counters: the requests answered within its threshold, and all of them."""
+    fast = f'le="{le(config.thresholds.inference_latency_seconds)}"'
+    return series(c.INFERENCE_REQUEST_DURATION, fast, suffix="bucket"), series(
+        c.INFERENCE_REQUEST_DURATION, suffix="count"
+    )
+
+
+def slo_ratios(config: GeneratorConfig, slow: bool) -> list[dict[str, str]]:
+    """Each SLO's bad share over each window its own burn rates read: those pages read (``slow`` False), or those
+    only tickets read (True: a day and more, in a group of their own at :data:`tpuscope.alerts.rules.SLOW_INTERVAL`).
+
+    Sums, not averages, of the 5-minute rates: a category that began mid-window counts 0 before. Goodput sums its
+    two recorded terms in every window, the time no sidecar booked (unbooked_rules: downtime, bad and wall time) in
+    both; the latency SLO reads the raw counters up to RAW_UP_TO, more exact."""
     t = config.thresholds
-    # Sums, not averages, of the 5-minute rates: a category that began mid-window counts 0 before. Goodput sums
-    # its two recorded terms in every window, the time no sidecar booked (unbooked_rules: downtime, bad and wall
-    # time) in both; the latency SLO reads the raw counters up to RAW_UP_TO, more exact. Each SLO's ratio is
-    # recorded over the windows its own burn rates read.
-    for window in slo_windows(1 - t.goodput_objective):
+    within, total = latency_requests(config)
+    rules = []
+    for window in slo_windows(1 - t.goodput_objective, slow):
         bad, wall = (f"sum_over_time({rate}[{window}])" for rate in (BAD_RATE, WALL_ALL_RATE))
         rules.append({"record": f"{BADPUT_RATIO}{window}", "expr": f"{bad} / {wall}"})
-    for window in slo_windows(1 - t.inference_latency_objective):
+    for window in slo_windows(1 - t.inference_latency_objective, slow):
         if durations.parse(window) <= durations.parse(RAW_UP_TO):
             fast, requests = per_workload("rate", within, window), per_workload("rate", total, window)
         else:

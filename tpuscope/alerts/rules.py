@@ -46,6 +46,9 @@ BURN_RATES = (
     ("1d", "2h", 3, "warning"),
     ("3d", "6h", 1, "warning"),
 )
+# How often the ratios over the windows only tickets read (a day and more) are recorded, in a group of their own:
+# each reads days of recorded rates, and a ticket that waits 15 minutes loses nothing by a ratio up to 5 minutes old.
+SLOW_INTERVAL = "5m"
 # A pair needing more than this share of the time bad is out of reach in practice: its windows are stretched.
 MOST_BAD = 0.9
 STRETCH = (1, 2, 3, 4, 6, 8, 12)
@@ -63,10 +66,15 @@ def burn_rates(budget: float) -> list[tuple[str, str, float, str]]:
     return pairs
 
 
-def slo_windows(budget: float) -> tuple[str, ...]:
+def slo_windows(budget: float, slow: bool | None = None) -> tuple[str, ...]:
     """Every window an SLO's ratio is recorded over (tpuscope.alerts.recording): those the burn rates of an SLO
-    with this budget read, shortest first."""
-    windows = {window for long, short, _, _ in burn_rates(budget) for window in (long, short)}
+    with this budget read, shortest first. ``slow``: only those no page reads (True), which are recorded at
+    :data:`SLOW_INTERVAL`, or only the others (False)."""
+    pairs = burn_rates(budget)
+    windows = {window for long, short, _, _ in pairs for window in (long, short)}
+    paged = {window for long, short, _, severity in pairs if severity == "critical" for window in (long, short)}
+    if slow is not None:
+        windows = windows - paged if slow else windows & paged
     return tuple(sorted(windows, key=durations.parse))
 
 
@@ -125,10 +133,46 @@ def running(what: str = WORKLOAD) -> str:
     return f"and on ({what}) max by ({what}) ({series(c.WORKLOAD_PROCESSES)}) > 0"
 
 
-def workload_on_host() -> str:
+def workload_on_host(*matchers: str) -> str:
     """1 per host, labelled with the workload running there: the TPU runtime's series carry no workload label, and
-    one job holds a host's chips (the one with a process connected to its sidecar)."""
-    return f"(topk by (job, instance) (1, {series(c.WORKLOAD_PROCESSES)} > 0) * 0 + 1)"
+    one job holds a host's chips (the one with a process connected to its sidecar). ``matchers``: only the hosts of
+    the workloads they pick."""
+    return f"(topk by (job, instance) (1, {series(c.WORKLOAD_PROCESSES, *matchers)} > 0) * 0 + 1)"
+
+
+# How many of a workload's hosts a description names, and how it picks them from a template's query.
+HOSTS_NAMED = 5
+THE_ALERTS_WORKLOAD = ("namespace=%q", "jobset=%q", "workload=%q")
+
+
+@dataclass(frozen=True)
+class HostsOfWorkload:
+    """An alert on a condition of hosts, one per workload with hosts where it holds (its value: how many), not one per
+    host: a 256-host job whose chips idle is one ticket, not 256. Its description names the worst hosts.
+
+    ``per_host``: the condition, a vector per scrape target (:data:`tpuscope.promql.TARGET`) whose value is the
+    host's figure; ``worst``: ``topk`` or ``bottomk``, which hosts are the worst; ``figure``: how a host's figure
+    reads (a template function of ``.Value``)."""
+
+    per_host: str
+    worst: str = "topk"
+    figure: str = "humanizePercentage"
+
+    def expr(self) -> str:
+        return f"count by ({WORKLOAD}) ({self._joined()})"
+
+    def named(self) -> str:
+        """Description text: `` h1:9478 (12%), h2:9478 (20%)`` for the alert's workload, by instance."""
+        query = f"{self.worst}({HOSTS_NAMED}, {self._joined(*THE_ALERTS_WORKLOAD)})"
+        return (
+            # `or ... ""`: a label the alert lacks is "" to Prometheus' templates but nil to vmalert's.
+            f'{{{{ range $i, $host := query (printf `{query}` (or $labels.namespace "") (or $labels.jobset "")'
+            f' $labels.workload) | sortByLabel "instance" }}}}{{{{ if $i }}}},{{{{ end }}}}'
+            f" {{{{ $host.Labels.instance }}}} ({{{{ $host.Value | {self.figure} }}}}){{{{ end }}}}"
+        )
+
+    def _joined(self, *matchers: str) -> str:
+        return f"({self.per_host}) * on (job, instance) group_left ({c.Label.WORKLOAD}) {workload_on_host(*matchers)}"
 
 
 def burn_rate_alerts(
@@ -141,6 +185,7 @@ def burn_rate_alerts(
     runbook: str,
     existed: str = "",
     volume: tuple[str, float] | None = None,
+    paged_outage: tuple[str, float] | None = None,
 ) -> list[Alert]:
     """Page on a fast burn, ticket on a slow one: one alert name, two severities.
 
@@ -148,7 +193,9 @@ def burn_rate_alerts(
     ``existed``: a series the workload must have had a long window ago, so a
     young workload's start-up is not judged over a window it was not alive for. ``volume``: a recorded
     per-workload rate of events and the fewest events a long window must hold to be judged (a few slow
-    requests of a nearly idle service are no outage).
+    requests of a nearly idle service are no outage). ``paged_outage``: a recorded per-workload outage's length and
+    the length from which it pages; a pair stays quiet while its short window holds such an outage, whose burn the
+    page said (the short window would otherwise fire it as the outage ends and its page resolves).
     """
     result = []
     for severity in ("critical", "warning"):
@@ -164,6 +211,9 @@ def burn_rate_alerts(
                 recorded, fewest = volume
                 events = f"avg_over_time({recorded}[{long}]) * {durations.parse(long):g}"
                 condition += f" and on ({WORKLOAD}) {events} >= {fewest:g}"
+            if paged_outage:
+                outage, paged = paged_outage
+                condition += f" unless on ({WORKLOAD}) max_over_time({outage}[{short}]) > {paged:g}"
             conditions.append(f"({condition})")
         windows = " or ".join(long for long, _, _, level in burn_rates(budget) if level == severity)
         result.append(

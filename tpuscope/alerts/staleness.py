@@ -25,6 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from tpuscope import durations
 from tpuscope.catalog import PREFIX
 
 _NAME = re.compile(r"[A-Za-z_:][A-Za-z0-9_:]*")
@@ -51,11 +52,19 @@ class Windows:
 
 
 def rule_groups(groups: list[dict[str, Any]], windows: Windows) -> list[dict[str, Any]]:
-    """``groups`` with every rule's expression read as :func:`fresh` reads it."""
+    """``groups`` with every rule's expression read as :func:`fresh` reads it. A record of a group with an interval
+    of its own is read over two of its intervals: it is written no more often."""
+    own = {
+        rule["record"]: durations.prometheus(2 * durations.prometheus_ms(group["interval"]))
+        for group in groups
+        if "interval" in group
+        for rule in group["rules"]
+        if "record" in rule
+    }
     rewritten = copy.deepcopy(groups)
     for group in rewritten:
         for rule in group["rules"]:
-            rule["expr"] = fresh(rule["expr"], windows.of)
+            rule["expr"] = fresh(rule["expr"], lambda name: own.get(name) or windows.of(name))
     return rewritten
 
 

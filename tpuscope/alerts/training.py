@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from tpuscope import catalog as c
 from tpuscope import durations
-from tpuscope.alerts.rules import Alert, running, workload_on_host
+from tpuscope.alerts.rules import HOSTS_NAMED, Alert, HostsOfWorkload, running, workload_on_host
 from tpuscope.conventions import (
     COLLECTIVE_P99,
     COMPUTE_OVER_MEDIAN,
@@ -95,6 +95,12 @@ RUNTIME_ERROR_OF_WORKLOAD = (
 def by_source(profile: str, host: str) -> str:
     """Description text that depends on the firing expression's source."""
     return f'{{{{ if eq $labels.{SOURCE} "profile" }}}}{profile}{{{{ else }}}}{host}{{{{ end }}}}'
+
+
+def idle_chips(config: GeneratorConfig) -> HostsOfWorkload:
+    """The hosts whose chips' mean duty cycle is low, while a job runs there."""
+    low = f"avg by ({TARGET}) ({series(c.DUTY_CYCLE)}) < {config.thresholds.duty_cycle_low:g}"
+    return HostsOfWorkload(low, worst="bottomk")
 
 
 def alerts(config: GeneratorConfig) -> list[Alert]:
@@ -214,13 +220,15 @@ def alerts(config: GeneratorConfig) -> list[Alert]:
         Alert(
             AlertName.LOW_DUTY_CYCLE,
             "warning",
-            f"avg by ({TARGET}) ({series(c.DUTY_CYCLE)}) < {t.duty_cycle_low:g}"
-            f" and on (job, instance) {series(c.WORKLOAD_PROCESSES)}",
-            "A host's chips are mostly idle while a workload runs on it.",
-            "The chips of {{ $labels.instance }} were busy {{ $value | humanizePercentage }} of the time.",
+            idle_chips(config).expr(),
+            "A workload's chips are mostly idle on some of its hosts.",
+            "Workload {{ $labels.workload }}: the chips of {{ $value }} of its hosts were busy less than "
+            f"{t.duty_cycle_low:.0%} of the time:" + idle_chips(config).named() + ".",
             DashboardUID.FLEET,
             "30m",
-            "Paid-for chips waiting: on input, on the host, on a straggler. See the workload's phase breakdown.",
+            "Paid-for chips waiting: on input, on the host, on a straggler. See the workload's phase breakdown. One "
+            "ticket per workload, whatever the hosts (the description names the idlest "
+            f"{HOSTS_NAMED}, each with its chips' mean duty cycle; the Job debug dashboard shows them all).",
         ),
         Alert(
             AlertName.LOW_MFU,

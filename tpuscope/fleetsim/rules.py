@@ -75,13 +75,16 @@ def scaled_config(config: GeneratorConfig, k: float) -> GeneratorConfig:
 def scaled_groups(config: GeneratorConfig, k: float) -> list[dict[str, Any]]:
     """The rule groups of ``rules_file(config)`` (``rule_groups``), time compressed ``k`` times.
 
-    Expressions come from the rules generated with the scaled thresholds, durations divided. A ``for:``
+    Expressions come from the rules generated with the scaled thresholds, durations divided, and a group's own
+    interval too. A ``for:``
     comes from the rules generated with ``config``'s own, then divided: CheckpointMissing waits as long
     as ``checkpoint_age_seconds``, which would otherwise be divided twice.
     """
     plain = rule_groups(config)
     timed = rule_groups(scaled_config(config, k))
     for plain_group, group in zip(plain, timed, strict=True):
+        if "interval" in group:  # a group of its own pace (the slow SLO windows) keeps it, compressed
+            group["interval"] = scale_duration(group["interval"], k)
         for plain_rule, rule in zip(plain_group["rules"], group["rules"], strict=True):
             rule["expr"] = scale_expr(rule["expr"], k)
             if "for" in plain_rule:
