@@ -258,6 +258,30 @@ CASES = [
             **kube_state_metrics(12),
         },
     ),
+    # ... Kueue resumes it at minute 30: its pods not served yet at 32 are no outage of 22 minutes (the queue's wait),
+    Case(
+        AlertName.WORKLOAD_DOWN,
+        None,
+        "32m",
+        {
+            **served({**W, **JOB_POD}, 0, 10, 60),
+            **job(60, kube_job_status_suspended="0x9 1x20 0x30"),
+            **kube_state_metrics(60),
+        },
+    ),
+    # ... but pods that stay Pending after it are down from the resumption.
+    Case(
+        AlertName.WORKLOAD_DOWN,
+        "critical",
+        "50m",
+        {
+            **served({**W, **JOB_POD}, 0, 10, 60),
+            **job(60, kube_job_status_suspended="0x9 1x20 0x30"),
+            **kube_state_metrics(60),
+        },
+        {**W, **TEAM},
+        DOWN.format("w", "20m 0s"),
+    ),
     # 5. kube-state-metrics down from minute 80 to 100 while a JobSet preempted at minute 10 waits for its pods: still
     # down, no all-clear (before: resolved at minute 85, paged again at 100) ...
     Case(

@@ -148,6 +148,9 @@ RUNNING_INFERRED = f"worker:{c.WORKLOAD_PROCESSES.name}:running_inferred"
 # replica or more. A deleted JobSet's Jobs, a Deployment scaled to zero: no series.
 CONTROLLER_WANTED = f"namespace_controller:{c.WORKLOAD_PROCESSES.name}:wanted"
 CONTROLLER = "controller_kind, controller"
+# Per Job, the last time kube-state-metrics said a queue (Kueue) held it suspended: a resumed Job's workers are down
+# from then, not from their last step before it (the wait in the queue was no outage).
+CONTROLLER_QUEUED = f"namespace_controller:{c.WORKLOAD_PROCESSES.name}:queued_last"
 # Per controller and workload, the last step (or start) any of its workers had in the last RUN_MEMORY: a Job's pods
 # that run a newer workload than a worker's (a JobSet applied again, its workload renamed) leave that worker gone.
 CONTROLLER_NEWEST = f"namespace_controller_workload:{c.LAST_STEP.name}:max1h"

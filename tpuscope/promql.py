@@ -54,43 +54,44 @@ def grown(selector: str, window: str, seconds: str = "", targets: str = "") -> s
     """How much the counters ``selector`` picks grew in ``window``, per series, a series' first event and a
     sidecar gone since included.
 
-    ``increase()`` will not do for rare events: a labelled counter comes into being at its first event,
-    already at 1, and ``increase()`` never counts a series' first sample (the first failure would read 0);
-    nor does it see a sidecar that has gone since (a crashed pod's). So, the first that holds, per series:
+    ``increase()`` alone will not do for rare events: a labelled counter comes into being at its first event,
+    already at 1, and ``increase()`` never counts a series' first sample (the first failure would read 0); and
+    over a window of a few samples (a report's step) it extrapolates a count into twice itself. So, the first
+    that holds, per series:
 
-    1. it existed ``window`` ago and its sidecar restarted in place since (the same target, a new start
-       time): the counter went back to zero with it, so ``increase()``, which counts a reset's new value,
-       rounded (its extrapolation to the window's edges adds a few percent);
-    2. it existed ``window`` ago: what it gained since, up to its last sample (a gone sidecar's too);
-    3. its sidecar started inside the window (or so shortly before that it was not yet scraped when the
-       window began): all of it, every count of a new sidecar is new;
-    4. its target was scraped ``window`` ago without it: all of it (it was born since);
-    5. otherwise (Prometheus itself was down ``window`` ago): what it gained between the samples the
-       window holds. A gap in the data never makes an old series count as new.
+    1. it existed ``window`` ago, and its sidecar has not restarted since: what it gained since, up to its last
+       sample (a gone sidecar's too), exactly;
+    2. it did not exist ``window`` ago, and its sidecar started inside the window (or so shortly before that it
+       was not yet scraped when the window began), or its target was scraped then without it: all of it, every
+       count of a new series is new;
+    3. otherwise, ``increase()`` over the window, rounded (its extrapolation to the window's edges adds a
+       fraction): a series whose sidecar restarted in place inside the window (the same target, its counters
+       back at zero: ``increase()`` counts a reset's new value, where the most in the window less the count
+       before hid the new life's counts behind the old life's), and one of a target Prometheus did not scrape
+       ``window`` ago (it was down): what it gained between the samples the window holds, so a gap in the data
+       never makes an old series count as new.
 
-    ``seconds``: the window in
+    Three reads of the window per series: the most in it twice, ``increase()`` once. ``seconds``: the window in
     seconds where ``window`` is a variable (Grafana's ``$__range_s``); by default, parsed from it. ``targets``:
-    matchers on the scrape targets' labels (``instance``) that narrow 2 and 3 to the targets ``selector`` can
+    matchers on the scrape targets' labels (``instance``) that narrow 1 and 2 to the targets ``selector`` can
     pick, where a reader knows them: each reads every sidecar's start, and every target's ``up``, otherwise.
     """
     # How far back a sidecar's start makes its series new: the window, and the time a new target may wait
-    # for its first scrape.
+    # for its first scrape. A sidecar restarted in place inside the window itself reset its counters there.
     if seconds:
-        since = f"({seconds} + {FIRST_SCRAPE_SECONDS:g})"
+        within, since = seconds, f"({seconds} + {FIRST_SCRAPE_SECONDS:g})"
     else:
-        since = f"{durations.parse(window) + FIRST_SCRAPE_SECONDS:g}"
+        within, since = f"{durations.parse(window):g}", f"{durations.parse(window) + FIRST_SCRAPE_SECONDS:g}"
     started = f'{SIDECAR_START}{{{HOST_LABELS[0]}!="", {targets}}}' if targets else SIDECAR_START_SERIES
     up = f"up{{{targets}}}" if targets else "up"
     last = f"max_over_time({selector}[{window}])"
     before = f"{selector} offset {window}"
     by_target = "on (job, instance)"  # the labels of a scrape target, on every series it serves
-    started_lately = f"{by_target} max_over_time({started}[{window}]) > time() - {since}"
+    start = f"max_over_time({started}[{window}])"
     return (
-        f"(round(increase({selector}[{window}])) and {before} and {started_lately}"
-        f" or ({last} - {before}) >= 0"
-        f" or {last} and {started_lately}"
-        f" or {last} unless {before} and {by_target} {up} offset {window} == 1"
-        f" or {last} - min_over_time({selector}[{window}]))"
+        f"(({last} - {before}) >= 0 unless {by_target} {start} > time() - {within}"
+        f" or {last} unless {before} and {by_target} ({start} > time() - {since} or {up} offset {window} == 1)"
+        f" or round(increase({selector}[{window}])))"
     )
 
 

@@ -30,6 +30,7 @@ from tpuscope.conventions import (
     COMPUTE_PER_WORKER,
     CONTROLLER,
     CONTROLLER_NEWEST,
+    CONTROLLER_QUEUED,
     CONTROLLER_WANTED,
     CORE_ELSEWHERE,
     CORE_LOCATION,
@@ -270,8 +271,17 @@ def unbooked_rules() -> list[dict[str, str]]:
     # least (a job whose processes all failed, expired by its sidecar, is down still). Once per worker, whatever
     # controllers its pods had in the hour.
     running = f"max by ({RUN}) ({RUNNING})"
+    # Down since its last step, or since a queue last held its Job (resumed, its pods not served yet): the time
+    # it waited in the queue was no outage.
+    since = f"({latest(last)} or last_over_time({DOWN_SINCE}[{RUN_MEMORY}]))"
+    queued = f"max by ({RUN}) ({RUNNING} * 0 + on (namespace, {CONTROLLER}) group_left () {CONTROLLER_QUEUED})"
     return [
         {"record": CONTROLLER_WANTED, "expr": controllers_wanted()},
+        {  # when a queue last held each Job, remembered for RUN_MEMORY after, as its workers are
+            "record": CONTROLLER_QUEUED,
+            "expr": f"max by (namespace, {CONTROLLER}) ({job_named(f'{recent(KSM_JOB_SUSPENDED)} == 1')} * 0 + time())"
+            f" or last_over_time({CONTROLLER_QUEUED}[{RUN_MEMORY}]) > time() - {durations.parse(RUN_MEMORY):g}",
+        },
         {  # a worker's last step is its last sighting; over RUN_MEMORY here, and RUN_MEMORY more where it is read
             "record": CONTROLLER_NEWEST,
             "expr": f"max by (namespace, {CONTROLLER}, workload) (last_over_time({last}[{RUN_MEMORY}]))",
@@ -292,8 +302,8 @@ def unbooked_rules() -> list[dict[str, str]]:
         {  # down: as its sidecar says, or, gone with its pod, since its last step (or start), remembered
             "record": DOWN_SINCE,
             "expr": f"max by ({RUN}) ({series(c.WORKLOAD_DOWN_SINCE)})"
-            f" or (({latest(last)} or last_over_time({DOWN_SINCE}[{RUN_MEMORY}]))"
-            f" unless on ({RUN}) {SERVED} unless on ({RUN}) {unlisted_lately} and on ({RUN}) {RUNNING})",
+            f" or (({queued} > on ({RUN}) {since}) or {since})"
+            f" unless on ({RUN}) {SERVED} unless on ({RUN}) {unlisted_lately} and on ({RUN}) {RUNNING}",
         },
         {"record": DOWN_FOR, "expr": down_for()},
         {  # a restarted job's new sidecars have no save yet: the workload's last one is remembered while it runs
@@ -304,10 +314,25 @@ def unbooked_rules() -> list[dict[str, str]]:
     ]
 
 
+def renamed(selector: str, kind: str, label: str) -> str:
+    """kube-state-metrics' series of a controller of ``kind``, labelled as the sidecars' targets name their pod's."""
+    named = f'label_replace({selector}, "controller", "$1", "{label}", "(.+)")'
+    return f'label_replace({named}, "controller_kind", "{kind}", "", "")'
+
+
 def named(selector: str, kind: str, label: str = "job_name") -> str:
-    """kube-state-metrics' series of a controller, labelled as the sidecars' targets name their pod's."""
-    renamed = f'label_replace({selector}, "controller", "$1", "{label}", "(.+)")'
-    return f'group by (namespace, {CONTROLLER}) (label_replace({renamed}, "controller_kind", "{kind}", "", ""))'
+    """Each controller of ``kind`` that ``selector`` picks, once, labelled as the sidecars' targets name it."""
+    return f"group by (namespace, {CONTROLLER}) ({renamed(selector, kind, label)})"
+
+
+def job_named(selector: str) -> str:
+    """A Job's series, its values kept, labelled as the sidecars' targets name their pod's controller."""
+    return renamed(selector, CONTROLLER_KINDS[0], "job_name")
+
+
+def recent(metric: str) -> str:
+    """A series of kube-state-metrics as it was in the last :data:`KSM_BLIP`: one missed scrape is no change."""
+    return f"last_over_time({metric}[{KSM_BLIP}])"
 
 
 def jobs_suspended(window: str) -> str:
@@ -327,9 +352,6 @@ def controllers_wanted() -> str:
     completed (a JobSet's Jobs, which it deletes with itself; a Job that failed for good is wanted still, its
     workload down until someone deletes it), a ReplicaSet (a Deployment's) or a StatefulSet of one replica or
     more. Each series is looked back for :data:`KSM_BLIP`: one missed scrape is no controller gone."""
-
-    def recent(metric: str) -> str:
-        return f"last_over_time({metric}[{KSM_BLIP}])"
 
     job, replicaset, statefulset = CONTROLLER_KINDS
     completed = f"{recent(KSM_JOB_COMPLETE)} == 1"
