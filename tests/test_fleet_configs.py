@@ -170,6 +170,27 @@ def test_the_kube_state_metrics_scrape_keeps_its_labels() -> None:
     assert [sd["role"] for sd in KSM["kubernetes_sd_configs"]] == ["endpointslice"]
 
 
+def text_blocks(markdown: str, after: str) -> list[str]:
+    """The ```text blocks of a markdown document after the heading ``after``, up to its next heading of two."""
+    section = markdown[markdown.index(after) :]
+    section = section[: section.index("\n## ", 1)]
+    return re.findall(r"```text\n(.*?)\n```", section, re.S)
+
+
+def test_the_gmp_keep_regex_in_the_docs_keeps_every_kube_state_metrics_series_the_rules_read() -> None:
+    """docs/fleet.md quotes Google's recipe's keep regex and gives the one to use where Kueue queues jobs: the
+    second keeps every kube_* name the generated rules read; the first lacks exactly the Job's completion and
+    suspension (what the docs say it costs), and keeps what a preempted JobSet's page needs."""
+    recipe, ours = text_blocks((ROOT / "docs/fleet.md").read_text(), "### kube-state-metrics on GMP")
+    read = set(re.findall(r"\bkube_[a-z_]+", RULES.read_text()))
+    assert {"kube_job_created", "kube_namespace_created", "kube_job_status_suspended"} <= read, read
+    assert {name for name in read if not re.fullmatch(ours, name)} == set()
+    assert {name for name in read if not re.fullmatch(recipe, name)} == {
+        "kube_job_complete",
+        "kube_job_status_suspended",
+    }
+
+
 def test_a_real_prometheus_scrapes_kube_state_metrics_only_where_it_serves_the_objects(tmp_path: Path) -> None:
     """Debian's Prometheus, given the endpoints Kubernetes SD would find: of kube-state-metrics' Services, as
     its Helm chart and its own manifests name their ports, only the ports of the objects' metrics."""
