@@ -56,7 +56,7 @@ def grown(selector: str, window: str, seconds: str = "", targets: str = "") -> s
 
     ``increase()`` alone will not do for rare events: a labelled counter comes into being at its first event,
     already at 1, and ``increase()`` never counts a series' first sample (the first failure would read 0); and
-    over a window of a few samples (a report's step) it extrapolates a count into twice itself. So, the first
+    over a window of a few samples (a report's step) its extrapolation to the edges misreads a count. So, the first
     that holds, per series:
 
     1. it existed ``window`` ago, and its sidecar has not restarted since: what it gained since, up to its last
