@@ -163,6 +163,15 @@ def restarted_in_place(failed_after: bool) -> dict[str, str]:
     }
 
 
+# JobSet llm preempted at minute 10 by Kueue (its Job suspended), resumed at minute 30, its pods not served since.
+QUEUED_THEN_RESUMED = {
+    **served({**W, **JOB_POD}, 0, 10, 60),
+    **job(60, kube_job_status_suspended="0x9 1x20 0x30"),
+    **kube_state_metrics(60),
+}
+# A JobSet preempted at minute 10, its pods Pending, while kube-state-metrics is not scraped from minute 80 to 100.
+KSM_SILENT_WHILE_DOWN = {**worker(10, 120, {**W, **JOB_POD}), **ksm_down(80, 100, 120)}
+
 BURN = (
     "Workload w is burning its goodput error budget fast: {} was bad over the last 2h or 6h, against a budget of "
     "10.00%."
@@ -263,22 +272,14 @@ CASES = [
         AlertName.WORKLOAD_DOWN,
         None,
         "32m",
-        {
-            **served({**W, **JOB_POD}, 0, 10, 60),
-            **job(60, kube_job_status_suspended="0x9 1x20 0x30"),
-            **kube_state_metrics(60),
-        },
+        QUEUED_THEN_RESUMED,
     ),
     # ... but pods that stay Pending after it are down from the resumption.
     Case(
         AlertName.WORKLOAD_DOWN,
         "critical",
         "50m",
-        {
-            **served({**W, **JOB_POD}, 0, 10, 60),
-            **job(60, kube_job_status_suspended="0x9 1x20 0x30"),
-            **kube_state_metrics(60),
-        },
+        QUEUED_THEN_RESUMED,
         {**W, **TEAM},
         DOWN.format("w", "20m 0s"),
     ),
@@ -288,7 +289,7 @@ CASES = [
         AlertName.WORKLOAD_DOWN,
         "critical",
         "95m",
-        {**worker(10, 120, {**W, **JOB_POD}), **ksm_down(80, 100, 120)},
+        KSM_SILENT_WHILE_DOWN,
         {**W, **TEAM},
         DOWN.format("w", "1h 25m 0s"),
     ),
@@ -297,7 +298,7 @@ CASES = [
         AlertName.WORKLOAD_DOWN,
         "critical",
         "110m",
-        {**worker(10, 120, {**W, **JOB_POD}), **ksm_down(80, 100, 120)},
+        KSM_SILENT_WHILE_DOWN,
         {**W, **TEAM},
         DOWN.format("w", "1h 40m 0s"),
     ),

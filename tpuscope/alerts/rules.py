@@ -140,9 +140,20 @@ def workload_on_host(*matchers: str) -> str:
     return f"(topk by (job, instance) (1, {series(c.WORKLOAD_PROCESSES, *matchers)} > 0) * 0 + 1)"
 
 
-# How many of a workload's hosts a description names, and how it picks them from a template's query.
-HOSTS_NAMED = 5
+# The matchers of the alert's own workload in a template's query (:func:`query_of_the_alerts_workload`).
 THE_ALERTS_WORKLOAD = ("namespace=%q", "jobset=%q", "workload=%q")
+
+
+def query_of_the_alerts_workload(query: str) -> str:
+    """A description's template query of the alert's own workload: ``query`` holds :data:`THE_ALERTS_WORKLOAD`'s
+    three ``%q``, filled with its namespace, jobset and workload. ``or ... ""``: a label the alert lacks is "" to
+    Prometheus' templates but nil to vmalert's, which %q prints as %!q(<nil>) and the query then fails
+    (tests/test_victoriametrics.py)."""
+    return f'query (printf `{query}` (or $labels.namespace "") (or $labels.jobset "") $labels.workload)'
+
+
+# How many of a workload's hosts a description names.
+HOSTS_NAMED = 5
 
 
 @dataclass(frozen=True)
@@ -163,11 +174,9 @@ class HostsOfWorkload:
 
     def named(self) -> str:
         """Description text: `` h1:9478 (12%), h2:9478 (20%)`` for the alert's workload, by instance."""
-        query = f"{self.worst}({HOSTS_NAMED}, {self._joined(*THE_ALERTS_WORKLOAD)})"
+        hosts = query_of_the_alerts_workload(f"{self.worst}({HOSTS_NAMED}, {self._joined(*THE_ALERTS_WORKLOAD)})")
         return (
-            # `or ... ""`: a label the alert lacks is "" to Prometheus' templates but nil to vmalert's.
-            f'{{{{ range $i, $host := query (printf `{query}` (or $labels.namespace "") (or $labels.jobset "")'
-            f' $labels.workload) | sortByLabel "instance" }}}}{{{{ if $i }}}},{{{{ end }}}}'
+            f'{{{{ range $i, $host := {hosts} | sortByLabel "instance" }}}}{{{{ if $i }}}},{{{{ end }}}}'
             f" {{{{ $host.Labels.instance }}}} ({{{{ $host.Value | {self.figure} }}}}){{{{ end }}}}"
         )
 

@@ -6,7 +6,15 @@ from __future__ import annotations
 
 from tpuscope import catalog as c
 from tpuscope import durations
-from tpuscope.alerts.rules import HOSTS_NAMED, Alert, HostsOfWorkload, running, workload_on_host
+from tpuscope.alerts.rules import (
+    HOSTS_NAMED,
+    THE_ALERTS_WORKLOAD,
+    Alert,
+    HostsOfWorkload,
+    query_of_the_alerts_workload,
+    running,
+    workload_on_host,
+)
 from tpuscope.conventions import (
     COLLECTIVE_P99,
     COMPUTE_OVER_MEDIAN,
@@ -74,19 +82,16 @@ def collective_spike(config: GeneratorConfig) -> str:
 
 # The worker of a stalled workload whose TPU cores sit elsewhere than most of its peers' (recording.core_state_rules),
 # as the stall's description names it: a Go template that queries the recorded series of the alert's workload.
+OF_THE_WORKLOAD = ", ".join(THE_ALERTS_WORKLOAD)
 CORE_ELSEWHERE_OF_WORKLOAD = (
-    f'{{{{ range query (printf "{CORE_ELSEWHERE}{{namespace=%q, jobset=%q, workload=%q}}"'
-    # `or ... ""`: a label the alert lacks is "" to Prometheus' templates but nil to vmalert's, which %q prints as
-    # %!q(<nil>) and the query then fails (tests/test_victoriametrics.py).
-    ' (or $labels.namespace "") (or $labels.jobset "") $labels.workload) }}'
+    f"{{{{ range {query_of_the_alerts_workload(f'{CORE_ELSEWHERE}{{{OF_THE_WORKLOAD}}}')} }}}}"
     " Worker {{ .Labels.worker }} (slice {{ .Labels.slice }}, {{ .Labels.instance }}) has had its TPU cores at HLO "
     "{{ .Labels.hlo_location }} of program {{ .Labels.fingerprint }} for {{ .Value | humanizeDuration }}, where "
     "most of its peers' are not: the others likely wait for it.{{ end }}"
 )
 # The workers whose TPU runtime reports a megascale hang or a slice error (recording.core_state_rules).
 RUNTIME_ERROR_OF_WORKLOAD = (
-    f'{{{{ range query (printf "{RUNTIME_ERROR_WORKERS}{{namespace=%q, jobset=%q, workload=%q}}"'
-    ' (or $labels.namespace "") (or $labels.jobset "") $labels.workload) }}'
+    f"{{{{ range {query_of_the_alerts_workload(f'{RUNTIME_ERROR_WORKERS}{{{OF_THE_WORKLOAD}}}')} }}}}"
     " The TPU runtime of worker {{ .Labels.worker }} (slice {{ .Labels.slice }}, {{ .Labels.instance }}) reports "
     "{{ .Labels.reason }}.{{ end }}"
 )
@@ -97,15 +102,10 @@ def by_source(profile: str, host: str) -> str:
     return f'{{{{ if eq $labels.{SOURCE} "profile" }}}}{profile}{{{{ else }}}}{host}{{{{ end }}}}'
 
 
-def idle_chips(config: GeneratorConfig) -> HostsOfWorkload:
-    """The hosts whose chips' mean duty cycle is low, while a job runs there."""
-    low = f"avg by ({TARGET}) ({series(c.DUTY_CYCLE)}) < {config.thresholds.duty_cycle_low:g}"
-    return HostsOfWorkload(low, worst="bottomk")
-
-
 def alerts(config: GeneratorConfig) -> list[Alert]:
     t = config.thresholds
     stall_for = durations.prometheus(round(t.stall_seconds * 1000 / 2))
+    idle = HostsOfWorkload(f"avg by ({TARGET}) ({series(c.DUTY_CYCLE)}) < {t.duty_cycle_low:g}", worst="bottomk")
     return [
         Alert(
             AlertName.WORKLOAD_STALLED,
@@ -220,10 +220,10 @@ def alerts(config: GeneratorConfig) -> list[Alert]:
         Alert(
             AlertName.LOW_DUTY_CYCLE,
             "warning",
-            idle_chips(config).expr(),
+            idle.expr(),
             "A workload's chips are mostly idle on some of its hosts.",
             "Workload {{ $labels.workload }}: the chips of {{ $value }} of its hosts were busy less than "
-            f"{t.duty_cycle_low:.0%} of the time:" + idle_chips(config).named() + ".",
+            f"{t.duty_cycle_low:.0%} of the time:" + idle.named() + ".",
             DashboardUID.FLEET,
             "30m",
             "Paid-for chips waiting: on input, on the host, on a straggler. See the workload's phase breakdown. One "

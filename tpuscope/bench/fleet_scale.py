@@ -692,13 +692,7 @@ def with_interval(rules: rule_cost.RulesFile, seconds: int, directory: Path) -> 
     """A copy of the file with every group evaluated every ``seconds``, as the generated ClusterRules say: a group of
     a slower pace of its own too (the SLO's slow windows), since one evaluation costs what it costs at any pace and
     waiting for its own would take minutes; :func:`group_intervals` says the pace it is judged against."""
-    document = yaml.safe_load(rules.path.read_text())
-    for group in document["groups"]:
-        group["interval"] = f"{seconds}s"
-    directory.mkdir(parents=True, exist_ok=True)
-    path = directory / f"{rules.label}.yaml"
-    path.write_text(yaml.safe_dump(document, sort_keys=False))
-    return rule_cost.RulesFile(rules.label, path, rules.rules)
+    return rule_cost.paced(rules, directory, f"{seconds}s")
 
 
 def group_intervals(files: list[rule_cost.RulesFile], seconds: int) -> dict[tuple[str, str], float]:

@@ -112,13 +112,15 @@ class RulesFile:
         return {rule.name for rule in self.rules if rule.record}
 
 
-def at_one_pace(rules: RulesFile, directory: Path) -> RulesFile:
-    """A copy of the file whose groups all evaluate at Prometheus' global interval (``--interval``), a group of a
-    slower pace of its own too: one evaluation costs what it costs at any pace, and the probe and the timings wait
-    for every group's evaluations."""
+def paced(rules: RulesFile, directory: Path, interval: str = "") -> RulesFile:
+    """A copy of the file whose groups all evaluate every ``interval`` (by default, at Prometheus' global interval,
+    ``--interval``), a group of a slower pace of its own too: one evaluation costs what it costs at any pace, and the
+    probe and the timings wait for every group's evaluations."""
     document = yaml.safe_load(rules.path.read_text())
     for group in document["groups"]:
         group.pop("interval", None)
+        if interval:
+            group["interval"] = interval
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / f"{rules.label}.yaml"
     path.write_text(yaml.safe_dump(document, sort_keys=False))
@@ -717,7 +719,7 @@ def measure(
     costs = [FileCost(f.label, str(f.path), [RuleCost(r.group, r.name) for r in f.rules]) for f in files]
     with tempfile.TemporaryDirectory(prefix="ts-rule-cost-") as tmp:
         work = Path(tmp)
-        files = [at_one_pace(f, work / "paced") for f in files]
+        files = [paced(f, work / "paced") for f in files]
         feed = Feed(sidecars)
         try:
             found = {f.label: probe(f, recorded & f.records, feed, work / f"probe-{f.label}") for f in files}
