@@ -1,4 +1,4 @@
-"""OTLP receivers for the tests, recording what they get on 127.0.0.1: the collector's trace and metrics
+"""OTLP receivers for the tests, recording what they get on 127.0.0.1: the collector's trace, metrics and logs
 services over gRPC, and its metrics endpoint over HTTP (``POST /v1/metrics``, protobuf)."""
 
 from __future__ import annotations
@@ -10,18 +10,25 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import grpc
+from opentelemetry.proto.collector.logs.v1 import logs_service_pb2, logs_service_pb2_grpc
 from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2, metrics_service_pb2_grpc
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 
 
-class Receiver(trace_service_pb2_grpc.TraceServiceServicer, metrics_service_pb2_grpc.MetricsServiceServicer):  # type: ignore[misc]
+class Receiver(
+    trace_service_pb2_grpc.TraceServiceServicer,  # type: ignore[misc]
+    metrics_service_pb2_grpc.MetricsServiceServicer,  # type: ignore[misc]
+    logs_service_pb2_grpc.LogsServiceServicer,  # type: ignore[misc]
+):
     def __init__(self, port: int = 0) -> None:
         self.trace_requests: list[Any] = []
         self.metrics_requests: list[Any] = []
+        self.logs_requests: list[Any] = []
         self.lock = threading.Lock()
         self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
         trace_service_pb2_grpc.add_TraceServiceServicer_to_server(self, self._server)
         metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server(self, self._server)
+        logs_service_pb2_grpc.add_LogsServiceServicer_to_server(self, self._server)
         self.port = self._server.add_insecure_port(f"127.0.0.1:{port}")
         self._server.start()
 
@@ -29,24 +36,35 @@ class Receiver(trace_service_pb2_grpc.TraceServiceServicer, metrics_service_pb2_
     def endpoint(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def Export(self, request: Any, context: Any) -> Any:  # both services' method is named Export
+    def Export(self, request: Any, context: Any) -> Any:  # every service's method is named Export
         with self.lock:
             if isinstance(request, trace_service_pb2.ExportTraceServiceRequest):
                 self.trace_requests.append(request)
                 return trace_service_pb2.ExportTraceServiceResponse()
+            if isinstance(request, logs_service_pb2.ExportLogsServiceRequest):
+                self.logs_requests.append(request)
+                return logs_service_pb2.ExportLogsServiceResponse()
             self.metrics_requests.append(request)
             return metrics_service_pb2.ExportMetricsServiceResponse()
 
+    def log_records(self) -> Iterator[tuple[dict[str, Any], Any]]:
+        """Every log record received, with its resource's attributes."""
+        return self._items(self.logs_requests, "logs", "log_records")
+
     def spans(self) -> Iterator[tuple[dict[str, Any], Any]]:
         """Every span received, with its resource's attributes."""
+        return self._items(self.trace_requests, "spans", "spans")
+
+    def _items(self, received: list[Any], signal: str, items: str) -> Iterator[tuple[dict[str, Any], Any]]:
+        """The items of each request of one signal (``resource_SIGNAL``, ``scope_SIGNAL``, then ``items``)."""
         with self.lock:
-            requests = list(self.trace_requests)
+            requests = list(received)
         for request in requests:
-            for resource_spans in request.resource_spans:
-                resource = {a.key: value(a.value) for a in resource_spans.resource.attributes}
-                for scope in resource_spans.scope_spans:
-                    for span in scope.spans:
-                        yield resource, span
+            for of_resource in getattr(request, f"resource_{signal}"):
+                resource = {a.key: value(a.value) for a in of_resource.resource.attributes}
+                for scope in getattr(of_resource, f"scope_{signal}"):
+                    for item in getattr(scope, items):
+                        yield resource, item
 
     def stop(self) -> None:
         self._server.stop(None)

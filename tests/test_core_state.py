@@ -133,6 +133,28 @@ def test_the_cores_state_is_asked_only_while_a_workload_stalls(
         collector.close()
 
 
+def test_a_workload_the_hang_watch_says_is_stuck_is_asked_about_at_once(
+    runtime: tuple[FakeTpuRuntime, FakeTpuServer],
+) -> None:
+    """A stuck workload (exporter/hangs.py) has its cores asked about long before the stall threshold: the HLO
+    location joins the hang verdict of TpuscopeWorkloadHung."""
+    fake, server = runtime
+    stuck: frozenset[str] = frozenset()
+    settings = Settings(
+        libtpu_addresses=(server.address,),
+        workload_progress=Progress(seconds_ago=10),
+        core_state_after=60,
+        stuck_workloads=lambda: stuck,
+    )
+    collector = libtpu.LibtpuCollector(settings)
+    try:
+        assert not cores_served(collect(collector)) and fake.status_requests == []
+        stuck = frozenset({"train"})  # 10 s without progress, but every process here is stuck
+        assert cores_served(collect(collector)) and fake.status_requests == [True]
+    finally:
+        collector.close()
+
+
 def test_no_connected_workload_is_no_stall() -> None:
     with FakeTpuServer(FakeTpuRuntime([Chip(0)])) as server:
         collector = collector_of(server, dict)

@@ -61,6 +61,8 @@ class Label(enum.StrEnum):
     FINGERPRINT = "fingerprint"
     HLO_LOCATION = "hlo_location"
     DEVICE_ID = "device_id"
+    STEP = "step"
+    FRAMES = "frames"
 
 
 # Where in a multi-host job the sidecar runs: every series it serves carries these two
@@ -490,6 +492,61 @@ WORKLOAD_RESTARTS = _metric(
     W,
     Label.REASON,
     group=LIFECYCLE_GROUP,
+)
+# Where each process of a workload is (tpuscope.positions), read by the sidecar from the record the Monitor keeps.
+WHERE = ("outside", "step", "io", "compute", "sync", "other", "compile", "checkpoint_save", "checkpoint_restore")
+POSITION_AGE = _metric(
+    "workload_position_seconds",
+    Kind.GAUGE,
+    "How long the workload's process on this host has been where it is (phase): in a phase of a step (io, "
+    "compute, sync, other), in a step between phases (step), between steps or in code the job did not mark "
+    "(outside), compiling (compile), or in a checkpoint's save or restore (checkpoint_save, checkpoint_restore). "
+    "The longest where two processes are "
+    "at one place. Read from the record the Monitor keeps in shared memory, so it goes on while the job hangs.",
+    W,
+    Label.PHASE,
+    unit="seconds",
+    group=LIFECYCLE_GROUP,
+    closed={Label.PHASE: WHERE},
+)
+POSITION_LIMIT = _metric(
+    "workload_position_limit_seconds",
+    Kind.GAUGE,
+    "How long the process may stay where it is (phase, as tpuscope_workload_position_seconds names it) before it is "
+    "stuck: in a step (io, compute, sync, other, or step between phases), hang_seconds or hang_step_factor times "
+    "its longest recent step, whichever is longer (before its first step has ended, the long scale); compiling "
+    "(compile), in a checkpoint (checkpoint_save, checkpoint_restore) or between steps (outside), the long scale "
+    "(the sidecar's core_state_after: stall_seconds). A process that has not begun stepping is not judged.",
+    W,
+    Label.PHASE,
+    unit="seconds",
+    group=LIFECYCLE_GROUP,
+    closed={Label.PHASE: WHERE},
+)
+STUCK = _metric(
+    "workload_stuck",
+    Kind.GAUGE,
+    "1 while every process of the workload on this host has stayed where it is past its limit, and its stacks "
+    "are logged (or known to be unknowable); else 0. A workload whose every worker is stuck hangs "
+    "(TpuscopeWorkloadHung).",
+    W,
+    group=LIFECYCLE_GROUP,
+)
+STUCK_POSITION = _metric(
+    "workload_stuck_info",
+    Kind.GAUGE,
+    "1 for each stuck process of the workload on this host, labelled with where it is stuck: the step (its "
+    "number; empty before the first), the phase (as tpuscope_workload_position_seconds names it: io, compute, "
+    "sync, other, step, outside, compile, checkpoint_save, checkpoint_restore), and its top Python frames (the "
+    "innermost frame of the thread that runs the steps, then the job's own frames under it, 'function (file:line)' "
+    "innermost first, cut to 200 characters; 'unknown' where the process could not answer). Served only while "
+    "stuck: a few series in a hang, none otherwise. The whole stacks are in the sidecar's log.",
+    W,
+    Label.STEP,
+    Label.PHASE,
+    Label.FRAMES,
+    group=LIFECYCLE_GROUP,
+    closed={Label.PHASE: WHERE},
 )
 WORKLOAD_PROCESSES = _metric(
     "workload_processes",

@@ -304,6 +304,19 @@ class ModelLoaded(Event, tag="model", frozen=True):
     version: LabelValue
 
 
+# A position record's file name, in the sidecar's directory of them (tpuscope.positions).
+RecordName = Annotated[str, msgspec.Meta(max_length=64, pattern=r"^[0-9]{1,10}-[0-9a-f]{8}\.position\Z")]
+
+
+class Watch(Event, tag="watch", frozen=True):
+    """The first message on the connection of a Monitor's position thread (tpuscope.tracing.position): where its
+    process's position record is, and whether the process asked to end on a hang. Not an event of the workload:
+    the sidecar keeps the connection to ask the thread for the process's stacks."""
+
+    record: RecordName
+    exit_on_hang: bool = False
+
+
 AnyEvent = (
     Step
     | Compile
@@ -317,6 +330,7 @@ AnyEvent = (
     | CompileFailure
     | Recompile
     | ModelLoaded
+    | Watch
 )
 
 # Why a datagram was rejected; each is a value of the sidecar's reason label.

@@ -72,6 +72,14 @@ FAILURE_REASONS: tuple[Reason, ...] = (
         "repair the shard, or make the pipeline skip bad records and count them.",
     ),
     Reason(
+        "hang",
+        "The process hung and ended itself (the job's `exit_on_hang`): the sidecar judged that it had stayed at "
+        "one place far longer than that place ever takes, and logged its stacks first.",
+        'Read the sidecars\' hang verdicts (`tpuscope hangs` on their logs, docs/failures.md, "A hung job"): the '
+        "worker named elsewhere than its peers, its phase and its stacks. A restart may clear a transient hang "
+        "(a peer's network, a storage stall); one that recurs at the same place is a bug in the job or its data.",
+    ),
+    Reason(
         "other",
         "An exception none of the above: a bug in the training code, an assertion, a NaN check.",
         "Read the job's log for the traceback.",
@@ -100,6 +108,7 @@ LEGACY_FAILURE_REASONS: tuple[Reason, ...] = (
 PLATFORM_REASONS = ("preemption", "maintenance")
 OTHER = "other"
 VANISHED = "vanished"
+HANG = "hang"
 
 COMPILE_FAILURE_REASONS: tuple[Reason, ...] = (
     Reason("out_of_memory", "The compiler ran out of device or host memory.", "See out_of_memory above."),

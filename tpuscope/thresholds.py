@@ -77,6 +77,13 @@ class Thresholds:
     """Backend compile time per hour above this is a job that keeps compiling."""
     steady_state_compiles: float = 3
     """Compiles in 30 minutes of a workload that was already stepping an hour earlier: recompiles."""
+    hang_seconds: float = 60.0
+    """The least time a worker must stay at one place in a step (a phase, or between two) before it may be
+    stuck: a step's limit is this, or hang_step_factor times the longest of its recent steps, whichever is
+    longer. Compiles, checkpoints and the time between steps are judged against stall_seconds instead. A workload
+    hangs (a page) when every worker is stuck."""
+    hang_step_factor: float = 5.0
+    """How many times its longest recent step a worker may stay at one place in a step before it is stuck."""
     downtime_seconds: float = 900.0
     """A workload down this long (a process failed or vanished, and none has started since) pages: the time a
     scheduler may take to put a preempted job back."""
@@ -112,6 +119,10 @@ class Thresholds:
             raise ValueError("throttle_clock_ratio must be above 0 and at most 1 (a share of the maximum clock)")
         if self.collective_spike_factor <= 1:
             raise ValueError("collective_spike_factor must be above 1 (a multiple of the baseline)")
+        if self.hang_step_factor <= 1:
+            raise ValueError("hang_step_factor must be above 1 (a multiple of the longest step)")
+        if not 0 < self.hang_seconds < self.stall_seconds:
+            raise ValueError("hang_seconds must be above 0 and below stall_seconds (the long scale)")
         if self.profile_min_steps < 1:
             raise ValueError("profile_min_steps must be 1 or more (a mean of no step is no measure)")
         for name in ("swap_in_bytes_per_second", "major_faults_per_second", "model_age_seconds"):

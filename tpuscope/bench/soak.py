@@ -71,8 +71,9 @@ SIDECAR_RSS = "process_resident_memory_bytes"
 # known only to the socket sink).
 EVENTS_LINE = re.compile(r"^\s*events\s+(?P<sent>\d+) sent to .*, (?P<dropped>\d+) dropped$", re.MULTILINE)
 # Every kind of event a healthy training job reports: not a serving job's (inference batches, model loads), nor
-# those of a job that fails to compile or keeps changing its shapes (tests/test_failures.py causes those).
-NOT_TRAINING = (events.InferenceBatch, events.ModelLoaded, events.CompileFailure, events.Recompile)
+# those of a job that fails to compile or keeps changing its shapes (tests/test_failures.py causes those), nor the
+# position thread's hello (its own connection's, never recorded: tests/test_hang_watch.py).
+NOT_TRAINING = (events.InferenceBatch, events.ModelLoaded, events.CompileFailure, events.Recompile, events.Watch)
 TRAINING_EVENTS = tuple(kind.__name__ for kind in typing.get_args(events.AnyEvent) if kind not in NOT_TRAINING)
 
 

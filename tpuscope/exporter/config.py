@@ -113,6 +113,20 @@ OPTIONS = (
         "fires; set it to match if your alerts' config changes stall_seconds.",
     ),
     Option(
+        "hang_after",
+        lambda: durations.prometheus(round(Thresholds.hang_seconds * 1000)),
+        "The least time a job's process must stay at one place in a step (a phase, or between two) before the "
+        "sidecar judges it stuck, asks it for its Python stacks and logs them; the limit is longer for a workload "
+        "whose steps are slow (hang_step_factor times its longest recent step). Compiles, checkpoints and the time "
+        "between steps are judged against core_state_after. Default: the alerts' hang_seconds.",
+    ),
+    Option(
+        "hang_exit_after",
+        lambda: "1m",
+        "How long after a stuck process's stacks are logged the sidecar tells it to end, where the job asked for it "
+        "(the Monitor's exit_on_hang): time for a few scrapes, so that the verdict leaves the host first.",
+    ),
+    Option(
         "otlp_metrics",
         lambda: "off",
         "on: also push these metrics over OTLP, for fleets whose OpenTelemetry collector gathers metrics "
@@ -193,6 +207,8 @@ class ServeConfig:
     collector_deadline: float = 2.0
     libtpu_addresses: tuple[str, ...] = ()
     core_state_after: float = Thresholds.stall_seconds  # seconds without progress before the cores' state is asked
+    hang_after: float = Thresholds.hang_seconds  # the least time at one place in a step before a process is stuck
+    hang_exit_after: float = 60.0  # after a stuck process's stacks are logged, until it is told to end (if it asked)
     device_plugin_address: str = gke_device_plugin.DEFAULT_ADDRESS
     tpu_topology: str = ""  # empty: unknown, and no label
     pids: tuple[int, ...] = ()
@@ -259,6 +275,8 @@ def resolve(flags: argparse.Namespace, environ: Mapping[str, str] = os.environ) 
         collector_deadline=_parse(raw["collector_deadline"], _parse_seconds),
         libtpu_addresses=_parse(raw["libtpu_address"], _parse_list) or addresses_from_environment(environ),
         core_state_after=_parse(raw["core_state_after"], _parse_positive_seconds),
+        hang_after=_parse(raw["hang_after"], _parse_positive_seconds),
+        hang_exit_after=_parse(raw["hang_exit_after"], _parse_positive_seconds),
         device_plugin_address=device_plugin_address,
         tpu_topology=_parse(raw["tpu_topology"], _parse_topology)
         or _topology_found(environ, device_plugin_address if _reads_device_plugin(collectors) else None),

@@ -21,11 +21,12 @@ from prometheus_client import (
     disable_created_metrics,
 )
 
-from tpuscope.exporter import collectors
+from tpuscope.exporter import collectors, otlp_logs
 from tpuscope.exporter import config as serve_config
 from tpuscope.exporter.aggregator import Aggregator
 from tpuscope.exporter.collectors.runner import CollectorRunner
 from tpuscope.exporter.config import ServeConfig
+from tpuscope.exporter.hangs import HangWatch, Limits
 from tpuscope.exporter.http import MetricsServer
 from tpuscope.exporter.ingest import IngestLoop, SocketError
 from tpuscope.exporter.metrics import register
@@ -82,8 +83,17 @@ def serve(config: ServeConfig) -> int:
         except Exception as e:
             print(f"tpuscope serve: cannot push metrics over OTLP: {type(e).__name__}: {e}", file=sys.stderr)
             return 1
+    limits = Limits(floor=config.hang_after, long=config.core_state_after, exit_after=config.hang_exit_after)
+    verdict_logs = None
+    if otlp_logs.wanted():
+        try:  # as the metrics' exporter: a bad OTEL_* setting is said at once
+            verdict_logs = otlp_logs.VerdictLogs(f"{socket.gethostname()}:{config.listen_port}")
+        except Exception as e:
+            print(f"tpuscope serve: cannot send hang verdicts over OTLP: {type(e).__name__}: {e}", file=sys.stderr)
+            return 1
+    hangs = HangWatch(config.socket, config.socket_mode, metrics, limits, config.host_labels, otlp=verdict_logs)
     try:
-        ingest = IngestLoop(config.socket, config.socket_mode, aggregator)
+        ingest = IngestLoop(config.socket, config.socket_mode, aggregator, hangs)
     except SocketError as e:
         print(f"tpuscope serve: {e}", file=sys.stderr)
         return 1
@@ -118,7 +128,7 @@ def serve(config: ServeConfig) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    runners = collector_runners(config, ingest, store, metrics, aggregator.progress)
+    runners = collector_runners(config, ingest, store, metrics, aggregator.progress, hangs.stuck)
     pusher = None
     if otlp_exporter and config.otlp_metrics_interval:
         instance = f"{socket.gethostname()}:{http.port}"  # as Prometheus' instance label would say
@@ -187,6 +197,7 @@ def collector_runners(
     store: SampleStore,
     metrics: dict[Any, Any],
     progress: Callable[[], Mapping[str, float]],
+    stuck: Callable[[], frozenset[str]] = frozenset,
 ) -> list[CollectorRunner]:
     """The collectors the configuration asks for (``auto``: those with something to read here). ``progress``:
     the aggregator's last progress of each connected workload, for the libtpu collector's stall trigger."""
@@ -198,6 +209,7 @@ def collector_runners(
         job_pids=ingest.job_pids,
         workload_progress=progress,
         core_state_after=config.core_state_after,
+        stuck_workloads=stuck,
     )
     runners = []
     for name, collector in collectors.COLLECTORS.items():

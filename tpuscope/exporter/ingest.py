@@ -46,6 +46,7 @@ from pathlib import Path
 from tpuscope import catalog, events
 from tpuscope.exporter.aggregator import Aggregator
 from tpuscope.exporter.endings import ANSWER_SECONDS, Endings
+from tpuscope.exporter.hangs import HangWatch, sender
 
 log = logging.getLogger("tpuscope.exporter")
 
@@ -136,13 +137,17 @@ class Connection:
     pid: int
     workload: str = ""
     said_goodbye: bool = False
+    watching: bool = False  # a Monitor's position thread, not a sender of events (exporter/hangs.py)
 
 
 class IngestLoop:
     """Owns the listening socket; :meth:`start` serves it on a thread until :meth:`stop`."""
 
-    def __init__(self, path: Path, mode: int, aggregator: Aggregator) -> None:
+    def __init__(self, path: Path, mode: int, aggregator: Aggregator, hangs: HangWatch | None = None) -> None:
         self.path = path
+        # Where each job process is, read every second; None: no hang diagnosis. Its directory is made before
+        # the socket accepts: a Monitor's position thread looks for it as it connects.
+        self._hangs = hangs if hangs is None or hangs.start() else None
         self._listener = bind_event_socket(path, mode)
         self._inode = os.stat(path).st_ino
         self._aggregator = aggregator
@@ -207,6 +212,11 @@ class IngestLoop:
                     self._aggregator.tick()
                 except Exception:  # a bug of ours must not stop the ingest of every job
                     log.exception("failed to expire idle workloads or book their wall time")
+                if self._hangs is not None:
+                    try:
+                        self._hangs.tick(now)
+                    except Exception:
+                        log.exception("failed to read the jobs' positions")
 
     def call(self, fn: Callable[[], None]) -> None:
         """Run ``fn`` on the ingest thread, the aggregator's one (soon: the loop is woken for it)."""
@@ -311,6 +321,13 @@ class IngestLoop:
             self._aggregator.reject(e.reason)
             log.debug("job pid %d: rejected event: %s", conn.pid, e)
             return
+        if isinstance(event, events.Watch):  # a position thread's hello: the hang watch's, not the aggregator's
+            if self._hangs is not None and not conn.workload:
+                conn.watching = True
+                self._hangs.watch(conn, sender(conn.sock), event)
+            return
+        if isinstance(event, events.Step) and self._hangs is not None:
+            self._hangs.step(event)
         if self._endings.pending and conn.workload != event.workload:
             # A new process of a workload whose last one vanished: that one's verdict first, so the workload's
             # downtime is the gap between the two.
@@ -334,6 +351,8 @@ class IngestLoop:
         conn.sock.close()
         with self._connections_lock:
             self._connections.discard(conn)
+        if conn.watching and self._hangs is not None:
+            self._hangs.left(conn)
         if conn.workload and not conn.said_goodbye:
             # It sent events but never stop or failure: killed, crashed, or exited without closing its Monitor.
             log.warning("workload %s (pid %d) disconnected without a stop event", conn.workload, conn.pid)
@@ -365,8 +384,13 @@ class IngestLoop:
 
     def job_pids(self) -> dict[int, str]:
         """The connected jobs: pid (from the socket's peer credentials) -> workload (once it has said)."""
+        pids: dict[int, str] = {}
         with self._connections_lock:
-            return {conn.pid: conn.workload for conn in self._connections}
+            for conn in self._connections:
+                # A position thread's connection is its process's second one: the events' connection names it.
+                if not conn.watching and (conn.workload or conn.pid not in pids):
+                    pids[conn.pid] = conn.workload
+        return pids
 
     def stop(self) -> None:
         """Stop the thread, close every connection, and remove the socket if it is still ours."""
@@ -376,6 +400,8 @@ class IngestLoop:
             self._thread.join(timeout=5)
         if not self._thread.is_alive():  # the aggregator is ours now: every verdict still pending, on what is known
             self._endings.settle(everything=True)
+            if self._hangs is not None:
+                self._hangs.stop()
         self._endings.close()
         for key in list(self._selector.get_map().values()):
             key.fileobj.close()  # type: ignore[union-attr]

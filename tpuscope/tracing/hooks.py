@@ -123,8 +123,42 @@ CLOSE_AT_EXIT = Hook(
     "a job that never calls close() still says how it ended; bounded (2 s at most for spans)",
     "tests/test_monitor.py",
 )
+HANG_WATCH = Hook(
+    "hang_watch",
+    "TPUSCOPE_HANG_WATCH",
+    True,
+    "keeps the process's position (step, phase, since when) in a 64-byte file the sidecar maps, in a directory "
+    "beside its socket, written with a store to memory at each step and phase boundary (no system call), and "
+    "starts one daemon thread (`tpuscope-position`) that sleeps on a connection to the sidecar and, only when the "
+    "sidecar suspects a hang, writes every thread's Python stacks beside the record; the thread ends when the "
+    "Monitor closes",
+    "what makes a hang diagnosable at all: which worker, where, at which line, while every thread of the job is "
+    "blocked. It runs, stops and profiles as without it, and costs a step a few stores (docs/bench.md)",
+    "tests/test_job_safety_hangs.py",
+)
+EXIT_ON_HANG = Hook(
+    "exit_on_hang",
+    "TPUSCOPE_EXIT_ON_HANG",
+    False,
+    "with `hang_watch`, once the sidecar has judged the process hung and logged its stacks, ends it: the Monitor "
+    "reports a failure of reason `hang`, then the process exits with status 75 (EX_TEMPFAIL), so that a JobSet's "
+    "failure policy restarts the job",
+    "ending a process is the job's owner's decision: a hang verdict can be wrong for a job whose steps or "
+    "phases outgrow what it has shown so far",
+    "tests/test_hang_watch.py",
+)
 
-HOOKS = (SIGTERM, SIGTERM_GRACE, JAX_COMPILES, EXPLAIN_RECOMPILES, PROFILES, EXCEPTHOOK, CLOSE_AT_EXIT)
+HOOKS = (
+    SIGTERM,
+    SIGTERM_GRACE,
+    JAX_COMPILES,
+    EXPLAIN_RECOMPILES,
+    PROFILES,
+    EXCEPTHOOK,
+    CLOSE_AT_EXIT,
+    HANG_WATCH,
+    EXIT_ON_HANG,
+)
 
 
 def enabled(

@@ -330,6 +330,12 @@ class _Watcher:
             name = str(kwargs.get("fun_name", ""))
             match = _WRAPPED.match(name)
             monitor.compile(stage, duration_secs, function=match[1] if match else name)
+            # A stage's end is the next one's start: after lowering the backend compile goes on (its position
+            # judged on the long scale of compiles, tracing/position.py), after the backend's it is over.
+            if stage == "backend":
+                monitor._whereabouts.compiled()
+            elif stage == "lowering":
+                monitor._whereabouts.compiling()
             if event == TRACE_EVENT:
                 self._on_trace()
         except Exception:  # telemetry must never break a compile
@@ -372,6 +378,8 @@ class _Watcher:
         if (hit := CACHE_RESULTS.get(event)) is None or self.ignoring_here() or (monitor := self._target()) is None:
             return
         try:
+            if hit:  # the executable comes from the persistent cache: no backend compile follows
+                monitor._whereabouts.compiled()
             monitor.compile_cache(hit)
         except Exception:
             log.debug("tpuscope: cache event %s not reported", event, exc_info=True)

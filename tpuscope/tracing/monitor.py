@@ -44,11 +44,12 @@ from time import perf_counter
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal
 
-from tpuscope import durations, events, reasons
+from tpuscope import durations, events, positions, reasons
 from tpuscope.otel import spans_wanted
 from tpuscope.tracing import failures
 from tpuscope.tracing import hooks as switches
 from tpuscope.tracing import profiles as device_profiles
+from tpuscope.tracing.position import Nowhere, Whereabouts
 from tpuscope.tracing.sinks import Sink, SocketSink
 
 if TYPE_CHECKING:
@@ -58,6 +59,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("tpuscope")
 
 _MEASURED_PHASES = ("compute", "sync", "io")
+# The position record's slots and codes the timers write, as module globals: one look-up each, per step.
+_STEP_SLOT, _WHERE_SLOT, _SINCE_SLOT = positions.STEP_SLOT, positions.WHERE_SLOT, positions.SINCE_SLOT
+_IN_STEP, _OUTSIDE, _PHASE_CODES = positions.STEP, positions.OUTSIDE, positions.PHASE_CODES
 
 
 class _UncaughtException:
@@ -179,7 +183,9 @@ class Monitor:
     process-wide change is a switch of its own, listed with its default and why in tracing/hooks.py
     (docs/hooks.md): ``sigterm`` (off: a SIGTERM handler that only sets :attr:`preempted`, and the next
     :meth:`step` raises :class:`~tpuscope.tracing.failures.Preempted`), ``sigterm_grace`` (no watchdog unless
-    given), ``jax_compiles``, ``explain_recompiles``, ``profiles``, ``excepthook``, ``close_at_exit``; each
+    given), ``jax_compiles``, ``explain_recompiles``, ``profiles``, ``excepthook``, ``close_at_exit``,
+    ``hang_watch`` (the position the sidecar reads to tell a hang, tracing/position.py), ``exit_on_hang`` (off);
+    each
     ``None`` reads its environment variable, and ``hooks=False`` turns every one off.
     """
 
@@ -201,6 +207,8 @@ class Monitor:
         profiles: bool | None = None,
         excepthook: bool | None = None,
         close_at_exit: bool | None = None,
+        hang_watch: bool | None = None,
+        exit_on_hang: bool | None = None,
         hooks: bool | None = None,
     ) -> None:
         self.workload = sanitize_label(workload)
@@ -234,6 +242,13 @@ class Monitor:
         if switches.enabled(switches.SIGTERM, sigterm, hooks):
             failures.sigterm.install(_grace(sigterm_grace))
             failures.sigterm.before_kill = _close_every_monitor_preempted
+        # Where the process is, for the sidecar's hang verdict; the timers write it (tracing/position.py).
+        self._whereabouts: Whereabouts | Nowhere = Nowhere()
+        if switches.enabled(switches.HANG_WATCH, hang_watch, hooks):
+            exit_on = switches.enabled(switches.EXIT_ON_HANG, exit_on_hang, hooks)
+            self._whereabouts = Whereabouts(
+                self.workload, self.socket_path, exit_on_hang=exit_on, on_exit=lambda: self.close(failed=reasons.HANG)
+            )
         self._close_at_exit_on = switches.enabled(switches.CLOSE_AT_EXIT, close_at_exit, hooks)
         if self._close_at_exit_on:
             atexit.register(self._close_at_exit)
@@ -286,6 +301,11 @@ class Monitor:
         if is_ready is not None and not is_ready():
             return self.step_flops
         return float(value)
+
+    def position_at(self, operation: Literal["save", "restore"]) -> AbstractContextManager[None]:
+        """Inside the block the process is in a checkpoint's ``operation``: a hang verdict judges it on the long
+        scale of saves and restores (tracing/position.py)."""
+        return self._whereabouts.at(positions.SAVE if operation == "save" else positions.RESTORE)
 
     def checkpoint(self, operation: Literal["save", "restore"] = "save", *, step: int = 0) -> CheckpointTimer:
         """Time a checkpoint: ``with mon.checkpoint("save", step=n) as c: c.bytes = ...``.
@@ -568,6 +588,7 @@ class Monitor:
                 log.debug("tpuscope: the device profiler failed to close", exc_info=True)
         if self._close_at_exit_on:
             atexit.unregister(self._close_at_exit)
+        self._whereabouts.close()
         _open_monitors.discard(self)
         if not _open_monitors:  # a job that goes on after its last Monitor: SIGTERM is as it was before it
             failures.sigterm.uninstall()
@@ -621,6 +642,7 @@ class Monitor:
         self.sinks = ()  # nor does it write into the parent's recording
         self.spans = None  # the exporter's threads did not survive the fork; the parent exports its spans
         self._profiler = None  # nor did the profiler's; the parent profiles
+        self._whereabouts.forget_in_child()  # nor did the position thread; the record is the parent's
         _open_monitors.discard(self)
 
     def _close_at_exit(self) -> None:
@@ -719,7 +741,12 @@ class StepTimer:
         if profiler is not None and type(number) is int and (profiler.watching or not number % profiler.every):
             self._annotation = profiler.step_started(number)
         self._compiled_before = self._monitor.compile_seconds
-        self._start = perf_counter()
+        self._start = start = perf_counter()
+        slots = self._monitor._whereabouts.slots  # where the job is, for the sidecar's hang verdict
+        if type(number) is int:
+            slots[_STEP_SLOT] = number
+        slots[_SINCE_SLOT] = start
+        slots[_WHERE_SLOT] = _IN_STEP
         return self
 
     def phase(self, name: str) -> PhaseTimer:
@@ -728,17 +755,21 @@ class StepTimer:
             name = self._monitor._phase_name(name)
         timer = self._phase
         if timer is None or timer._start:  # the first phase, or one begun inside another: a timer of its own
-            timer = PhaseTimer(self._phases, name, self._intervals)
+            timer = PhaseTimer(self._phases, name, self._monitor._whereabouts, self._intervals)
             if self._phase is None:
                 self._phase = timer
             return timer
         timer.name = name
+        timer.code = _PHASE_CODES[name]
         return timer
 
     def __exit__(self, kind: object, value: object, tb: object) -> None:  # no *args: a tuple a step
         end = perf_counter()
         duration = end - self._start
         monitor = self._monitor
+        slots = monitor._whereabouts.slots
+        slots[_SINCE_SLOT] = end
+        slots[_WHERE_SLOT] = _OUTSIDE
         if value is not None:  # a step that raised: a compile that failed is counted now, should the job go on
             monitor.compile_failed(value)  # type: ignore[arg-type]
         profile = None
@@ -791,22 +822,34 @@ class StepTimer:
 class PhaseTimer:
     """Times one phase into its step's totals. A step reuses one for the phases that follow each other."""
 
-    __slots__ = ("_intervals", "_phases", "_start", "name")
+    __slots__ = ("_intervals", "_phases", "_start", "_whereabouts", "code", "name")
 
     def __init__(
-        self, phases: dict[str, float], name: str, intervals: list[tuple[str, float, float]] | None = None
+        self,
+        phases: dict[str, float],
+        name: str,
+        whereabouts: Whereabouts | Nowhere,
+        intervals: list[tuple[str, float, float]] | None = None,
     ) -> None:
         self._phases = phases
         self.name = name
+        self.code = _PHASE_CODES[name]  # the phase's code in the position record
+        self._whereabouts = whereabouts
         self._intervals = intervals
         self._start = 0.0  # while it runs, when it began (perf_counter is never 0)
 
     def __enter__(self) -> PhaseTimer:
-        self._start = perf_counter()
+        self._start = start = perf_counter()
+        slots = self._whereabouts.slots
+        slots[_SINCE_SLOT] = start
+        slots[_WHERE_SLOT] = self.code
         return self
 
     def __exit__(self, kind: object, value: object, tb: object) -> None:
         end = perf_counter()
+        slots = self._whereabouts.slots
+        slots[_SINCE_SLOT] = end
+        slots[_WHERE_SLOT] = _IN_STEP
         self._phases[self.name] += end - self._start
         if self._intervals is not None:
             self._intervals.append((self.name, self._start, end))
@@ -818,7 +861,7 @@ class PhaseTimer:
 class CheckpointTimer:
     """Times a checkpoint; set ``bytes`` inside the block to report its size."""
 
-    __slots__ = ("_compiled_before", "_monitor", "_start", "bytes", "operation", "step")
+    __slots__ = ("_compiled_before", "_monitor", "_position", "_start", "bytes", "operation", "step")
 
     def __init__(self, monitor: Monitor, operation: Literal["save", "restore"], step: int) -> None:
         self._monitor = monitor
@@ -827,9 +870,12 @@ class CheckpointTimer:
         self.bytes = 0
         self._start = 0.0
         self._compiled_before = 0.0
+        self._position: AbstractContextManager[None] = nullcontext()
 
     def __enter__(self) -> CheckpointTimer:
         self._compiled_before = self._monitor.compile_seconds
+        self._position = self._monitor.position_at(self.operation)
+        self._position.__enter__()
         self._start = time.perf_counter()
         return self
 
@@ -837,6 +883,7 @@ class CheckpointTimer:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         seconds = time.perf_counter() - self._start
+        self._position.__exit__(None, None, None)
         if exc is not None and self.operation == "restore":
             failures.mark(exc, "checkpoint_restore")
         compiled = self._monitor.compiled_since(self._compiled_before, seconds)

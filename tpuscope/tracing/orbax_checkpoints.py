@@ -99,7 +99,12 @@ class OrbaxCheckpoints:
 
     def save(self, step: int, *args: Any, **kwargs: Any) -> bool:
         """The manager's ``save``, reported when the checkpoint is durable. False when no save was made: Orbax
-        skipped it (``should_save``), or it failed (reported and logged; raised with ``raise_errors``)."""
+        skipped it (``should_save``), or it failed (reported and logged; raised with ``raise_errors``). While the
+        job waits in it, its position is the save's (judged on the long scale: tracing/position.py)."""
+        with self._monitor.position_at("save"):
+            return self._save(step, *args, **kwargs)
+
+    def _save(self, step: int, *args: Any, **kwargs: Any) -> bool:
         started = time.perf_counter()  # what the job waits for includes the previous save's end, as in Orbax
         self._take_error()
         before = finalize_thread(self.manager)
@@ -131,6 +136,10 @@ class OrbaxCheckpoints:
     def restore(self, step: int | None = None, *args: Any, **kwargs: Any) -> Any:
         """The manager's ``restore`` (of the latest step when ``step`` is None), reported with the bytes of the
         step it read. A failed restore is reported, then raised."""
+        with self._monitor.position_at("restore"):
+            return self._restore(step, *args, **kwargs)
+
+    def _restore(self, step: int | None = None, *args: Any, **kwargs: Any) -> Any:
         directory = kwargs.get("directory", args[2] if len(args) > 2 else None)  # (step, items, kwargs, directory)
         number = step if step is not None else self._latest_step(directory)
         compiled_before = self._monitor.compile_seconds
@@ -151,7 +160,8 @@ class OrbaxCheckpoints:
         """The manager's wait. An async save that failed is reported by its watcher; raised only with
         ``raise_errors``."""
         try:
-            self.manager.wait_until_finished()
+            with self._monitor.position_at("save"):
+                self.manager.wait_until_finished()
         except Exception as e:
             if not self._previous_failure(e) or self._raise:
                 raise
@@ -159,6 +169,10 @@ class OrbaxCheckpoints:
     def close(self) -> None:
         """Close the manager (which waits for the last save), and send the last save's report (waiting
         ``CLOSE_TIMEOUT_SECONDS`` at most for it)."""
+        with self._monitor.position_at("save"):
+            self._close()
+
+    def _close(self) -> None:
         try:
             try:
                 self.manager.close()

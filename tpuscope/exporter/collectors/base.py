@@ -65,6 +65,9 @@ class Settings:
     # one may go without before the libtpu collector asks the runtime what its cores are doing.
     workload_progress: Callable[[], Mapping[str, float]] = field(default=dict)
     core_state_after: float = Thresholds.stall_seconds
+    # The workloads whose processes on this host are stuck (exporter/hangs.py): asked about at once, so that the
+    # cores' place joins the hang verdict.
+    stuck_workloads: Callable[[], frozenset[str]] = field(default=frozenset)
 
 
 class Collector(abc.ABC):

@@ -104,16 +104,24 @@ def _hlo_location(sequencers: Iterable[Any]) -> str:
 
 class StallTrigger:
     """Whether to ask the runtime now: a workload connected to the sidecar has made no progress for ``after``
-    seconds. ``progress``: each connected workload -> the Unix time of its last progress (the aggregator's)."""
+    seconds, or its processes here are stuck (``stuck``: the hang watch's, exporter/hangs.py, which says it
+    sooner). ``progress``: each connected workload -> the Unix time of its last progress (the aggregator's)."""
 
-    def __init__(self, progress: Callable[[], Mapping[str, float]], after: float) -> None:
+    def __init__(
+        self,
+        progress: Callable[[], Mapping[str, float]],
+        after: float,
+        stuck: Callable[[], frozenset[str]] = frozenset,
+    ) -> None:
         self.progress = progress
         self.after = after
+        self.stuck = stuck
 
     def stalled(self, now: float | None = None) -> list[str]:
-        """The connected workloads without progress for ``after`` seconds."""
+        """The connected workloads without progress for ``after`` seconds, and the stuck ones."""
         now = time.time() if now is None else now
-        return sorted(workload for workload, last in self.progress().items() if now - last >= self.after)
+        quiet = {workload for workload, last in self.progress().items() if now - last >= self.after}
+        return sorted(quiet | self.stuck())
 
 
 class CoreClock:

@@ -193,7 +193,9 @@ class LibtpuCollector(Collector):
         self._answered: set[str] = set()  # the ports a runtime has answered on: the ones this host's job uses
         self._missing: dict[str, frozenset[str]] = {}  # per address: our metrics it does not offer (logged once)
         self._unknown: dict[str, frozenset[str]] = {}  # per address: what it offers that we do not read
-        self.stall = core_state.StallTrigger(settings.workload_progress, settings.core_state_after)
+        self.stall = core_state.StallTrigger(
+            settings.workload_progress, settings.core_state_after, settings.stuck_workloads
+        )
         self._clock = core_state.CoreClock()
         self._without_status: set[str] = set()  # addresses whose runtime has no GetTpuRuntimeStatus
         self._stalled: list[str] = []  # the stalled workloads of the last collection (a change is logged)
