@@ -261,6 +261,50 @@ def runtime_errors(hang_on: int, workers: int = 4, minutes: int = 20) -> dict[st
 
 
 STALLED_HANG = f"{STALLED} The TPU runtime of worker 1 (slice 0, h1:9478) reports megascale_hang."
+# Issue 54: where each worker's process is stuck, as its sidecar serves it once past its limit and its stacks logged.
+READING = "read_forever (smoke/job.py:6) < <module> (smoke/job.py:11)"  # a reader blocked on its input
+WAITING = "all_reduce (smoke/job.py:20) < train_step (smoke/job.py:31)"  # a peer waiting at the collective
+
+
+@dataclass(frozen=True)
+class Stuck:
+    """A worker's process where it hangs: since minute ``arrived`` at ``phase`` of ``step`` (its frames there), judged
+    stuck from minute ``stuck`` (0: never, though it has been there as long)."""
+
+    phase: str = "sync"
+    frames: str = WAITING
+    step: str = "41"
+    arrived: int = 3
+    stuck: int = 5
+
+
+def stuck_at(*workers: Stuck, minutes: int = 10) -> dict[str, str]:
+    """A workload of one worker per ``workers``, each alone on its host, its sidecar serving how long its process has
+    been at its place, whether it is stuck, and from then, where."""
+    series = {}
+    for worker, at in enumerate(workers):
+        host = {"instance": f"h{worker}:9478", "worker": str(worker), **W}
+        series[s(c.POSITION_AGE, phase=at.phase, **host)] = f"_x{at.arrived} 0+60x{minutes - at.arrived}"
+        if not at.stuck:
+            series[s(c.STUCK, **host)] = f"0x{minutes}"
+            continue
+        series[s(c.STUCK, **host)] = f"0x{at.stuck} 1x{minutes - at.stuck}"
+        position = {"step": at.step, "phase": at.phase, "frames": at.frames}
+        series[s(c.STUCK_POSITION, **position, **host)] = f"_x{at.stuck} 1x{minutes - at.stuck}"
+    return series
+
+
+# Worker 1's reader blocks at minute 2; its peers reach the step's collective and wait there from minute 3. At minute
+# 8, the last of them has not moved for 5 minutes.
+INPUT_HANG = (Stuck(), Stuck("io", READING, arrived=2, stuck=4), Stuck(), Stuck())
+HUNG = (
+    "Workload w hangs: every worker has stayed where it is past its limit, none has moved for 5m 0s, and their "
+    "sidecars have logged their Python stacks."
+)
+HUNG_ELSEWHERE = (
+    f"{HUNG} Worker 1 (slice 0, h1:9478) is elsewhere than its peers: step 41, io, at {READING}: the others likely "
+    "wait for it."
+)
 REGRESSION_STEPS = s(c.STEP_DURATION, "count", **W)
 REGRESSION_SUM = s(c.STEP_DURATION, "sum", **W)
 DEVICE = {"device": "0", "accelerator": "v5e", "source": "libtpu"}
@@ -303,6 +347,39 @@ CASES = [
     Case(AlertName.WORKLOAD_STALLED, "critical", "16m", {**stalling("0x20"), **cores_at("all-reduce.42")}, W, STALLED),
     # Issue 51: the runtime's own hang detector (what GKE turns into MegascaleHangDetected) names its worker.
     Case(AlertName.WORKLOAD_STALLED, "critical", "16m", {**stalling("0x20"), **runtime_errors(1)}, W, STALLED_HANG),
+    # Issue 54: every worker stuck pages at once (the sidecars waited their limit), naming the one elsewhere.
+    Case(AlertName.WORKLOAD_HUNG, "critical", "8m", stuck_at(*INPUT_HANG), W, HUNG_ELSEWHERE),
+    # Two against two names nobody, and says where both halves are.
+    Case(
+        AlertName.WORKLOAD_HUNG,
+        "critical",
+        "8m",
+        stuck_at(Stuck("io", READING), Stuck("io", READING), Stuck(), Stuck()),
+        W,
+        f"{HUNG} No worker is elsewhere than most of its peers: 2 at step 41, io, at {READING}; 2 at step 41, sync, "
+        f"at {WAITING}.",
+    ),
+    # All at one place names nobody either, and says where they are; before the first step, it says so.
+    Case(
+        AlertName.WORKLOAD_HUNG,
+        "critical",
+        "8m",
+        stuck_at(*[Stuck()] * 4),
+        W,
+        f"{HUNG} No worker is elsewhere than most of its peers: 4 at step 41, sync, at {WAITING}.",
+    ),
+    Case(
+        AlertName.WORKLOAD_HUNG,
+        "critical",
+        "8m",
+        stuck_at(*[Stuck("compile", "compile (jax/_src/compiler.py:310)", step="")] * 2),
+        W,
+        f"{HUNG} No worker is elsewhere than most of its peers: 2 before their first step, compile, at "
+        "compile (jax/_src/compiler.py:310).",
+    ),
+    # One worker not stuck (its step is slow, and its limit longer): no hang, however long the others wait.
+    Case(AlertName.WORKLOAD_HUNG, None, "8m", stuck_at(*INPUT_HANG[:3], Stuck(stuck=0))),
+    Case(AlertName.WORKLOAD_HUNG, None, "4m", stuck_at(*INPUT_HANG)),  # not yet: only worker 1 is stuck
     # A save from minute 30 that never ends pages as a stall does (from its last step, the save's beginning).
     Case(AlertName.WORKLOAD_STALLED, "critical", "46m", stalling("0+60x30 1800x20"), W, STALLED),
     Case(AlertName.WORKLOAD_STALLED, None, "10m", stalling("0+60x20")),  # stepping

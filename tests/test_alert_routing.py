@@ -228,7 +228,9 @@ def test_a_straggler_is_also_the_cause_of_its_workloads_slower_steps_and_lower_m
     check(routing, Scenario((straggler, slower), ((TICKET, straggler),), (slower,)))
 
 
-@pytest.mark.parametrize("cause", [AlertName.WORKLOAD_STALLED, AlertName.WORKLOAD_CRASH_LOOPING])
+@pytest.mark.parametrize(
+    "cause", [AlertName.WORKLOAD_STALLED, AlertName.WORKLOAD_HUNG, AlertName.WORKLOAD_CRASH_LOOPING]
+)
 def test_a_hang_or_a_crash_loop_pages_once_not_again_for_the_budget_it_burns(
     routing: Routing, cause: AlertName
 ) -> None:
@@ -236,6 +238,15 @@ def test_a_hang_or_a_crash_loop_pages_once_not_again_for_the_budget_it_burns(
     page = alert(cause, CRITICAL, workload)
     burn = alert(AlertName.GOODPUT_BUDGET_BURN, CRITICAL, workload)
     check(routing, Scenario((page, burn), ((PAGE, page),), (burn,)))
+
+
+def test_a_hung_workload_pages_once_for_the_hang_not_again_for_its_stall_nor_its_steps(routing: Routing) -> None:
+    """Issue 54: every worker stuck pages at once, naming where; the stall it also is pages minutes later, and its
+    steps' symptoms say nothing while it hangs."""
+    hung = alert(AlertName.WORKLOAD_HUNG, CRITICAL, "hung")
+    stalled = alert(AlertName.WORKLOAD_STALLED, CRITICAL, "hung")
+    said = tuple(alert(name, WARNING, "hung") for name in STALL_SAYS_IT)
+    check(routing, Scenario((hung, stalled, *said), ((PAGE, hung),), (stalled, *said)))
 
 
 def test_an_outage_pages_once_for_the_workload_being_down(routing: Routing) -> None:
@@ -350,6 +361,10 @@ def apart(first: Labels, second: Labels) -> Scenario:
             alert(AlertName.STEP_TIME_REGRESSION, WARNING, "sibling-2", jobset="llm-b"),
         ),
         apart(
+            alert(AlertName.WORKLOAD_HUNG, CRITICAL, "sibling-5", jobset="llm-a"),
+            alert(AlertName.WORKLOAD_STALLED, CRITICAL, "sibling-5", jobset="llm-b"),
+        ),
+        apart(
             alert(AlertName.INPUT_BOUND, WARNING, "sibling-3", jobset="llm-a", phase="io"),
             alert(AlertName.LOW_MFU, WARNING, "sibling-3", jobset="llm-b"),
         ),
@@ -371,6 +386,7 @@ def apart(first: Labels, second: Labels) -> Scenario:
         "stall-and-another-jobsets-regression",
         "input-bound-and-another-jobsets-low-mfu",
         "compile-failure-and-another-jobsets-compile-error",
+        "hang-and-another-jobsets-stall",
     ],
 )
 def test_causes_stay_apart_across_workloads_namespaces_and_jobsets(routing: Routing, scenario: Scenario) -> None:
@@ -395,7 +411,11 @@ def test_a_notification_is_grouped_by_namespace_and_jobset(routing: Routing) -> 
 
 @pytest.mark.parametrize(
     ("name", "severity", "receiver"),
-    [(AlertName.WORKLOAD_DOWN, CRITICAL, PAGE), (AlertName.STRAGGLER, WARNING, TICKET)],
+    [
+        (AlertName.WORKLOAD_DOWN, CRITICAL, PAGE),
+        (AlertName.WORKLOAD_HUNG, CRITICAL, PAGE),
+        (AlertName.STRAGGLER, WARNING, TICKET),
+    ],
 )
 def test_amtool_routes_a_namespaced_alert_to_page_or_ticket(name: AlertName, severity: str, receiver: str) -> None:
     labels = alert(name, severity, "w", **WORKER)

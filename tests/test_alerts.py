@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import yaml
 from alert_cases import CASES as ONE_BY_ONE
-from alert_cases import REGRESSION_STEPS, REGRESSION_SUM, Case
+from alert_cases import REGRESSION_STEPS, REGRESSION_SUM, Case, s
 from alert_cases_clusters import CASES as CLUSTERS
 from alert_cases_freshness import CASES as FRESHNESS
 from alert_cases_incidents import CASES as INCIDENTS
@@ -21,11 +21,19 @@ from alertmanager import AlertmanagerServer, Webhook
 from conftest import require
 from rule_cut import reads, rules_behind
 
-from tpuscope import alerts, catalog, conventions, durations
+from tpuscope import alerts, catalog, conventions, durations, positions
 from tpuscope.alerts import recording
 from tpuscope.alerts.causes import CAUSES, INHIBITIONS
 from tpuscope.alerts.rules import slo_windows
-from tpuscope.conventions import ALERT_PREFIX, BAD_RATE, BADPUT_RATIO, PROFILE_FRESH, WALL_ALL_RATE, AlertName
+from tpuscope.conventions import (
+    ALERT_PREFIX,
+    BAD_RATE,
+    BADPUT_RATIO,
+    HANG_ELSEWHERE,
+    PROFILE_FRESH,
+    WALL_ALL_RATE,
+    AlertName,
+)
 from tpuscope.fleetsim.rules import scale_expr
 from tpuscope.generator_config import GeneratorConfig
 from tpuscope.promql import WORKLOAD
@@ -163,6 +171,48 @@ def test_the_recording_rules_read_what_they_should_under_failed_scrapes_and_long
     assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-2000:]
 
 
+# Where workers can be stuck, (step, phase), and workloads of a worker per letter: one worker elsewhere, two, a tie,
+# all at one place, every one at its own, one worker alone, before the first step.
+STUCK_AT = {"A": ("41", "sync"), "B": ("41", "io"), "C": ("40", "sync"), "D": ("", "compile")}
+LAYOUTS = ("AABA", "AABC", "AABB", "AAAA", "ABCD", "A", "AABBC", "DDA", "ABCDD", "AAABBC")
+
+
+def test_the_rules_name_the_workers_stuck_elsewhere_as_tpuscope_hangs_does(tmp_path: Path) -> None:
+    """Issue 54: the recorded verdict and positions.elsewhere (what ``tpuscope hangs`` reads the sidecars' logs
+    with) name the same workers, over workloads of each shape; each worker's frames differ, and count for nothing."""
+    tests = []
+    for layout in LAYOUTS:
+        where = {str(worker): STUCK_AT[letter] for worker, letter in enumerate(layout)}
+        series = {}
+        for worker, (step, phase) in where.items():
+            host = {"instance": f"h{worker}:9478", "worker": worker, "workload": "w"}
+            labels = {"step": step, "phase": phase, "frames": f"wait (job.py:{worker})", **host}
+            series[s(catalog.STUCK_POSITION, **labels)] = "1x5"
+        named = positions.elsewhere(where)
+        tests.append(
+            {
+                "name": layout,
+                "interval": "1m",
+                "input_series": [{"series": name, "values": values} for name, values in series.items()],
+                "promql_expr_test": [
+                    {
+                        "expr": f"group by (worker) ({HANG_ELSEWHERE})",
+                        "eval_time": "2m",
+                        "exp_samples": [{"labels": f'{{worker="{worker}"}}', "value": 1} for worker in named],
+                    }
+                ],
+            }
+        )
+    shapes = {len(positions.elsewhere({i: STUCK_AT[x] for i, x in enumerate(layout)})) for layout in LAYOUTS}
+    assert {0, 1, 2} <= shapes, "nobody named, one, several"
+    rules = tmp_path / "hang.rules.yaml"
+    rules.write_text(yaml.safe_dump({"groups": [{"name": "hang", "rules": recording.hang_rules()}]}))
+    cases = tmp_path / "hang.yaml"
+    cases.write_text(yaml.safe_dump({"rule_files": [str(rules)], "evaluation_interval": "1m", "tests": tests}))
+    out = run(require("promtool"), "test", "rules", str(cases))
+    assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-2000:]
+
+
 def test_the_goodput_ratios_read_each_workloads_two_terms_once_and_no_workers_series() -> None:
     """Issue 35: the ratios summed the per-worker unbooked series four times over windows up to 3 days (72 M
     samples a cycle at 1,000 hosts). Each window's ratio now reads two per-workload series, once each; the cost
@@ -264,7 +314,7 @@ def test_thresholds_and_webhooks_come_from_a_yaml_file(tmp_path: Path) -> None:
     config.write_text(
         yaml.safe_dump(
             {
-                "thresholds": {"stall_seconds": 42},
+                "thresholds": {"stall_seconds": 42, "hang_seconds": 21},  # a hang's limit is below the stall's
                 "page_webhook_url": "http://pager.test/hook",
                 "exporter_job": "sidecars",
             }
@@ -321,7 +371,7 @@ def test_a_stalled_workload_pages_through_alertmanager_and_resolves_when_it_reco
     require("prometheus-alertmanager")
     webhook = Webhook()
     config = GeneratorConfig(
-        thresholds=Thresholds.override({"stall_seconds": 3}),
+        thresholds=Thresholds.override({"stall_seconds": 3, "hang_seconds": 1}),  # a hang's below the stall's
         exporter_job="tpuscope",
         page_webhook_url=f"{webhook.url}/page",
         ticket_webhook_url=f"{webhook.url}/ticket",

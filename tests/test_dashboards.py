@@ -292,6 +292,10 @@ NEEDS_HISTORY = {
     "tpuscope / On-call / Device profile: exposed collective time against its baseline, by workload (B)": (
         "its baseline is the 6 hours before the last 30 minutes: no test run is that long"
     ),
+    "tpuscope / Job debug / Where each worker is stuck (A)": (
+        "a process is stuck after a minute at one place at least, and the bench's stall lasts 3 s: no process of "
+        "this run is ever stuck"
+    ),
 }
 
 

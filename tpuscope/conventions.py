@@ -35,6 +35,7 @@ class AlertName(enum.StrEnum):
 
     # training
     WORKLOAD_STALLED = f"{ALERT_PREFIX}WorkloadStalled"
+    WORKLOAD_HUNG = f"{ALERT_PREFIX}WorkloadHung"
     STEP_TIME_REGRESSION = f"{ALERT_PREFIX}StepTimeRegression"
     INPUT_BOUND = f"{ALERT_PREFIX}InputBound"
     SYNC_BOUND = f"{ALERT_PREFIX}SyncBound"
@@ -110,6 +111,12 @@ COLLECTIVE_P99 = f"worker:{c.MEGASCALE_LATENCY.name}:collective_p99_5m"
 CORE_LOCATION = f"worker_location:{c.CORE_LOCATION_AGE.name}:max"
 CORE_LOCATION_WORKERS = f"workload_location:{c.CORE_STATE.name}:workers"
 CORE_ELSEWHERE = f"worker_location:{c.CORE_LOCATION_AGE.name}:elsewhere"
+# Where a hung workload's processes are stuck (each sidecar serves its own once past their limit, issue 54): each
+# worker's stuck position (step, phase and top Python frames), the workers at each (step, phase), and the workers
+# whose position the most workers' is not, likely the one a hung job waits for: what TpuscopeWorkloadHung names.
+HANG_POSITION = f"worker_position:{c.STUCK_POSITION.name}:max"
+HANG_POSITION_WORKERS = f"workload_position:{c.STUCK_POSITION.name}:workers"
+HANG_ELSEWHERE = f"worker_position:{c.STUCK_POSITION.name}:elsewhere"
 # The workers of a workload on whose hosts the TPU runtime's own detector reports a megascale hang or a slice error
 # (the gauges behind GKE's MegascaleHangDetected and SliceErrorDetected node conditions): the stall names them too.
 RUNTIME_ERROR_WORKERS = f"worker_reason:{c.TPU_RUNTIME_ERROR.name}:detected"

@@ -17,6 +17,8 @@ from tpuscope.reasons import COMPILE_ERROR
 # What each alert stands for: the one cause an on-call reads it as (docs/alerts.md).
 CAUSES: dict[AlertName, str] = {
     AlertName.WORKLOAD_STALLED: "the job hangs: its processes are connected and nothing progresses",
+    AlertName.WORKLOAD_HUNG: "the job hangs: every worker has stayed at one place past its limit, and the worker "
+    "elsewhere than its peers is likely the one they wait for",
     AlertName.STEP_TIME_REGRESSION: "the job's steps got slower than its own recent past, for a reason no more "
     "specific alert names",
     AlertName.INPUT_BOUND: "the input pipeline cannot keep up with the chips",
@@ -79,6 +81,11 @@ class Inhibition:
 
 
 INHIBITIONS: tuple[Inhibition, ...] = (
+    Inhibition(
+        (AlertName.WORKLOAD_HUNG,),
+        (AlertName.WORKLOAD_STALLED, *STALL_SAYS_IT),
+        "a hung workload stalls, and has no step time to speak of: the hang's page names where it is stuck",
+    ),
     Inhibition((AlertName.WORKLOAD_STALLED,), STALL_SAYS_IT, "a stalled workload has no step time to speak of"),
     Inhibition(
         (AlertName.STRAGGLER,),
@@ -114,7 +121,12 @@ INHIBITIONS: tuple[Inhibition, ...] = (
         only=f'reason="{COMPILE_ERROR}"',
     ),
     Inhibition(
-        (AlertName.WORKLOAD_DOWN, AlertName.WORKLOAD_STALLED, AlertName.WORKLOAD_CRASH_LOOPING),
+        (
+            AlertName.WORKLOAD_DOWN,
+            AlertName.WORKLOAD_HUNG,
+            AlertName.WORKLOAD_STALLED,
+            AlertName.WORKLOAD_CRASH_LOOPING,
+        ),
         (AlertName.GOODPUT_BUDGET_BURN,),
         "an outage, a hang or a crash loop burns the goodput budget: the page that names it says it",
     ),

@@ -40,6 +40,9 @@ from tpuscope.conventions import (
     DOWN_SINCE,
     FAILURES_HOUR,
     GOODPUT_RATE,
+    HANG_ELSEWHERE,
+    HANG_POSITION,
+    HANG_POSITION_WORKERS,
     HOST_CPU_BUSIEST,
     HOST_IOWAIT_BUSIEST,
     HOST_MEMORY_AVAILABLE_LEAST,
@@ -511,5 +514,37 @@ def core_state_rules() -> list[dict[str, str]]:
             "record": RUNTIME_ERROR_WORKERS,
             "expr": f"max by ({RUN}, instance, reason)"
             f" (({detected}) * on (job, instance) group_left ({c.Label.WORKLOAD}) {workload_on_host()})",
+        },
+    ]
+
+
+def hang_rules() -> list[dict[str, str]]:
+    """Which worker of a hung workload is stuck elsewhere than its peers: each sidecar serves its processes'
+    positions once they have stayed past their limit and their stacks are logged (issue 54), a step, a phase and
+    the top Python frames each. A worker's position is its step and phase (the frames are kept to name it, not
+    compared: two workers waiting at one collective may wait on different lines); the workers at the position
+    most of them share are the majority, and a worker stuck anywhere else is named. A tie names nobody (two
+    against two says nothing), and so does a workload whose workers are all at one place: as
+    :func:`tpuscope.positions.elsewhere` decides it from the sidecars' logs.
+
+    Evaluated in the alerts' group, ahead of them (:func:`tpuscope.alerts.rule_groups`): a group evaluates its
+    rules in order, so TpuscopeWorkloadHung, which fires at once, names the worker from the positions of the very
+    evaluation it fires at. From the recording group, a record may be an evaluation older than the alert: its
+    first notification would name nobody, or the wrong place, until the next."""
+    position = f"{c.Label.STEP}, {c.Label.PHASE}"
+    most = f"max by ({WORKLOAD}) ({HANG_POSITION_WORKERS})"
+    return [
+        {
+            "record": HANG_POSITION,
+            "expr": f"max by ({RUN}, instance, {position}, {c.Label.FRAMES}) ({series(c.STUCK_POSITION)})",
+        },
+        {  # each worker once per position, whatever its processes' frames there
+            "record": HANG_POSITION_WORKERS,
+            "expr": f"count by ({WORKLOAD}, {position}) (group by ({RUN}, {position}) ({HANG_POSITION}))",
+        },
+        {
+            "record": HANG_ELSEWHERE,
+            "expr": f"{HANG_POSITION} unless on ({WORKLOAD}, {position})"
+            f" ({HANG_POSITION_WORKERS} == on ({WORKLOAD}) group_left () {most})",
         },
     ]

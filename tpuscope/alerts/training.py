@@ -1,11 +1,11 @@
-"""Alerts on how a training workload steps: stalled, slower than its baseline, waiting on input or on
+"""Alerts on how a training workload steps: hung, stalled, slower than its baseline, waiting on input or on
 collectives, held back by a straggler, leaving its chips idle or far from their peak, its collectives slower
 than their own baseline."""
 
 from __future__ import annotations
 
 from tpuscope import catalog as c
-from tpuscope import durations
+from tpuscope import durations, positions
 from tpuscope.alerts.rules import (
     HOSTS_NAMED,
     THE_ALERTS_WORKLOAD,
@@ -19,6 +19,9 @@ from tpuscope.conventions import (
     COLLECTIVE_P99,
     COMPUTE_OVER_MEDIAN,
     CORE_ELSEWHERE,
+    HANG_ELSEWHERE,
+    HANG_POSITION,
+    HANG_POSITION_WORKERS,
     PHASE_SHARE,
     PROFILE_FRESH_SECONDS,
     PROFILE_MEDIAN,
@@ -97,6 +100,31 @@ RUNTIME_ERROR_OF_WORKLOAD = (
 )
 
 
+def at_step(sample: str, step: str = "step", before: str = "before its first step") -> str:
+    """Template text of the step of a stuck position (``sample``: a query's sample): ``step`` and its number, or
+    ``before`` where it has none (the job had taken no step yet)."""
+    return f"{{{{ with {sample}.Labels.step }}}}{step} {{{{ . }}}}{{{{ else }}}}{before}{{{{ end }}}}"
+
+
+# Where a hung workload's workers are stuck (recording.hang_rules): each worker elsewhere than most of its peers,
+# with its top frames; where none is (all at one place, or a tie), each position with how many workers are there
+# and the frames of one of them.
+HANG_POSITIONS = (
+    f"topk by ({WORKLOAD}, step, phase) (1, {HANG_POSITION}{{{OF_THE_WORKLOAD}}}"
+    f" * on ({WORKLOAD}, step, phase) group_left () {HANG_POSITION_WORKERS})"
+)
+HANG_ELSEWHERE_OF_WORKLOAD = (
+    f"{{{{ with {query_of_the_alerts_workload(f'{HANG_ELSEWHERE}{{{OF_THE_WORKLOAD}}}')} }}}}"
+    '{{ range $w := . | sortByLabel "worker" }}'
+    " Worker {{ $w.Labels.worker }} (slice {{ $w.Labels.slice }}, {{ $w.Labels.instance }}) is elsewhere than its "
+    f"peers: {at_step('$w')}, {{{{ $w.Labels.phase }}}}, at {{{{ $w.Labels.frames }}}}: the others likely wait "
+    "for it.{{ end }}{{ else }} No worker is elsewhere than most of its peers:"
+    f'{{{{ range $i, $p := {query_of_the_alerts_workload(HANG_POSITIONS)} | sortByLabel "phase" }}}}'
+    f"{{{{ if $i }}}};{{{{ end }}}} {{{{ $p.Value }}}} {at_step('$p', 'at step', 'before their first step')}, "
+    "{{ $p.Labels.phase }}, at {{ $p.Labels.frames }}{{ end }}.{{ end }}"
+)
+
+
 def by_source(profile: str, host: str) -> str:
     """Description text that depends on the firing expression's source."""
     return f'{{{{ if eq $labels.{SOURCE} "profile" }}}}{profile}{{{{ else }}}}{host}{{{{ end }}}}'
@@ -136,6 +164,54 @@ def alerts(config: GeneratorConfig) -> list[Alert]:
             "hardware or ICI failure, a case for the platform. Start with the worker named: its logs, its input, "
             "its host (`tpuscope top` there shows its cores). Otherwise check the job's logs on every worker, the "
             "On-call dashboard's sidecars and collectors, and the last kept trace.",
+        ),
+        Alert(
+            AlertName.WORKLOAD_HUNG,
+            "critical",
+            # Every worker reporting says its processes are stuck; the value, the least time any of them has been
+            # where it is stuck: how long the whole workload has not moved.
+            f"min by ({WORKLOAD}) ({series(c.POSITION_AGE)} and on (job, instance, {c.Label.WORKLOAD}, {c.Label.PHASE})"
+            f" {series(c.STUCK_POSITION)}) and on ({WORKLOAD}) (min by ({WORKLOAD}) ({series(c.STUCK)}) == 1)",
+            "Every worker of a workload is stuck: the job hangs.",
+            "Workload {{ $labels.workload }} hangs: every worker has stayed where it is past its limit, none has "
+            "moved for {{ $value | humanizeDuration }}, and their sidecars have logged their Python stacks."
+            + HANG_ELSEWHERE_OF_WORKLOAD
+            + CORE_ELSEWHERE_OF_WORKLOAD
+            + RUNTIME_ERROR_OF_WORKLOAD,
+            DashboardUID.JOB,
+            # No for: of its own. The sidecars waited each process's limit before calling it stuck, and logged its
+            # stacks; waiting again would only delay the page that names the worker (within two minutes of the
+            # hang at the default hang_seconds, a 15 s scrape and a 30 s evaluation).
+            "0m",
+            "Each sidecar reads where its job's processes are every second, from a record the Monitor keeps in "
+            "shared memory (so it reads it while every thread of the job is blocked): the step, and where in it "
+            "(`phase`: io, compute, sync or other; `step`, in a step between phases; `outside`, between steps or "
+            "in code the job does not mark, such as an eval loop; `compile`; `checkpoint_save`, "
+            f"`checkpoint_restore`). `{c.POSITION_AGE.name}` says how long a process has been there, "
+            f"`{c.POSITION_LIMIT.name}` how long it may stay: in a step, {t.hang_seconds:g} s (hang_seconds) or "
+            f"{t.hang_step_factor:g}x the longest of the workload's recent steps (hang_step_factor), whichever is "
+            "longer; compiling, in a checkpoint or between steps, the stall threshold "
+            f"({durations.human(t.stall_seconds)}, the sidecar's core_state_after), as these take as long as they "
+            "take. Past its limit a process is stuck: the sidecar asks it for its Python stacks and logs them, one "
+            "JSON line per stuck process on its stderr (`kubectl logs POD -c tpuscope`; Cloud Logging keeps them "
+            "after the pod is gone), then serves "
+            f"`{c.STUCK.name}` 1 and `{c.STUCK_POSITION.name}` (the step, the phase and the top frames). The "
+            "workload hangs when every worker is stuck, and this pages at once: the sidecars waited the limit "
+            f"already. It comes before {AlertName.WORKLOAD_STALLED} (minutes before, for a hang in a step), which it "
+            "keeps quiet. The description "
+            "names the worker stuck at another step or phase than most of its peers (a tie, or all of them at one "
+            "place, names nobody: it says where they are instead): in a synchronous job the others wait for it at "
+            "a collective. Start with that worker; its phase says where to look: io, the input pipeline (a "
+            "reader blocked on storage, a dead loader worker); compute, a device program or a host callback that "
+            "does not return; sync, a collective whose peer is gone or stuck (on TPU the description adds its "
+            "cores' HLO location, which a stuck workload's sidecars ask the runtime for at once, and the "
+            "runtime's own hang and slice-error detectors); checkpoint_save or checkpoint_restore, the storage; "
+            "compile, the compiler; outside, the job's own code between steps. The whole stacks of every thread "
+            "are in the sidecars' logs: `tpuscope hangs LOGFILE...` reads them and names the worker elsewhere, as "
+            "this alert does. With the Monitor's exit_on_hang, the sidecar tells a stuck process to end a minute "
+            f"after its stacks are logged (exit status {positions.EXIT_STATUS}, failure reason hang), so that a "
+            "JobSet whose failure policy restarts the job restarts a hung one from its last checkpoint; a hang that "
+            "recurs at the same place is a bug in the job or its data.",
         ),
         Alert(
             AlertName.STEP_TIME_REGRESSION,

@@ -123,6 +123,46 @@ def steps(t: Thresholds) -> p.Section:
     )
 
 
+def hangs(t: Thresholds) -> p.Section:
+    """Where each worker is, as its sidecar reads it every second, and where the stuck ones are stuck."""
+    at = f"on (job, instance, workload, {c.Label.PHASE})"
+    stuck = f"{q.selector(c.STUCK_POSITION)} * {at} group_left () {q.selector(c.POSITION_AGE)}"
+    where = f"workload, {q.BY_WORKER}, {c.Label.STEP}, {c.Label.PHASE}, {c.Label.FRAMES}"
+    return p.Section(
+        "Hangs",
+        [
+            p.table_panel(
+                "Where each worker is stuck",
+                "Each stuck process of the workload: its worker, the step and phase where it stopped, its top Python "
+                "frames (innermost first; the job's own frames under a library's), and how long it has been there. "
+                "A process is stuck once it stays at one place past its limit (beside); its sidecar then logs every "
+                f"thread's stacks (`tpuscope hangs` reads them). With every worker stuck, {AlertName.WORKLOAD_HUNG} "
+                "pages and names the worker at another step or phase than most of its peers: likely the one they "
+                "wait for. Empty while no process is stuck.",
+                p.query(f"max by ({where}) ({stuck})", table=True),
+                unit="s",
+                span=12,
+            ),
+            p.timeseries_panel(
+                "Time at one place against its limit, by worker",
+                "How long each worker's process has been where it is (its phase of a step, between steps, "
+                "compiling, in a checkpoint), as a share of how long it may stay there: in a step, "
+                f"{t.hang_seconds:g} s or {t.hang_step_factor:g}x its longest recent step, whichever is longer; "
+                f"elsewhere, {t.stall_seconds:g} s. At 100% the process is stuck. A healthy job's lines stay near "
+                "0, each phase a moment long.",
+                "percentunit",
+                p.query(
+                    f"max by (workload, {q.BY_WORKER}, {c.Label.PHASE})"
+                    f" ({q.selector(c.POSITION_AGE)} / {q.selector(c.POSITION_LIMIT)})",
+                    WORKER + " {{phase}}",
+                ),
+                limits=p.high_is_bad(1, 0.5),
+                span=12,
+            ),
+        ],
+    )
+
+
 # What every device-profile panel must say: where its figures come from and how old they may be.
 SAMPLED = (
     "Sampled: from the device traces the job takes of a few steps every 10 minutes by default (the same steps "
@@ -666,5 +706,15 @@ def host(t: Thresholds) -> p.Section:
 
 
 def dashboard(t: Thresholds) -> dict[str, Any]:
-    sections = [steps(t), device_profile(t), stragglers(t), compiles(t), memory(t), checkpoints(t), goodput(t), host(t)]
+    sections = [
+        steps(t),
+        hangs(t),
+        device_profile(t),
+        stragglers(t),
+        compiles(t),
+        memory(t),
+        checkpoints(t),
+        goodput(t),
+        host(t),
+    ]
     return p.build(DashboardUID.JOB, TITLE, DESCRIPTION, sections, p.variables(c.STEPS, one_workload=True))

@@ -268,9 +268,11 @@ def heatmap_panel(
     return _with_targets(panel, [target])  # type: ignore[no-any-return]
 
 
-def table_panel(title: str, description: str, *targets: Dataquery, span: int = 12, height: int = 8) -> table.Panel:
+def table_panel(
+    title: str, description: str, *targets: Dataquery, unit: str = "short", span: int = 12, height: int = 8
+) -> table.Panel:
     """Rows of an instant query's labels and value (firing alerts, a fleet's workloads)."""
-    panel = _common(table.Panel(), title, description, "short", informational(), span, height)
+    panel = _common(table.Panel(), title, description, unit, informational(), span, height)
     return _with_targets(panel, targets)  # type: ignore[no-any-return]
 
 

@@ -36,6 +36,7 @@ _AGO = re.compile(r"\btime\(\) - (\d+(?:\.\d+)?)\b")
 # is seconds of compiling in a window of an hour: the window shrinks, so does what fits in it.
 TIMED_THRESHOLDS = (
     "stall_seconds",
+    "hang_seconds",
     "checkpoint_age_seconds",
     "compile_seconds_per_hour",
     "downtime_seconds",
