@@ -101,7 +101,7 @@ def test_a_forbidden_import_breaks_its_contract(contract: str, tmp_path: Path) -
     assert f"tpuscope.{where.removesuffix('.py').replace('/', '.')} -> {forbidden}" in result.stdout
 
 
-@pytest.mark.parametrize("command", [["top", "--help"], ["report", "--help"], ["--version"]])
+@pytest.mark.parametrize("command", [["top", "--help"], ["report", "--help"], ["hangs", "--help"], ["--version"]])
 def test_readers_and_version_load_neither_grpc_nor_the_otel_sdk(command: list[str]) -> None:
     # -X importtime lists every module the command imports, on stderr, one line each.
     result = subprocess.run(

@@ -29,7 +29,7 @@ from tpuscope import alerts, catalog, events
 from tpuscope.conventions import AlertName
 from tpuscope.generator_config import GeneratorConfig
 from tpuscope.report import prometheus, recording, render
-from tpuscope.report.model import StalledCores
+from tpuscope.report.model import StalledCores, StuckPosition
 from tpuscope.report.window import Window, parse_time
 from tpuscope.testing import bench as testing_bench
 from tpuscope.testing.prometheus import PrometheusServer, target_of
@@ -348,6 +348,67 @@ def test_where_a_stalled_workloads_cores_sat_is_shown_the_odd_worker_in_red(tmp_
     assert page.count("<td>all-reduce.42</td>") == 3
     summary = "Where the TPU cores sat while it stalled</td><td>worker 2 (slice 0) at fusion.7 for 5 min"
     assert f'<tr class="bad"><td>{summary}' in page
+
+
+SPIN = "fixup (job/fixup.py:12) < step (job/train.py:44)"
+WAIT = "block_until_ready (jax/_src/api.py:2900) < step (job/train.py:40)"
+
+
+def test_where_the_workers_were_stuck_is_shown_the_odd_worker_in_red(tmp_path: Path) -> None:
+    """From Prometheus a report holds each position a worker's process was stuck at (below, from a Prometheus);
+    the page lists them, the worker elsewhere than most first and in red, and the summary row is red: a process
+    stuck past its limit is wrong wherever it is."""
+    report = recording.build(recorded(tmp_path / "events.jsonl", {}), None, Window(), Thresholds())
+    render.write(report, tmp_path / "calm")
+    calm = (tmp_path / "calm" / "index.html").read_text()
+    assert "stuck-positions" not in calm and "Where the workers were stuck" not in calm, "none stuck, no section"
+
+    def worker(w: str, phase: str, frames: str) -> StuckPosition:
+        t = 1_795_000_000.0
+        return StuckPosition("0", w, f"h{w}:9478", "1200", phase, frames, t, t + 600, elsewhere=phase == "compute")
+
+    report.stuck_positions = [worker("1", "compute", SPIN), *(worker(w, "sync", WAIT) for w in ("0", "2", "3"))]
+    render.write(report, tmp_path / "out")
+    page = (tmp_path / "out" / "index.html").read_text()
+    assert '<section id="stuck-positions"><h2>Where the workers were stuck</h2>' in page
+    odd = "<td>0</td><td>1</td><td>h1:9478</td><td>1200</td><td>compute</td><td>fixup (job/fixup.py:12) &lt; step"
+    assert f'<tr class="bad">{odd}' in page
+    assert page.count("<td>sync</td>") == 3 and "tpuscope hangs reads them" in page
+    summary = "Where the workers were stuck</td><td>4 workers stuck past their limit; worker 1 (slice 0) at step 1200, "
+    assert f'<tr class="bad"><td>{summary}compute, in fixup (job/fixup.py:12)' in page
+
+    report.stuck_positions = [worker(w, "sync", WAIT) for w in ("0", "1")]
+    render.write(report, tmp_path / "together")
+    together = (tmp_path / "together" / "index.html").read_text()
+    assert "2 workers stuck past their limit, all at step 1200, sync</td>" in together
+    assert together.count('<tr class="bad"><td>0</td>') == 0, "nobody elsewhere: no row in red"
+
+
+def test_a_report_from_prometheus_reads_where_the_workers_were_stuck(short_tmp: Path) -> None:
+    """Four workers' sidecars: worker 3 stuck alone a while at step 1100 (nobody to compare with), later all four
+    stuck at step 1200, worker 1 in compute while the others wait in sync: it alone is elsewhere than most."""
+    at = (int(time.time()) // 3600 - 1) * 3600
+    fleet = Fleet(at)
+    for worker in range(4):
+        labels = {**fleet.sidecar(f"w{worker}:9478", {}, "0", str(worker), -3600, 0), "workload": "hung"}
+        fleet.counter(catalog.STEPS.name, labels, -3600, 0, {-3600: 1})
+        odd = worker == 1
+        where = {"step": "1200", "phase": "compute" if odd else "sync", "frames": SPIN if odd else WAIT}
+        fleet.series(catalog.STUCK_POSITION.name, {**labels, **where}, -1790 if odd else -1800, -600, lambda t: 1)
+        if worker == 3:
+            alone = {"step": "1100", "phase": "io", "frames": "next (data.py:7)"}
+            fleet.series(catalog.STUCK_POSITION.name, {**labels, **alone}, -3000, -2800, lambda t: 1)
+    with backfilled(short_tmp, fleet) as api:
+        report = prometheus.build(api.url, "hung", Window(3600, at), Thresholds())
+    stuck = [(p.worker, p.step, p.phase, p.frames, p.elsewhere) for p in report.stuck_positions]
+    assert stuck == [
+        ("1", "1200", "compute", SPIN, True),
+        ("3", "1100", "io", "next (data.py:7)", False),
+        *((w, "1200", "sync", WAIT, False) for w in ("0", "2", "3")),
+    ]
+    first = report.stuck_positions[0]
+    assert (first.instance, first.first) == ("w1:9478", at - 1785)  # the first point of the grid after it began
+    assert at - 600 <= first.last <= at - 300  # its last sample, held for the lookback (no stale marker backfilled)
 
 
 def serve_profiles(fleet: Fleet, labels: dict[str, str], figures: dict[int, dict[str, float]]) -> None:

@@ -35,6 +35,10 @@ COMMANDS = {
         "a run report for a post-mortem or a ticket: an HTML page and PNGs, from Prometheus or a recording",
         "tpuscope.report",
     ),
+    "hangs": (
+        "where a hung job's workers were stuck, and their stacks, from what the sidecars logged",
+        "tpuscope.report.hangs",
+    ),
     "dashboards": ("write the Grafana dashboards as JSON files", "tpuscope.dashboards"),
     "alerts": ("write the Prometheus rules and the Alertmanager configuration", "tpuscope.alerts"),
     "generate": ("write the committed generated files (docs/metrics.md, ...)", "tpuscope.generate"),

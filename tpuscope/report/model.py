@@ -103,6 +103,24 @@ class StalledCores:
 
 
 @dataclass
+class StuckPosition:
+    """Where one worker's job process was stuck (from Prometheus: its sidecar serves the position while the
+    process stays there past its limit): the step, the phase and its top Python frames, when it was first and last
+    served in the window, and whether that was elsewhere than most of the stuck workers' at some point (the likely
+    one the others waited for). The whole stacks are in the sidecar's log: ``tpuscope hangs`` reads them."""
+
+    slice: str
+    worker: str
+    instance: str
+    step: str  # empty: before the first step
+    phase: str
+    frames: str
+    first: float
+    last: float
+    elsewhere: bool
+
+
+@dataclass
 class Report:
     workload: str
     source: str  # where it was read from, in words
@@ -120,6 +138,7 @@ class Report:
     thresholds: Thresholds  # what the run is judged by: the team's (`--config`), as its alerts and boards are
     profile: Profile | None = None  # None: no device profile in the window (the job did not sample any)
     stalled_cores: list[StalledCores] = field(default_factory=list)  # none: no stall the runtime was asked about
+    stuck_positions: list[StuckPosition] = field(default_factory=list)  # none: no process stuck in the window
 
 
 class ReportError(RuntimeError):

@@ -9,17 +9,20 @@ the workload, and those of the hosts it ran on. The device profiles are gauges t
 hold each worker's latest capture: each capture is read once, at the first point
 after it arrived (a capture's gauges change together with its timestamp's). Where
 the workload's TPU cores sat while it stalled comes from tpuscope's recording rules
-(the runtime's series carry no workload label; the rules give them the host's).
+(the runtime's series carry no workload label; the rules give them the host's). Where its
+processes were stuck comes from the sidecars' stuck positions, compared at each point as
+the rules compare them (:func:`tpuscope.positions.elsewhere`).
 """
 
 from __future__ import annotations
 
 import json
 import math
+from collections.abc import Hashable
 from typing import Any
 
 from tpuscope import catalog as c
-from tpuscope import durations, events
+from tpuscope import durations, events, positions
 from tpuscope.conventions import CORE_ELSEWHERE, CORE_LOCATION, OUR_ALERTS, RUN_MEMORY
 from tpuscope.goodput import CATEGORIES
 from tpuscope.prometheus_api import PrometheusAPI, PrometheusError
@@ -33,6 +36,7 @@ from tpuscope.report.model import (
     ReportError,
     Series,
     StalledCores,
+    StuckPosition,
     Totals,
 )
 from tpuscope.report.unbooked import Worker
@@ -88,6 +92,7 @@ class _Reader:
             thresholds=self.thresholds,
             profile=self.profile(),
             stalled_cores=self.stalled_cores(),
+            stuck_positions=self.stuck_positions(),
         )
 
     # --- the charts ---------------------------------------------------------------------------------
@@ -263,6 +268,20 @@ class _Reader:
         ]
         return sorted(cores, key=lambda core: (not core.elsewhere, -core.seconds, core.slice, core.worker))
 
+    def stuck_positions(self) -> list[StuckPosition]:
+        """Each position a worker's process was served stuck at in the window, from when to when, and whether it
+        was elsewhere than most of the stuck ones' at some point; those elsewhere first, then the earliest."""
+        seen: dict[tuple[str, str, str, str, str, str], list[float]] = {}
+        at: dict[float, dict[Hashable, tuple[str, str]]] = {}  # each point: the positions stuck then
+        for result in self.range(series(c.STUCK_POSITION, self.w)):
+            key = _stuck(result["metric"])
+            for t, _ in result["values"]:
+                seen.setdefault(key, []).append(float(t))
+                at.setdefault(float(t), {})[key] = (key[3], key[4])
+        odd = {key for places in at.values() for key in positions.elsewhere(places)}
+        stuck = [StuckPosition(*key, min(times), max(times), key in odd) for key, times in seen.items()]
+        return sorted(stuck, key=lambda p: (not p.elsewhere, p.first, p.slice, p.worker))
+
     # --- queries ----------------------------------------------------------------------------------------
     def grew_in_window(self, counter: c.Metric, suffix: str = "") -> str:
         """How much each of the workload's ``counter`` series grew in the window, a first event counted."""
@@ -333,6 +352,13 @@ def _located(labels: dict[str, str]) -> tuple[str, str, str, str, str]:
     names = (c.Label.SLICE, c.Label.WORKER, "instance", c.Label.FINGERPRINT, c.Label.HLO_LOCATION)
     slice_, worker, instance, fingerprint, hlo_location = (labels.get(name, "") for name in names)
     return slice_, worker, instance, fingerprint, hlo_location
+
+
+def _stuck(labels: dict[str, str]) -> tuple[str, str, str, str, str, str]:
+    """A process stuck at one place: slice, worker, instance, step, phase, top frames."""
+    names = (c.Label.SLICE, c.Label.WORKER, "instance", c.Label.STEP, c.Label.PHASE, c.Label.FRAMES)
+    slice_, worker, instance, step, phase, frames = (labels.get(name, "") for name in names)
+    return slice_, worker, instance, step, phase, frames
 
 
 def _worker(labels: dict[str, str]) -> tuple[str, str]:

@@ -26,7 +26,7 @@ from matplotlib.ticker import PercentFormatter
 from tpuscope import __version__, events
 from tpuscope.durations import human as duration
 from tpuscope.goodput import CATEGORIES
-from tpuscope.report.model import Incident, Mark, Profile, Report, Series, StalledCores
+from tpuscope.report.model import Incident, Mark, Profile, Report, Series, StalledCores, StuckPosition
 from tpuscope.report.window import utc
 from tpuscope.stats import percentile
 
@@ -147,6 +147,18 @@ def _sections(report: Report) -> Iterable[tuple[str, str, str, Draw | None, str]
             "elsewhere than most of their peers', likely the one the others waited for.",
             None,
             _stalled_cores_table(report.stalled_cores),
+        )
+    if report.stuck_positions:
+        yield (
+            "stuck-positions",
+            STUCK_ROW,
+            "Each worker's sidecar reads where its job process is (the step, the phase) and, once it has stayed there "
+            "past its limit, serves the position with the top Python frames of the thread that runs the steps. In a "
+            "hung job every worker waits at the same place but one: the workers in red were stuck elsewhere than most "
+            "of the stuck workers, likely the one the others waited for. Every thread's whole stacks are in the "
+            "sidecars' logs, after the pods are gone too: tpuscope hangs reads them.",
+            None,
+            _stuck_table(report.stuck_positions),
         )
     yield (
         "alerts",
@@ -419,6 +431,9 @@ def _summary(report: Report) -> str:
         rows.append((STALLED_ROW, _stalled_summary(report.stalled_cores)))
         if any(core.elsewhere for core in report.stalled_cores):
             wrong.add(STALLED_ROW)
+    if report.stuck_positions:  # a process stuck past its limit is wrong wherever it is
+        rows.append((STUCK_ROW, _stuck_summary(report.stuck_positions)))
+        wrong.add(STUCK_ROW)
     rows.append(("Alerts and incidents", f"{len(report.incidents)} (below)" if report.incidents else "none"))
     if report.incidents:
         wrong.add("Alerts and incidents")
@@ -427,6 +442,7 @@ def _summary(report: Report) -> str:
 
 PROFILE_ROW = "Where the device time went (sampled device profiles)"
 STALLED_ROW = "Where the TPU cores sat while it stalled"
+STUCK_ROW = "Where the workers were stuck"
 
 
 def _stalled_summary(cores: list[StalledCores]) -> str:
@@ -438,6 +454,23 @@ def _stalled_summary(cores: list[StalledCores]) -> str:
         "than most of its peers'"
         for core in odd
     )
+
+
+def _stuck_summary(stuck: list[StuckPosition]) -> str:
+    workers = len({(p.slice, p.worker) for p in stuck})
+    said = f"{workers} worker{'s' if workers != 1 else ''} stuck past their limit"
+    if odd := [p for p in stuck if p.elsewhere]:
+        return f"{said}; " + "; ".join(
+            f"worker {p.worker} (slice {p.slice}) at {_stuck_at(p)}, in {p.frames}, elsewhere than most" for p in odd
+        )
+    places = {(p.step, p.phase) for p in stuck}
+    if len(places) == 1:
+        return f"{said}, all at {_stuck_at(stuck[0])}"
+    return f"{said}, at {len(places)} places (below)"
+
+
+def _stuck_at(p: StuckPosition) -> str:
+    return f"step {p.step}, {p.phase}" if p.step else f"no step yet, {p.phase}"
 
 
 def _part(part: str) -> str:
@@ -518,6 +551,28 @@ def _stalled_cores_table(cores: list[StalledCores]) -> str:
     table = _table(header, rows, lambda row: bool(row[-1]))
     if len(cores) > TABLE_ROWS:
         table += f"<p class='meta'>{len(cores) - TABLE_ROWS} more not shown (report.json has them all).</p>"
+    return table
+
+
+def _stuck_table(stuck: list[StuckPosition]) -> str:
+    rows = [
+        (
+            p.slice,
+            p.worker,
+            p.instance,
+            p.step or "none yet",
+            p.phase,
+            p.frames,
+            utc(p.first),
+            utc(p.last),
+            "elsewhere than most" if p.elsewhere else "",
+        )
+        for p in stuck[:TABLE_ROWS]
+    ]
+    header = ("slice", "worker", "host", "step", "phase", "top frames (innermost first)", "first seen", "last seen", "")
+    table = _table(header, rows, lambda row: bool(row[-1]))
+    if len(stuck) > TABLE_ROWS:
+        table += f"<p class='meta'>{len(stuck) - TABLE_ROWS} more not shown (report.json has them all).</p>"
     return table
 
 
