@@ -9,7 +9,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: demo test perf fleet-scale image setup system-deps lint lock generate clean
+.PHONY: demo test perf fleet-scale hang-trials image setup system-deps lint lock generate clean
 
 demo: setup
 	rm -rf run/demo  # a fresh run each time: the workload resumes from checkpoints it finds
@@ -43,6 +43,11 @@ BOARD_HOURS ?= 24,24,6
 fleet-scale: setup system-deps
 	$(BIN)/tpuscope bench fleet-scale --fleet-hosts $(FLEET_HOSTS) --board-hours $(BOARD_HOURS) \
 	  $(if $(PEER_RULES),--peer-rules $(PEER_RULES)) --json run/fleet-scale.json
+
+# A 4-process job whose worker 1 hangs three ways, 10 trials each, at the deployed speed, and the slow clean runs
+# that must not page, with a real Prometheus on the rules (docs/failures.md, "A hung job"): about 45 minutes.
+hang-trials: setup system-deps
+	$(BIN)/tpuscope bench hangs --trials 10 --json run/hangs.json
 
 # The sidecar image (deploy/image/Containerfile), made from Debian's packages and the wheel, with no base image
 # or registry needed: localhost/tpuscope:VERSION, or deploy/image/build.sh NAME:TAG. docs/fleet.md.

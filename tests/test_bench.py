@@ -124,7 +124,7 @@ def test_a_fault_can_name_the_worker_it_hits() -> None:
     specs = ["straggler=8@2", "slow-io@1", "recompile=5"]
     straggler = Faults.parse(specs, worker=2, workers=4)
     assert straggler.values == {"straggler": 8.0, "recompile": 5.0}
-    assert straggler.anywhere == {"straggler", "slow-io", "recompile"}
+    assert straggler.anywhere == {"straggler": 8.0, "slow-io": 0.2, "recompile": 5.0}
     peer = Faults.parse(specs, worker=1, workers=4)
     assert peer.values == {"slow-io": 0.2, "recompile": 5.0} and "straggler" in peer.anywhere
     for bad in ("straggler@4", "straggler@x", "crash=1@-1", "straggler@", "slow-io@²"):
@@ -132,7 +132,9 @@ def test_a_fault_can_name_the_worker_it_hits() -> None:
             Faults.parse([bad], worker=0, workers=4)
     for alone in ("ckpt-fail@1", "recompile=5@0", "spill@2"):  # a job of one program and one barrier would hang
         with pytest.raises(
-            FaultError, match="only slow-io, stall, straggler, crash, oom, compile-error, bad-data can hit one worker"
+            FaultError,
+            match="only slow-io, stall, straggler, crash, oom, compile-error, bad-data, hang-input, hang-spin, "
+            "skip-collective can hit one worker",
         ):
             Faults.parse([alone], worker=0, workers=4)
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -32,6 +31,7 @@ from tpuscope.fleetsim.rules import scaled_rules_file
 from tpuscope.generator_config import GeneratorConfig
 from tpuscope.scrape import Scrape
 from tpuscope.testing import bench as testing_bench
+from tpuscope.testing.lines import Lines
 from tpuscope.testing.prometheus import PrometheusServer, target_of
 from tpuscope.testing.waiting import wait_for
 from tpuscope.workload.distributed import HEARTBEAT_TIMEOUT_S, of_worker
@@ -88,25 +88,18 @@ class Job:
         self.proc = subprocess.Popen(
             command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True
         )
-        self.lines: list[tuple[float, str]] = []
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self.lines.append((time.time(), line.rstrip("\n")))
+        self.lines = Lines(self.proc.stdout)
 
     def when(self, text: str) -> float | None:
         """When the first line containing ``text`` arrived."""
-        return next((t for t, line in self.lines if text in line), None)
+        return self.lines.when(text)
 
     def output(self) -> str:
-        return "\n".join(line for _, line in self.lines if "@ " not in line)[-6000:]
+        return "\n".join(line for line in self.lines.texts() if "@ " not in line)[-6000:]
 
     def wait(self, timeout: float) -> int:
         code = self.proc.wait(timeout)
-        self._reader.join(10)
+        self.lines.join()
         return code
 
     def kill(self) -> None:
@@ -257,7 +250,7 @@ def test_a_worker_crash_fails_the_job_in_bounded_time_and_the_rerun_resumes_ever
     assert code == 3, crashed.output()
     crash = crashed.when(f"[worker {crashing}] tpuscope bench: injected crash at step 25")
     assert crash is not None, crashed.output()
-    ended, summary = crashed.lines[-1]
+    ended, summary = crashed.lines.lines[-1]
     # The others end by themselves, aborted by JAX's coordination service (SIGABRT), not by the launcher's kill.
     assert not crashed.when(" still runs "), crashed.output()
     peers = [w for w in range(PROCESSES) if w != crashing]

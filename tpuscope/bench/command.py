@@ -20,22 +20,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "mode",
         nargs="?",
-        choices=["perf", "flood", "soak", "rule-cost", "fleet-scale"],
+        choices=["perf", "flood", "soak", "rule-cost", "fleet-scale", "hangs"],
         help="perf: benchmark tpuscope's own cost against its targets and its peers (table and JSON); "
         "flood: jobs sending at ten times the supported event rate against one sidecar, and what it held; "
         "soak: the workload, a sidecar and a real Prometheus for --minutes, then what was lost (nothing); "
         "rule-cost: what each group of one or more rules files costs Prometheus (samples read, seconds) on a "
         "backfilled fleet; fleet-scale: one sidecar's real series set on N hosts, with the rules, the dashboards' "
-        "queries and a peer's rules, against the budgets of docs/fleet.md",
+        "queries and a peer's rules, against the budgets of docs/fleet.md; hangs: a 4-process job whose worker 1 "
+        "hangs three ways, --trials times each, and the clean slow runs that must not page (issue 54's trials)",
     )
     parser.add_argument(
         "--perf-json",
         "--json",
         type=Path,
-        help="perf, flood, soak, rule-cost, fleet-scale: where the JSON goes (default run/perf.json, "
-        "run/flood.json, run/soak.json, run/rule-cost.json, run/fleet-scale.json)",
+        help="perf, flood, soak, rule-cost, fleet-scale, hangs: where the JSON goes (default run/perf.json, "
+        "run/flood.json, run/soak.json, run/rule-cost.json, run/fleet-scale.json, run/hangs.json)",
     )
     parser.add_argument("--seconds", type=float, default=30.0, help="flood: how long to flood (default %(default)s)")
+    parser.add_argument("--trials", type=int, default=10, help="hangs: trials of each way (default %(default)s)")
     parser.add_argument("--minutes", type=float, default=10.0, help="soak: how long to run (default %(default)s)")
     parser.add_argument("--tiny", action="store_true", help="perf: a seconds-long run (tests), figures not meaningful")
     parser.add_argument(
@@ -109,6 +111,10 @@ def main(args: argparse.Namespace) -> int:
         from tpuscope.bench import rule_cost
 
         return rule_cost.run(args)
+    if args.mode == "hangs":
+        from tpuscope.bench import hangs
+
+        return hangs.run(args)
     if args.mode == "fleet-scale":
         from tpuscope.bench import fleet_scale
 

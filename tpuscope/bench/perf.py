@@ -213,8 +213,34 @@ def job_side(report: Report, size: Size, sidecar: SidecarProcess, workdir: Path)
             + (f" ({would_block:,} sends found the buffer full)" if would_block else ""),
         ),
     )
+    hang_watch_cost(report, size, sidecar)
     annotation_cost(report, size, workdir)
     capture_cost(report, size, sidecar, workdir, step)
+
+
+def hang_watch_cost(report: Report, size: Size, sidecar: SidecarProcess) -> None:
+    """What keeping the position for the sidecar's hang verdict adds to a step (its stores into the mapped
+    record): the empty instrumented step with the hang watch on and off, side by side, alternated, best of each."""
+    calls = max(200, size.emits // 4)
+    best = {True: float("inf"), False: float("inf")}
+    with (
+        Monitor("perf-hang-on", socket=sidecar.socket, traces=False, profile_period="off", hang_watch=True) as on,
+        Monitor("perf-hang-off", socket=sidecar.socket, traces=False, profile_period="off", hang_watch=False) as off,
+    ):
+        for _ in range(3):
+            for watched, monitor in ((True, on), (False, off)):
+                best[watched] = min(best[watched], direct_cost(monitor, steps=calls))
+    report.add(
+        ratio(
+            "instrumented step, hang watch on / off",
+            best[True] * 1e6,
+            best[False] * 1e6,
+            "us",
+            note="a step of three phases and its event; on: the position stored into the mapped record at each "
+            "boundary (17 stores of a double)",
+        ),
+        Figure("  hang watch's cost per step", (best[True] - best[False]) * 1e6, "us", "<= 0.5"),
+    )
 
 
 class _Clocked:

@@ -112,6 +112,7 @@ class PrometheusServer(ServerProcess):
         scrape_interval: str = "1s",
         binary: str = "prometheus",
         *,
+        evaluation_interval: str = "",
         labels: dict[str, str] | None = None,
         rule_files: list[Path] = (),  # type: ignore[assignment]
         alertmanager: str = "",
@@ -128,10 +129,14 @@ class PrometheusServer(ServerProcess):
         command line (``--web.enable-remote-write-receiver`` for a central one). No targets: it scrapes nothing.
         ``discovered``: the targets come from a file (file_sd) that :meth:`discover` rewrites, as a pod's target
         comes and goes with the pod; otherwise they are static, listed even while down. ``scrape_configs``: scrape
-        jobs of the caller's own, beside (or, with no targets, instead of) the tpuscope one."""
+        jobs of the caller's own, beside (or, with no targets, instead of) the tpuscope one. ``evaluation_interval``:
+        the rules', where it is not the scrapes'."""
         workdir.mkdir(parents=True, exist_ok=True)
         config: dict[str, Any] = {
-            "global": {"scrape_interval": scrape_interval, "evaluation_interval": scrape_interval},
+            "global": {
+                "scrape_interval": scrape_interval,
+                "evaluation_interval": evaluation_interval or scrape_interval,
+            },
             # Prometheus reads rule_files relative to its config file, which lives in workdir: absolute paths.
             "rule_files": [str(Path(rule_file).resolve()) for rule_file in rule_files],
         }

@@ -37,6 +37,7 @@ class Checkpointer:
         options = ocp.CheckpointManagerOptions(max_to_keep=2, enable_async_checkpointing=async_save)
         self._manager = ocp.CheckpointManager(self.directory, options=options)
         self._waiter: threading.Thread | None = None
+        self._delay = 0.0  # the save under way's slow storage (the slow-save fault)
 
     def restore_latest(self, like: Any) -> tuple[Any, int] | None:
         """The latest saved state (shaped and sharded like ``like``) and its step, or None."""
@@ -54,7 +55,10 @@ class Checkpointer:
     def due(self, step: int) -> bool:
         return self.every > 0 and (step + 1) % self.every == 0
 
-    def save(self, step: int, state: Any) -> None:
+    def save(self, step: int, state: Any, delay: float = 0.0) -> None:
+        """Save ``state`` as ``step``; ``delay``: seconds the storage takes beyond the write (the ``slow-save``
+        fault), inside the save."""
+        self._delay = delay
         self._wait()  # one save in flight at a time, as Orbax itself requires
         started = time.perf_counter()
         if self._async:
@@ -77,6 +81,7 @@ class Checkpointer:
             logging.getLogger("tpuscope.bench").warning("checkpoint at step %d failed: %s", step, e)
 
     def _save(self, step: int, state: Any) -> None:
+        time.sleep(self._delay)
         if self._fail:
             time.sleep(0.01)
             raise InjectedCheckpointFailure(f"injected checkpoint failure at step {step}")

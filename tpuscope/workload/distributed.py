@@ -31,6 +31,7 @@ class Process:
     coordinator: str  # host:port of process 0's coordination service
     processes: int
     process_id: int
+    heartbeat_timeout: float = HEARTBEAT_TIMEOUT_S
 
 
 def initialize(process: Process) -> None:
@@ -43,7 +44,7 @@ def initialize(process: Process) -> None:
         process.coordinator,
         num_processes=process.processes,
         process_id=process.process_id,
-        heartbeat_timeout_seconds=HEARTBEAT_TIMEOUT_S,
+        heartbeat_timeout_seconds=round(process.heartbeat_timeout),
     )
 
 

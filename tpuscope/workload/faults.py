@@ -20,16 +20,27 @@ DEFAULTS = {
     "compile-error": -1.0,
     "bad-data": -1.0,
     "spill": 0.0,
+    # Hangs (tpuscope.workload.hangs): the step a worker hangs at, for good; -1: half the run.
+    "hang-input": -1.0,
+    "hang-spin": -1.0,
+    "skip-collective": -1.0,
+    # Long but healthy (tpuscope.workload.hangs), in seconds: none may read as a hang.
+    "eval": 300.0,
+    "slow-save": 180.0,
+    "slow-compile": 120.0,
+    "slow-steps": 40.0,
 }
 # The faults that end the run at a step (their value; -1: half the run), each its own way, for the failure
 # reasons they land under (tpuscope.reasons): crash (other), oom, compile-error, bad-data.
 FAILING = ("crash", "oom", "compile-error", "bad-data")
+# The faults that hang a worker at a step (their value; -1: half the run), each its own way.
+HANGING = ("hang-input", "hang-spin", "skip-collective")
 
 
 # The faults one worker can have alone. The others would break the job rather than show a fault: a worker that
 # alone skips its saves leaves its peers in Orbax's barrier, one that alone recompiles to another sequence length
 # runs another program than its peers.
-PER_WORKER = ("slow-io", "stall", "straggler", *FAILING)
+PER_WORKER = ("slow-io", "stall", "straggler", *FAILING, *HANGING)
 
 
 class FaultError(ValueError):
@@ -38,16 +49,18 @@ class FaultError(ValueError):
 
 @dataclass(frozen=True)
 class Faults:
-    """The faults of this process (``values``), and the names of those any worker of its job has (``anywhere``):
-    a straggler's extra work is in the one program every process runs, so each must know that someone has it."""
+    """The faults of this process (``values``), and those any worker of its job has, with their values
+    (``anywhere``): a straggler's extra work is in the one program every process runs, and every process enters
+    the barrier one skips, so each must know that someone has it, and where."""
 
     values: dict[str, float]
-    anywhere: frozenset[str] = field(default_factory=frozenset)
+    anywhere: dict[str, float] = field(default_factory=dict)
 
     @classmethod
     def parse(cls, specs: list[str], worker: int = 0, workers: int = 1) -> Faults:
         """The faults ``specs`` give worker ``worker`` of a job of ``workers`` processes."""
-        values, anywhere = {}, set()
+        values: dict[str, float] = {}
+        anywhere: dict[str, float] = {}
         for spec in specs:
             fault, at, target = spec.partition("@")
             name, _, value = fault.partition("=")
@@ -61,10 +74,10 @@ class Faults:
                 raise FaultError(f"{spec!r}: only {', '.join(PER_WORKER)} can hit one worker (@WORKER)")
             if at and not (target.isdecimal() and int(target) < workers):
                 raise FaultError(f"{spec!r}: @WORKER must be a worker of the job, 0 to {workers - 1}")
-            anywhere.add(name)
+            anywhere[name] = number
             if not at or int(target) == worker:
                 values[name] = number
-        return cls(values, frozenset(anywhere))
+        return cls(values, anywhere)
 
     def __contains__(self, name: str) -> bool:
         return name in self.values

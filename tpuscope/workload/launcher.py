@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -41,6 +42,9 @@ def launch(args: argparse.Namespace) -> int:
         print("tpuscope bench: --processes needs the command line (run it as `tpuscope bench`)", file=sys.stderr)
         return 2
     socket: Path = args.socket or events.default_socket_path()
+    # A SIGTERM (timeout, a scheduler) ends the launcher through its cleanup: a worker hung by a fault would
+    # otherwise outlive it, for good.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     with ExitStack() as sidecars:
         urls = []
         for worker in range(args.processes):

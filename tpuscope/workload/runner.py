@@ -102,6 +102,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     jax_flags.add_argument(
         "--coordinator", metavar="HOST:PORT", help="with --process-id: where process 0 runs the job's coordinator"
     )
+    jax_flags.add_argument(
+        "--heartbeat-timeout",
+        type=float,
+        default=distributed.HEARTBEAT_TIMEOUT_S,
+        metavar="SECONDS",
+        help="with --processes: seconds without a process's heartbeats before the others are aborted (default "
+        "%(default)s: a failure ends the job soon; a hung process still beats, so hang trials on a loaded machine "
+        "take JAX's 100)",
+    )
     jax_flags.add_argument("--d-model", type=int, default=64, help="model width (default %(default)s)")
     jax_flags.add_argument("--layers", type=int, default=2, help="transformer layers (default %(default)s)")
     jax_flags.add_argument("--heads", type=int, default=4, help="attention heads (default %(default)s)")
@@ -143,7 +152,7 @@ def run(args: argparse.Namespace, body: Body | None = None) -> int:
         return launcher.launch(args)
     if process_id is None:
         return _run(args, body, faults)
-    job = distributed.Process(args.coordinator, processes, process_id)
+    job = distributed.Process(args.coordinator, processes, process_id, args.heartbeat_timeout)
     try:
         code = _run(args, body, faults, job)
     except KeyboardInterrupt:

@@ -17,6 +17,7 @@ around it is ``other``.
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 from collections.abc import Callable, Iterator
@@ -27,6 +28,7 @@ from typing import Any
 
 from tpuscope.tracing import Monitor
 from tpuscope.workload.faults import FAILING, Faults
+from tpuscope.workload.hangs import Hangs
 
 CPU_DEVICES_FLAG = "--xla_force_host_platform_device_count"
 
@@ -135,6 +137,7 @@ class Workload:
         self.data = TokenPipeline(self.trainer.local_batch, options.vocab, latency=latency)  # this process's rows
         self._flops: dict[int, float] = {}
         self.resumed_from: int | None = None
+        self._hangs = Hangs(faults, 0, options.steps, log)  # where the hang faults strike (set again by run)
 
     def run(self, progress: Callable[[int], None] | None = None, instrumented: Iterator[bool] | None = None) -> None:
         """Train to ``options.steps``, resuming from the latest checkpoint if there is one.
@@ -161,6 +164,7 @@ class Workload:
         }
         self._stall_at = (start + options.steps) // 2 if "stall" in faults else None
         self._straggle_from = start + (options.steps - start) // 3
+        self._hangs = hangs = Hangs(faults, start, options.steps, self.log)
         for n in range(start, options.steps):
             if n == self._fail_at.get("crash"):
                 raise InjectedCrash(f"injected crash at step {n}")
@@ -177,18 +181,23 @@ class Workload:
                     if not (injected := [name for name, at in self._fail_at.items() if at == n]):
                         raise
                     raise InjectedCrash(f"injected {', '.join(injected)} at step {n}: {e}") from e
+            hangs.between_steps(n, functools.partial(self._evaluate, state))
             if self.checkpoints.due(n):
                 self.checkpoints.save(n, state)
             if n % 10 == 0:
                 self._report_memory()
             if progress:
                 progress(n)
+        if "slow-save" in faults and start < options.steps:  # the final save, on slow storage
+            self.checkpoints.save(options.steps, state, delay=faults.get("slow-save"))
 
     def _step(self, step: Any, n: int, state: Any, seq_len: int) -> Any:
         """One training step, its phases timed on ``step`` (a StepTimer, or a bare stand-in)."""
         trainer = self.trainer
         faults = self.options.faults
+        hangs = self._hangs
         with step.phase("io"):
+            hangs.before_input(n)
             if n == self._stall_at:  # the input pipeline hangs: no step ends for this long
                 self.log(f"stall: no steps for {faults.get('stall'):g} s")
                 time.sleep(faults.get("stall"))
@@ -207,20 +216,30 @@ class Workload:
         if self.options.fused:
             with step.phase("compute"):
                 state, _ = trainer.fused_step(state, batch)
+                hangs.slow_compute(n)
         else:
             with step.phase("compute"):
                 started = time.perf_counter()
                 grads, _ = trainer.grads(state, batch)
                 if "straggler" in faults and n >= self._straggle_from:  # this worker falls behind its peers
                     time.sleep((faults.get("straggler") - 1) * (time.perf_counter() - started))
+                hangs.slow_compute(n)
             with step.phase("sync"):
                 grads = trainer.all_reduce(grads)
             with step.phase("compute"):
                 state = trainer.apply(state, grads)
+        hangs.after_compute(n)
+        hangs.in_sync(n, step)
         if seq_len not in self._flops:  # a new shape: its programs were just compiled
             self._analyse(state, batch, seq_len)
         step.flops = self._flops[seq_len]
         return state
+
+    def _evaluate(self, state: Any) -> float:
+        """One program of an eval loop (the ``eval`` fault): a batch's loss, as a job's eval computes it."""
+        batch = self.trainer.put_batch(self.data.next(self.options.seq_len))
+        _, loss = self.trainer.grads(state, batch)
+        return float(loss.mean())
 
     def _seq_len(self, n: int) -> int:
         """The batch's sequence length: fixed, or a new one every N steps under the ``recompile`` fault."""
