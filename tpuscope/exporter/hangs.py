@@ -30,7 +30,6 @@ import logging
 import mmap
 import os
 import socket
-import stat
 import sys
 import time
 from collections.abc import Callable, Hashable
@@ -40,6 +39,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from tpuscope import catalog, durations, events, positions
+from tpuscope.exporter import job_directory
 from tpuscope.exporter.otlp_logs import VerdictLogs
 from tpuscope.thresholds import Thresholds
 
@@ -106,8 +106,7 @@ class HangWatch:
         otlp: VerdictLogs | None = None,
     ) -> None:
         self.directory = positions.directory(socket_path)
-        # As the profile spool: those allowed to connect may create and remove files here, not list them.
-        self._mode = 0o700 | (0o030 if socket_mode & 0o020 else 0)
+        self._mode = job_directory.mode_for(socket_mode)
         self._metrics = metrics
         self.limits = limits
         self._host = host_labels
@@ -122,12 +121,7 @@ class HangWatch:
     def start(self) -> bool:
         """Make the records' directory (before the socket accepts: a Monitor looks for it when it connects)."""
         try:
-            try:
-                os.mkdir(self.directory, self._mode)
-            except FileExistsError:
-                if not stat.S_ISDIR(os.lstat(self.directory).st_mode):
-                    raise NotADirectoryError(f"{self.directory} exists and is not a directory") from None
-            os.chmod(self.directory, self._mode)
+            job_directory.make(self.directory, self._mode)
         except OSError as e:
             log.warning("hang diagnosis is off: cannot make %s (%s)", self.directory, e)
             return False

@@ -52,6 +52,7 @@ from typing import Any
 import msgspec
 
 from tpuscope import catalog, events
+from tpuscope.exporter import job_directory
 
 log = logging.getLogger("tpuscope.exporter")
 
@@ -76,9 +77,7 @@ class ProfileService:
         self.spool = events.profile_spool(socket)
         self._serve = serve  # a parsed capture, for its workload: into the metrics, on the aggregator's thread
         self._nice = nice  # the parser's: 19 by default, so the training job's threads go first
-        # Those allowed to connect (the socket's owner, its group where --socket-mode admits it) may create and
-        # remove files here, but not list them.
-        self._mode = 0o700 | (0o030 if socket_mode & 0o020 else 0)
+        self._mode = job_directory.mode_for(socket_mode)
         parses = metrics[catalog.PROFILE_PARSES]
         self._parses = {result: parses.labels(result) for result in catalog.PROFILE_PARSE_RESULTS}
         self._seconds = metrics[catalog.PROFILE_PARSE_SECONDS]
@@ -91,7 +90,7 @@ class ProfileService:
     def start(self) -> bool:
         """Make the spool and start parsing; False (said once) where it cannot be made."""
         try:
-            self._make_spool()
+            job_directory.make(self.spool, self._mode)  # or taken over from a sidecar that died: its traces parsed
         except OSError as e:
             log.warning("device profiles: cannot make %s (%s): jobs take no captures", self.spool, e)
             return False
@@ -110,16 +109,6 @@ class ProfileService:
         if self._thread is not None:
             self._thread.join(timeout)
             shutil.rmtree(self.spool, ignore_errors=True)
-
-    def _make_spool(self) -> None:
-        """The spool, made or taken over from a sidecar that died (whose waiting traces are parsed); anything else
-        at its path is left alone."""
-        try:
-            os.mkdir(self.spool, self._mode)
-        except FileExistsError:
-            if not stat.S_ISDIR(os.lstat(self.spool).st_mode):
-                raise NotADirectoryError(f"{self.spool} exists and is not a directory") from None
-        os.chmod(self.spool, self._mode)  # mkdir's mode passes through the umask
 
     # --- the service's thread -------------------------------------------------------------------------------
     def _run(self) -> None:
