@@ -14,9 +14,7 @@ does not fit on this machine (64 hosts); what each test proves: docs/bench.md, "
 
 from __future__ import annotations
 
-import os
 import signal
-import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -31,7 +29,6 @@ from tpuscope.fleetsim.rules import scaled_rules_file
 from tpuscope.generator_config import GeneratorConfig
 from tpuscope.scrape import Scrape
 from tpuscope.testing import bench as testing_bench
-from tpuscope.testing.lines import Lines
 from tpuscope.testing.prometheus import PrometheusServer, target_of
 from tpuscope.testing.waiting import wait_for
 from tpuscope.workload.distributed import HEARTBEAT_TIMEOUT_S, of_worker
@@ -65,7 +62,7 @@ def sidecars(short_tmp: Path) -> Iterator[list[SidecarProcess]]:
             sidecar.stop()
 
 
-class Job:
+class Job(testing_bench.Running):
     """``tpuscope bench --processes 4`` running in its own process group, its output kept line by line with the
     time each line arrived."""
 
@@ -82,13 +79,7 @@ class Job:
             run_dir=directory / "run",
             compile_cache=shared / "xla-cache",
         )
-        # Without the tests' XLA_FLAGS (8 devices for the in-process tests), which would win over --cpu-devices.
-        env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-        env.update(XDG_CACHE_HOME=str(shared / "cache"), PYTHONUNBUFFERED="1", **PROFILE_PROMPTLY)
-        self.proc = subprocess.Popen(
-            command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True
-        )
-        self.lines = Lines(self.proc.stdout)
+        super().__init__(command, {"XDG_CACHE_HOME": str(shared / "cache"), **PROFILE_PROMPTLY})
 
     def when(self, text: str) -> float | None:
         """When the first line containing ``text`` arrived."""
@@ -96,16 +87,6 @@ class Job:
 
     def output(self) -> str:
         return "\n".join(line for line in self.lines.texts() if "@ " not in line)[-6000:]
-
-    def wait(self, timeout: float) -> int:
-        code = self.proc.wait(timeout)
-        self.lines.join()
-        return code
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        self.wait(30)
 
 
 def firing(prom: PrometheusServer) -> list[dict[str, str]]:

@@ -21,9 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -41,7 +39,6 @@ from tpuscope.bench.verdict import Check, check_lines, write_report
 from tpuscope.conventions import AlertName
 from tpuscope.stats import percentile
 from tpuscope.testing import bench as testing_bench
-from tpuscope.testing.lines import Lines
 from tpuscope.testing.prometheus import PrometheusServer, target_of
 from tpuscope.workload.distributed import of_worker
 from tpuscope.workload.launcher import WORKER_VARIABLE
@@ -105,7 +102,7 @@ class TrialResult:
         )
 
 
-class BenchJob:
+class BenchJob(testing_bench.Running):
     """``tpuscope bench --processes 4`` in its own process group, its output kept line by line with arrival times."""
 
     def __init__(self, directory: Path, workload: str, steps: int, *injected: str, model: tuple[str, ...] = ()) -> None:
@@ -123,22 +120,14 @@ class BenchJob:
             socket=directory / "events.sock",
             run_dir=directory / "run",
         )
-        env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}  # --cpu-devices decides
-        env["PYTHONUNBUFFERED"] = "1"
-        self.proc = subprocess.Popen(
-            command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True
-        )
-        self.lines = Lines(self.proc.stdout)
+        super().__init__(command)
         self._log = directory / "job.log"
 
     def output(self) -> str:
         return "\n".join(line for line in self.lines.texts() if "[Gloo]" not in line)[-4000:]
 
     def kill(self) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        self.proc.wait(30)
-        self.lines.join()
+        super().kill()
         self._log.write_text("\n".join(self.lines.texts()) + "\n")  # the whole output, for a failed run's why
 
 

@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+
+from tpuscope.testing.lines import Lines
 
 TIMEOUT_SECONDS = 300.0  # a JAX bench run of the tests' sizes takes under a minute; a hung one fails the test
 
@@ -44,3 +47,33 @@ def report(mode: str, *flags: str, directory: Path, timeout: float) -> dict[str,
     assert done.returncode == 0, done.stdout + done.stderr
     parsed: dict[str, Any] = json.loads(out_json.read_text())
     return parsed
+
+
+class Running:
+    """A bench ``command`` (:func:`command`) running in its own process group, its output kept line by line with
+    when each arrived. ``env`` adds to this process's environment, less the tests' XLA_FLAGS (8 in-process devices),
+    which would win over ``--cpu-devices``."""
+
+    def __init__(self, command: list[str], env: Mapping[str, str] | None = None) -> None:
+        environment = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+        environment.update(PYTHONUNBUFFERED="1", **(env or {}))
+        self.proc = subprocess.Popen(
+            command,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=environment,
+            start_new_session=True,
+        )
+        self.lines = Lines(self.proc.stdout)
+
+    def wait(self, timeout: float) -> int:
+        code = self.proc.wait(timeout)
+        self.lines.join()
+        return code
+
+    def kill(self) -> None:
+        """SIGKILL the whole group (every worker of ``--processes``), then wait for it."""
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.wait(30)
