@@ -76,7 +76,8 @@ def test_two_threads_stepping_one_monitor_book_no_lost_time(sidecar: SidecarProc
             thread.join()
     # Its connection closed after the last step: once the ingest has seen it go, every step has been booked.
     scrape = scrape_until(
-        sidecar.url, lambda s: s.has(catalog.STEPS.name, workload="threads") and not s.has(PROCESSES, workload="threads")
+        sidecar.url,
+        lambda s: s.has(catalog.STEPS.name, workload="threads") and not s.has(PROCESSES, workload="threads"),
     )
     assert scrape.value(catalog.STEPS.name, workload="threads") == 40
     seconds = booked(scrape, "threads")
