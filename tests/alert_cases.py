@@ -99,6 +99,49 @@ def workers(*compute: float, minutes: int = 30) -> dict[str, str]:
     return result
 
 
+def lockstep(
+    late: dict[int, float], minutes: int, sync: float = 0.05, blip: tuple[int, int, float] | None = None
+) -> dict[str, str]:
+    """Four workers of workload w (4 chips each) stepping together once a second, each step's input 0.05 s and
+    its collective wait ``sync``: worker ``i`` of ``late`` takes ``late[i]`` seconds longer over its input, which
+    its peers wait at the collective (``sync`` 0: a step jitted whole, whose wait the host does not see).
+    ``blip``: (worker, minute, seconds), that worker's input takes as much longer once."""
+    result: dict[str, str] = {}
+    for index in range(4):
+        where = place(index)
+        io = [0.05 * 60 + (late.get(index, 0.0) * 60)] * minutes
+        waits = [(sync + max(late.values(), default=0.0) - late.get(index, 0.0)) * 60] * minutes
+        if blip and sync:
+            worker, minute, seconds = blip
+            io[minute] += seconds if index == worker else 0.0
+            waits[minute] += 0.0 if index == worker else seconds
+        steps = [60.0] * minutes
+        duration = [60.0 + (max(late.values(), default=0.0) * 60)] * minutes
+        if blip:
+            duration[blip[1]] += blip[2]
+
+        def counter(increments: list[float]) -> str:
+            total, out = 0.0, ["0"]
+            for increment in increments:
+                total += increment
+                out.append(f"{total:g}")
+            return " ".join(out)
+
+        result |= {
+            s(c.STEPS, **where): counter(steps),
+            s(c.STEP_DURATION, "count", **where): counter(steps),
+            s(c.STEP_DURATION, "sum", **where): counter(duration),
+            s(c.STEP_PHASE_DURATION, "sum", phase="io", **where): counter(io),
+            s(c.WORKLOAD_DEVICES, accelerator="v5e", **where): f"4x{minutes}",
+            s(c.WORKLOAD_PROCESSES, **where): f"1x{minutes}",
+        }
+        if sync:
+            result[s(c.STEP_PHASE_DURATION, "sum", phase="sync", **where)] = counter(waits)
+        compute = [d - i - w for d, i, w in zip(duration, io, waits if sync else [0.0] * minutes, strict=True)]
+        result[s(c.STEP_PHASE_DURATION, "sum", phase="compute", **where)] = counter(compute)
+    return result
+
+
 PROFILED_STEP = 2.5  # seconds: one synchronous step, the same on every worker
 # Measured steps a sidecar's profile gauges are a mean of: 3 captures of 2 steps (a job older than issue 36's; one of
 # this version's captures measures 5).
@@ -112,18 +155,26 @@ def profiles(
     until: int = 10**6,
     running: bool = True,
     steps: int | None = MEAN_OF_STEPS,
+    held: range | None = None,
 ) -> dict[str, str]:
     """Device profiles of workers of one workload, captured every 10 minutes up to minute ``until`` (older
     ones go stale; their gauges stay): worker ``i`` computes ``parts[i][0]`` seconds of a step, waits
     ``parts[i][1]`` on collectives that no compute hides and idles the rest, each a mean over ``steps`` measured
     steps (None: a sidecar too old to say). ``running``: its processes are still connected (a finished job's
-    gauges linger too)."""
+    gauges linger too). ``held``: the minutes the gauges hold these parts (a slow capture's mean); every worker
+    has the first worker's parts at the others."""
     captured = " ".join(f"{min(minute, until) // 10 * 600}" for minute in range(minutes + 1))
     result = {}
     for index, (compute, collective) in enumerate(parts):
         where = place(index)
         seconds = {"compute": compute, "exposed_collective": collective, "idle": PROFILED_STEP - compute - collective}
-        result |= {s(c.PROFILE_TIME, part=part, **where): f"{value:g}x{minutes}" for part, value in seconds.items()}
+        usual = {"compute": parts[0][0], "exposed_collective": parts[0][1], "idle": PROFILED_STEP - sum(parts[0])}
+        result |= {
+            s(c.PROFILE_TIME, part=part, **where): f"{value:g}x{minutes}"
+            if held is None
+            else " ".join(f"{value if minute in held else usual[part]:g}" for minute in range(minutes + 1))
+            for part, value in seconds.items()
+        }
         result[s(c.PROFILE_STEP, **where)] = f"{PROFILED_STEP:g}x{minutes}"
         result[s(c.PROFILE_LAST_CAPTURE, **where)] = captured
         if steps is not None:
@@ -477,44 +528,64 @@ CASES = [
         "Workload w spends 50% of its step time waiting on collectives that no compute hides, in its sampled "
         "device profiles.",
     ),
+    # Issue 55: worker 2's input takes 0.3 s of each 1.25-second step where its peers' takes 0.05 s; they wait for it
+    # at the collective (0.3 s against its 0.05 s), 0.25 s a step each beyond the least: 0.75 worker-seconds a
+    # second, 15% of their steps, 3 chips of their 12 idle.
+    # Chronic: the straggler for over 60% of the hour.
     Case(
         AlertName.STRAGGLER,
         "warning",
-        "25m",
-        workers(1, 1, 2),
-        {**W, **HOST, "instance": "h2:9478", "slice": "0", "worker": "2", "source": "host"},
-        "Worker 2 (h2:9478, slice 0) of workload w takes 2.00x its workload's median compute time per step "
-        "(a straggler from 1.2x), timed on the host.",
+        "70m",
+        lockstep({2: 0.25}, minutes=70),
+        {**W, **HOST, **place(2), "source": "host"},
+        "Worker 2 (h2:9478, slice 0) of workload w has been its straggler for most of the last hour: its peers "
+        "waited for it at the collectives 3.00 chip-hours an hour (cause: input), 15% of their steps, timed on "
+        "the host.",
     ),
-    Case(AlertName.STRAGGLER, None, "25m", workers(1, 1, 1.1)),  # within the factor
-    # Issue 22: one fused step times the same on every host. Worker 3's devices compute twice as long as the
-    # others' and it arrives last at each collective: it hardly waits, the others wait for it.
+    # The same from its start, 30 minutes ago: not chronic yet (half the hour at most).
+    Case(AlertName.STRAGGLER, None, "30m", lockstep({2: 0.25}, minutes=30)),
+    # A blip: worker 2's input stalls a whole minute once (at minute 30). Its peers waited for it 3 worker-minutes,
+    # the straggler for 5 minutes of rates: never chronic.
+    Case(AlertName.STRAGGLER, None, "70m", lockstep({}, minutes=70, blip=(2, 30, 60.0))),
+    # Issue 22: one fused step times the same on every host, so the device profiles tell: worker 3's devices compute
+    # twice as long as the others' and it arrives last at each collective: it hardly waits, the others wait for it.
     Case(
         AlertName.STRAGGLER,
         "warning",
-        "25m",
-        {**workers(1, 1, 1, 1), **profiles((1, 1), (1, 1), (1, 1), (2, 0.02))},
+        "70m",
+        {**lockstep({}, minutes=70, sync=0.0), **profiles((1, 1), (1, 1), (1, 1), (2, 0.02), minutes=70)},
         {**W, **HOST, **place(3), "source": "profile"},
-        "Worker 3 (h3:9478, slice 0) of workload w takes 2.00x its workload's median compute time per step "
-        "(a straggler from 1.2x), in its sampled device profiles, and waits at collectives far less than its "
-        "peers, who wait for it.",
+        "Worker 3 (h3:9478, slice 0) of workload w has been its straggler for most of the last hour: its peers "
+        "waited for it at the collectives 11.76 chip-hours an hour (cause: compute), 73.5% of their steps, in the "
+        "sampled device profiles.",
     ),
-    Case(AlertName.STRAGGLER, None, "25m", workers(1, 1, 1, 1)),  # the same job unprofiled: no sign of it
+    Case(AlertName.STRAGGLER, None, "70m", lockstep({}, minutes=70, sync=0.0)),  # unprofiled: no sign of it
     # Issue 36: the same profiles, each a mean of one capture's 2 steps: not judged yet.
     Case(
         AlertName.STRAGGLER,
         None,
-        "25m",
-        {**workers(1, 1, 1, 1), **profiles((1, 1), (1, 1), (1, 1), (2, 0.02), steps=ONE_CAPTURE)},
+        "70m",
+        {
+            **lockstep({}, minutes=70, sync=0.0),
+            **profiles((1, 1), (1, 1), (1, 1), (2, 0.02), minutes=70, steps=ONE_CAPTURE),
+        },
     ),
     # More compute, but it waits at collectives as long as its peers: it holds nobody back.
-    Case(AlertName.STRAGGLER, None, "25m", {**workers(1, 1, 1, 1), **profiles((1, 1), (1, 1), (1, 1), (1.5, 1))}),
-    # Its last capture is 40 minutes old: stale.
     Case(
         AlertName.STRAGGLER,
         None,
-        "40m",
-        {**workers(1, 1, 1, 1, minutes=40), **profiles((1, 1), (1, 1), (1, 1), (2, 0.02), minutes=40, until=0)},
+        "70m",
+        {**lockstep({}, minutes=70, sync=0.0), **profiles((1, 1), (1, 1), (1, 1), (1.5, 1), minutes=70)},
+    ),
+    # One slow capture: the sidecar's mean of its last 3 holds it for 3 periods (30 minutes), half the hour.
+    Case(
+        AlertName.STRAGGLER,
+        None,
+        "70m",
+        {
+            **lockstep({}, minutes=70, sync=0.0),
+            **profiles((1, 1), (1, 1), (1, 1), (2, 0.02), minutes=70, held=range(20, 50)),
+        },
     ),
     Case(
         AlertName.LOW_DUTY_CYCLE,

@@ -304,6 +304,10 @@ CHECKPOINT_LAST_SUCCESS = _metric(
 PROFILE_GROUP = "Device profiles (sampled from device traces)"
 # The parts a profiled step's window splits into: they add up to tpuscope_profile_step_seconds.
 PROFILE_PARTS = ("compute", "exposed_collective", "idle")
+# Why a straggler is late, as the rules tell it (the label cause of the straggler's recorded series,
+# tpuscope.alerts.stragglers): its device compute, its input phase, its device idle the input does not explain
+# (dispatch, callbacks, a busy CPU), or none of those by half its lag.
+STRAGGLER_CAUSES = ("compute", "input", "host", "unknown")
 # The profile gauges are a mean over the measured steps of this many of the workload's latest captures that
 # measured something, those still fresh (conventions.PROFILE_FRESH_PERIODS): a capture measures a few steps
 # (5, at least 4), and one step's exposed collective time can differ from the next's by half (issue 36).

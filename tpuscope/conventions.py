@@ -14,6 +14,7 @@ import enum
 
 from tpuscope import catalog as c
 from tpuscope.goodput import PROMPT_BADPUT
+from tpuscope.goodput import STRAGGLER as STRAGGLER_CATEGORY
 
 # The sidecar's /metrics port: tpuscope's entry in Prometheus' default port allocations wiki page.
 DEFAULT_PORT = 9478
@@ -91,6 +92,27 @@ PHASE_SHARE = f"workload_phase:{c.STEP_PHASE_DURATION.name}:share5m"
 COMPUTE_PER_WORKER = f"worker:{c.STEP_PHASE_DURATION.name}:compute_mean5m"
 COMPUTE_MEDIAN = f"workload:{c.STEP_PHASE_DURATION.name}:compute_median5m"
 COMPUTE_OVER_MEDIAN = f"worker:{c.STEP_PHASE_DURATION.name}:compute_over_median5m"
+# Where a measure comes from, a label of the alerts and records that have two: the workload's fresh device
+# profiles, or the phases the job times on the host (tpuscope.alerts.recording.profile_rules).
+SOURCE = "source"
+# What a straggler costs (issue 55, tpuscope.alerts.stragglers): each worker's wait at the collectives per step (its
+# host-timed sync phase where its workload times one, else its profiled exposed collective), that wait beyond its
+# workload's least-waiting worker's over the last STRAGGLER_HISTORY, and per workload the waiting beyond the least a
+# second (worker-seconds, the goodput category "straggler"; chip-seconds, which are chips idle), and as a share of the
+# workers' steps.
+WAIT_PER_STEP = "worker:tpuscope_collective_wait_seconds:per_step"
+WAIT_BEYOND_LEAST = "worker:tpuscope_collective_wait_seconds:beyond_least"
+STRAGGLER_RATE = "workload:tpuscope_straggler_wait_seconds:rate5m"
+STRAGGLER_CHIPS = "workload:tpuscope_straggler_wait_chip_seconds:rate5m"
+STRAGGLER_SHARE = "workload:tpuscope_straggler_wait_seconds:share"
+# Per worker and cause, how much longer per step than its workload's median worker it spends in what would make it
+# late: device compute, the input phase, the device idle the input does not explain (the host).
+STRAGGLER_LAG = "worker_cause:tpuscope_straggler_lag_seconds:per_step"
+# The straggler now (the least-waiting worker of a workload whose share is over straggler_share), with its cause,
+# valued at the chips its peers keep waiting; and the share of the last STRAGGLER_HISTORY it was the straggler.
+STRAGGLER = "worker_cause:tpuscope_straggler_wait_chip_seconds:rate5m"
+STRAGGLER_HISTORY = "1h"
+STRAGGLER_CHRONIC = f"worker:tpuscope_straggler:ratio{STRAGGLER_HISTORY}"
 MEMORY_USED = f"device:{c.DEVICE_MEMORY_USED.name}:ratio_limit"
 # Per workload, its chips' peak FLOP/s: the fleet's MFU integrates it over the range, where it read every host's
 # peak at every point (2.1 s over 24 h of 1,000 hosts).
@@ -209,7 +231,7 @@ CHECKPOINT_LAST = f"workload:{c.CHECKPOINT_LAST_SUCCESS.name}:max"
 # The goodput SLO's bad time, a matcher on the category label: the categories booked as they happen. Productive
 # time is booked when a checkpoint covers it and other when a process ends: over a window with neither, counting
 # them would read all time bad (tpuscope.goodput.PROMPT_BADPUT).
-BADPUT_CATEGORIES = f'category=~"{"|".join(PROMPT_BADPUT)}"'
+BADPUT_CATEGORIES = f'category=~"{"|".join((*PROMPT_BADPUT, STRAGGLER_CATEGORY))}"'
 REQUESTS_FAST_RATE = f"workload:{c.INFERENCE_REQUEST_DURATION.name}_within_objective:rate5m"
 REQUESTS_RATE = f"workload:{c.INFERENCE_REQUEST_DURATION.name}_count:rate5m"
 # The period an SLO's error budget covers: the alerts' burn rates are multiples of the rate that spends the

@@ -31,6 +31,9 @@ CATEGORIES = ("productive", "compile", "io_wait", "checkpoint", "init", "lost", 
 # others are booked in lumps (productive when durable, other when a process ends), so a window without a
 # save or an end would read them as missing.
 PROMPT_BADPUT = ("compile", "io_wait", "checkpoint", "init", "lost", "downtime")
+# The category the recording rules book per workload, not the sidecar, which sees one worker only: its workers'
+# wait for a straggler beyond what they wait for each other, carved out of productive (docs/goodput.md).
+STRAGGLER = "straggler"
 
 Increments = list[tuple[str, float]]
 

@@ -40,6 +40,13 @@ class Thresholds:
     """Collective sync above this share of step time: the job is sync-bound (or waits on a straggler)."""
     straggler_factor: float = 1.2
     """A worker whose compute time per step is this many times its workload's median is a straggler."""
+    straggler_share: float = 0.05
+    """A workload whose workers wait for the slowest, beyond what they wait for each other, more than this share
+    of their steps has a straggler: the worker that waits least (docs/alerts.md, TpuscopeStraggler)."""
+    straggler_chronic: float = 0.6
+    """A worker that has been its workload's straggler for more than this share of the last hour is chronic: it
+    opens a ticket. One slow capture holds the profile gauges for 3 capture periods, half an hour at the default
+    period, and so can never reach it; a host-timed blip holds the 5-minute rates for 5 minutes."""
     profile_min_steps: float = 4
     """Measured steps a worker's device-profile gauges must be a mean of (tpuscope_profile_measured_steps) before
     the rules judge the worker by them, rather than by its host-timed phases: one step's exposed collective time

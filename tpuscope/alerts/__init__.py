@@ -32,6 +32,7 @@ from tpuscope.alerts.rules import (
     SLOW_INTERVAL,
     Alert,
 )
+from tpuscope.alerts.stragglers import straggler_rules
 from tpuscope.conventions import ALERT_PREFIX, OUR_ALERTS, AlertName
 from tpuscope.generator_config import GeneratorConfig
 from tpuscope.reasons import (
@@ -72,8 +73,14 @@ def rule_groups(config: GeneratorConfig) -> list[dict[str, Any]]:
         {"name": RECORDING_GROUP, "rules": recording_rules(config)},
         {"name": SLOW_GROUP, "interval": SLOW_INTERVAL, "rules": slo_ratios(config, slow=True)},
         # The hang records ahead of the alerts: TpuscopeWorkloadHung fires at once and names a worker from them
-        # (recording.hang_rules), so they must be of its own evaluation, which only its own group guarantees.
-        {"name": ALERTS_GROUP, "rules": hang_rules() + [alert.rule(config) for alert in alerts(config)]},
+        # (recording.hang_rules), so they must be of its own evaluation, which only its own group guarantees. The
+        # straggler's too: TpuscopeStraggler reads their history up to its own evaluation (alerts.stragglers).
+        {
+            "name": ALERTS_GROUP,
+            "rules": hang_rules()
+            + straggler_rules(config.thresholds)
+            + [alert.rule(config) for alert in alerts(config)],
+        },
     ]
 
 

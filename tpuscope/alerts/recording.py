@@ -71,12 +71,14 @@ from tpuscope.conventions import (
     STEP_MEAN,
     STEP_P99,
     STEPS_RATE,
+    STRAGGLER_RATE,
     UNBOOKED_RATE,
     WALL_ALL_RATE,
     WALL_RATE,
     XID_HOUR,
 )
 from tpuscope.generator_config import GeneratorConfig
+from tpuscope.goodput import STRAGGLER as STRAGGLER_CATEGORY
 from tpuscope.promql import PLACEMENT, RUN, WORKLOAD, add, grown, le, memory_available_ratio, series
 from tpuscope.thresholds import Thresholds
 
@@ -377,7 +379,7 @@ def slo_rules(config: GeneratorConfig) -> list[dict[str, str]]:
     unbooked = f"sum by ({WORKLOAD}) ({UNBOOKED_RATE})"
     bad = f"sum by ({WORKLOAD}) ({GOODPUT_RATE}{{{BADPUT_CATEGORIES}}})"
     rules = [
-        {"record": GOODPUT_RATE, "expr": per_workload("rate", series(c.GOODPUT), "5m", by=f"{WORKLOAD}, category")},
+        *goodput_rates(),
         {"record": WALL_RATE, "expr": per_workload("rate", series(c.GOODPUT_WALL), "5m")},
         # The goodput SLO's terms, each workload's once (the unbooked time of its workers summed here, not in
         # each window's ratio): a bad rate of 0 where nothing bad was booked, so that every window has both.
@@ -387,6 +389,20 @@ def slo_rules(config: GeneratorConfig) -> list[dict[str, str]]:
         {"record": REQUESTS_RATE, "expr": per_workload("rate", total, "5m")},
     ]
     return rules + slo_ratios(config, slow=False)
+
+
+def goodput_rates() -> list[dict[str, str]]:
+    """Each workload's goodput by category, a second a second: the sidecars' categories, and ``straggler`` (its
+    workers' wait for a straggler beyond what they wait for each other, which only the rules see,
+    :mod:`tpuscope.alerts.stragglers`) carved out of productive, so that the categories still add up to the wall
+    time. Productive is booked when durable and the straggler's wait as it happens: they add up over a window that
+    holds the save (docs/goodput.md)."""
+    by = f"{WORKLOAD}, category"
+    others = per_workload("rate", series(c.GOODPUT, 'category!="productive"'), "5m", by=by)
+    productive = per_workload("rate", series(c.GOODPUT, 'category="productive"'), "5m", by=by)
+    straggler = f'label_replace({STRAGGLER_RATE}, "category", "{STRAGGLER_CATEGORY}", "", "")'
+    carved = f"({productive} - on ({WORKLOAD}) group_left () {STRAGGLER_RATE} or {productive})"
+    return [{"record": GOODPUT_RATE, "expr": f"{others} or {carved} or {straggler}"}]
 
 
 def latency_requests(config: GeneratorConfig) -> tuple[str, str]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from tpuscope import catalog as c
 from tpuscope import durations, positions
+from tpuscope.alerts import stragglers
 from tpuscope.alerts.rules import (
     HOSTS_NAMED,
     THE_ALERTS_WORKLOAD,
@@ -17,7 +18,6 @@ from tpuscope.alerts.rules import (
 )
 from tpuscope.conventions import (
     COLLECTIVE_P99,
-    COMPUTE_OVER_MEDIAN,
     CORE_ELSEWHERE,
     HANG_ELSEWHERE,
     HANG_POSITION,
@@ -25,19 +25,19 @@ from tpuscope.conventions import (
     PHASE_SHARE,
     PROFILE_FRESH_SECONDS,
     PROFILE_MEDIAN,
-    PROFILE_OVER_MEDIAN,
     PROFILE_SHARE,
     RUNTIME_ERROR_WORKERS,
+    SOURCE,
     STEP_MEAN,
+    STRAGGLER,
+    STRAGGLER_CHRONIC,
+    STRAGGLER_HISTORY,
+    STRAGGLER_SHARE,
     AlertName,
     DashboardUID,
 )
 from tpuscope.generator_config import GeneratorConfig
 from tpuscope.promql import TARGET, WORKLOAD, series
-
-# Where a measure comes from, a label of the alerts that have two: the workload's fresh device profiles, or
-# the phases the job times on the host (tpuscope.alerts.recording.profile_rules).
-SOURCE = "source"
 
 
 def from_profiles_else_host(profiled: str, host: str, otherwise: str = "host") -> str:
@@ -86,6 +86,13 @@ def collective_spike(config: GeneratorConfig) -> str:
 # The worker of a stalled workload whose TPU cores sit elsewhere than most of its peers' (recording.core_state_rules),
 # as the stall's description names it: a Go template that queries the recorded series of the alert's workload.
 OF_THE_WORKLOAD = ", ".join(THE_ALERTS_WORKLOAD)
+# The straggler's cause and its peers' share of their steps spent waiting for it (tpuscope.alerts.stragglers).
+STRAGGLER_OF_WORKLOAD = (
+    f"{{{{ range {query_of_the_alerts_workload(f'{STRAGGLER}{{{OF_THE_WORKLOAD}}}')} }}}} (cause: "
+    "{{ .Labels.cause }}){{ end }}"
+    f"{{{{ range {query_of_the_alerts_workload(f'{STRAGGLER_SHARE}{{{OF_THE_WORKLOAD}}}')} }}}}, "
+    "{{ .Value | humanizePercentage }} of their steps{{ end }}"
+)
 CORE_ELSEWHERE_OF_WORKLOAD = (
     f"{{{{ range {query_of_the_alerts_workload(f'{CORE_ELSEWHERE}{{{OF_THE_WORKLOAD}}}')} }}}}"
     " Worker {{ .Labels.worker }} (slice {{ .Labels.slice }}, {{ .Labels.instance }}) has had its TPU cores at HLO "
@@ -266,32 +273,33 @@ def alerts(config: GeneratorConfig) -> list[Alert]:
         Alert(
             AlertName.STRAGGLER,
             "warning",
-            from_profiles_else_host(
-                # The straggler computes longest and so arrives last at each collective: it waits least there,
-                # while the others wait for it. Both together tell it from a worker that merely computes more.
-                f'max without (part) ({PROFILE_OVER_MEDIAN}{{part="compute"}}) > {t.straggler_factor:g}'
-                f' and ignoring (part) {PROFILE_OVER_MEDIAN}{{part="exposed_collective"}} < 1 / {t.straggler_factor:g}',
-                f"{COMPUTE_OVER_MEDIAN} > {t.straggler_factor:g}",
-            ),
-            "One worker is much slower than the rest of its workload.",
+            # Chronic: named in most of the last hour (tpuscope.alerts.stragglers), and in the last 5 minutes (a
+            # profile gone stale names no one); one series a worker whatever its cause, so that a cause that changes
+            # opens no second ticket.
+            f"{stragglers.cost_per_hour()} and on ({stragglers.WORKER}) {STRAGGLER_CHRONIC} > {t.straggler_chronic:g}"
+            f" and on ({stragglers.WORKER}) count_over_time({STRAGGLER}[5m])",
+            "One worker holds the rest of its workload back, chronically.",
             "Worker {{ $labels.worker }} ({{ $labels.instance }}, slice {{ $labels.slice }}) of workload "
-            '{{ $labels.workload }} takes {{ printf "%.2f" $value }}x its workload\'s median compute time per '
-            f"step (a straggler from {t.straggler_factor:g}x), "
-            + by_source(
-                "in its sampled device profiles, and waits at collectives far less than its peers, who wait for it",
-                "timed on the host",
-            )
+            "{{ $labels.workload }} has been its straggler for most of the last hour: its peers waited for it at "
+            'the collectives {{ printf "%.2f" $value }} chip-hours an hour'
+            + STRAGGLER_OF_WORKLOAD
+            + ", "
+            + by_source("in the sampled device profiles", "timed on the host")
             + ".",
             DashboardUID.JOB,
-            "10m",
-            "Every worker waits for it at each collective. Where the workload has fresh device profiles "
-            '(`source="profile"`: each worker\'s mean over the steps of its last '
-            f"{c.PROFILE_MEAN_CAPTURES} fresh captures, {t.profile_min_steps:g} steps at least) the worker's "
-            "profiled compute is over the factor times its workload's median "
-            'and its exposed collective time under the median divided by the factor; otherwise (`source="host"`) '
-            "its host-timed compute phase is over the factor times the median (a step jitted whole times the same "
-            "on every worker, so only profiles find its straggler). Check the host: thermal throttling, a failing "
-            "chip, a noisy neighbour. Cordon it and restart the job on a healthy host.",
+            "5m",
+            "Start from the cost and the cause. The cost is the chips kept idle: each worker's wait at the "
+            "collectives per step beyond its workload's least-waiting worker's, times its steps a second and its "
+            'chips (its host-timed sync phase where the workload times one, `source="host"`, else its profiled '
+            f'exposed collective time, `source="profile"`). The straggler is the least-waiting worker once its '
+            f"peers wait for it over {t.straggler_share:.0%} of their steps, and chronic once it has been so in "
+            f"over {t.straggler_chronic:.0%} of the last {STRAGGLER_HISTORY}: a blip (one slow step, one slow "
+            "capture) never is. The cause says where its extra time goes, against its workload's median worker: "
+            "`compute` (its devices compute longer: a slow or throttled chip, a different program; cordon the "
+            "node and restart elsewhere), `input` (its input phase: its data loader, its storage, its share of "
+            "the dataset), `host` (its devices idle on their host: dispatch, callbacks, a busy CPU; see the "
+            "host's CPU), `unknown` (none explains half its lag). The waiting is booked as the goodput category "
+            "`straggler` (docs/goodput.md).",
         ),
         Alert(
             AlertName.LOW_DUTY_CYCLE,

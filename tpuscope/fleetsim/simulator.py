@@ -43,7 +43,7 @@ from tpuscope import alerts, durations
 from tpuscope.bench.flood import status_mb
 from tpuscope.bench.soak import SIDECAR_RSS
 from tpuscope.bench.verdict import Check, check_lines, write_report
-from tpuscope.conventions import STEPS_RATE, AlertName
+from tpuscope.conventions import STEPS_RATE, STRAGGLER_HISTORY, AlertName
 from tpuscope.fleetsim import rules as fleet_rules
 from tpuscope.fleetsim.jobs import Host, Plan
 from tpuscope.generator_config import GeneratorConfig
@@ -131,15 +131,18 @@ def validate(s: Settings, config: GeneratorConfig) -> str:
     if s.chips < 1 or s.time_scale <= 0 or s.scrape_interval <= 0 or s.step_seconds <= 0:
         return "--chips, --time-scale, --scrape-interval and --step-time must be positive"
     if s.straggler_factor <= config.thresholds.straggler_factor:
-        return f"--straggler-factor must be above the alert's straggler_factor, {config.thresholds.straggler_factor:g}"
+        bound = config.thresholds.straggler_factor
+        return f"--straggler-factor must be above straggler_factor, the boards' straggler bound, {bound:g}"
     shortest = min(fleet_rules.ranges_ms(fleet_rules.scaled_groups(config, s.time_scale))) / 1000
     if shortest < SCRAPES_PER_WINDOW * s.scrape_interval:
         return (
             f"at --time-scale {s.time_scale:g} the shortest rate window is {shortest:g} s, under "
             f"{SCRAPES_PER_WINDOW} scrapes of {s.scrape_interval:g} s: lower the time scale or the scrape interval"
         )
-    # The faults come after the compile and a window; the straggler alert needs a window and its for: more.
-    needed = COMPILE_SECONDS + 2 * s.scaled(RATE_WINDOW) + s.scaled(STRAGGLER_FOR)
+    # The faults come after the compile and a window; the straggler alert needs a window, to be the straggler for
+    # its chronic share of the history, and its for: more.
+    chronic = s.scaled(STRAGGLER_HISTORY) * config.thresholds.straggler_chronic
+    needed = COMPILE_SECONDS + 2 * s.scaled(RATE_WINDOW) + chronic + s.scaled(STRAGGLER_FOR)
     if s.seconds < needed:
         return f"--seconds {s.seconds:g} is too short to see the straggler named: at least {needed:g} at this scale"
     return ""

@@ -1,0 +1,148 @@
+"""What a straggler costs, whether it is chronic, and why it is late: the recording rules (issue 55).
+
+In a synchronous step every worker waits at the collectives for the slowest. No sidecar can see that alone: each
+sees its own worker. Prometheus sees them all, so the rules book it:
+
+- each worker's wait at the collectives per step (:data:`WAIT_PER_STEP`): its host-timed ``sync`` phase where its
+  workload times one (every step, a blip too), else its profiled exposed collective time (a step jitted whole,
+  whose collectives only a device profile sees; sampled);
+- that wait beyond its workload's least-waiting worker's over the last :data:`STRAGGLER_HISTORY`
+  (:data:`WAIT_BEYOND_LEAST`): what it waits for the slowest beyond what the workers wait for each other anyway
+  (the transfer itself, the jitter that makes a different worker last at each step and averages out). The
+  straggler, last to arrive, waits least. The least of each worker's hour, not of its last 5 minutes: the least of
+  a few noisy 5-minute means lies below them all, and booked a clean job's jitter as straggler time (0.7 % of a
+  4-process job's steps on this machine's CPU); an hour's means hardly differ. A worker's wait below that least
+  (the jitter again) counts below zero, so that the jitter cancels; a workload's sum below zero books nothing;
+- per workload, that waiting a second: in worker-seconds (the goodput category ``straggler``, carved out of
+  productive by :func:`goodput_rules`), in chip-seconds (chips idle, on average, for the straggler), and as a
+  share of the workers' steps;
+- the straggler: the least-waiting worker of a workload whose share is over ``straggler_share``, valued at the
+  chips its peers keep waiting, with its cause (:data:`STRAGGLER_LAG`): the part of its step, against its
+  workload's median worker, that explains half its peers' median lag behind it or more, the longest such:
+  device ``compute`` (profiled, else host-timed), ``input`` (the host-timed io phase), ``host`` (profiled device
+  idle beyond what the input explains: dispatch, callbacks, a busy CPU), else ``unknown``;
+- the share of the last :data:`STRAGGLER_HISTORY` in which each worker was the straggler: TpuscopeStraggler opens
+  its ticket over ``straggler_chronic``, valued at :func:`cost_per_hour`.
+"""
+
+from __future__ import annotations
+
+from tpuscope import catalog as c
+from tpuscope.conventions import (
+    PROFILE_FRESH,
+    SOURCE,
+    STRAGGLER,
+    STRAGGLER_CHIPS,
+    STRAGGLER_CHRONIC,
+    STRAGGLER_HISTORY,
+    STRAGGLER_LAG,
+    STRAGGLER_RATE,
+    STRAGGLER_SHARE,
+    WAIT_BEYOND_LEAST,
+    WAIT_PER_STEP,
+)
+from tpuscope.promql import WORKLOAD, series
+from tpuscope.thresholds import Thresholds
+
+# One worker, as its sidecar's target and its placement name it: the alert names its instance.
+WORKER = f"{WORKLOAD}, job, instance, slice, worker"
+# How many evaluations the history holds: a subquery's steps are the global evaluation interval, the recording
+# group's.
+EVALUATIONS = f"scalar(count_over_time(vector(1)[{STRAGGLER_HISTORY}:]))"
+COMPUTE, INPUT, HOST, UNKNOWN = c.STRAGGLER_CAUSES
+# A cause explains the straggler's lag when its part of the step is at least this share of the lag.
+EXPLAINS = 0.5
+
+
+def per_step(phase: str) -> str:
+    """Each worker's host-timed ``phase`` per step, over 5 minutes."""
+    total = series(c.STEP_PHASE_DURATION, f'phase="{phase}"', suffix="sum")
+    steps = series(c.STEP_DURATION, suffix="count")
+    return f"(sum by ({WORKER}) (rate({total}[5m])) / sum by ({WORKER}) (rate({steps}[5m])))"
+
+
+def profiled(part: str) -> str:
+    """Each worker's fresh profiled ``part`` per step (and device)."""
+    return f'max by ({WORKER}) ({PROFILE_FRESH}{{part="{part}"}})'
+
+
+def labelled(expr: str, label: str, value: str) -> str:
+    return f'label_replace({expr}, "{label}", "{value}", "", "")'
+
+
+def beyond_median(expr: str) -> str:
+    """Each worker's ``expr`` less its workload's median worker's."""
+    return f"({expr} - on ({WORKLOAD}) group_left () quantile by ({WORKLOAD}) (0.5, {expr}))"
+
+
+def straggler_rules(t: Thresholds) -> list[dict[str, str]]:
+    """The records of what a straggler costs and why (the module's docstring), in the order they read each other."""
+    host_wait = f"({per_step('sync')} > 0)"
+    profile_wait = f"{profiled('exposed_collective')} unless on ({WORKLOAD}) {host_wait}"
+    steps_rate = f"sum by ({WORKER}) (rate({series(c.STEPS)}[5m]))"
+    devices = f"max by ({WORKER}) ({series(c.WORKLOAD_DEVICES)})"
+    step = per_step_duration()
+    beyond_rate = f"{WAIT_BEYOND_LEAST} * on ({WORKER}) group_left () {steps_rate}"
+    # The device compute where profiled, else host-timed (which, in a step jitted whole, holds the wait too).
+    compute = f"({profiled('compute')} or {per_step('compute')} unless on ({WORKLOAD}) {profiled('compute')})"
+    idle_beyond_input = f"({profiled('idle')} - on ({WORKER}) ({per_step('io')} or {profiled('idle')} * 0))"
+    lags = " or ".join(
+        labelled(beyond_median(expr), "cause", cause)
+        for cause, expr in ((COMPUTE, compute), (INPUT, per_step("io")), (HOST, idle_beyond_input))
+    )
+    now = (
+        f"bottomk by ({WORKLOAD}) (1, {WAIT_PER_STEP}) and on ({WORKLOAD}) ({STRAGGLER_SHARE} > {t.straggler_share:g})"
+    )
+    # The peers' lag behind the straggler: the median worker's wait beyond the least (the straggler's own is 0, so
+    # with one straggler the median is a peer's; a max would take the noisiest peer's).
+    lag = f"quantile by ({WORKLOAD}) (0.5, {WAIT_BEYOND_LEAST})"
+    explained = (
+        f"topk by ({WORKLOAD}) (1, ({STRAGGLER_LAG} and on ({WORKER}) ({now}))"
+        f" >= on ({WORKLOAD}) group_left () ({EXPLAINS:g} * {lag}))"
+    )
+    costing = f"(({now}) * 0 + on ({WORKLOAD}) group_left () {STRAGGLER_CHIPS})"
+    return [
+        {
+            "record": WAIT_PER_STEP,
+            "expr": f"{labelled(host_wait, SOURCE, 'host')} or {labelled(profile_wait, SOURCE, 'profile')}",
+        },
+        {
+            "record": WAIT_BEYOND_LEAST,
+            # A worker younger than the subquery's first 5-minute step has no hour yet: its wait now stands in.
+            "expr": f"{WAIT_PER_STEP} - on ({WORKLOAD}) group_left () min by ({WORKLOAD})"
+            f" (avg_over_time({WAIT_PER_STEP}[{STRAGGLER_HISTORY}:5m]) or {WAIT_PER_STEP})",
+        },
+        {"record": STRAGGLER_RATE, "expr": f"clamp_min(sum by ({WORKLOAD}) ({beyond_rate}), 0)"},
+        {
+            "record": STRAGGLER_CHIPS,
+            "expr": f"clamp_min(sum by ({WORKLOAD}) ({beyond_rate} * on ({WORKER}) group_left () {devices}), 0)",
+        },
+        {
+            "record": STRAGGLER_SHARE,
+            "expr": f"sum by ({WORKLOAD}) ({WAIT_BEYOND_LEAST})"
+            f" / sum by ({WORKLOAD}) ({step} and on ({WORKER}) {WAIT_BEYOND_LEAST})",
+        },
+        {"record": STRAGGLER_LAG, "expr": lags},
+        {
+            "record": STRAGGLER,
+            "expr": f"{costing} * on ({WORKER}) group_left (cause) ({explained} * 0 + 1)"
+            f" or {labelled(f'{costing} unless on ({WORKLOAD}) {explained}', 'cause', UNKNOWN)}",
+        },
+        {  # of the whole window: a job younger than it, straggled from its start, is not chronic yet
+            "record": STRAGGLER_CHRONIC,
+            "expr": f"clamp_max(sum by ({WORKER}) (count_over_time({STRAGGLER}[{STRAGGLER_HISTORY}]))"
+            f" / {EVALUATIONS}, 1)",
+        },
+    ]
+
+
+def per_step_duration() -> str:
+    """Each worker's mean step, over 5 minutes."""
+    total, steps = (series(c.STEP_DURATION, suffix=suffix) for suffix in ("sum", "count"))
+    return f"(sum by ({WORKER}) (rate({total}[5m])) / sum by ({WORKER}) (rate({steps}[5m])))"
+
+
+def cost_per_hour() -> str:
+    """Each worker's cost as the straggler over the last :data:`STRAGGLER_HISTORY`: its peers' chip-hours spent
+    waiting for it, an hour (the chips its straggling kept idle, on average)."""
+    return f"sum by ({WORKER}, {SOURCE}) (sum_over_time({STRAGGLER}[{STRAGGLER_HISTORY}])) / {EVALUATIONS}"
