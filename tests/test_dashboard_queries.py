@@ -106,6 +106,7 @@ def fleet(at: int) -> Fleet:
             running(f, {**host, **train}, "v5e", CHIPS * V5E, start, end)
         devices(f, second, LIBTPU, "v5e", TRAIN_CHIP, -1680, 0)
         profiled(f, {**second, **train}, STRAGGLER_PROFILE if worker == STRAGGLER else PEER_PROFILE)
+        straggled(f, {**second, **train}, worker)
     for worker in range(2):
         pod = job_pod(f, "tune", str(worker), {-2400: "Running"}, 0)
         host = f.sidecar(f"tune-{worker}:9478", pod, "0", str(worker), -2400, 0, topology=TUNE_TOPOLOGY)
@@ -241,6 +242,30 @@ PEER_PROFILE = {"compute": 0.08, "exposed_collective": 0.05, "idle": 0.01}
 STRAGGLER_PROFILE = {"compute": 0.12, "exposed_collective": 0.01, "idle": 0.01}
 CAPTURES = (-1200, -600)  # when the sidecars received each capture
 CAPTURE_SECONDS, CAPTURE_BYTES = 0.3, 360e3
+
+
+# What the straggler costs, as the rules record it from those profiles (tpuscope.alerts.stragglers): each peer waits
+# 0.04 s a step beyond the straggler, at a step each 0.14 s, on 4 chips, once an evaluation (a minute) from the first
+# capture on.
+BEYOND = PEER_PROFILE["exposed_collective"] - STRAGGLER_PROFILE["exposed_collective"]
+STEPS_PER_SECOND = 1 / sum(PEER_PROFILE.values())
+STRAGGLED_RATE = 3 * BEYOND * STEPS_PER_SECOND  # worker-seconds a second
+EVALUATION = 60  # the served Prometheus' global evaluation interval, its default
+
+
+def straggled(f: Fleet, labels: dict[str, str], worker: int) -> None:
+    first, end = CAPTURES[0], 0
+    kept = ("namespace", "jobset", "workload", "job", "instance", "slice", "worker")  # the rules' by (...)
+    where = {k: v for k, v in labels.items() if k in kept}
+    beyond = 0.0 if worker == STRAGGLER else BEYOND
+    f.series(conventions.WAIT_BEYOND_LEAST, {**where, "source": "profile"}, first, end, constant(beyond), EVALUATION)
+    if worker == STRAGGLER:
+        straggler = {**where, "source": "profile", "cause": "compute"}
+        f.series(conventions.STRAGGLER, straggler, first, end, constant(STRAGGLED_RATE * CHIPS), EVALUATION)
+    if worker == 0:
+        workload = {k: v for k, v in where.items() if k in ("namespace", "jobset", "workload")}
+        f.series(conventions.STRAGGLER_RATE, workload, first, end, constant(STRAGGLED_RATE), EVALUATION)
+        f.series(conventions.STRAGGLER_CHIPS, workload, first, end, constant(STRAGGLED_RATE * CHIPS), EVALUATION)
 
 
 def profiled(f: Fleet, labels: dict[str, str], parts: dict[str, float]) -> None:
@@ -444,6 +469,22 @@ def test_the_device_profile_tells_the_straggler_apart_in_a_fused_step(prometheus
     each = "Device profile: each worker's compute and collective wait per step"
     assert values(prometheus, ONCALL, each, "A", workload="train", by=("worker",)) == compute
     assert values(prometheus, ONCALL, each, "B", workload="train", by=("worker",)) == waiting
+
+
+def test_what_the_straggler_costs_on_job_debug_and_the_fleet(prometheus: tuple[PrometheusAPI, int]) -> None:
+    """Worker 2's 3 peers wait 0.04 s a step beyond it, at 7 steps a second, on 4 chips: 3.4 chips kept waiting,
+    for the last 20 minutes of the hour. The straggler is worker 2, its cause its devices' compute."""
+    title = "What stragglers cost: chips kept waiting, and the straggler's cause"
+    chips = STRAGGLED_RATE * CHIPS
+    assert values(prometheus, JOB, title, "A", workload="train", by=("workload",)) == {("train",): pytest.approx(chips)}
+    named = values(prometheus, JOB, title, "B", workload="train", by=("worker", "cause"))
+    assert named == {("2", "compute"): pytest.approx(chips)}
+    beyond = "Wait at the collectives beyond the least-waiting worker, by worker"
+    waits = values(prometheus, JOB, beyond, workload="train", by=("worker",))
+    assert waits == {(str(w),): pytest.approx(0.0 if w == STRAGGLER else BEYOND) for w in range(4)}
+    # Over the hour: 20 of its 60 minutes (21 of the 61 evaluations a closed hour holds, on this Prometheus).
+    lost = values(prometheus, FLEET, "Chip-hours lost to stragglers, by workload", by=("workload",))
+    assert lost == {("train",): pytest.approx(chips * 1200 / 3600, rel=0.05)}
 
 
 def test_the_device_profile_split_and_its_captures(prometheus: tuple[PrometheusAPI, int]) -> None:

@@ -18,7 +18,7 @@ from conftest import PROFILE_PROMPTLY, require
 from dashboard_helpers import BOARDS, panel_titled, step_values, substitute
 
 from tpuscope import alerts, catalog, conventions
-from tpuscope.alerts.recording import recording_rules
+from tpuscope.alerts import rule_groups
 from tpuscope.dashboards import promql
 from tpuscope.dashboards.panels import panels_of
 from tpuscope.generator_config import GeneratorConfig
@@ -41,7 +41,8 @@ KNOWN = {m.name for m in catalog.CATALOG} | {
     m.series(s) for m in catalog.CATALOG if m.kind is catalog.Kind.HISTOGRAM for s in ("bucket", "sum", "count")
 }
 
-RECORDED = {rule["record"] for rule in recording_rules(GeneratorConfig())}
+# Every group's records: the straggler's and a hang's sit in the alerts group, ahead of the alerts that read them.
+RECORDED = {rule["record"] for group in rule_groups(GeneratorConfig()) for rule in group["rules"] if "record" in rule}
 RECORDED_NAME = r"\b[a-z_]+:[a-z0-9_]+:[a-z0-9_]+"
 
 
@@ -291,6 +292,10 @@ ONLY_WHILE_RUNNING = {
 NEEDS_HISTORY = {
     "tpuscope / On-call / Device profile: exposed collective time against its baseline, by workload (B)": (
         "its baseline is the 6 hours before the last 30 minutes: no test run is that long"
+    ),
+    "tpuscope / Job debug / What stragglers cost: chips kept waiting, and the straggler's cause (B)": (
+        "the straggler is one worker of several that holds the others back, and this run's workload has one process: "
+        "tests/test_multihost.py has a 4-process job name it, test_dashboard_queries the panel's values"
     ),
     "tpuscope / Job debug / Where each worker is stuck (A)": (
         "a process is stuck after a minute at one place at least, and the bench's stall lasts 3 s: no process of "

@@ -17,8 +17,11 @@ from tpuscope.conventions import (
     PEAK_FLOPS_SUM,
     RESTARTS_HOUR,
     SLO_PERIOD,
+    STRAGGLER_CHIPS,
+    STRAGGLER_RATE,
     WALL_ALL_RATE,
     WALL_RATE,
+    AlertName,
     DashboardUID,
 )
 from tpuscope.dashboards import panels as p
@@ -50,10 +53,13 @@ def mfu() -> str:
 
 
 def goodput_ratio(by: str = "", window: str = q.RANGE) -> str:
-    """Productive share of wall time over ``window``."""
+    """Productive share of wall time over ``window``, less the workers' wait for stragglers (the rules' category
+    ``straggler``, carved out of productive: docs/goodput.md)."""
     per = f" by ({by})" if by else ""
     productive = f"sum{per} ({q.increase(c.GOODPUT, q.eq('category', 'productive'), window=window)})"
-    return f"{productive} / sum{per} ({q.increase(c.GOODPUT_WALL, window=window)})"
+    straggled = q.recorded_total(STRAGGLER_RATE, by or "workload", window)
+    carved = f"({productive} - ({f'sum ({straggled})' if not by else straggled} or {productive} * 0))"
+    return f"{carved} / sum{per} ({q.increase(c.GOODPUT_WALL, window=window)})"
 
 
 def goodput_ratio_hour(by: str) -> str:
@@ -180,6 +186,15 @@ def goodput(t: Thresholds) -> p.Section:
                     "{{category}}",
                 ),
                 stacked=True,
+            ),
+            p.bar_gauge_panel(
+                "Chip-hours lost to stragglers, by workload",
+                "The chip-hours each workload's workers spent over the dashboard's range waiting at the "
+                "collectives for a straggler, beyond what they wait for each other: the goodput category "
+                "`straggler`, in chips (docs/goodput.md). A workload with a chronic straggler reads high here and "
+                f"in {AlertName.STRAGGLER}; its Job debug dashboard names the worker and the cause.",
+                "none",
+                p.query(f"{q.recorded_total(STRAGGLER_CHIPS, 'workload')} / 3600", "{{workload}}", instant=True),
             ),
             p.bar_gauge_panel(
                 "Goodput objective: compliance over the range",

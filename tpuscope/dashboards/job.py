@@ -17,7 +17,16 @@ import functools
 from typing import Any
 
 from tpuscope import catalog as c
-from tpuscope.conventions import COLLECTIVE_P99, GOODPUT_RATE, WALL_RATE, AlertName, DashboardUID
+from tpuscope.conventions import (
+    COLLECTIVE_P99,
+    GOODPUT_RATE,
+    STRAGGLER,
+    STRAGGLER_CHIPS,
+    WAIT_BEYOND_LEAST,
+    WALL_RATE,
+    AlertName,
+    DashboardUID,
+)
 from tpuscope.dashboards import panels as p
 from tpuscope.dashboards import promql as q
 from tpuscope.promql import memory_available_ratio
@@ -351,9 +360,34 @@ def device_profile(t: Thresholds) -> p.Section:
 
 def stragglers(t: Thresholds) -> p.Section:
     compute = q.mean(c.STEP_PHASE_DURATION, q.eq("phase", "compute"), by=PER_WORKER)
+    chosen = 'workload=~"$workload"'
     return p.Section(
         "Stragglers",
         [
+            p.timeseries_panel(
+                "What stragglers cost: chips kept waiting, and the straggler's cause",
+                "The chips the workload's workers keep idle waiting at the collectives beyond what they wait for "
+                "each other (each worker's wait per step beyond the least-waiting worker's, times its steps a "
+                "second and its chips), and, while one worker holds them back by over "
+                f"{t.straggler_share:.0%} of their steps, that worker with its cause: compute (its devices), input "
+                "(its input phase), host (its devices idle on their host), unknown. Chronic for over "
+                f"{t.straggler_chronic:.0%} of an hour, {AlertName.STRAGGLER} opens a ticket. Booked in goodput as "
+                "`straggler` (docs/goodput.md).",
+                "none",
+                p.query(f"sum by (workload) ({STRAGGLER_CHIPS}{{{chosen}}})", "all workers of {{workload}}"),
+                p.query(f"{STRAGGLER}{{{chosen}}}", "straggler: worker {{worker}} ({{instance}}), {{cause}}"),
+                span=8,
+            ),
+            p.timeseries_panel(
+                "Wait at the collectives beyond the least-waiting worker, by worker",
+                "Each worker's wait at the collectives per step beyond its workload's least-waiting worker's over "
+                "the last hour: the straggler waits least (it arrives last), its peers this much longer for it; "
+                "a clean job's workers sit around 0, either side. From the host-timed sync phase where the workload "
+                "times one, else the sampled device profiles.",
+                "s",
+                p.query(f"{WAIT_BEYOND_LEAST}{{{chosen}}}", WORKER),
+                span=8,
+            ),
             p.timeseries_panel(
                 "Host-timed compute per step, by worker",
                 "Mean host-timed compute phase of each worker. In a synchronous job every worker waits for the "

@@ -117,6 +117,15 @@ def recorded_hour(recorded: str, *matchers: str, by: str = "") -> str:
     return f"sum{per} (avg_over_time({recorded}{{{labels}}}[{HOUR}]))"
 
 
+def recorded_total(recorded: str, by: str, window: str = RANGE) -> str:
+    """A recorded per-workload rate (a second a second, e.g. ``conventions.STRAGGLER_CHIPS``) summed over ``window``,
+    per ``by``: its samples' sum over the evaluations the window holds (a subquery's steps are the evaluation
+    interval, as the rules'), times the window's seconds. A series that began within the window counts 0 before."""
+    labels = f'workload=~"${WORKLOAD}"'
+    evaluations = f"scalar(count_over_time(vector(1)[{window}:]))"
+    return f"sum by ({by}) (sum_over_time({recorded}{{{labels}}}[{window}])) / {evaluations} * {SECONDS[window]}"
+
+
 def host_matchers(*variables: str) -> str:
     """The matchers of the host variables (slice, worker) and ``variables``, for a recorded series that keeps them."""
     return ", ".join(f'{label}=~"${label}"' for label in (SLICE, WORKER, *variables))
