@@ -13,6 +13,7 @@ DEFAULTS = {
     "slow-io": 0.2,
     "stall": 10.0,
     "straggler": 3.0,
+    "blip": 5.0,  # seconds: one slow input, once, a third of the way through the run
     "recompile": 10.0,
     "ckpt-fail": 0.0,
     "crash": -1.0,  # -1: half the run
@@ -40,7 +41,7 @@ HANGING = ("hang-input", "hang-spin", "skip-collective")
 # The faults one worker can have alone. The others would break the job rather than show a fault: a worker that
 # alone skips its saves leaves its peers in Orbax's barrier, one that alone recompiles to another sequence length
 # runs another program than its peers.
-PER_WORKER = ("slow-io", "stall", "straggler", *FAILING, *HANGING)
+PER_WORKER = ("slow-io", "stall", "straggler", "blip", *FAILING, *HANGING)
 
 
 class FaultError(ValueError):

@@ -198,6 +198,9 @@ class Workload:
         hangs = self._hangs
         with step.phase("io"):
             hangs.before_input(n)
+            if n == self._straggle_from and "blip" in faults:  # one slow batch: its peers wait for it, once
+                self.log(f"blip: step {n} waits {faults.get('blip'):g} s for its input")
+                time.sleep(faults.get("blip"))
             if n == self._stall_at:  # the input pipeline hangs: no step ends for this long
                 self.log(f"stall: no steps for {faults.get('stall'):g} s")
                 time.sleep(faults.get("stall"))
