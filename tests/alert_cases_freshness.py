@@ -48,28 +48,32 @@ def straggling(minutes: int, period: float | None, periodless: tuple[int, ...] =
     }
 
 
+def sync_bound(minutes: int, period: float | None, fires: bool) -> Case:
+    """TpuscopeSyncBound at ``minutes`` after a capture at minute 0 that says half of each step waits, from a job
+    exporting ``period`` (None: too old to): firing as the profile says, or quiet (the host timers say nothing)."""
+    series = {**phases(io=0, sync=0, minutes=minutes), **profiled_once(*WAITING, minutes=minutes, period=period)}
+    if not fires:
+        return Case(AlertName.SYNC_BOUND, None, f"{minutes}m", series)
+    return Case(
+        AlertName.SYNC_BOUND,
+        "warning",
+        f"{minutes}m",
+        series,
+        {**W, "source": "profile"},
+        "Workload w spends 50% of its step time waiting on collectives that no compute hides, in its sampled "
+        "device profiles.",
+    )
+
+
 CASES = [
     # 70 minutes after an hourly job's capture, it is fresh: the straggler it shows is still named (and chronic).
     Case(AlertName.STRAGGLER, "warning", "70m", straggling(70, HOURLY), STRAGGLER_LABELS, STRAGGLER_SAYS),
     # Three hours and ten minutes on, past three of its periods: stale, and the host timers see no straggler.
     Case(AlertName.STRAGGLER, None, "190m", straggling(190, HOURLY)),
     # A job too old to export its period: fresh for 30 minutes, as before ...
-    Case(
-        AlertName.SYNC_BOUND,
-        "warning",
-        "25m",
-        {**phases(io=0, sync=0, minutes=25), **profiled_once(*WAITING, minutes=25, period=None)},
-        {**W, "source": "profile"},
-        "Workload w spends 50% of its step time waiting on collectives that no compute hides, in its sampled "
-        "device profiles.",
-    ),
+    sync_bound(25, None, fires=True),
     # ... and no longer 50 minutes on: its host timers (0 s of sync) say nothing.
-    Case(
-        AlertName.SYNC_BOUND,
-        None,
-        "50m",
-        {**phases(io=0, sync=0, minutes=50), **profiled_once(*WAITING, minutes=50, period=None)},
-    ),
+    sync_bound(50, None, fires=False),
     # Nor is a straggler it showed for those 30 minutes chronic.
     Case(AlertName.STRAGGLER, None, "50m", straggling(50, None)),
     # Worker by worker: the straggler's own job exports no period (its peers' do), so its capture is stale at 50
@@ -77,19 +81,6 @@ CASES = [
     Case(AlertName.STRAGGLER, None, "50m", straggling(50, HOURLY, periodless=(3,))),
     # SyncBound reads the fresh profiles too: an hourly job's capture still says it waits, where its host timers
     # (0 s of sync in a step jitted whole) cannot.
-    Case(
-        AlertName.SYNC_BOUND,
-        "warning",
-        "50m",
-        {**phases(io=0, sync=0, minutes=50), **profiled_once(*WAITING, minutes=50, period=HOURLY)},
-        {**W, "source": "profile"},
-        "Workload w spends 50% of its step time waiting on collectives that no compute hides, in its sampled "
-        "device profiles.",
-    ),
-    Case(
-        AlertName.SYNC_BOUND,
-        None,
-        "190m",
-        {**phases(io=0, sync=0, minutes=190), **profiled_once(*WAITING, minutes=190, period=HOURLY)},
-    ),
+    sync_bound(50, HOURLY, fires=True),
+    sync_bound(190, HOURLY, fires=False),
 ]
