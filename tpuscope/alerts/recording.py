@@ -15,6 +15,7 @@ from __future__ import annotations
 from tpuscope import catalog as c
 from tpuscope import durations
 from tpuscope.alerts.rules import per_workload, slo_windows, workload_on_host
+from tpuscope.alerts.stragglers import labelled
 from tpuscope.conventions import (
     BAD_RATE,
     BADPUT_CATEGORIES,
@@ -400,7 +401,7 @@ def goodput_rates() -> list[dict[str, str]]:
     by = f"{WORKLOAD}, category"
     others = per_workload("rate", series(c.GOODPUT, 'category!="productive"'), "5m", by=by)
     productive = per_workload("rate", series(c.GOODPUT, 'category="productive"'), "5m", by=by)
-    straggler = f'label_replace({STRAGGLER_RATE}, "category", "{STRAGGLER_CATEGORY}", "", "")'
+    straggler = labelled(STRAGGLER_RATE, "category", STRAGGLER_CATEGORY)
     carved = f"({productive} - on ({WORKLOAD}) group_left () {STRAGGLER_RATE} or {productive})"
     return [{"record": GOODPUT_RATE, "expr": f"{others} or {carved} or {straggler}"}]
 

@@ -54,11 +54,15 @@ COMPUTE, INPUT, HOST, UNKNOWN = c.STRAGGLER_CAUSES
 EXPLAINS = 0.5
 
 
-def per_step(phase: str) -> str:
-    """Each worker's host-timed ``phase`` per step, over 5 minutes."""
-    total = series(c.STEP_PHASE_DURATION, f'phase="{phase}"', suffix="sum")
+def per_step(total: str) -> str:
+    """Each worker's ``total`` (a counter of seconds) per step, over 5 minutes."""
     steps = series(c.STEP_DURATION, suffix="count")
     return f"(sum by ({WORKER}) (rate({total}[5m])) / sum by ({WORKER}) (rate({steps}[5m])))"
+
+
+def phase(name: str) -> str:
+    """Each worker's host-timed phase ``name`` per step, over 5 minutes."""
+    return per_step(series(c.STEP_PHASE_DURATION, f'phase="{name}"', suffix="sum"))
 
 
 def profiled(part: str) -> str:
@@ -77,18 +81,18 @@ def beyond_median(expr: str) -> str:
 
 def straggler_rules(t: Thresholds) -> list[dict[str, str]]:
     """The records of what a straggler costs and why (the module's docstring), in the order they read each other."""
-    host_wait = f"({per_step('sync')} > 0)"
+    host_wait = f"({phase('sync')} > 0)"
     profile_wait = f"{profiled('exposed_collective')} unless on ({WORKLOAD}) {host_wait}"
     steps_rate = f"sum by ({WORKER}) (rate({series(c.STEPS)}[5m]))"
     devices = f"max by ({WORKER}) ({series(c.WORKLOAD_DEVICES)})"
-    step = per_step_duration()
+    step = per_step(series(c.STEP_DURATION, suffix="sum"))
     beyond_rate = f"{WAIT_BEYOND_LEAST} * on ({WORKER}) group_left () {steps_rate}"
     # The device compute where profiled, else host-timed (which, in a step jitted whole, holds the wait too).
-    compute = f"({profiled('compute')} or {per_step('compute')} unless on ({WORKLOAD}) {profiled('compute')})"
-    idle_beyond_input = f"({profiled('idle')} - on ({WORKER}) ({per_step('io')} or {profiled('idle')} * 0))"
+    compute = f"({profiled('compute')} or {phase('compute')} unless on ({WORKLOAD}) {profiled('compute')})"
+    idle_beyond_input = f"({profiled('idle')} - on ({WORKER}) ({phase('io')} or {profiled('idle')} * 0))"
     lags = " or ".join(
         labelled(beyond_median(expr), "cause", cause)
-        for cause, expr in ((COMPUTE, compute), (INPUT, per_step("io")), (HOST, idle_beyond_input))
+        for cause, expr in ((COMPUTE, compute), (INPUT, phase("io")), (HOST, idle_beyond_input))
     )
     now = (
         f"bottomk by ({WORKLOAD}) (1, {WAIT_PER_STEP}) and on ({WORKLOAD}) ({STRAGGLER_SHARE} > {t.straggler_share:g})"
@@ -134,12 +138,6 @@ def straggler_rules(t: Thresholds) -> list[dict[str, str]]:
             f" / {EVALUATIONS}, 1)",
         },
     ]
-
-
-def per_step_duration() -> str:
-    """Each worker's mean step, over 5 minutes."""
-    total, steps = (series(c.STEP_DURATION, suffix=suffix) for suffix in ("sum", "count"))
-    return f"(sum by ({WORKER}) (rate({total}[5m])) / sum by ({WORKER}) (rate({steps}[5m])))"
 
 
 def cost_per_hour() -> str:
