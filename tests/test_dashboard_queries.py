@@ -263,6 +263,8 @@ def straggled(f: Fleet, labels: dict[str, str], worker: int) -> None:
         straggler = {**where, "source": "profile", "cause": "compute"}
         f.series(conventions.STRAGGLER, straggler, first, end, constant(STRAGGLED_RATE * CHIPS), EVALUATION)
     if worker == 0:
+        # The alerts group's evaluations, once a minute, over the whole hour (and since the fleet began).
+        f.series(conventions.EVALUATED, {}, -2 * HOUR, end, constant(1.0), EVALUATION)
         workload = {k: v for k, v in where.items() if k in ("namespace", "jobset", "workload")}
         f.series(conventions.STRAGGLER_RATE, workload, first, end, constant(STRAGGLED_RATE), EVALUATION)
         f.series(conventions.STRAGGLER_CHIPS, workload, first, end, constant(STRAGGLED_RATE * CHIPS), EVALUATION)

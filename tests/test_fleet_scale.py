@@ -96,7 +96,10 @@ def test_every_board_is_queried_over_the_history_and_touches_samples(figures: di
 def test_the_fleets_variations_show_in_its_alerts(figures: dict[str, Any]) -> None:
     (scale,) = figures["scales"]
     alerts = {name.split()[0] for name in scale["alerts"]}
-    assert {AlertName.STRAGGLER, AlertName.WORKLOAD_FAILED} <= alerts, scale["alerts"]
+    # Not TpuscopeStraggler since issue 55: it names a worker its peers wait for at the collectives, and this steady
+    # fleet times no sync phase (so that no alert fires for every host at once); its straggler's longer compute
+    # shows on the boards, and the straggler rules are evaluated and timed all the same.
+    assert {AlertName.WORKLOAD_FAILED} <= alerts, scale["alerts"]
 
 
 def test_the_budgets_are_checked(figures: dict[str, Any]) -> None:

@@ -113,6 +113,9 @@ STRAGGLER_LAG = "worker_cause:tpuscope_straggler_lag_seconds:per_step"
 STRAGGLER = "worker_cause:tpuscope_straggler_wait_chip_seconds:rate5m"
 STRAGGLER_HISTORY = "1h"
 STRAGGLER_CHRONIC = f"worker:tpuscope_straggler:ratio{STRAGGLER_HISTORY}"
+# 1 at each evaluation of the alerts group, where the straggler's records are: how many evaluations a window of
+# them holds, whatever the interval, the evaluations a loaded Prometheus skipped, or a backfill's sampling.
+EVALUATED = "group:tpuscope_rule_evaluations:one"
 MEMORY_USED = f"device:{c.DEVICE_MEMORY_USED.name}:ratio_limit"
 # Per workload, its chips' peak FLOP/s: the fleet's MFU integrates it over the range, where it read every host's
 # peak at every point (2.1 s over 24 h of 1,000 hosts).

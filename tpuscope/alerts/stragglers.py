@@ -6,13 +6,15 @@ sees its own worker. Prometheus sees them all, so the rules book it:
 - each worker's wait at the collectives per step (:data:`WAIT_PER_STEP`): its host-timed ``sync`` phase where its
   workload times one (every step, a blip too), else its profiled exposed collective time (a step jitted whole,
   whose collectives only a device profile sees; sampled);
-- that wait beyond its workload's least-waiting worker's over the last :data:`STRAGGLER_HISTORY`
-  (:data:`WAIT_BEYOND_LEAST`): what it waits for the slowest beyond what the workers wait for each other anyway
-  (the transfer itself, the jitter that makes a different worker last at each step and averages out). The
-  straggler, last to arrive, waits least. The least of each worker's hour, not of its last 5 minutes: the least of
-  a few noisy 5-minute means lies below them all, and booked a clean job's jitter as straggler time (0.7 % of a
-  4-process job's steps on this machine's CPU); an hour's means hardly differ. A worker's wait below that least
-  (the jitter again) counts below zero, so that the jitter cancels; a workload's sum below zero books nothing;
+- that wait beyond its workload's least (:data:`WAIT_BEYOND_LEAST`): what it waits for the slowest beyond what the
+  workers wait for each other anyway (the transfer itself, the jitter that makes a different worker last at each
+  step and averages out). The straggler, last to arrive, waits least, and its wait is the transfer's, before it
+  straggled as since. The least is the least of the workers' means over the last :data:`STRAGGLER_HISTORY`, not
+  over their last 5 minutes: the least of a few noisy 5-minute means lies below them all, and booked a clean job's
+  jitter as straggler time (0.7 % of a 4-process job's steps on this machine's CPU), where an hour's means hardly
+  differ; but never below the least now, or a straggler gone would leave its peers waiting for an hour. A worker's
+  wait below the least (the jitter again) counts below zero, so that the jitter cancels; a workload's sum below
+  zero books nothing;
 - per workload, that waiting a second: in worker-seconds (the goodput category ``straggler``, carved out of
   productive by :func:`goodput_rules`), in chip-seconds (chips idle, on average, for the straggler), and as a
   share of the workers' steps;
@@ -29,6 +31,7 @@ from __future__ import annotations
 
 from tpuscope import catalog as c
 from tpuscope.conventions import (
+    EVALUATED,
     PROFILE_FRESH,
     SOURCE,
     STRAGGLER,
@@ -46,9 +49,9 @@ from tpuscope.thresholds import Thresholds
 
 # One worker, as its sidecar's target and its placement name it: the alert names its instance.
 WORKER = f"{WORKLOAD}, job, instance, slice, worker"
-# How many evaluations the history holds: a subquery's steps are the global evaluation interval, the recording
-# group's.
-EVALUATIONS = f"scalar(count_over_time(vector(1)[{STRAGGLER_HISTORY}:]))"
+# How many evaluations of the group the history holds (a subquery's steps would be the global evaluation interval,
+# whatever the group's, and count the evaluations a loaded Prometheus skipped).
+EVALUATIONS = f"scalar(count_over_time({EVALUATED}[{STRAGGLER_HISTORY}]))"
 COMPUTE, INPUT, HOST, UNKNOWN = c.STRAGGLER_CAUSES
 # A cause explains the straggler's lag when its part of the step is at least this share of the lag.
 EXPLAINS = 0.5
@@ -105,16 +108,21 @@ def straggler_rules(t: Thresholds) -> list[dict[str, str]]:
         f" >= on ({WORKLOAD}) group_left () ({EXPLAINS:g} * {lag}))"
     )
     costing = f"(({now}) * 0 + on ({WORKLOAD}) group_left () {STRAGGLER_CHIPS})"
+    # The least wait: the least of the workers' hourly means (a worker younger than the subquery's first 5-minute
+    # step has no hour yet: its wait now stands in), but never below the least wait now, so that a straggler gone
+    # (its own wait back up) leaves no phantom waiting behind it for an hour.
+    least_now = f"min by ({WORKLOAD}) ({WAIT_PER_STEP})"
+    hourly = f"avg_over_time({WAIT_PER_STEP}[{STRAGGLER_HISTORY}:5m]) or {WAIT_PER_STEP}"
+    least_hour = f"min by ({WORKLOAD}) ({hourly})"
     return [
+        {"record": EVALUATED, "expr": "vector(1)"},
         {
             "record": WAIT_PER_STEP,
             "expr": f"{labelled(host_wait, SOURCE, 'host')} or {labelled(profile_wait, SOURCE, 'profile')}",
         },
         {
             "record": WAIT_BEYOND_LEAST,
-            # A worker younger than the subquery's first 5-minute step has no hour yet: its wait now stands in.
-            "expr": f"{WAIT_PER_STEP} - on ({WORKLOAD}) group_left () min by ({WORKLOAD})"
-            f" (avg_over_time({WAIT_PER_STEP}[{STRAGGLER_HISTORY}:5m]) or {WAIT_PER_STEP})",
+            "expr": f"{WAIT_PER_STEP} - on ({WORKLOAD}) group_left () ({least_hour} > {least_now} or {least_now})",
         },
         {"record": STRAGGLER_RATE, "expr": f"clamp_min(sum by ({WORKLOAD}) ({beyond_rate}), 0)"},
         {

@@ -21,7 +21,7 @@ from tpuscope.catalog import (
     Label,
     Metric,
 )
-from tpuscope.conventions import PROFILE_FRESH, PROFILE_OVER_MEDIAN, SLO_PERIOD
+from tpuscope.conventions import EVALUATED, PROFILE_FRESH, PROFILE_OVER_MEDIAN, SLO_PERIOD
 from tpuscope.promql import each_worker_once, grown, series
 
 # Grafana's interval variables, substituted when a panel runs.
@@ -119,10 +119,10 @@ def recorded_hour(recorded: str, *matchers: str, by: str = "") -> str:
 
 def recorded_total(recorded: str, by: str, window: str = RANGE) -> str:
     """A recorded per-workload rate (a second a second, e.g. ``conventions.STRAGGLER_CHIPS``) summed over ``window``,
-    per ``by``: its samples' sum over the evaluations the window holds (a subquery's steps are the evaluation
-    interval, as the rules'), times the window's seconds. A series that began within the window counts 0 before."""
+    per ``by``: its samples' sum over the evaluations of its group the window holds (``conventions.EVALUATED``),
+    times the window's seconds. A series that began within the window counts 0 before."""
     labels = f'workload=~"${WORKLOAD}"'
-    evaluations = f"scalar(count_over_time(vector(1)[{window}:]))"
+    evaluations = f"scalar(count_over_time({EVALUATED}[{window}]))"
     return f"sum by ({by}) (sum_over_time({recorded}{{{labels}}}[{window}])) / {evaluations} * {SECONDS[window]}"
 
 
