@@ -369,6 +369,10 @@ def test_an_input_straggler_costs_what_its_peers_wait_and_opens_one_ticket_namin
             assert [a["worker"] for a in firing(prom)] == [str(2)], (firing(prom), job.output())
             (named,) = prom.query(STRAGGLER_NOW)
             assert (named["metric"]["worker"], named["metric"]["cause"]) == ("2", "input"), named
+            # Over the last 30 s (the rates lag their counters by half a 5-second window), once every worker
+            # was stepping then: a Prometheus as young as its job finds the straggler chronic sooner.
+            sync = series(catalog.STEP_PHASE_DURATION, 'phase="sync"', suffix="sum")
+            wait_for(lambda: len(at(prom, sync, time.time() - 32.5)) == PROCESSES, 120, "30 s of every worker")
             end = time.time()
             start = end - 30
             served, measured = booked(prom, start, end), waited(prom, start - 2.5, end - 2.5)
