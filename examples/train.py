@@ -79,10 +79,10 @@ def main() -> None:
         mon.flops_of(train_step, params, opt_state, *batch(inputs, labels, start))
         for n in range(start, TRAIN_STEPS):
             with mon.step(n) as s:
-                with s.phase("io"):
-                    x, y = jax.device_put(batch(inputs, labels, n))
+                x, y = jax.device_put(batch(inputs, labels, n))
                 with s.phase("compute"):
                     params, opt_state, loss = train_step(params, opt_state, x, y)
+                    s.loss(loss)  # pages on a NaN; never waits: read once the device has computed it
                     losses.append(float(loss))  # the loss curve; float() waits for the step's result
             if (n + 1) % CHECKPOINT_EVERY == 0:  # async: the save goes on while the next steps run
                 checkpoints.save(n, args=ocp.args.StandardSave([params, opt_state]))

@@ -14,6 +14,7 @@ import yaml
 from alert_cases import CASES as ONE_BY_ONE
 from alert_cases import REGRESSION_STEPS, REGRESSION_SUM, Case, s
 from alert_cases_clusters import CASES as CLUSTERS
+from alert_cases_divergence import CASES as DIVERGENCE
 from alert_cases_freshness import CASES as FRESHNESS
 from alert_cases_incidents import CASES as INCIDENTS
 from alert_cases_incidents import READINGS
@@ -48,7 +49,7 @@ pytestmark = pytest.mark.long
 
 ROOT = Path(__file__).resolve().parents[1]
 RULES = ROOT / "deploy/prometheus/tpuscope-rules.yaml"
-CASES = ONE_BY_ONE + FRESHNESS + INCIDENTS + CLUSTERS
+CASES = ONE_BY_ONE + FRESHNESS + INCIDENTS + CLUSTERS + DIVERGENCE
 ALERTMANAGER = ROOT / "deploy/alertmanager/alertmanager.yml"
 
 

@@ -71,6 +71,7 @@ CLOSED: dict[Label, tuple[str, ...]] = {  # every value the code can give it
     ),  # the sidecar's own; jobs' are limited
     Label.LABEL: tuple(LIMITED),
     Label.PART: catalog.PROFILE_PARTS,
+    Label.VALUE: events.TRAINING_VALUES,
 }
 HOST: dict[Label, str] = {  # set by collectors from what this host has, so bounded by it
     Label.CPU: "one value per logical CPU",

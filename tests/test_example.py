@@ -59,7 +59,7 @@ def example_env(directory: Path, **variables: str) -> dict[str, str]:
 # --- the example ---------------------------------------------------------------------------------------------------
 
 
-def test_the_example_reports_steps_phases_compiles_checkpoints_and_mfu(
+def test_the_example_reports_steps_phases_compiles_checkpoints_mfu_and_its_loss(
     sidecar: SidecarProcess, short_tmp: Path
 ) -> None:
     """docs/instrument.md's command with fewer steps: TRAIN_STEPS=30 CHECKPOINT_EVERY=10 python examples/train.py."""
@@ -82,8 +82,12 @@ def test_the_example_reports_steps_phases_compiles_checkpoints_and_mfu(
 
     assert metrics.value(catalog.STEPS.name, **w) == 30
     phase_sum, phase_count = (catalog.STEP_PHASE_DURATION.series(s) for s in ("sum", "count"))
-    assert metrics.present(phase_sum, phase="io", **w) > 0
     assert metrics.present(phase_sum, phase="compute", **w) > 0
+    # The loss of every step, read without a wait of tpuscope's: a finite one, no NaN, none dropped unread.
+    loss = metrics.value(catalog.TRAINING_VALUE.name, value="loss", **w)
+    assert loss is not None and 0 < loss < 3, loss  # cross-entropy over 10 classes starts near log(10)
+    assert metrics.value(catalog.TRAINING_NONFINITE.name, value="loss", **w) == 0
+    assert metrics.value(catalog.TRAINING_VALUES_UNREAD.name, **w) == 0
     # One program does the whole step, so no collective runs apart from it: sync is reported, at 0 (README).
     assert metrics.value(phase_count, phase="sync", **w) == 30
     assert metrics.present(catalog.COMPILE_DURATION.series("sum"), stage="backend", **w) > 0

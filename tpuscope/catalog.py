@@ -17,7 +17,7 @@ import enum
 from dataclasses import dataclass
 
 # The wire schema's closed sets that are label values here too (the job reports them; the sidecar counts them).
-from tpuscope.events import PROFILE_RESULTS, REJECT_REASONS
+from tpuscope.events import PROFILE_RESULTS, REJECT_REASONS, TRAINING_VALUES
 
 PREFIX = "tpuscope_"
 
@@ -63,6 +63,7 @@ class Label(enum.StrEnum):
     DEVICE_ID = "device_id"
     STEP = "step"
     FRAMES = "frames"
+    VALUE = "value"
 
 
 # Where in a multi-host job the sidecar runs: every series it serves carries these two
@@ -485,6 +486,84 @@ GOODPUT_WALL = _metric(
     W,
     unit="seconds",
     group=UTILIZATION_GROUP,
+)
+
+# --- Training health -------------------------------------------------------------
+# What the job's own numbers say (Monitor's ``s.loss(...)``, tpuscope.tracing.training_values): a loss that went
+# non-finite, a worker whose value before the reduction went first, a loss far above its recent values.
+TRAINING_GROUP = "Training health"
+# The loss's baseline: the median and MAD of the latest this many finite losses that were not spikes. 100 steps:
+# enough that one noisy batch moves neither (the MAD of 100 draws is within about 10 % of the truth), few enough to
+# follow a loss that falls as the job learns (a few minutes of steps).
+LOSS_BASELINE_STEPS = 100
+# Losses a baseline needs before a deviation is served: fewer give a MAD that one batch can halve.
+LOSS_BASELINE_MIN_STEPS = 20
+# A loss this many robust standard deviations (1.4826 MADs) above the median is a spike: kept out of the baseline,
+# so a loss that stays up reads as a spike until it comes down (TpuscopeLossSpike reads the same bound).
+LOSS_SPIKE_DEVIATION = 6.0
+TRAINING_VALUE = _metric(
+    "training_value",
+    Kind.GAUGE,
+    "The latest step's value the job reported, by value: its loss, its gradient norm (grad_norm), and its own "
+    "value before the reduction (local). NaN and infinities as reported.",
+    W,
+    Label.VALUE,
+    group=TRAINING_GROUP,
+    closed={Label.VALUE: TRAINING_VALUES},
+)
+TRAINING_NONFINITE = _metric(
+    "training_nonfinite_values_total",
+    Kind.COUNTER,
+    "Steps whose value read NaN or infinite, by value: loss, grad_norm, local (created at 0 with the value's "
+    "first reading).",
+    W,
+    Label.VALUE,
+    group=TRAINING_GROUP,
+    closed={Label.VALUE: TRAINING_VALUES},
+)
+TRAINING_NONFINITE_ONSET = _metric(
+    "training_nonfinite_onset_step",
+    Kind.GAUGE,
+    "The step at which the value (loss, grad_norm, local) last went non-finite after a finite reading (or at its "
+    "first reading): compared across workers, the first to go.",
+    W,
+    Label.VALUE,
+    group=TRAINING_GROUP,
+    closed={Label.VALUE: TRAINING_VALUES},
+)
+LOSS_DEVIATION = _metric(
+    "training_loss_deviation",
+    Kind.GAUGE,
+    f"The latest finite loss against its baseline, the median and MAD of the latest {LOSS_BASELINE_STEPS} finite "
+    f"losses that were not spikes: (loss - median) / (1.4826 MAD). Above {LOSS_SPIKE_DEVIATION:g} it is a spike. "
+    f"Served once {LOSS_BASELINE_MIN_STEPS} losses were read.",
+    W,
+    group=TRAINING_GROUP,
+)
+TRAINING_VALUES_UNREAD = _metric(
+    "training_values_unread_total",
+    Kind.COUNTER,
+    "Steps whose values the job dropped unread: never computed while it waited for them, or still computing "
+    "when it closed.",
+    W,
+    group=TRAINING_GROUP,
+)
+GOODPUT_ROLLED_BACK = _metric(
+    "goodput_rolled_back_seconds_total",
+    Kind.COUNTER,
+    "Productive seconds thrown away: the steps past a checkpoint the job restored after it had reached further "
+    "(a rollback after divergence), booked productive before. The rules move them from productive to lost.",
+    W,
+    unit="seconds",
+    group=TRAINING_GROUP,
+)
+GOODPUT_ROLLED_BACK_STEPS = _metric(
+    "goodput_rolled_back_steps_total",
+    Kind.COUNTER,
+    "Steps thrown away by restores to a step below the highest the workload had reached: that highest step less "
+    "the checkpoint's.",
+    W,
+    group=TRAINING_GROUP,
 )
 
 # --- Workload lifecycle ---------------------------------------------------------

@@ -72,6 +72,10 @@ class AlertName(enum.StrEnum):
     DEVICE_THROTTLED = f"{ALERT_PREFIX}DeviceThrottled"
     # serving
     MODEL_STALE = f"{ALERT_PREFIX}ModelStale"
+    # training health: the job's own numbers
+    LOSS_NON_FINITE = f"{ALERT_PREFIX}LossNonFinite"
+    NON_FINITE_FIRST_WORKER = f"{ALERT_PREFIX}NonFiniteFirstWorker"
+    LOSS_SPIKE = f"{ALERT_PREFIX}LossSpike"
 
 
 class DashboardUID(enum.StrEnum):

@@ -19,6 +19,7 @@ from __future__ import annotations
 import errno
 import functools
 import itertools
+import math
 import operator
 import os
 import re
@@ -304,6 +305,39 @@ class ModelLoaded(Event, tag="model", frozen=True):
     version: LabelValue
 
 
+# The training values a job reports (:class:`TrainingValues`), each a label value of the sidecar's series of them.
+TRAINING_VALUES = ("loss", "grad_norm", "local")
+# A reading of one: a finite float, or the non-finite one spelled out. JSON (a recording) has no NaN nor infinity,
+# and a non-finite value is what these are read for.
+NON_FINITE = ("nan", "inf", "-inf")
+Reading = float | Literal["nan", "inf", "-inf"] | None
+
+
+def reading(value: float) -> Reading:
+    """``value`` as the wire carries it: the float, or "nan", "inf", "-inf"."""
+    return value if math.isfinite(value) else typing.cast(Reading, repr(value))
+
+
+class TrainingValues(Event, tag="train", frozen=True):
+    """One step's loss, and its gradient norm and this process's value before the reduction where the job gives
+    them, read once the device computed them (tpuscope.tracing.training_values): None where not given or not
+    read. ``unread``: the values the job dropped since its last such event because they were never ready."""
+
+    step: Count
+    loss: Reading = None
+    grad_norm: Reading = None
+    local: Reading = None
+    unread: Count = 0
+
+    def values(self) -> tuple[tuple[str, float], ...]:
+        """(name, value) of each value read, as floats (NaN and infinities included)."""
+        return tuple(
+            (name, float(value))
+            for name, value in (("loss", self.loss), ("grad_norm", self.grad_norm), ("local", self.local))
+            if value is not None
+        )
+
+
 # A position record's file name, in the sidecar's directory of them (tpuscope.positions).
 RecordName = Annotated[str, msgspec.Meta(max_length=64, pattern=r"^[0-9]{1,10}-[0-9a-f]{8}\.position\Z")]
 
@@ -330,6 +364,7 @@ AnyEvent = (
     | CompileFailure
     | Recompile
     | ModelLoaded
+    | TrainingValues
     | Watch
 )
 

@@ -16,6 +16,10 @@ Step time counts as ``productive`` only once it is durable: when a checkpoint co
 the process stops cleanly. Until then it is pending, and it becomes ``lost`` if the process fails, vanishes
 or restores a checkpoint. Counters never go down, so this is the only way to report lost work without
 counting it twice.
+
+A restore to a step below the highest the workload reached (a rollback after divergence, or a resume after a
+failure) throws away the steps in between: :class:`Rollbacks` counts them, and the productive seconds booked for
+those already durable (saves after the checkpoint restored), which the rules move from productive to lost.
 """
 
 from __future__ import annotations
@@ -91,6 +95,7 @@ class GoodputLedger:
         self.pending = PendingSteps()
         self.booked = 0.0  # every second booked so far, in any category
         self.compile_since_step = 0.0
+        self.highest_step = -1  # the highest step number it finished
         self._before_first_step = saw_start  # init is booked at the first step, when the start was seen
         self._accounted_since_start = 0.0  # compile and checkpoint seconds between the start and the first step
 
@@ -143,6 +148,8 @@ class GoodputLedger:
                 self.booked += init
             self._before_first_step = False
         self.compile_since_step = 0.0
+        if e.step > self.highest_step:
+            self.highest_step = e.step
         # Steps of one process that overlap (two threads stepping one Monitor) share its wall time: what does not
         # fit in the time it has been alive, less what is booked and pending, is not booked twice.
         productive = compute_time - compile_in_step
@@ -197,6 +204,55 @@ class _Gap:
     booked_until: float  # downtime is booked up to here
 
 
+class Rollbacks:
+    """The steps a workload's restores threw away, and the productive seconds booked for them.
+
+    It keeps the productive seconds booked so far at each step they made durable (a save's, the last step of a
+    clean end): one entry per save. A restore to step ``s`` below the highest step reached throws away the steps
+    after ``s``, and of their seconds those booked after the entry of ``s``. The highest step reached is the
+    restoring process's own once it has stepped (a job that restores within its loop), else the workload's
+    processes' before it (a job restarted from a checkpoint): a new process that starts over from step 0 without
+    a restore is not rolled back against the run before it.
+    """
+
+    MAX_ENTRIES = 100_000  # saves remembered; past this the oldest go (a restore that old rolls back from 0)
+
+    def __init__(self) -> None:
+        self.steps = 0  # thrown away so far
+        self.seconds = 0.0  # of productive time thrown away so far
+        self.productive = 0.0  # booked so far
+        self._durable: list[tuple[int, float]] = []  # (step, productive booked when it was made durable)
+        self.highest_ended = -1  # the highest step of the processes that ended
+
+    def booked(self, step: int, productive: float) -> None:
+        """``productive`` seconds made durable, up to step ``step``."""
+        self.productive += productive
+        self._durable.append((step, self.productive))
+        if len(self._durable) > self.MAX_ENTRIES:
+            del self._durable[: len(self._durable) // 2]
+
+    def restored(self, step: int, ledger: GoodputLedger, live: list[GoodputLedger]) -> None:
+        """A restore of step ``step`` by the process of ``ledger``, ``live`` every process of the workload."""
+        highest = (
+            ledger.highest_step
+            if ledger.highest_step >= 0
+            else max([self.highest_ended, *(other.highest_step for other in live)])
+        )
+        if highest > step:
+            self.steps += highest - step
+            kept = 0.0
+            while self._durable and self._durable[-1][0] > step:
+                self._durable.pop()
+            if self._durable:
+                kept = self._durable[-1][1]
+            self.seconds += self.productive - kept
+            self.productive = kept
+        # From here the workload is at ``step``: a second process restoring it (one per GPU) throws nothing more.
+        self.highest_ended = min(self.highest_ended, step)
+        for other in live:
+            other.highest_step = min(other.highest_step, step)
+
+
 class WorkloadGoodput:
     """A workload: a ledger per live process (``source``: the sidecar's connection; one stream, a recording,
     uses one), the downtime between a failure and the next start, and the wall time of both.
@@ -210,6 +266,7 @@ class WorkloadGoodput:
         self.gaps: list[_Gap] = []  # oldest first: the next start closes the oldest
         self._settled = 0.0  # wall seconds of the processes that ended and the gaps that closed
         self._clock = 0.0  # Unix time of the latest event or tick
+        self.rollbacks = Rollbacks()
 
     @property
     def wall(self) -> float:
@@ -228,8 +285,11 @@ class WorkloadGoodput:
         if now > self._clock:
             self._clock = now
         ledger = self.processes.get(source)
-        if ledger is not None and type(event) is not events.Lifecycle:  # the common case: a live process's step
-            return ledger.observe(event, now)
+        if ledger is not None and type(event) is events.Step:  # the common case: a live process's step
+            out = ledger.observe(event, now)
+            return self._made_durable(out, event.step) if out else out
+        if ledger is not None and type(event) is not events.Lifecycle:
+            return self._live(ledger, event, now)
         if isinstance(event, events.Lifecycle) and event.state == "start":
             out = self._ended(source, ledger.last_at, clean=False) if ledger is not None else []
             return out + self._started(source, now, saw_start=True)
@@ -238,7 +298,20 @@ class WorkloadGoodput:
             out = self._started(source, now - _duration(event), saw_start=False)
         if isinstance(event, events.Lifecycle) and event.state in ("stop", "failure"):
             return out + self._ended(source, now, clean=event.state == "stop")
-        return out + self.processes[source].observe(event, now)
+        return out + self._live(self.processes[source], event, now)
+
+    def _live(self, ledger: GoodputLedger, event: events.AnyEvent, now: float) -> Increments:
+        """An event of a live process, a step aside."""
+        if type(event) is events.Checkpoint and event.ok and event.operation == "restore":
+            self.rollbacks.restored(event.step, ledger, list(self.processes.values()))
+        step = event.step if type(event) is events.Checkpoint else ledger.highest_step
+        return self._made_durable(ledger.observe(event, now), step)
+
+    def _made_durable(self, increments: Increments, step: int) -> Increments:
+        for category, seconds in increments:
+            if category == "productive":
+                self.rollbacks.booked(step, seconds)
+        return increments
 
     def left(self, source: Hashable, now: float, clean: bool) -> Increments:
         """The process behind ``source`` went without a stop or a failure: its connection closed (``clean``: after
@@ -269,7 +342,8 @@ class WorkloadGoodput:
 
     def _ended(self, source: Hashable, at: float, clean: bool) -> Increments:
         ledger = self.processes.pop(source)
-        out = ledger.end(at, clean)
+        out = self._made_durable(ledger.end(at, clean), ledger.highest_step)
+        self.rollbacks.highest_ended = max(self.rollbacks.highest_ended, ledger.highest_step)
         self._settled += ledger.last_at - ledger.started_at  # end() took the later of `at` and its last event
         if not clean:
             self.gaps.append(_Gap(ledger.last_at, ledger.last_at))

@@ -111,6 +111,10 @@ class Thresholds:
     collective_spike_min_share: float = 0.1
     """The share of its step a workload must now spend in exposed collectives (its device profiles) before a
     jump of its collective time counts: twice nothing is still nothing."""
+    loss_spike_seconds: float = 1800.0
+    """A loss spike (the loss far above its recent baseline, tpuscope_training_loss_deviation) that has not come
+    down for this long makes a ticket: long enough that a spike training recovers from on its own (tens to
+    hundreds of steps) does not."""
     model_age_seconds: float = 7 * 86400.0
     """A serving workload still serving a model loaded this long ago: the pipeline that publishes new models, or
     the roll-out that loads them, has stopped."""
@@ -132,7 +136,7 @@ class Thresholds:
             raise ValueError("hang_seconds must be above 0 and below stall_seconds (the long scale)")
         if self.profile_min_steps < 1:
             raise ValueError("profile_min_steps must be 1 or more (a mean of no step is no measure)")
-        for name in ("swap_in_bytes_per_second", "major_faults_per_second", "model_age_seconds"):
+        for name in ("swap_in_bytes_per_second", "major_faults_per_second", "model_age_seconds", "loss_spike_seconds"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be above 0")
         if self.inference_latency_seconds not in catalog.REQUEST_BUCKETS:  # the SLI counts a bucket: it must be one

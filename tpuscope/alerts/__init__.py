@@ -22,7 +22,7 @@ import yaml
 
 from tpuscope import catalog as c
 from tpuscope import generator_config
-from tpuscope.alerts import checkpoints, compilation, goodput, health, memory, serving, training
+from tpuscope.alerts import checkpoints, compilation, divergence, goodput, health, memory, serving, training
 from tpuscope.alerts.causes import CAUSES, INHIBITIONS, SAME_WORKLOAD, inhibited_by
 from tpuscope.alerts.recording import hang_rules, recording_rules, slo_ratios
 from tpuscope.alerts.rules import (
@@ -59,6 +59,7 @@ AREAS: tuple[Callable[[GeneratorConfig], list[Alert]], ...] = (
     goodput.alerts,
     health.alerts,
     serving.alerts,
+    divergence.alerts,
 )
 
 

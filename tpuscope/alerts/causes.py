@@ -52,6 +52,10 @@ CAUSES: dict[AlertName, str] = {
     AlertName.HOST_MEMORY_PRESSURE: "a job's host runs out of memory: the OOM killer is near",
     AlertName.DEVICE_THROTTLED: "a GPU's driver holds its clocks down",
     AlertName.MODEL_STALE: "a service serves a model older than it should",
+    AlertName.LOSS_NON_FINITE: "the run diverged: its loss or gradient is NaN or infinite",
+    AlertName.NON_FINITE_FIRST_WORKER: "one worker's chips corrupted its values before its peers': suspect "
+    "its hardware",
+    AlertName.LOSS_SPIKE: "the loss jumped and has not come down: the run diverged without a NaN",
 }
 
 # A stalled workload has no step time to speak of: these say nothing new while it is stalled.
@@ -129,6 +133,12 @@ INHIBITIONS: tuple[Inhibition, ...] = (
         ),
         (AlertName.GOODPUT_BUDGET_BURN,),
         "an outage, a hang or a crash loop burns the goodput budget: the page that names it says it",
+    ),
+    Inhibition(
+        (AlertName.LOSS_NON_FINITE,),
+        (AlertName.LOSS_SPIKE,),
+        "a loss gone non-finite is worse than a spike: the page says it (the worker that went first stays a "
+        "ticket of its own)",
     ),
 )
 

@@ -393,17 +393,26 @@ def slo_rules(config: GeneratorConfig) -> list[dict[str, str]]:
 
 
 def goodput_rates() -> list[dict[str, str]]:
-    """Each workload's goodput by category, a second a second: the sidecars' categories, and ``straggler`` (its
-    workers' wait for a straggler beyond what they wait for each other, which only the rules see,
-    :mod:`tpuscope.alerts.stragglers`) carved out of productive, so that the categories still add up to the wall
-    time. Productive is booked when durable and the straggler's wait as it happens: they add up over a window that
-    holds the save (docs/goodput.md)."""
+    """Each workload's goodput by category, a second a second: the sidecars' categories, with two corrections only
+    the rules can make. ``straggler`` (its workers' wait for a straggler beyond what they wait for each other, which
+    only the rules see, :mod:`tpuscope.alerts.stragglers`) is carved out of productive; so is what the workload's
+    restores threw away (``tpuscope_goodput_rolled_back_seconds_total``: productive seconds booked for steps a
+    rollback repeats), which goes to lost. The categories still add up to the wall time. Productive is booked when
+    durable, the straggler's wait as it happens and a rollback at the restore: they add up over a window that holds
+    them (docs/goodput.md); a 5-minute rate of productive reads below zero at a rollback of more than it booked."""
     by = f"{WORKLOAD}, category"
-    others = per_workload("rate", series(c.GOODPUT, 'category!="productive"'), "5m", by=by)
+    others = per_workload("rate", series(c.GOODPUT, 'category!~"productive|lost"'), "5m", by=by)
     productive = per_workload("rate", series(c.GOODPUT, 'category="productive"'), "5m", by=by)
+    lost = per_workload("rate", series(c.GOODPUT, 'category="lost"'), "5m", by=by)
+    rolled_back = per_workload("rate", series(c.GOODPUT_ROLLED_BACK), "5m")
     straggler = labelled(STRAGGLER_RATE, "category", STRAGGLER_CATEGORY)
-    carved = f"({productive} - on ({WORKLOAD}) group_left () {STRAGGLER_RATE} or {productive})"
-    return [{"record": GOODPUT_RATE, "expr": f"{others} or {carved} or {straggler}"}]
+
+    def minus(a: str, b: str) -> str:
+        return f"({a} - on ({WORKLOAD}) group_left () {b} or {a})"
+
+    carved = minus(minus(productive, STRAGGLER_RATE), rolled_back)
+    lost_and_rolled_back = f"({lost} + on ({WORKLOAD}) group_left () {rolled_back} or {lost})"
+    return [{"record": GOODPUT_RATE, "expr": f"{others} or {carved} or {lost_and_rolled_back} or {straggler}"}]
 
 
 def latency_requests(config: GeneratorConfig) -> tuple[str, str]:

@@ -29,6 +29,7 @@ from tpuscope import __version__, catalog, events
 from tpuscope.conventions import PROFILE_FRESH_PERIODS, PROFILE_FRESH_SECONDS
 from tpuscope.exporter.labels import LIMITED, OTHER_LABELS, LabelLimiter
 from tpuscope.exporter.samples import SampleStore
+from tpuscope.exporter.training_health import TrainingHealth
 from tpuscope.goodput import CATEGORIES as GOODPUT_CATEGORIES
 from tpuscope.goodput import Increments, WorkloadGoodput
 
@@ -104,6 +105,8 @@ class WorkloadState:
     # The latest captures that measured, oldest first: the profile gauges' mean is over their steps.
     captures: deque[Capture] = field(default_factory=lambda: deque(maxlen=catalog.PROFILE_MEAN_CAPTURES))
     profile_period: float = 0.0  # the job's capture period as its latest attempt said it (0: unknown)
+    training: TrainingHealth = field(default_factory=TrainingHealth)
+    rolled_back_served: tuple[int, float] = (0, 0.0)  # what the rollback counters hold: steps, seconds
     # Monotonic time of its latest event, or of its last process leaving: the expiry clock.
     last_seen: float = field(default_factory=time.monotonic)
 
@@ -134,6 +137,7 @@ class Aggregator:
             events.CompileFailure: self._compile_failure,
             events.Recompile: self._recompile,
             events.ModelLoaded: self._model_loaded,
+            events.TrainingValues: self._training_values,
         }
         self._workloads: dict[str, WorkloadState] = {}
         self._processes: dict[str, int] = {}  # workload -> its connected processes
@@ -216,7 +220,19 @@ class Aggregator:
             self._run_ended(event, state.goodput)
         elif increments or state.goodput.gaps or state.down_served is not None:
             self._book(event.workload, state, increments, wall=False)
+        if type(event) is events.Checkpoint:
+            self._rolled_back(event.workload, state)
         return event.workload
+
+    def _rolled_back(self, workload: str, state: WorkloadState) -> None:
+        """Serve what the workload's restores threw away (goodput.Rollbacks), as it grew."""
+        rollbacks = state.goodput.rollbacks
+        steps, seconds = state.rolled_back_served
+        if rollbacks.steps > steps:
+            self.metrics[catalog.GOODPUT_ROLLED_BACK_STEPS].labels(workload).inc(rollbacks.steps - steps)
+        if rollbacks.seconds > seconds:
+            self.metrics[catalog.GOODPUT_ROLLED_BACK].labels(workload).inc(rollbacks.seconds - seconds)
+        state.rolled_back_served = (rollbacks.steps, rollbacks.seconds)
 
     def _run_ended(self, e: events.Lifecycle, goodput: WorkloadGoodput) -> None:
         """The end of the workload's wall time: its last process stopped cleanly and none is down."""
@@ -447,6 +463,8 @@ class Aggregator:
             for category in GOODPUT_CATEGORIES:
                 self.metrics[catalog.GOODPUT].labels(e.workload, category)
             self.metrics[catalog.GOODPUT_WALL].labels(e.workload)
+            self.metrics[catalog.GOODPUT_ROLLED_BACK].labels(e.workload)
+            self.metrics[catalog.GOODPUT_ROLLED_BACK_STEPS].labels(e.workload)
             state = self._workload(e.workload)
             if not state.start_served:
                 state.start_served = True
@@ -461,6 +479,23 @@ class Aggregator:
         counts from here, and so does the libtpu collector's question on the cores' state (:meth:`progress`)."""
         self.metrics[catalog.LAST_PROGRESS].labels(workload).set(self._now)
         self._progressed[workload] = self._now
+
+    def _training_values(self, e: events.TrainingValues) -> None:
+        """A step's loss, gradient norm and local value (tracing/training_values.py); exporter/training_health.py
+        says what is kept of them."""
+        m = self.metrics
+        health = self._workload(e.workload).training
+        m[catalog.TRAINING_VALUES_UNREAD].labels(e.workload).inc(e.unread)  # at 0 from the first event
+        nonfinite, onsets = m[catalog.TRAINING_NONFINITE], m[catalog.TRAINING_NONFINITE_ONSET]
+        for value, reading in e.values():
+            m[catalog.TRAINING_VALUE].labels(e.workload, value).set(reading)
+            count = nonfinite.labels(e.workload, value)  # at 0 from the first reading: the first NaN is an increase
+            if health.onset(value, reading):
+                onsets.labels(e.workload, value).set(e.step)
+            if not math.isfinite(reading):
+                count.inc()
+            elif value == "loss" and (deviation := health.baseline.deviation(reading)) is not None:
+                m[catalog.LOSS_DEVIATION].labels(e.workload).set(deviation)
 
     def _inference_batch(self, e: events.InferenceBatch) -> None:
         m = self.metrics

@@ -51,6 +51,7 @@ from tpuscope.tracing import hooks as switches
 from tpuscope.tracing import profiles as device_profiles
 from tpuscope.tracing.position import Nowhere, Whereabouts
 from tpuscope.tracing.sinks import Sink, SocketSink
+from tpuscope.tracing.training_values import PendingValues
 
 if TYPE_CHECKING:
     from tpuscope.tracing.orbax_checkpoints import OrbaxCheckpoints
@@ -228,6 +229,7 @@ class Monitor:
         self.compile_seconds = 0.0
         self._hardware_sent = False
         self._closed = False
+        self._values = PendingValues()  # the losses given and not yet computed (tracing/training_values.py)
         self.spans: SpanRecorder | None = None
         if traces:
             self.spans = _span_recorder(self.workload, spans_file, sample_every, slow_factor)
@@ -555,6 +557,16 @@ class Monitor:
             self._sidecar.drop(f"invalid {record.__name__}: {e}")
             return None
 
+    def _send_training_values(self, closing: bool = False) -> None:
+        """Send the training values that are ready; ``closing``: drop and count the rest."""
+        try:
+            for event in self._values.ready(self.workload):
+                self._deliver(event)
+            if closing and (unread := self._values.drop_all(self.workload, self._last_step or 0)) is not None:
+                self._deliver(unread)
+        except Exception:  # telemetry must never fail the step
+            log.debug("tpuscope: training values failed", exc_info=True)
+
     def _send(self, record: type[events.AnyEvent], **fields: object) -> None:
         if (event := self._event(record, **fields)) is not None:
             self.emit(event)
@@ -573,6 +585,7 @@ class Monitor:
             self._closed = True
         if isinstance(failed, BaseException):
             self.compile_failed(failed)
+        self._send_training_values(closing=True)
         reason = self._failure_reason(failed)
         # The last word first: what follows may wait (a capture being stopped), and the SIGTERM watchdog gives
         # its close only a moment before it ends the process.
@@ -749,6 +762,20 @@ class StepTimer:
         slots[_WHERE_SLOT] = _IN_STEP
         return self
 
+    def loss(self, loss: Any, *, grad_norm: Any = None, local: Any = None) -> None:
+        """Report the step's loss, and its gradient norm and this process's value before the reduction
+        (``local``: its own loss or gradient norm, to name the first worker to go non-finite) where the job has
+        them: JAX arrays or numbers. Never waits for the device: an array still being computed is read at the
+        end of a later step, once ready (tracing/training_values.py)."""
+        values = self._monitor._values
+        try:
+            if type(self.number) is int:
+                values.give(self.number, loss, grad_norm, local)
+            else:  # a step number the host cannot read: nor could the sidecar file its values
+                values.unread += 1
+        except Exception:  # telemetry must never fail the step
+            log.debug("tpuscope: training values failed", exc_info=True)
+
     def phase(self, name: str) -> PhaseTimer:
         """Time a phase of this step: ``"io"``, ``"compute"`` or ``"sync"``. Phases must not nest."""
         if name not in _MEASURED_PHASES:
@@ -817,6 +844,8 @@ class StepTimer:
             monitor._sidecar.drop(f"invalid Step: {e}")
             return
         monitor._deliver(event)
+        if monitor._values:  # losses given this step or before: those the device has computed
+            monitor._send_training_values()
 
 
 class PhaseTimer:
