@@ -49,7 +49,7 @@ def tokens(trainer: DataParallelTrainer, length: int | None = None, seed: int = 
 
 
 def split_step(trainer: DataParallelTrainer, state: TrainState, batch: jax.Array) -> tuple[TrainState, jax.Array]:
-    per_shard, losses = trainer.grads(state, batch)
+    per_shard, losses, _ = trainer.grads(state, batch)
     return trainer.apply(state, trainer.all_reduce(per_shard)), losses
 
 
@@ -128,7 +128,7 @@ def test_loss_decreases_over_split_steps(trainer: DataParallelTrainer, state: Tr
 
 def test_grads_differ_per_shard_and_all_reduce_averages_them(trainer: DataParallelTrainer, state: TrainState) -> None:
     batch = trainer.put_batch(tokens(trainer, seed=2))
-    per_shard, losses = trainer.grads(state, batch)
+    per_shard, losses, _ = trainer.grads(state, batch)
     reduced = trainer.all_reduce(per_shard)
 
     for shard_leaf, mean_leaf, param in zip(

@@ -21,6 +21,10 @@ DEFAULTS = {
     "compile-error": -1.0,
     "bad-data": -1.0,
     "spill": 0.0,
+    # Training health: the step a worker's gradients go NaN at before the all-reduce (-1: half the run); the steps
+    # the reported loss reads ten times higher for, from a third of the run (0: to the end, it never comes down).
+    "nan": -1.0,
+    "spike": 50.0,
     # Hangs (tpuscope.workload.hangs): the step a worker hangs at, for good; -1: half the run.
     "hang-input": -1.0,
     "hang-spin": -1.0,
@@ -41,7 +45,7 @@ HANGING = ("hang-input", "hang-spin", "skip-collective")
 # The faults one worker can have alone. The others would break the job rather than show a fault: a worker that
 # alone skips its saves leaves its peers in Orbax's barrier, one that alone recompiles to another sequence length
 # runs another program than its peers.
-PER_WORKER = ("slow-io", "stall", "straggler", "blip", *FAILING, *HANGING)
+PER_WORKER = ("slow-io", "stall", "straggler", "blip", "nan", *FAILING, *HANGING)
 
 
 class FaultError(ValueError):

@@ -204,6 +204,8 @@ class DataParallelTrainer:
         self._plain_fused_step = jax.jit(self._make_fused_step(False)) if straggling else self._fused_step
         # The fused step's extra input where the job has a straggler: each device's count of extra gradients.
         self._extra_work = self._per_device(0) if straggling else None
+        # Each device's factor on its gradients before the all-reduce: 1, NaN where the `nan` fault strikes.
+        self._gradient_scale = self._per_device(1.0)
 
     # Each _make_* builds the function that gets jitted. The inner functions carry the names that jax reports
     # as ``fun_name`` in its compile events and in profiles ("grads", "all_reduce", "apply", "fused_step").
@@ -227,20 +229,26 @@ class DataParallelTrainer:
 
         return init_state
 
-    def _make_grads(self) -> Callable[[TrainState, jax.Array], tuple[Any, jax.Array]]:
+    def _make_grads(self) -> Callable[[TrainState, jax.Array, jax.Array], tuple[Any, jax.Array, jax.Array]]:
         config = self.config
 
-        def local_grads(params: Any, shard: jax.Array) -> tuple[Any, jax.Array]:
+        def local_grads(params: Any, shard: jax.Array, scale: jax.Array) -> tuple[Any, jax.Array, jax.Array]:
             loss, grads = jax.value_and_grad(loss_fn)(params, shard, config)
+            grads = jax.tree.map(lambda g: g * scale[0], grads)  # 1, or NaN where a fault poisons this device
+            norm = jnp.sqrt(sum(jnp.sum(jnp.square(g)) for g in jax.tree.leaves(grads)))
             # A leading axis of size 1 per device: shard_map concatenates them into the device axis.
-            return jax.tree.map(lambda g: g[None], grads), loss[None]
+            return jax.tree.map(lambda g: g[None], grads), loss[None], norm[None]
 
         sharded = jax.shard_map(
-            local_grads, mesh=self.mesh, in_specs=(REPLICATED, SHARDED), out_specs=(SHARDED, SHARDED), check_vma=False
+            local_grads,
+            mesh=self.mesh,
+            in_specs=(REPLICATED, SHARDED, SHARDED),
+            out_specs=(SHARDED, SHARDED, SHARDED),
+            check_vma=False,
         )
 
-        def grads(state: TrainState, batch: jax.Array) -> tuple[Any, jax.Array]:
-            return sharded(state.params, batch)
+        def grads(state: TrainState, batch: jax.Array, scale: jax.Array) -> tuple[Any, jax.Array, jax.Array]:
+            return sharded(state.params, batch, scale)
 
         return grads
 
@@ -325,13 +333,21 @@ class DataParallelTrainer:
             raise ValueError("extra work needs a trainer made with straggling=True: every process runs its program")
         self._extra_work = self._per_device(count)
 
-    def _per_device(self, value: int) -> jax.Array:
-        """One int32 ``value`` for each device of this process, in the job's array of one per device."""
-        return self._from_this_process(np.full(len(self.mesh.local_devices), value, dtype=np.int32))
+    def set_gradient_scale(self, factor: float) -> None:
+        """From the next ``grads`` on, this process's devices multiply their gradients by ``factor`` before the
+        all-reduce (NaN: a chip that corrupts its values, as silent data corruption does)."""
+        self._gradient_scale = self._per_device(factor)
 
-    def grads(self, state: TrainState, batch: jax.Array) -> tuple[Any, jax.Array]:
-        """Per-shard gradients (leading device axis on every leaf) and per-shard losses of shape (n_devices,)."""
-        out: tuple[Any, jax.Array] = self._grads(state, batch)
+    def _per_device(self, value: float) -> jax.Array:
+        """One ``value`` (int32 for an int, float32 for a float) for each device of this process, in the job's
+        array of one per device."""
+        dtype = np.int32 if isinstance(value, int) else np.float32
+        return self._from_this_process(np.full(len(self.mesh.local_devices), value, dtype=dtype))
+
+    def grads(self, state: TrainState, batch: jax.Array) -> tuple[Any, jax.Array, jax.Array]:
+        """Per-shard gradients (leading device axis on every leaf), per-shard losses and per-shard gradient norms
+        before the all-reduce, each of shape (n_devices,)."""
+        out: tuple[Any, jax.Array, jax.Array] = self._grads(state, batch, self._gradient_scale)
         return _ready(out)
 
     def all_reduce(self, per_shard_grads: Any) -> Any:
@@ -365,8 +381,8 @@ class DataParallelTrainer:
         """
         compiled: dict[str, jax.stages.Compiled] = {}
         if {"grads", "all_reduce", "apply"} & set(names):
-            compiled["grads"] = self._grads.lower(state, batch).compile()
-            per_shard_grads, _ = _abstract_outputs(compiled["grads"])
+            compiled["grads"] = self._grads.lower(state, batch, self._gradient_scale).compile()
+            per_shard_grads, *_ = _abstract_outputs(compiled["grads"])
             compiled["all_reduce"] = self._all_reduce.lower(per_shard_grads).compile()
             reduced_grads = _abstract_outputs(compiled["all_reduce"])
             compiled["apply"] = self._apply.lower(state, reduced_grads).compile()

@@ -72,8 +72,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="FAULT[=VALUE]",
-        help="cause a fault: slow-io, stall, straggler, blip, recompile, ckpt-fail, crash, oom, compile-error, "
-        "bad-data, spill (repeatable; docs/bench.md says what each does)",
+        help="cause a fault: slow-io, stall, straggler, blip, nan, spike, recompile, ckpt-fail, crash, oom, "
+        "compile-error, bad-data, spill (repeatable; docs/bench.md says what each does)",
     )
     parser.add_argument(
         "--linger", type=float, default=0.0, help="keep a sidecar bench started serving this many seconds after the run"

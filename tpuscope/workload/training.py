@@ -31,6 +31,8 @@ from tpuscope.workload.faults import FAILING, Faults
 from tpuscope.workload.hangs import Hangs
 
 CPU_DEVICES_FLAG = "--xla_force_host_platform_device_count"
+# The `spike` fault's factor on the reported loss: far past any noise of a training loss.
+SPIKE_FACTOR = 10.0
 
 
 def ensure_cpu_devices(count: int) -> None:
@@ -59,6 +61,7 @@ class WorkloadOptions:
     run_dir: Path = Path("run/bench")
     compile_cache: Path | None = None
     calibrate: bool = False
+    report_loss: bool = True  # each step's loss (and in the split step, each process's gradient norm) to s.loss
     faults: Faults = field(default_factory=lambda: Faults({}))
 
 
@@ -90,8 +93,16 @@ class Workload:
         self.log = log
         self._stall_at: int | None = None  # the step whose input stalls (fault `stall`)
         self._straggle_from = 0  # the first step this worker straggles at (fault `straggler`)
+        self._poison_at: int | None = None  # the step this worker's gradients go NaN at (fault `nan`)
+        self._spiking = range(0)  # the steps whose reported loss is spiked (fault `spike`)
+        self.report_loss = options.report_loss  # read at each step: the overhead benchmark turns it on and off
         self._fail_at: dict[str, int] = {}  # fault -> the step it ends the run at (the FAILING faults)
         faults = options.faults
+        if "nan" in faults.anywhere and options.fused:
+            raise UnsupportedHere(
+                "--inject nan needs the split step (without --fused): its gradients before the all-reduce are a "
+                "program's output there, poisoned on one worker's devices"
+            )
         if "spill" in faults:
             raise UnsupportedHere(
                 "--inject spill needs an accelerator: XLA on the CPU places nothing in host memory "
@@ -164,6 +175,11 @@ class Workload:
         }
         self._stall_at = (start + options.steps) // 2 if "stall" in faults else None
         self._straggle_from = start + (options.steps - start) // 3
+        if "nan" in faults and self.resumed_from is None:
+            self._poison_at = options.steps // 2 if faults.get("nan") < 0 else int(faults.get("nan"))
+        if "spike" in faults:
+            steps = int(faults.get("spike"))
+            self._spiking = range(self._straggle_from, self._straggle_from + steps if steps > 0 else options.steps)
         self._hangs = hangs = Hangs(faults, start, options.steps, self.log)
         for n in range(start, options.steps):
             if n == self._fail_at.get("crash"):
@@ -216,14 +232,20 @@ class Workload:
         if n == self._fail_at.get("compile-error"):
             with step.phase("compute"):
                 _compile_unsupported()
+        local = None  # this process's gradient norm before the all-reduce (the split step's)
         if self.options.fused:
             with step.phase("compute"):
-                state, _ = trainer.fused_step(state, batch)
+                state, loss = trainer.fused_step(state, batch)
                 hangs.slow_compute(n)
         else:
             with step.phase("compute"):
                 started = time.perf_counter()
-                grads, _ = trainer.grads(state, batch)
+                if n == self._poison_at:  # this worker's chips corrupt one step's gradients
+                    self.log(f"nan: step {n}'s gradients on this worker's devices are NaN")
+                    trainer.set_gradient_scale(float("nan"))
+                grads, loss, local = trainer.grads(state, batch)
+                if n == self._poison_at:
+                    trainer.set_gradient_scale(1.0)
                 if "straggler" in faults and n >= self._straggle_from:  # this worker falls behind its peers
                     time.sleep((faults.get("straggler") - 1) * (time.perf_counter() - started))
                 hangs.slow_compute(n)
@@ -231,6 +253,12 @@ class Workload:
                 grads = trainer.all_reduce(grads)
             with step.phase("compute"):
                 state = trainer.apply(state, grads)
+        if self.report_loss:
+            if n in self._spiking:  # the loss the job reports reads ten times its value (every worker's)
+                if n == self._spiking.start:
+                    self.log(f"spike: from step {n} the reported loss is {SPIKE_FACTOR:g} times the loss")
+                loss = loss * SPIKE_FACTOR
+            step.loss(loss, local=local)
         hangs.after_compute(n)
         hangs.in_sync(n, step)
         if seq_len not in self._flops:  # a new shape: its programs were just compiled
@@ -241,7 +269,7 @@ class Workload:
     def _evaluate(self, state: Any) -> float:
         """One program of an eval loop (the ``eval`` fault): a batch's loss, as a job's eval computes it."""
         batch = self.trainer.put_batch(self.data.next(self.options.seq_len))
-        _, loss = self.trainer.grads(state, batch)
+        _, loss, _ = self.trainer.grads(state, batch)
         return float(loss.mean())
 
     def _seq_len(self, n: int) -> int:
@@ -336,6 +364,9 @@ class _BareStep:
 
     def phase(self, name: str) -> AbstractContextManager[None]:
         return nullcontext()
+
+    def loss(self, loss: Any, *, grad_norm: Any = None, local: Any = None) -> None:
+        pass
 
 
 @contextmanager
