@@ -76,17 +76,22 @@ def test_fields_a_newer_job_appends_are_ignored() -> None:
     assert events.decode(newer) == VALID[0]
 
 
-@pytest.mark.parametrize("first_new_field", ["profile", "compile_s"])
+@pytest.mark.parametrize("first_new_field", ["profile", "compile_s", "values"])
 def test_a_sidecar_older_than_a_steps_trailing_fields_reads_the_step(first_new_field: str) -> None:
-    """Issues 22 and 23: the job sends ``Step.profile`` and ``Step.compile_s`` before every sidecar knows them. A
-    sidecar of an earlier release reads Step without its last fields: decoding with that layout keeps the rest."""
+    """Issues 22, 23 and 56: the job sends ``Step.profile``, ``Step.compile_s`` and ``Step.values`` before every
+    sidecar knows them. A sidecar of an earlier release reads Step without its last fields: decoding with that
+    layout keeps the rest."""
     fields_now = msgspec.structs.fields(events.Step)[1:]  # Event's workload comes first
     names = [f.name for f in fields_now]
     old_fields = [(f.name, f.type, f.default) for f in fields_now[: names.index(first_new_field)]]
-    assert names[names.index(first_new_field) :] in (["profile", "compile_s"], ["compile_s"])  # only trailing ones
+    trailing = ["profile", "compile_s", "values", "unread"]
+    assert names[names.index(first_new_field) :] == trailing[trailing.index(first_new_field) :]  # only trailing ones
     old_step = msgspec.defstruct("Step", old_fields, bases=(events.Event,), tag="step", frozen=True)
     profile = events.DeviceProfile("ok", steps=4, devices=8, step_s=0.5, compute_s=0.3, exposed_collective_s=0.2)
-    newer = msgspec.structs.replace(VALID[0], trace_id="ab" * 16, profile=profile, compile_s=0.05)
+    losses = (events.StepValues(3, 2.5, local="nan"),)
+    newer = msgspec.structs.replace(
+        VALID[0], trace_id="ab" * 16, profile=profile, compile_s=0.05, values=losses, unread=1
+    )
     datagram = events.encode(newer)
     assert datagram.startswith(events.HEADER)  # the same schema version: an older sidecar takes it
     read = msgspec.msgpack.Decoder(old_step).decode(datagram[len(events.HEADER) :])

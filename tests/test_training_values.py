@@ -3,7 +3,11 @@ for the device (issue 56), and the sidecar serves what they say."""
 
 from __future__ import annotations
 
+import json
 import math
+import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -16,6 +20,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from test_monitor import Recorder
 
 from tpuscope import catalog, events
+from tpuscope.exporter.training_health import LossBaseline
 from tpuscope.testing.waiting import scrape_until
 from tpuscope.tracing import Monitor
 from tpuscope.tracing.training_values import MAX_PENDING, PendingValues
@@ -60,8 +65,14 @@ def monitor(tmp: Path) -> tuple[Monitor, Recorder]:
     return mon, recorder
 
 
-def sent(recorder: Recorder) -> list[events.TrainingValues]:
-    return [e for e in recorder.events if isinstance(e, events.TrainingValues)]
+def sent(recorder: Recorder) -> list[events.StepValues]:
+    """The values the Monitor sent: on the steps that read them, and at its close."""
+    return [v for e in recorder.events if isinstance(e, events.Step | events.TrainingValues) for v in e.values]
+
+
+def unread(recorder: Recorder) -> list[int]:
+    """The counts of values dropped unread, as each event said them."""
+    return [e.unread for e in recorder.events if isinstance(e, events.Step | events.TrainingValues) and e.unread]
 
 
 def test_a_value_still_computing_is_never_read_and_is_sent_at_the_first_step_end_after_it_is_ready(
@@ -80,7 +91,9 @@ def test_a_value_still_computing_is_never_read_and_is_sent_at_the_first_step_end
         pass
     mon.close()
     assert loss.reads_before_ready == [], "the Monitor waited for the device"
-    assert sent(recorder) == [events.TrainingValues("values", 0, loss=2.5)]
+    assert sent(recorder) == [events.StepValues(0, loss=2.5)]
+    (carrier,) = [e for e in recorder.events if isinstance(e, events.Step) and e.values]
+    assert carrier.step == 4, "the first step to end after the value was ready carries it"
 
 
 def test_a_real_jax_step_is_not_waited_for(short_tmp: Path) -> None:
@@ -127,14 +140,13 @@ def test_a_value_never_ready_is_dropped_and_counted_and_the_rest_still_read(shor
         with mon.step(n) as s:
             s.loss(float(n))
     # The oldest waited MAX_PENDING steps behind it: dropped, and the values queued behind it read.
-    values = sent(recorder)
-    assert values[0].unread == 1 and values[0].step == 1
-    assert [v.step for v in values] == list(range(1, MAX_PENDING + 1))
+    assert [v.step for v in sent(recorder)] == list(range(1, MAX_PENDING + 1))
+    assert unread(recorder) == [1]
     still = Computing(1.0)
     with mon.step(MAX_PENDING + 1) as s:
         s.loss(still)
     mon.close()  # still computing when the Monitor closes: not waited for, counted
-    assert sent(recorder)[-1] == events.TrainingValues("values", sent(recorder)[-1].step, unread=1)
+    assert recorder.events[-2] == events.TrainingValues("values", (), unread=1), "the last word, before the stop"
     assert hung.reads_before_ready == [] and still.reads_before_ready == []
 
 
@@ -142,12 +154,13 @@ def test_numbers_arrays_and_non_finite_values_read_as_the_wire_carries_them() ->
     pending = PendingValues()
     pending.give(7, np.float32(1.5), 3, jnp.array([1.0, math.inf, 2.0]))
     pending.give(8, float("nan"), None, jnp.array([1.0, 4.0]))
-    first, second = pending.ready("w")
+    first, second = pending.ready()
     assert (first.loss, first.grad_norm, first.local) == (1.5, 3.0, "inf")
     assert (second.loss, second.grad_norm, second.local) == ("nan", None, 4.0)  # the largest of several
-    decoded = events.decode(events.encode(second))
-    assert math.isnan(dict(decoded.values())["loss"])
-    assert events.from_record(events.to_record(second, 0.0))[1] == second, "a recording keeps the NaN too"
+    step = events.Step("w", 9, 1.0, values=(first, second))
+    decoded = events.decode(events.encode(step))
+    assert isinstance(decoded, events.Step) and math.isnan(dict(decoded.values[1].values())["loss"])
+    assert events.from_record(events.to_record(step, 0.0))[1] == step, "a recording keeps the NaN too"
 
 
 def test_a_value_sharded_over_devices_reads_this_process_shards() -> None:
@@ -159,7 +172,7 @@ def test_a_value_sharded_over_devices_reads_this_process_shards() -> None:
     local = jax.device_put(norms, NamedSharding(mesh, PartitionSpec("data")))
     pending = PendingValues()
     pending.give(0, 1.0, None, local)
-    (values,) = pending.ready("w")
+    (values,) = pending.ready()
     assert values.local == "nan"
 
 
@@ -180,3 +193,49 @@ def test_the_sidecar_serves_the_loss_its_non_finite_count_onset_and_spike(sideca
     deviation = got.value(catalog.LOSS_DEVIATION.name, **w)
     assert deviation is not None and deviation > 100 * catalog.LOSS_SPIKE_DEVIATION, deviation
     assert got.value(catalog.TRAINING_VALUES_UNREAD.name, **w) == 0
+
+
+def test_a_run_that_diverges_and_rolls_back_books_the_steps_it_threw_away(
+    sidecar: SidecarProcess, short_tmp: Path
+) -> None:
+    """tests/diverging_job.py: a NaN at step 25, found at step 39, step 19 restored. The steps between (20 to 39)
+    were run for nothing: the sidecar counts them within a step of the job's own count, and books the productive
+    time the saves at 29 and 39 had made durable as rolled back."""
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    job = subprocess.run(
+        [
+            sys.executable,
+            str(Path(__file__).parent / "diverging_job.py"),
+            str(short_tmp / "ckpt"),
+            "--socket",
+            str(sidecar.socket),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env=env,
+    )
+    assert job.returncode == 0, job.stdout + job.stderr
+    truth = json.loads(job.stdout.strip().splitlines()[-1])
+    thrown_away = truth["highest"] - truth["restored"]
+    w = {"workload": "diverging"}
+    got = scrape_until(sidecar.url, lambda m: m.value(catalog.WORKLOAD_END_TIME.name, **w) is not None)
+    booked = got.value(catalog.GOODPUT_ROLLED_BACK_STEPS.name, **w)
+    print(f"\nthe job threw away {thrown_away} steps ({truth}); the sidecar booked {booked}")
+    assert booked is not None and abs(booked - thrown_away) <= 1, (booked, truth)
+    assert (got.value(catalog.GOODPUT_ROLLED_BACK.name, **w) or 0) > 0, "the saves after the NaN had made steps durable"
+    assert (got.value(catalog.TRAINING_NONFINITE.name, value="loss", **w) or 0) >= 1
+
+
+def test_a_noisy_spike_that_dips_under_the_bound_is_never_taken_for_the_new_normal() -> None:
+    """A loss around 1 that jumps to around 2 for good, one reading in ten of them back at 1: the baseline stays the
+    loss before the jump, so the spike reads as one to its end; ten calm readings in a row end it."""
+    rng = np.random.default_rng(0)
+    baseline = LossBaseline()
+    for _ in range(catalog.LOSS_BASELINE_STEPS):
+        baseline.deviation(1.0 + 0.01 * rng.standard_normal())
+    spiked = [baseline.deviation((1.0 if n % 10 == 9 else 2.0) + 0.01 * rng.standard_normal()) for n in range(1000)]
+    assert all(d is not None for d in spiked)
+    assert sum(d > catalog.LOSS_SPIKE_DEVIATION for d in spiked if d is not None) == 900, "each 2 read as a spike"
+    calm = [baseline.deviation(1.0 + 0.01 * rng.standard_normal()) for _ in range(20)]
+    assert all(d is not None and abs(d) < catalog.LOSS_SPIKE_DEVIATION for d in calm)

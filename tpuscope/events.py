@@ -175,6 +175,49 @@ class Event(msgspec.Struct, array_like=True, frozen=True, tag_field="k"):
     workload: LabelValue
 
 
+# The training values a job reports (:class:`StepValues`), each a label value of the sidecar's series of them.
+TRAINING_VALUES = ("loss", "grad_norm", "local")
+# A reading of one: a finite float, or the non-finite one spelled out. JSON (a recording) has no NaN nor infinity,
+# and a non-finite value is what these are read for.
+Reading = float | Literal["nan", "inf", "-inf"] | None
+# The most steps' values one event carries: the job keeps at most this many unread (tracing/training_values.py).
+MAX_STEP_VALUES = 64
+
+
+def reading(value: float) -> Reading:
+    """``value`` as the wire carries it: the float, or "nan", "inf", "-inf"."""
+    return value if math.isfinite(value) else typing.cast(Reading, repr(value))
+
+
+class StepValues(msgspec.Struct, array_like=True, frozen=True):
+    """One step's loss, and its gradient norm and this process's value before the reduction where the job gives
+    them, read once the device computed them (tpuscope.tracing.training_values): None where not given."""
+
+    step: Count
+    loss: Reading = None
+    grad_norm: Reading = None
+    local: Reading = None
+
+    def values(self) -> tuple[tuple[str, float], ...]:
+        """(name, value) of each value read, as floats (NaN and infinities included)."""
+        return tuple(
+            (name, float(value))
+            for name, value in (("loss", self.loss), ("grad_norm", self.grad_norm), ("local", self.local))
+            if value is not None
+        )
+
+
+StepValuesList = Annotated[tuple[StepValues, ...], msgspec.Meta(max_length=MAX_STEP_VALUES)]
+
+
+class TrainingValues(Event, tag="train", frozen=True):
+    """The training values still unsent when the Monitor closes: no step follows to carry them (a step carries
+    those read at its end, :attr:`Step.values`). ``unread``: those the job dropped because they were never ready."""
+
+    values: StepValuesList = ()
+    unread: Count = 0
+
+
 class Step(Event, tag="step", frozen=True):
     """A finished training step and where its time went (the phases add up to ``duration_s``).
 
@@ -187,6 +230,9 @@ class Step(Event, tag="step", frozen=True):
     field: a sidecar older than it reads the step and ignores the profile, counting no error).
     ``compile_s``: the compile seconds the job reported while the step ran (part of its
     duration, booked as compile and not as productive); None from a job older than the field.
+    ``values``: the training values (``s.loss``) of this or earlier steps that the device had computed by this
+    step's end, and ``unread`` those the job dropped since its last event because they were never ready: trailing
+    fields, so a sidecar older than them reads the step and ignores them.
     """
 
     step: Count
@@ -200,6 +246,8 @@ class Step(Event, tag="step", frozen=True):
     trace_id: TraceId = ""
     profile: DeviceProfile | None = None
     compile_s: Seconds | None = None
+    values: StepValuesList = ()
+    unread: Count = 0
 
     def __post_init__(self) -> None:
         measured = self.compute_s + self.sync_s + self.io_s + self.other_s
@@ -303,39 +351,6 @@ class ModelLoaded(Event, tag="model", frozen=True):
     """A serving process loaded the model it serves (its version a label: a few values, never a hash per build)."""
 
     version: LabelValue
-
-
-# The training values a job reports (:class:`TrainingValues`), each a label value of the sidecar's series of them.
-TRAINING_VALUES = ("loss", "grad_norm", "local")
-# A reading of one: a finite float, or the non-finite one spelled out. JSON (a recording) has no NaN nor infinity,
-# and a non-finite value is what these are read for.
-NON_FINITE = ("nan", "inf", "-inf")
-Reading = float | Literal["nan", "inf", "-inf"] | None
-
-
-def reading(value: float) -> Reading:
-    """``value`` as the wire carries it: the float, or "nan", "inf", "-inf"."""
-    return value if math.isfinite(value) else typing.cast(Reading, repr(value))
-
-
-class TrainingValues(Event, tag="train", frozen=True):
-    """One step's loss, and its gradient norm and this process's value before the reduction where the job gives
-    them, read once the device computed them (tpuscope.tracing.training_values): None where not given or not
-    read. ``unread``: the values the job dropped since its last such event because they were never ready."""
-
-    step: Count
-    loss: Reading = None
-    grad_norm: Reading = None
-    local: Reading = None
-    unread: Count = 0
-
-    def values(self) -> tuple[tuple[str, float], ...]:
-        """(name, value) of each value read, as floats (NaN and infinities included)."""
-        return tuple(
-            (name, float(value))
-            for name, value in (("loss", self.loss), ("grad_norm", self.grad_norm), ("local", self.local))
-            if value is not None
-        )
 
 
 # A position record's file name, in the sidecar's directory of them (tpuscope.positions).

@@ -328,6 +328,8 @@ class Aggregator:
         self._progress(e.workload)
         if e.dropped:
             self._ingest[catalog.DROPPED].inc(e.dropped)
+        if e.values or e.unread:
+            self._step_values(e.workload, e.values, e.unread)
         if e.profile is not None and not e.profile.served:  # a served one was counted as it was parsed
             self._profile(e.workload, e.profile)
         if e.flops:
@@ -481,21 +483,25 @@ class Aggregator:
         self._progressed[workload] = self._now
 
     def _training_values(self, e: events.TrainingValues) -> None:
-        """A step's loss, gradient norm and local value (tracing/training_values.py); exporter/training_health.py
-        says what is kept of them."""
+        self._step_values(e.workload, e.values, e.unread)
+
+    def _step_values(self, workload: str, values: tuple[events.StepValues, ...], unread: int) -> None:
+        """Steps' loss, gradient norm and local value (tracing/training_values.py), on a step or at the job's close;
+        exporter/training_health.py says what is kept of them."""
         m = self.metrics
-        health = self._workload(e.workload).training
-        m[catalog.TRAINING_VALUES_UNREAD].labels(e.workload).inc(e.unread)  # at 0 from the first event
+        health = self._workload(workload).training
+        m[catalog.TRAINING_VALUES_UNREAD].labels(workload).inc(unread)  # at 0 from the first
         nonfinite, onsets = m[catalog.TRAINING_NONFINITE], m[catalog.TRAINING_NONFINITE_ONSET]
-        for value, reading in e.values():
-            m[catalog.TRAINING_VALUE].labels(e.workload, value).set(reading)
-            count = nonfinite.labels(e.workload, value)  # at 0 from the first reading: the first NaN is an increase
-            if health.onset(value, reading):
-                onsets.labels(e.workload, value).set(e.step)
-            if not math.isfinite(reading):
-                count.inc()
-            elif value == "loss" and (deviation := health.baseline.deviation(reading)) is not None:
-                m[catalog.LOSS_DEVIATION].labels(e.workload).set(deviation)
+        for step in values:
+            for value, reading in step.values():
+                m[catalog.TRAINING_VALUE].labels(workload, value).set(reading)
+                count = nonfinite.labels(workload, value)  # at 0 from the first reading: the first NaN is an increase
+                if health.onset(value, reading):
+                    onsets.labels(workload, value).set(step.step)
+                if not math.isfinite(reading):
+                    count.inc()
+                elif value == "loss" and (deviation := health.baseline.deviation(reading)) is not None:
+                    m[catalog.LOSS_DEVIATION].labels(workload).set(deviation)
 
     def _inference_batch(self, e: events.InferenceBatch) -> None:
         m = self.metrics

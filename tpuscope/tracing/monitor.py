@@ -557,14 +557,14 @@ class Monitor:
             self._sidecar.drop(f"invalid {record.__name__}: {e}")
             return None
 
-    def _send_training_values(self, closing: bool = False) -> None:
-        """Send the training values that are ready; ``closing``: drop and count the rest."""
+    def _send_last_training_values(self) -> None:
+        """At the close: the values computed by now and the count of those not, which no step will carry."""
         try:
-            for event in self._values.ready(self.workload):
-                self._deliver(event)
-            if closing and (unread := self._values.drop_all(self.workload, self._last_step or 0)) is not None:
-                self._deliver(unread)
-        except Exception:  # telemetry must never fail the step
+            values = self._values.ready()
+            self._values.drop_all()
+            if values or self._values.unread:
+                self._deliver(events.TrainingValues(self.workload, values, self._values.take_unread()))
+        except Exception:  # telemetry must never fail the job
             log.debug("tpuscope: training values failed", exc_info=True)
 
     def _send(self, record: type[events.AnyEvent], **fields: object) -> None:
@@ -585,7 +585,7 @@ class Monitor:
             self._closed = True
         if isinstance(failed, BaseException):
             self.compile_failed(failed)
-        self._send_training_values(closing=True)
+        self._send_last_training_values()
         reason = self._failure_reason(failed)
         # The last word first: what follows may wait (a capture being stopped), and the SIGTERM watchdog gives
         # its close only a moment before it ends the process.
@@ -822,6 +822,13 @@ class StepTimer:
         other = duration - compute - sync - io
         if other < 0.0:
             other = 0.0
+        values: tuple[events.StepValues, ...] = ()
+        unread = 0
+        if monitor._values:  # losses given this step or before (s.loss): those the device has computed
+            try:
+                values, unread = monitor._values.ready(), monitor._values.take_unread()
+            except Exception:  # telemetry must never fail the step
+                log.debug("tpuscope: training values failed", exc_info=True)
         try:  # positionally, in the schema's order
             # Monitor.compiled_since, written out: a call costs the hot path more than the subtraction.
             compiled = monitor.compile_seconds - self._compiled_before
@@ -839,13 +846,13 @@ class StepTimer:
                 trace_id,
                 profile,
                 compiled,
+                values,
+                unread,
             )
         except Exception as e:  # phases longer than the step (phases run outside it): drop, count, carry on
             monitor._sidecar.drop(f"invalid Step: {e}")
             return
         monitor._deliver(event)
-        if monitor._values:  # losses given this step or before: those the device has computed
-            monitor._send_training_values()
 
 
 class PhaseTimer:

@@ -4,9 +4,11 @@
 arrays the step's program is still computing: reading one at once (``float(loss)``) would block the host until
 the device is done, and take away the asynchronous dispatch that lets the host prepare the next step meanwhile.
 So each array starts its copy to the host (``copy_to_host_async``) and waits here; at the end of each later step
-the oldest ones that are ready (``is_ready()`` asks without waiting) are read and sent, in the order given. One
+the oldest ones that are ready (``is_ready()`` asks without waiting) are read, in the order given, and ride on that
+step's event (trailing fields a sidecar older than them ignores: no event of a new kind, no send of their own). One
 never ready within :data:`MAX_PENDING` steps, or deleted (a donated buffer), or still pending when the Monitor
-closes, is dropped and counted (``unread`` on the next event). A number (a Python or NumPy float) is ready at once.
+closes, is dropped and counted (``unread`` on the next event). Those still unsent at the close go in an event of
+their own, :class:`tpuscope.events.TrainingValues`. A number (a Python or NumPy float) is ready at once.
 
 ``local`` is this process's value before the reduction that makes the step's loss or gradient one for all: the
 sidecars compare it across workers to name the first to go non-finite. An array sharded over several processes
@@ -27,7 +29,7 @@ log = logging.getLogger("tpuscope")
 
 # How many steps' values may wait for the device: a host that runs this far ahead of its device is rare, and a
 # value not ready by then is one that never will be (a computation that hangs, a value the job deleted).
-MAX_PENDING = 64
+MAX_PENDING = events.MAX_STEP_VALUES
 
 Given = tuple[int, Any, Any, Any]  # (step, loss, grad_norm, local), each value None where not given
 
@@ -42,7 +44,8 @@ class PendingValues:
         self.unread = 0
 
     def __bool__(self) -> bool:
-        return bool(self._pending)
+        """Whether a step's end has anything to do here: values to read, or a drop to report."""
+        return bool(self._pending) or self.unread > 0
 
     def give(self, step: int, loss: Any, grad_norm: Any, local: Any) -> None:
         for value in (loss, grad_norm, local):
@@ -57,37 +60,30 @@ class PendingValues:
             self.unread += 1
         self._pending.append((step, loss, grad_norm, local))
 
-    def ready(self, workload: str) -> list[events.TrainingValues]:
-        """Read the oldest values that are ready, up to the first that is not; one event per step (a dropped
-        value's count rides on the first, or on an event of its own)."""
-        out: list[events.TrainingValues] = []
+    def ready(self) -> tuple[events.StepValues, ...]:
+        """Read the oldest values that are ready, up to the first that is not (a value unreadable on its own,
+        deleted or no number, is dropped and counted)."""
+        out: list[events.StepValues] = []
         pending = self._pending
         while pending:
             step, loss, grad_norm, local = pending[0]
             try:
                 if not (_is_ready(loss) and _is_ready(grad_norm) and _is_ready(local)):
                     break
-                event = events.TrainingValues(
-                    workload, step, _reading(loss), _reading(grad_norm), _reading(local), self._take_unread()
-                )
+                out.append(events.StepValues(step, _reading(loss), _reading(grad_norm), _reading(local)))
             except Exception as e:  # deleted, or not a number at all: dropped, counted, and the next one read
                 log.debug("tpuscope: a training value of step %s is unreadable: %s", step, e)
-                pending.popleft()
                 self.unread += 1
-                continue
             pending.popleft()
-            out.append(event)
-        return out
+        return tuple(out)
 
-    def drop_all(self, workload: str, step: int) -> events.TrainingValues | None:
-        """The Monitor closes: what is still computing is not waited for; the event that counts it (and any
-        other dropped unread and not yet said), or None."""
+    def drop_all(self) -> None:
+        """The Monitor closes: what is still computing is not waited for, and counts as unread."""
         self.unread += len(self._pending)
         self._pending.clear()
-        unread = self._take_unread()
-        return events.TrainingValues(workload, step, unread=unread) if unread else None
 
-    def _take_unread(self) -> int:
+    def take_unread(self) -> int:
+        """The count of values dropped unread since it was last taken."""
         unread, self.unread = self.unread, 0
         return unread
 
@@ -109,10 +105,12 @@ def _read(value: Any) -> float:
         return float(value)
     import numpy as np  # present wherever an array is: jax and NumPy arrays both need it
 
-    if hasattr(value, "addressable_shards"):  # a JAX array, so jax is imported: this process's shards
-        device_get = sys.modules["jax"].device_get
+    if getattr(value, "is_fully_addressable", True) is False:  # over several processes: this process's shards
+        device_get = sys.modules["jax"].device_get  # a JAX array, so jax is imported
         parts = [np.asarray(device_get(shard.data)).ravel() for shard in value.addressable_shards]
         array = np.concatenate(parts) if parts else np.asarray([], dtype=float)
+    elif hasattr(value, "addressable_shards"):  # all of it here: one transfer, not one per shard
+        array = np.asarray(sys.modules["jax"].device_get(value)).ravel()
     else:
         array = np.asarray(value).ravel()
     if array.size == 1:
