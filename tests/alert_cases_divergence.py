@@ -6,9 +6,10 @@ adds them to the cases.
 from __future__ import annotations
 
 from alert_cases import Case, W, place, s, sidecar
+from alert_cases_incidents import Reading
 
 from tpuscope import catalog as c
-from tpuscope.conventions import AlertName
+from tpuscope.conventions import GOODPUT_RATE, AlertName
 
 MINUTES = 60
 
@@ -98,4 +99,43 @@ CASES = [
     Case(AlertName.LOSS_SPIKE, None, "49m", deviation(f"1x19 50x{MINUTES - 20}")),  # 29 minutes of it
     Case(AlertName.LOSS_SPIKE, None, "50m", deviation(f"1x19 50x10 1x{MINUTES - 30}")),  # it came down
     Case(AlertName.LOSS_SPIKE, None, "50m", deviation(f"_x30 50x{MINUTES - 30}")),  # served 20 minutes: too young
+]
+
+
+def rolled_back_at_minute_10() -> dict[str, str]:
+    """A worker productive a second a second, whose restore at minute 10 threw away 24 s it had booked productive."""
+    return {
+        s(c.GOODPUT, category="productive", **W): "0+60x20",
+        s(c.GOODPUT, category="lost", **W): "0x20",
+        s(c.GOODPUT_ROLLED_BACK, **W): "0x9 24x11",
+    }
+
+
+# The goodput categories the rules book (promql_expr_test): the rolled-back seconds move from productive to lost, at
+# the rate of their 5-minute window (24 s over 300 s: 0.08 a second; a counter from 0 is not extrapolated below 0).
+READINGS = [
+    Reading(
+        "a rollback's productive seconds are carved out of productive",
+        f'round({GOODPUT_RATE}{{category="productive"}}, 0.01)',
+        "12m",
+        rolled_back_at_minute_10(),
+        0.92,
+        {**W, "category": "productive"},
+    ),
+    Reading(
+        "and booked as lost",
+        f'round({GOODPUT_RATE}{{category="lost"}}, 0.01)',
+        "12m",
+        rolled_back_at_minute_10(),
+        0.08,
+        {**W, "category": "lost"},
+    ),
+    Reading(
+        "a workload without a rollback keeps its productive time",
+        f'round({GOODPUT_RATE}{{category="productive"}}, 0.01)',
+        "12m",
+        {s(c.GOODPUT, category="productive", **W): "0+60x20"},
+        1.0,
+        {**W, "category": "productive"},
+    ),
 ]

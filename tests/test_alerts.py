@@ -15,6 +15,7 @@ from alert_cases import CASES as ONE_BY_ONE
 from alert_cases import REGRESSION_STEPS, REGRESSION_SUM, Case, s
 from alert_cases_clusters import CASES as CLUSTERS
 from alert_cases_divergence import CASES as DIVERGENCE
+from alert_cases_divergence import READINGS as DIVERGENCE_READINGS
 from alert_cases_freshness import CASES as FRESHNESS
 from alert_cases_incidents import CASES as INCIDENTS
 from alert_cases_incidents import READINGS
@@ -155,7 +156,7 @@ def test_each_alerts_rules_are_the_whole_files_rules_it_reads() -> None:
 
 def test_the_recording_rules_read_what_they_should_under_failed_scrapes_and_long_outages(tmp_path: Path) -> None:
     tests = []
-    for reading in READINGS:
+    for reading in READINGS + DIVERGENCE_READINGS:
         labels = "{" + ", ".join(f'{k}="{v}"' for k, v in reading.labels.items()) + "}"
         expected = [{"labels": labels, "value": reading.value}]
         tests.append(

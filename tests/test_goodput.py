@@ -280,3 +280,40 @@ def test_pending_steps_drop_their_dead_front_and_keep_their_order() -> None:
     assert pending.pop_oldest(up_to_step=8_999) == 1_000
     pending.append(10_000, 0.5)
     assert pending.pop_all() == 1_000.5 and len(pending) == 0
+
+
+def restore(n: int) -> events.Checkpoint:
+    return events.Checkpoint(workload=W, operation="restore", duration_s=0.1, ok=True, step=n)
+
+
+def test_a_rollback_within_the_job_throws_away_its_steps_and_the_productive_time_already_durable() -> None:
+    """Saves at steps 3 and 5 made steps 0-5 durable; the loss went NaN at step 4, the job noticed at step 7 and
+    restored step 3: steps 4 to 7 are thrown away, 2 s of them booked productive (4 and 5), 2 s still pending
+    (6 and 7, lost as any restore loses them)."""
+    book = WorkloadGoodput()
+    timeline: list[tuple[float, events.AnyEvent]] = [(0.0, START)]
+    for n in range(8):
+        timeline.append((n + 1.0, step(n, 1.0)))
+        if n in (3, 5):
+            timeline.append((n + 1.0, save(n, 0.0, blocking=0.0)))
+    totals = feed(book, [*timeline, (9.0, restore(3))])
+    assert totals == pytest.approx({"productive": 6.0, "lost": 2.0, "checkpoint": 0.1})
+    assert (book.rollbacks.steps, book.rollbacks.seconds) == (4, pytest.approx(2.0))
+    # Back at step 4: the steps after the restore are new work, and a second restore of 3 throws away only them.
+    feed(book, [(10.0, step(4, 1.0)), (11.0, save(4, 0.0, blocking=0.0)), (12.0, restore(3))])
+    assert (book.rollbacks.steps, book.rollbacks.seconds) == (5, pytest.approx(3.0))
+
+
+def test_a_restart_that_restores_an_earlier_checkpoint_rolls_back_from_the_last_run_and_a_fresh_run_does_not() -> None:
+    book = WorkloadGoodput()
+    run = [(float(n + 1), step(n, 1.0)) for n in range(10)]
+    saves = [(3.0, save(2, 0.0, blocking=0.0)), (6.0, save(5, 0.0, blocking=0.0))]
+    feed(book, [(0.0, START), *run[:3], saves[0], *run[3:6], saves[1], *run[6:], (10.0, FAILURE)])
+    # The rerun restores step 2, not its last save (5): 7 steps again (3 to 9), 3 s of them durable (3 to 5).
+    feed(book, [(20.0, START), (20.1, restore(2)), (21.1, step(3, 1.0))])
+    assert (book.rollbacks.steps, book.rollbacks.seconds) == (7, pytest.approx(3.0))
+    # A run that starts over from step 0 without a restore, then restores its own step 1: its own steps only.
+    fresh = WorkloadGoodput()
+    feed(fresh, [(0.0, START), *[(float(n + 1), step(n, 1.0)) for n in range(10)], (10.0, STOP)])
+    feed(fresh, [(20.0, START), (21.0, step(0, 1.0)), (22.0, step(1, 1.0)), (23.0, step(2, 1.0)), (23.1, restore(1))])
+    assert fresh.rollbacks.steps == 1
