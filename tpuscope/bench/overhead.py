@@ -53,7 +53,8 @@ def blocks(total: int, block: int, warmup: int) -> Iterator[bool]:
 
 @dataclass(frozen=True)
 class ABResult:
-    """Step times with the Monitor on and off, interleaved, and the difference's noise."""
+    """Step times with the Monitor (or what ``ab_test``'s ``switch`` turns) on and off, interleaved, and the
+    difference's noise."""
 
     step_off: float  # median seconds, Monitor off
     step_on: float
@@ -62,12 +63,33 @@ class ABResult:
     pairs: int
 
 
-def ab_test(workload: Workload, steps: int, block: int = 10, warmup: int = 5) -> ABResult:
-    """Run ``steps`` of the workload, alternating blocks of ``block`` steps with the Monitor on and off."""
+def ab_test(
+    workload: Workload,
+    steps: int,
+    block: int = 10,
+    warmup: int = 5,
+    switch: Callable[[bool], None] | None = None,
+) -> ABResult:
+    """Run ``steps`` of the workload, alternating blocks of ``block`` steps with the Monitor on and off.
+
+    With ``switch``, the Monitor times every step past the warm-up, and what alternates is what ``switch(on)``
+    turns on and off (the loss reported, say): it is called before the first step, then between each step and
+    the next, from the progress callback."""
     pattern = list(blocks(steps, block, warmup))
     ends: list[float] = []
+
+    def progress(n: int) -> None:
+        ends.append(time.perf_counter())  # first: what follows is the next step's, in both arms alike
+        if switch is not None and n + 1 < steps:
+            switch(pattern[n + 1])
+
+    if switch is None:
+        instrumented = iter(pattern)
+    else:
+        switch(pattern[0])
+        instrumented = (n >= warmup for n in range(steps))
     started = time.perf_counter()
-    workload.run(progress=lambda n: ends.append(time.perf_counter()), instrumented=iter(pattern))
+    workload.run(progress=progress, instrumented=instrumented)
     durations = [b - a for a, b in itertools.pairwise([started, *ends])]
     on = [d for d, timed, n in zip(durations, pattern, range(steps), strict=True) if timed and n >= warmup]
     off = [d for d, timed, n in zip(durations, pattern, range(steps), strict=True) if not timed and n >= warmup]
@@ -104,11 +126,14 @@ def measure(workload: Workload, monitor: Monitor, steps: int, block: int = 10, w
 PACE_SECONDS = 50e-6
 
 
-def direct_cost(monitor: Monitor, steps: int = 5000) -> float:
+def direct_cost(monitor: Monitor, steps: int = 5000, loss: object = None) -> float:
     """Seconds per instrumented empty step (three phases and one event sent to the sidecar), each timed alone
-    and paced as a job's steps are (:func:`paced_seconds_per_call`)."""
+    and paced as a job's steps are (:func:`paced_seconds_per_call`); with ``loss``, each step reports it too
+    (:func:`loss_step`)."""
     # Numbered from 1: step 0 is a multiple of every K, where a device-profile capture would begin.
-    return paced_seconds_per_call(lambda n: empty_step(monitor, n + 1), steps)
+    if loss is None:
+        return paced_seconds_per_call(lambda n: empty_step(monitor, n + 1), steps)
+    return paced_seconds_per_call(lambda n: loss_step(monitor, n + 1, loss), steps)
 
 
 def paced_seconds_per_call(call: Callable[[int], None], calls: int, rounds: int = 3) -> float:
@@ -155,6 +180,19 @@ def empty_step(monitor: Monitor, n: int) -> None:
             pass
         with step.phase("sync"):
             pass
+
+
+def loss_step(monitor: Monitor, n: int, loss: object) -> None:
+    """An empty step (:func:`empty_step`) that reports ``loss``: ``s.loss(loss)``, the value read at the step's
+    end where it is ready (a number, or a JAX array already computed) and sent to the sidecar."""
+    with monitor.step(n) as step:
+        with step.phase("io"):
+            pass
+        with step.phase("compute"):
+            pass
+        with step.phase("sync"):
+            pass
+        step.loss(loss)
 
 
 def empty_steps(monitor: Monitor, steps: int, first: int = 0) -> None:

@@ -2,7 +2,8 @@
 
 Prints a table and writes JSON. Every figure is measured here, on this machine, in
 one run: the job's cost per event and per step (the Monitor on and off, interleaved,
-on the JAX workload), the device-profile captures' cost and the step annotation's,
+on the JAX workload), and of reporting the loss every step (``s.loss`` on and off, the
+Monitor on in both, interleaved the same way), the device-profile captures' cost and the step annotation's,
 the sidecar's ingest throughput on one core, its scrape latency at 1k, 10k and 50k
 series, its memory and CPU idle and busy; and, for scale, a bare prometheus_client
 ``Histogram.observe``, one OpenTelemetry span per step, a bare ``send`` of the step's
@@ -213,9 +214,98 @@ def job_side(report: Report, size: Size, sidecar: SidecarProcess, workdir: Path)
             + (f" ({would_block:,} sends found the buffer full)" if would_block else ""),
         ),
     )
+    loss_cost(report, size, sidecar, workdir)
     hang_watch_cost(report, size, sidecar)
     annotation_cost(report, size, workdir)
     capture_cost(report, size, sidecar, workdir, step)
+
+
+class TrainingValuesSeen:
+    """A sink counting the steps' losses read (carried by the step events, and by the last one at the close) and
+    the values the job says went unread."""
+
+    read = 0
+    unread = 0
+
+    def emit(self, event: events.AnyEvent) -> None:
+        if isinstance(event, events.Step | events.TrainingValues):
+            self.read += sum(v.loss is not None for v in event.values)
+            self.unread += event.unread
+
+    def close(self) -> None:
+        pass
+
+
+def loss_cost(report: Report, size: Size, sidecar: SidecarProcess, workdir: Path) -> None:
+    """What reporting the loss every step (``s.loss``) costs a real job: the default JAX workload with the
+    Monitor on throughout, its loss and per-device values given to ``s.loss`` or not (the workload's
+    ``report_loss``), in blocks interleaved as the Monitor's own A/B's; and ``s.loss`` timed directly on empty
+    steps, of a number and of a ready JAX array as the workload's, against the same steps without it."""
+    from tpuscope.workload.training import Workload, WorkloadOptions, ensure_cpu_devices
+
+    ensure_cpu_devices(8)  # as per_step's workload (before jax is first imported, where this runs alone)
+    import jax
+    import numpy as np
+
+    from tpuscope.workload.model import AXIS, SHARDED
+
+    seen, block = TrainingValuesSeen(), 10
+    # As a job's Monitor: spans sampled 1 in 100, device profiles at the default period (none inside so short a run).
+    with Monitor(
+        "perf-loss",
+        socket=sidecar.socket,
+        spans_file=workdir / "spans-loss.jsonl",
+        sinks=[seen],
+        profile_period=DEFAULT_PERIOD,
+    ) as monitor:
+        options = WorkloadOptions(steps=size.ab_steps, checkpoint_every=0, run_dir=workdir / "run-loss")
+        with Workload(options, monitor, log=lambda _: None) as workload:
+
+            def report_loss(on: bool) -> None:
+                workload.report_loss = on
+
+            ab = ab_test(workload, size.ab_steps, block, switch=report_loss)
+            devices = workload.devices
+    # A value as the workload's: one element per device, each on its own (the per-device losses).
+    mesh = jax.sharding.Mesh(np.array(devices), (AXIS,))
+    array = jax.device_put(np.ones(len(devices), np.float32), jax.sharding.NamedSharding(mesh, SHARDED))
+    array.block_until_ready()
+    calls = max(200, size.emits // 4)
+    best = {"none": float("inf"), "number": float("inf"), "array": float("inf")}
+    with Monitor("perf-loss-probe", socket=sidecar.socket, traces=False, profile_period="off") as probe:
+        for _ in range(3):  # alternated, the best of each: the least disturbed by the rest of the machine
+            for given, loss in (("none", None), ("number", 1.0), ("array", array)):
+                best[given] = min(best[given], direct_cost(probe, steps=calls, loss=loss))
+    report.add(
+        ratio(
+            "JAX step, loss reported / not, p50",
+            ab.step_on * 1e3,
+            ab.step_off * 1e3,
+            "ms",
+            "<= 1.02",
+            f"the Monitor on in both; s.loss(loss, local=...) every step or not, in blocks of {block} interleaved; "
+            f"{seen.read} steps' losses read, {seen.unread} unread",
+        ),
+        Figure(
+            "  A/B loss reported - not",
+            ab.difference * 1e6,
+            "us",
+            note=f"+- {ab.margin * 1e6:.0f} us over {ab.pairs} block pairs: the machine's noise",
+        ),
+        Figure(
+            "  s.loss per step, a number",
+            (best["number"] - best["none"]) * 1e6,
+            "us",
+            note="an empty step with s.loss(1.0) less one without: the call, and the value read and sent",
+        ),
+        Figure(
+            f"  s.loss per step, a ready JAX array over {len(devices)} devices",
+            (best["array"] - best["none"]) * 1e6,
+            "us",
+            note="as above, of an array already computed, as the workload's per-device losses (its step gives two: "
+            "loss and local)",
+        ),
+    )
 
 
 def hang_watch_cost(report: Report, size: Size, sidecar: SidecarProcess) -> None:

@@ -22,7 +22,7 @@ DEFAULTS = {
     "bad-data": -1.0,
     "spill": 0.0,
     # Training health: the step a worker's gradients go NaN at before the all-reduce (-1: half the run); the steps
-    # the reported loss reads ten times higher for, from a third of the run (0: to the end, it never comes down).
+    # the reported loss reads 50 times higher for, from a third of the run (0: to the end, it never comes down).
     "nan": -1.0,
     "spike": 50.0,
     # Hangs (tpuscope.workload.hangs): the step a worker hangs at, for good; -1: half the run.
