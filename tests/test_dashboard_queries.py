@@ -17,6 +17,10 @@ queries, taken from the dashboards as Grafana gets them, run against it at one i
 - ``train``'s new pods sample device profiles, all 4 at the same steps, at -20 and -10 min (0.3 s and 360 kB a
   capture); worker 2 is a straggler: more compute and less collective wait than its peers (who wait for it),
   in a step as long as theirs (lockstep).
+- ``train``'s new pods report their loss: at -15 min worker 1's value before the reduction (``local``) went NaN
+  at step 9000, its peers' and every loss a step later, for 5 steps; a minute later the job restored the
+  checkpoint of step 8805 (200 steps and 25 productive seconds a worker thrown away), and its loss, finite again,
+  has spiked for the last 10 minutes.
 - ``train`` lost half a day's goodput 10 days ago and a whole day 35 days ago; ``serve``'s latency SLO
   missed by 3% of requests for a day 10 days ago: the error budgets cover the SLO's 30 days, not the
   dashboard's hour, nor anything older.
@@ -107,6 +111,7 @@ def fleet(at: int) -> Fleet:
         devices(f, second, LIBTPU, "v5e", TRAIN_CHIP, -1680, 0)
         profiled(f, {**second, **train}, STRAGGLER_PROFILE if worker == STRAGGLER else PEER_PROFILE)
         straggled(f, {**second, **train}, worker)
+        diverged(f, {**second, **train}, worker, -1680)
     for worker in range(2):
         pod = job_pod(f, "tune", str(worker), {-2400: "Running"}, 0)
         host = f.sidecar(f"tune-{worker}:9478", pod, "0", str(worker), -2400, 0, topology=TUNE_TOPOLOGY)
@@ -270,6 +275,37 @@ def straggled(f: Fleet, labels: dict[str, str], worker: int) -> None:
         f.series(conventions.STRAGGLER_CHIPS, workload, first, end, constant(STRAGGLED_RATE * CHIPS), EVALUATION)
 
 
+# Training health: worker 1's local value goes NaN first, at step 9000; its peers' local values and every loss at the
+# next step, up to step 9005; a minute later the job restores the checkpoint of step 8805.
+FIRST_TO_GO, ONSET, HIGHEST = "1", 9000, 9005
+NONFINITE_AT, RESTORED_AT = -900, -840  # when the sidecars read the first NaN, and the restore
+ROLLED_BACK_STEPS, ROLLED_BACK_SECONDS = HIGHEST - 8805, 25.0  # each worker's sidecar counts the restore
+LOSS, SPIKE_FROM, SPIKE = 2.0, -600, 8.0  # the loss; its deviation from its baseline from SPIKE_FROM on
+
+
+def nan_while_diverged(reading: float) -> Callable[[int], float]:
+    """``reading``, NaN from the first non-finite reading to the restore."""
+    return lambda t: math.nan if NONFINITE_AT <= t < RESTORED_AT else reading
+
+
+def diverged(f: Fleet, labels: dict[str, str], worker: int, start: int) -> None:
+    """A worker's training values, as its sidecar serves them from its start: the loss and local value, NaN from
+    NONFINITE_AT to the restore; the non-finite counts (at 0 from the first reading) and onsets; the loss's
+    deviation; what the restore threw away (its counters at 0 from the start)."""
+    first = str(worker) == FIRST_TO_GO
+    # The local value: this worker's share of the loss, before the all-reduce.
+    for value, reading in (("loss", LOSS), ("local", LOSS / 4)):
+        named = {**labels, "value": value}
+        f.series(c.TRAINING_VALUE.name, named, start, 0, nan_while_diverged(reading))
+        went = ONSET if value == "local" and first else ONSET + 1
+        steps = HIGHEST - went + 1  # non-finite from its onset to the highest step, which the restore threw away
+        f.counter(c.TRAINING_NONFINITE.name, named, start, 0, {start: 0, NONFINITE_AT: steps})
+        f.series(c.TRAINING_NONFINITE_ONSET.name, named, NONFINITE_AT, 0, constant(went))
+    f.series(c.LOSS_DEVIATION.name, labels, start, 0, lambda t: SPIKE if t >= SPIKE_FROM else 0.5)
+    f.counter(c.GOODPUT_ROLLED_BACK_STEPS.name, labels, start, 0, {start: 0, RESTORED_AT: ROLLED_BACK_STEPS})
+    f.counter(c.GOODPUT_ROLLED_BACK.name, labels, start, 0, {start: 0, RESTORED_AT: ROLLED_BACK_SECONDS})
+
+
 def profiled(f: Fleet, labels: dict[str, str], parts: dict[str, float]) -> None:
     """A worker's device-profile gauges and capture counters, as its sidecar serves them from the first capture
     on, and what the recording rules record of them (the straggler rule's ratios to the median)."""
@@ -367,16 +403,17 @@ def values(
     workload: str = ALL,
     by: tuple[str, ...] = (),
     topology: str = ALL,
+    ago: int = 0,
 ) -> dict[tuple[str, ...], float]:
-    """The panel's target ``ref`` as Grafana runs it over the last hour, at its last point: each series'
-    ``by`` labels -> its value. ``interval``: Grafana's ``$__interval`` (a time series panel's point; an
-    hour here, so one point holds the whole story)."""
+    """The panel's target ``ref`` as Grafana runs it over the last hour, at its last point (or a time series' point
+    ``ago`` seconds before): each series' ``by`` labels -> its value. ``interval``: Grafana's ``$__interval`` (a time
+    series panel's point; an hour here, so one point holds the whole story)."""
     api, at = prometheus
     (target,) = [t for t in panel_titled(BOARDS[board], title)["targets"] if t["refId"] == ref]
     variables = {name: ALL for name in (promql.SLICE, promql.WORKER, promql.ACCELERATOR, promql.JOB, promql.HOST)}
     chosen = {**variables, promql.WORKLOAD: workload, promql.TPU_TOPOLOGY: topology}
     expr = substitute(target["expr"], chosen, RANGE, interval)
-    result = api.query(expr, at=at)
+    result = api.query(expr, at=at - ago)
     return {tuple(r["metric"].get(label, "") for label in by): float(r["value"][1]) for r in result}
 
 
@@ -511,6 +548,55 @@ def test_the_device_profile_split_and_its_captures(prometheus: tuple[PrometheusA
     assert values(prometheus, JOB, "Age of the latest device profile", workload="train") == {(): 600}
     ((_, overlap),) = values(prometheus, JOB, "Device profile: collective overlap", workload="train").items()
     assert overlap == pytest.approx(0.5)
+
+
+NONFINITE = "Non-finite values over the range, by worker: how many, and the step each went at"
+
+
+def test_training_health_names_the_worker_whose_value_went_non_finite_first(
+    prometheus: tuple[PrometheusAPI, int],
+) -> None:
+    """Worker 1's local value went NaN at step 9000, its peers' and every loss at 9001, all up to 9005: the table
+    lists each worker's values with their non-finite steps, and sorts worker 1's local value, the lowest onset,
+    first. The loss is NaN (a gap) while it diverged, finite after the restore."""
+    by = ("worker", "value")
+    workers = [str(w) for w in range(4)]
+    counts = values(prometheus, JOB, NONFINITE, "A", workload="train", by=by)
+    onsets = values(prometheus, JOB, NONFINITE, "B", workload="train", by=by)
+    went = {
+        (w, v): ONSET if (w, v) == (FIRST_TO_GO, "local") else ONSET + 1 for w in workers for v in ("loss", "local")
+    }
+    assert onsets == went
+    assert counts == {key: HIGHEST - step + 1 for key, step in went.items()}
+    assert min(onsets, key=lambda key: onsets[key]) == (FIRST_TO_GO, "local")
+    # Each target a column of one table, sorted by the onset column, lowest first: the first to go heads it.
+    panel = panel_titled(BOARDS[JOB], NONFINITE)
+    (merge, organize) = panel["transformations"]
+    assert merge["id"] == "merge" and organize["id"] == "organize"
+    onset_column = organize["options"]["renameByName"]["Value #B"]
+    assert panel["options"]["sortBy"] == [{"desc": False, "displayName": onset_column}]
+    assert panel["fieldConfig"]["defaults"]["unit"] == "none", "a step reads whole: 9000 and 9001, not 9 K twice"
+    # The loss: NaN while it diverged (Grafana draws a gap), finite after the restore.
+    loss, midway = "Loss, by worker", (NONFINITE_AT + RESTORED_AT) // 2
+    during = values(prometheus, JOB, loss, workload="train", by=("worker",), ago=-midway)
+    assert set(during) == {(w,) for w in workers} and all(math.isnan(v) for v in during.values())
+    assert values(prometheus, JOB, loss, workload="train", by=("worker",)) == {(w,): LOSS for w in workers}
+
+
+def test_training_health_shows_the_spike_and_what_the_restore_threw_away(prometheus: tuple[PrometheusAPI, int]) -> None:
+    """The loss sits 8 robust standard deviations above its baseline, over the spike bound the panel draws; the
+    restore threw away 200 steps (each of the 4 workers' sidecars counted them: once per job, not 800) and 25
+    productive seconds of each worker (100, as the goodput breakdown books them)."""
+    deviation = "Loss against its recent baseline, by worker"
+    assert values(prometheus, JOB, deviation, workload="train", by=("worker",)) == {(str(w),): SPIKE for w in range(4)}
+    assert max(step_values(panel_titled(BOARDS[JOB], deviation))) == c.LOSS_SPIKE_DEVIATION < SPIKE
+    rolled_back = "Rolled back by restores over the range"
+    assert values(prometheus, JOB, rolled_back, "A", workload="train", by=("workload",)) == {
+        ("train",): ROLLED_BACK_STEPS
+    }
+    assert values(prometheus, JOB, rolled_back, "B", workload="train", by=("workload",)) == {
+        ("train",): 4 * ROLLED_BACK_SECONDS
+    }
 
 
 def test_the_collective_panel_sets_the_last_half_hour_against_the_six_hours_before(tmp_path: Path) -> None:

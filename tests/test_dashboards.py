@@ -105,6 +105,26 @@ def test_step_panels_show_exemplars() -> None:
     assert {"Step time p50 / p95 / p99", "Step time distribution"} <= set(with_exemplars)
 
 
+def test_training_health_sits_below_the_workloads_health_and_leaves_the_other_panels_ids() -> None:
+    """Where the divergence alerts' runbooks send the on-call: the Training health row, under Steps and Hangs. Added
+    above the rows that were there, it is numbered after them, so that their panels keep their ids (a link to one
+    still opens it)."""
+    panels = BOARDS["tpuscope-job"]["panels"]
+    rows = [p["title"] for p in panels if p["type"] == "row"]
+    assert rows[:3] == ["Steps", "Hangs", catalog.TRAINING_GROUP]
+    start = next(i for i, p in enumerate(panels) if p["title"] == catalog.TRAINING_GROUP)
+    end = next(i for i, p in enumerate(panels) if i > start and p["type"] == "row")
+    health = {p["id"] for p in panels[start:end]}
+    others = [p["id"] for p in panels if p["id"] not in health]
+    assert others == list(range(1, len(others) + 1)), "the other panels are numbered in order"
+    assert sorted(health) == list(range(len(others) + 1, len(panels) + 1))
+    # Every metric of the group is on the row, but the count of values the job dropped unread (the job's own
+    # health, not the run's).
+    exprs = " ".join(t["expr"] for p in panels[start:end] for t in p.get("targets", []))
+    shown = {m for m in catalog.CATALOG if m.group == catalog.TRAINING_GROUP and m.name in exprs}
+    assert {m for m in catalog.CATALOG if m.group == catalog.TRAINING_GROUP} - shown == {catalog.TRAINING_VALUES_UNREAD}
+
+
 # The device-profile panels, beside the host-timed phases on the boards that show both.
 PROFILE_PANELS = {
     "tpuscope-job": {
@@ -235,11 +255,14 @@ SERVING = "dash-serving"
 
 def bench(socket: Path, run_dir: Path, cache: Path, *faults: str) -> subprocess.CompletedProcess[str]:
     """The JAX workload with the faults that make every panel's series exist: the first run stalls,
-    recompiles and fails to compile a program (a compile failure, and a failure of reason compile_error); run
-    again, it resumes from its checkpoint (a restart, lost work, cache hits)."""
+    recompiles, has its gradients go NaN at step 145 (its loss from the next step: non-finite values and their
+    onsets) and fails to compile a program (a compile failure, and a failure of reason compile_error); run
+    again, it resumes from its last checkpoint, saved every 20 steps, so from before the NaN (a restart, lost work,
+    steps rolled back, cache hits; a resumed run poisons nothing)."""
     return testing_bench.run(
         "--inject=stall=3",
         "--inject=recompile=25",
+        "--inject=nan=145",
         "--inject=compile-error=150",
         *faults,
         # Device profiles from step 32 (the first multiple of K=16 past the 20 warm steps). A capture costs about
@@ -283,6 +306,7 @@ def selections(board: dict[str, Any], prom: PrometheusServer) -> Iterator[tuple[
         yield f"accelerator {accelerator}", {**first, promql.ACCELERATOR: grafana.regex_escape(accelerator)}
 
 
+NONFINITE = "Non-finite values over the range, by worker: how many, and the step each went at"
 # Instant panels that read only running workers: evaluated after the bench has ended, they are empty, and must be.
 ONLY_WHILE_RUNNING = {
     "Device profile: slowest worker of each workload, against the median",
@@ -405,6 +429,9 @@ def test_every_panel_query_returns_data_from_the_workload_the_sidecar_and_promet
     assert 0 < shown["tpuscope / Serving / Requests within the objective"][0] < 1
     assert 0 < shown["tpuscope / Fleet overview / Cost per step, by workload"][0] < 1
     assert shown["tpuscope / Job debug / Time since the last good checkpoint"][0] < range_seconds
+    # The NaN at step 145: its values read non-finite; the resume from its last checkpoint threw away the steps after.
+    assert min(shown[f"tpuscope / Job debug / {NONFINITE}"]) >= 1
+    assert shown["tpuscope / Job debug / Rolled back by restores over the range"][0] >= 1
     # The bench samples device profiles (every 0.3 s of steps here, see bench() above): the split shows.
     assert 0 < shown["tpuscope / Job debug / Device profile: exposed collective share"][0] < 1
     assert max(shown["tpuscope / Job debug / Device profile captures, by result"]) >= 1

@@ -24,6 +24,7 @@ import yaml
 from conftest import PROFILE_PROMPTLY
 
 from tpuscope import catalog
+from tpuscope.alerts import rules_file
 from tpuscope.conventions import (
     COMPUTE_OVER_MEDIAN,
     PROFILE_OVER_MEDIAN,
@@ -39,6 +40,7 @@ from tpuscope.scrape import Scrape
 from tpuscope.testing import bench as testing_bench
 from tpuscope.testing.prometheus import PrometheusServer, target_of
 from tpuscope.testing.waiting import wait_for
+from tpuscope.thresholds import Thresholds
 from tpuscope.workload.distributed import HEARTBEAT_TIMEOUT_S, of_worker
 from tpuscope.workload.launcher import WORKER_VARIABLE
 from tpuscope.workload.sidecar import SidecarProcess
@@ -444,3 +446,100 @@ def test_a_blip_costs_its_peers_its_seconds_once_and_never_opens_a_ticket(
             )
         finally:
             job.kill()
+
+
+# Training health (issue 56): the rules as deployed, at the deployed speed.
+NAN_STEP = 600  # worker 2's gradients go NaN at this step, before the all-reduce; its peers' a step later
+SPIKE_WINDOW = 45.0  # seconds a spike must hold for a ticket (loss_spike_seconds, default 30 minutes)
+
+
+def alerts_of(prom: PrometheusServer, alert: AlertName, state: str = "firing") -> list[dict[str, str]]:
+    return [r["metric"] for r in prom.query(f'ALERTS{{alertname="{alert}",alertstate="{state}"}}')]
+
+
+@pytest.mark.timeout(600)
+def test_a_worker_whose_gradients_go_nan_pages_within_a_minute_and_is_named_first(
+    short_tmp: Path, module_tmp: Path, sidecars: list[SidecarProcess]
+) -> None:
+    """The 4-process split job: a loss spike of 50 steps that recovers at a third of the run, then worker 2's local
+    gradients NaN at step 600, spread to every worker by the all-reduce. Beside it, on worker 0's sidecar, a job whose
+    loss spikes and stays up. The generated rules (only the spike's window shortened) on a Prometheus that scrapes and
+    evaluates as deploy/prometheus/prometheus.yml does: the page within 60 s of the NaN, once; the ticket naming
+    worker 2 as first; a ticket for the spike that stays, none for the one that recovered."""
+    rules = short_tmp / "rules.yaml"
+    rules.write_text(rules_file(GeneratorConfig(thresholds=Thresholds(loss_spike_seconds=SPIKE_WINDOW))))
+    deployed = DEPLOYED["global"]
+    targets = [target_of(sidecar.url) for sidecar in sidecars]
+    with PrometheusServer(
+        short_tmp / "prom",
+        targets,
+        rule_files=[rules],
+        scrape_interval=deployed["scrape_interval"],
+        evaluation_interval=deployed["evaluation_interval"],
+    ) as prom:
+        diverging = Job(
+            short_tmp,
+            module_tmp,
+            f"--steps={NAN_STEP + 300}",
+            "--checkpoint-every=0",
+            "--profile-period=off",
+            "--inject=spike=50",  # from step 300 (a third of the run) to 350
+            f"--inject=nan={NAN_STEP}@2",
+            fused=False,
+        )
+        spiking = testing_bench.Running(
+            testing_bench.command(
+                "--fused",
+                "--steps=3000",
+                "--checkpoint-every=0",
+                "--profile-period=off",
+                "--inject=spike=0",  # from step 1000 to the end
+                workload="spiky",
+                cpu_devices=1,
+                socket=sidecars[0].socket,
+                run_dir=short_tmp / "spiky",
+                compile_cache=module_tmp / "xla-cache",
+            ),
+            {"XDG_CACHE_HOME": str(module_tmp / "cache")},
+        )
+        try:
+            wait_for(
+                lambda: diverging.when("nan: step") is not None or diverging.proc.poll() is not None,
+                300,
+                "worker 2's NaN",
+                detail=diverging.output,
+                interval=1,
+            )
+            nan = diverging.when("nan: step")
+            assert nan is not None, diverging.output()
+            wait_for(lambda: alerts_of(prom, AlertName.LOSS_NON_FINITE), 90, "the page", interval=1)
+            paged = time.time()
+            assert alerts_of(prom, AlertName.LOSS_NON_FINITE) == [
+                {
+                    "__name__": "ALERTS",
+                    "alertname": AlertName.LOSS_NON_FINITE,
+                    "alertstate": "firing",
+                    "severity": "critical",
+                    "workload": "multihost",
+                }
+            ]
+            assert paged - nan <= 60, f"paged {paged - nan:.0f} s after the NaN"
+            wait_for(lambda: alerts_of(prom, AlertName.NON_FINITE_FIRST_WORKER), 150, "the first worker", interval=1)
+            (first,) = alerts_of(prom, AlertName.NON_FINITE_FIRST_WORKER)
+            assert (first["workload"], first["worker"]) == ("multihost", "2"), first
+            onsets = by_worker(prom, series(catalog.TRAINING_NONFINITE_ONSET, 'value="local"', 'workload="multihost"'))
+            assert onsets == {"0": NAN_STEP + 1, "1": NAN_STEP + 1, "2": NAN_STEP, "3": NAN_STEP + 1}, onsets
+            wait_for(lambda: alerts_of(prom, AlertName.LOSS_SPIKE), 240, "the spike that stays", interval=1)
+            assert [a["workload"] for a in alerts_of(prom, AlertName.LOSS_SPIKE)] == ["spiky"]
+            recovered = prom.query(
+                f'max_over_time(ALERTS{{alertname="{AlertName.LOSS_SPIKE}",workload="multihost"}}[1h])'
+            )
+            assert recovered == [], "the spike of 50 steps came down: no ticket"
+            print(
+                f"\nNaN at step {NAN_STEP} on worker 2: paged {paged - nan:.0f} s later (scrape "
+                f"{deployed['scrape_interval']}, evaluation {deployed['evaluation_interval']}); first worker named: "
+                f"{first['worker']}; onsets {onsets}; the spike that stayed ticketed, the one that recovered not"
+            )
+        finally:
+            diverging.kill()
+            spiking.kill()

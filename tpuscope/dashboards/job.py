@@ -1,8 +1,10 @@
 """Job debug: where one workload's time goes, step by step, worker by worker.
 
 For the ML engineer whose job is slow, and the SRE paged for it: step time and
-its distribution (exemplars link to traces), the phase breakdown, the straggler
-view, compiles, memory, checkpoints and the host that feeds the chips.
+its distribution (exemplars link to traces), where a hung worker is stuck, the
+job's loss and the worker whose values went non-finite first, the phase
+breakdown, the straggler view, compiles, memory, checkpoints and the host that
+feeds the chips.
 
 Two views of where a step's time goes sit side by side, and every title says which it is: the
 host-timed phases (every step, timed around the programs the job runs) and the device profile
@@ -17,6 +19,7 @@ import functools
 from typing import Any
 
 from tpuscope import catalog as c
+from tpuscope import durations
 from tpuscope.conventions import (
     COLLECTIVE_P99,
     GOODPUT_RATE,
@@ -34,8 +37,8 @@ from tpuscope.thresholds import Thresholds
 
 TITLE = "tpuscope / Job debug"
 DESCRIPTION = (
-    "One workload's steps, host-timed phases and sampled device profiles, stragglers, compiles, memory, "
-    "checkpoints and host."
+    "One workload's steps, hangs, loss and non-finite values, host-timed phases and sampled device profiles, "
+    "stragglers, compiles, memory, checkpoints and host."
 )
 
 # The rare-event counters' sidecar starts and scrapes (tpuscope.promql.grown), read on the workload's hosts only
@@ -169,6 +172,86 @@ def hangs(t: Thresholds) -> p.Section:
                 span=12,
             ),
         ],
+    )
+
+
+def training_health(t: Thresholds) -> p.Section:
+    """What the job's own numbers say (``s.loss(...)``): its loss, a spike, the worker whose values went non-finite
+    first, and the steps a restore threw away. The divergence alerts' runbooks send the on-call here."""
+    loss = q.eq(c.Label.VALUE, "loss")
+    per_value = f"{PER_WORKER}, {c.Label.VALUE}"
+    nonfinite = f"sum by ({per_value}) ({events(c.TRAINING_NONFINITE, window=q.RANGE)}) > 0"
+    # The latest onset of each value that went non-finite in the range, its sidecar gone since too (a crash often
+    # follows a NaN): not one from before the range, which the gauge keeps for the workload's life.
+    latest_onset = f"max by ({per_value}) (last_over_time({q.selector(c.TRAINING_NONFINITE_ONSET)}[{q.RANGE}]))"
+    onset = f"{latest_onset} and ({nonfinite})"
+    rolled_back_steps = once_per_job(c.GOODPUT_ROLLED_BACK_STEPS, window=q.RANGE)
+    rolled_back_seconds = f"sum by (workload) ({events(c.GOODPUT_ROLLED_BACK, window=q.RANGE)})"
+    spike = c.LOSS_SPIKE_DEVIATION
+    return p.Section(
+        c.TRAINING_GROUP,
+        [
+            p.timeseries_panel(
+                "Loss, by worker",
+                "The loss each worker reported with `s.loss(...)` at its latest step (after the all-reduce every "
+                "worker's is the same loss). A NaN shows as a gap in the line, from the first scrape that read it "
+                "(an infinite loss runs off the axis); the table below says which worker and value went first, "
+                f"and at which step; {AlertName.LOSS_NON_FINITE} pages. Stop the job, or restore the last "
+                "checkpoint before the first non-finite step. A loss that climbs and stays up without a NaN: see "
+                "its deviation beside.",
+                "none",
+                p.query(f"max by ({PER_WORKER}) ({q.selector(c.TRAINING_VALUE, loss)})", WORKER),
+                min_value=None,
+            ),
+            p.timeseries_panel(
+                "Loss against its recent baseline, by worker",
+                "How far the latest finite loss is above its recent baseline, in robust standard deviations: "
+                f"(loss - median) / (1.4826 MAD) of its latest {c.LOSS_BASELINE_STEPS} finite losses that were not "
+                f"spikes (served once {c.LOSS_BASELINE_MIN_STEPS} were read; a NaN leaves it at the last finite "
+                f"one). Above {spike:g} (red) the loss spiked. One that comes down is the noise of training; one "
+                f"that stays above for {durations.human(t.loss_spike_seconds)} makes {AlertName.LOSS_SPIKE} a "
+                "ticket: the run diverged without a NaN, or settled at a worse loss. Look at the learning-rate "
+                "schedule and the data at the step it rose, and restore a checkpoint before it if the run does "
+                "not recover.",
+                "none",
+                p.query(f"max by ({PER_WORKER}) ({q.selector(c.LOSS_DEVIATION)})", WORKER),
+                limits=p.high_is_bad(spike, spike / 2),
+                min_value=None,
+            ),
+            p.table_panel(
+                "Non-finite values over the range, by worker: how many, and the step each went at",
+                "Each worker and value (loss, grad_norm, and local: the worker's own value before the reduction) "
+                "that read NaN or infinite in the range: how many steps did, and the step of its latest onset, "
+                "lowest first. The first row is the first to go. A local value whose onset is lower than every "
+                "peer's, alone, is the worker that fed the all-reduce a bad value: "
+                f"{AlertName.NON_FINITE_FIRST_WORKER} names it; suspect its chips (silent data corruption), run the "
+                "accelerator's diagnostics on its node and cordon it if they fail. Every worker at the same step: "
+                "the code, the data or the learning rate. Restore a checkpoint before the lowest step. Empty while "
+                "every value is finite.",
+                p.query(nonfinite, table=True),
+                p.query(onset, table=True),
+                columns=("Non-finite steps", "Onset step"),
+                sort_by="Onset step",
+                unit="none",  # a step reads whole: 9000 and 9001, not 9 K twice
+                span=16,
+            ),
+            p.stat_panel(
+                "Rolled back by restores over the range",
+                "What the workload's restores to a step below the highest it had reached threw away over the "
+                "range: the steps (that highest step less the checkpoint's, counted once per job) and the "
+                "productive seconds its workers had booked for them, which the goodput breakdown moves from "
+                "productive to lost. A resume after a failure throws away the steps since its last checkpoint; a "
+                "rollback after a divergence, those since the checkpoint before the bad step. Many: save more "
+                "often, or find why the run diverges.",
+                "short",
+                p.query(rolled_back_steps, "steps", instant=True),
+                p.query(rolled_back_seconds, "productive seconds", instant=True),
+                units={"B": "s"},
+                span=8,
+                height=8,
+            ),
+        ],
+        numbered_last=True,
     )
 
 
@@ -743,6 +826,7 @@ def dashboard(t: Thresholds) -> dict[str, Any]:
     sections = [
         steps(t),
         hangs(t),
+        training_health(t),
         device_profile(t),
         stragglers(t),
         compiles(t),

@@ -8,7 +8,7 @@ only *what* each panel shows and why.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,6 +17,7 @@ from grafana_foundation_sdk.builders.common import (
     GraphThresholdsStyleConfig,
     ReduceDataOptions,
     StackingConfig,
+    TableSortByFieldState,
     VizLegendOptions,
 )
 from grafana_foundation_sdk.builders.dashboard import (
@@ -203,12 +204,16 @@ def stat_panel(
     reduce: str = "lastNotNull",
     span: int = 4,
     height: int = 4,
+    units: Mapping[str, str] | None = None,
 ) -> stat.Panel:
-    """One number per series, coloured by its thresholds."""
+    """One number per series, coloured by its thresholds. ``units``: a target's own unit, by its refId (A, B, ...),
+    where the panel's numbers are of different kinds (steps, and seconds)."""
     panel = _common(stat.Panel(), title, description, unit, limits or informational(), span, height)
     panel = panel.reduce_options(ReduceDataOptions().calcs([reduce]).values(False))
     panel = panel.color_mode(common.BigValueColorMode.BACKGROUND if limits else common.BigValueColorMode.NONE)
     panel = panel.graph_mode(common.BigValueGraphMode.AREA)
+    for ref, own in (units or {}).items():
+        panel = panel.override_by_query(ref, [dashboard.DynamicConfigValue(id_val="unit", value=own)])
     return _with_targets(panel, targets)  # type: ignore[no-any-return]
 
 
@@ -269,10 +274,33 @@ def heatmap_panel(
 
 
 def table_panel(
-    title: str, description: str, *targets: Dataquery, unit: str = "short", span: int = 12, height: int = 8
+    title: str,
+    description: str,
+    *targets: Dataquery,
+    unit: str = "short",
+    span: int = 12,
+    height: int = 8,
+    columns: Sequence[str] = (),
+    sort_by: str = "",
 ) -> table.Panel:
-    """Rows of an instant query's labels and value (firing alerts, a fleet's workloads)."""
+    """Rows of an instant query's labels and value (firing alerts, a fleet's workloads). ``columns``: the value
+    column of each target in turn, where several targets' rows are merged into one table on their labels (each
+    row a series, each target a column); ``sort_by``: the column whose lowest value is the first row."""
     panel = _common(table.Panel(), title, description, unit, informational(), span, height)
+    if columns:
+        if len(columns) != len(targets) or len(targets) < 2:
+            raise ValueError("columns: one name for each of two or more targets")
+        # Grafana names each target's value column "Value #<refId>" (one target's: "Value"); merge joins the rows.
+        named = {f"Value #{ref}": column for ref, column in zip(REF_IDS, columns, strict=False)}
+        organize = {"excludeByName": {"Time": True}, "indexByName": {}, "renameByName": named}
+        panel = panel.transformations(
+            [
+                dashboard.DataTransformerConfig(id_val="merge", options={}),
+                dashboard.DataTransformerConfig(id_val="organize", options=organize),
+            ]
+        )
+    if sort_by:
+        panel = panel.sort_by([TableSortByFieldState().display_name(sort_by).desc(False)])
     return _with_targets(panel, targets)  # type: ignore[no-any-return]
 
 
@@ -406,10 +434,13 @@ DEFAULT_CHIP_HOUR_PRICE = "1.20"  # about a TPU v5e chip-hour on demand; users s
 # --- the dashboard -------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Section:
-    """A row of the dashboard and its panels, laid out left to right in 24 columns."""
+    """A row of the dashboard and its panels, laid out left to right in 24 columns. ``numbered_last``: its row and
+    panels take their ids after every other section's, wherever it sits: a row added above existing ones leaves
+    their panels' ids (a link to one, ``viewPanel=N``) as they were."""
 
     title: str
     panels: Sequence[Any]
+    numbered_last: bool = False
 
 
 def build(
@@ -433,7 +464,16 @@ def build(
         for panel in section.panels:
             board = board.with_panel(panel)
     encoded: dict[str, Any] = json.loads(JSONEncoder(sort_keys=True).encode(board.build()))
-    for number, panel in enumerate(encoded["panels"], start=1):
+    # The row, then its panels, section by section (the rows are not collapsed: they hold none).
+    rows: list[list[dict[str, Any]]] = []
+    remaining = iter(encoded["panels"])
+    for section in sections:
+        rows.append([next(remaining) for _ in range(1 + len(section.panels))])
+    if next(remaining, None) is not None:
+        raise ValueError("a panel outside the sections")
+    in_order = [row for row, section in zip(rows, sections, strict=True) if not section.numbered_last]
+    last = [row for row, section in zip(rows, sections, strict=True) if section.numbered_last]
+    for number, panel in enumerate((panel for row in [*in_order, *last] for panel in row), start=1):
         panel["id"] = number
     return encoded
 
