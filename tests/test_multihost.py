@@ -96,6 +96,20 @@ class Job(testing_bench.Running):
         """When the first line containing ``text`` arrived."""
         return self.lines.when(text)
 
+    def arrived(self, text: str, timeout: float) -> float:
+        """When the first line containing ``text`` arrived, waiting up to ``timeout`` for it: the job must say it
+        before it ends."""
+        wait_for(
+            lambda: self.when(text) is not None or self.proc.poll() is not None,
+            timeout,
+            repr(text),
+            detail=self.output,
+            interval=1,
+        )
+        when = self.when(text)
+        assert when is not None, self.output()
+        return when
+
     def output(self) -> str:
         return "\n".join(line for line in self.lines.texts() if "@ " not in line)[-6000:]
 
@@ -412,15 +426,7 @@ def test_a_blip_costs_its_peers_its_seconds_once_and_never_opens_a_ticket(
         )
         window = 300 / BLIP_K
         try:
-            wait_for(
-                lambda: job.when("blip:") is not None or job.proc.poll() is not None,
-                400,
-                "the blip",
-                detail=job.output,
-                interval=1,
-            )
-            blip = job.when("blip:")
-            assert blip is not None, job.output()
+            blip = job.arrived("blip:", 400)
             wait_for(lambda: time.time() > blip + BLIP_S + 3 * window, 120, "the blip past three windows")
             # The blip: from a window before it to a window after it ended (the rates lag their counters).
             start, end = blip - window, blip + BLIP_S + window
@@ -503,15 +509,7 @@ def test_a_worker_whose_gradients_go_nan_pages_within_a_minute_and_is_named_firs
             {"XDG_CACHE_HOME": str(module_tmp / "cache")},
         )
         try:
-            wait_for(
-                lambda: diverging.when("nan: step") is not None or diverging.proc.poll() is not None,
-                300,
-                "worker 2's NaN",
-                detail=diverging.output,
-                interval=1,
-            )
-            nan = diverging.when("nan: step")
-            assert nan is not None, diverging.output()
+            nan = diverging.arrived("nan: step", 300)
             wait_for(lambda: alerts_of(prom, AlertName.LOSS_NON_FINITE), 90, "the page", interval=1)
             paged = time.time()
             assert alerts_of(prom, AlertName.LOSS_NON_FINITE) == [

@@ -129,11 +129,9 @@ PACE_SECONDS = 50e-6
 def direct_cost(monitor: Monitor, steps: int = 5000, loss: object = None) -> float:
     """Seconds per instrumented empty step (three phases and one event sent to the sidecar), each timed alone
     and paced as a job's steps are (:func:`paced_seconds_per_call`); with ``loss``, each step reports it too
-    (:func:`loss_step`)."""
+    (:func:`empty_step`)."""
     # Numbered from 1: step 0 is a multiple of every K, where a device-profile capture would begin.
-    if loss is None:
-        return paced_seconds_per_call(lambda n: empty_step(monitor, n + 1), steps)
-    return paced_seconds_per_call(lambda n: loss_step(monitor, n + 1, loss), steps)
+    return paced_seconds_per_call(lambda n: empty_step(monitor, n + 1, loss), steps)
 
 
 def paced_seconds_per_call(call: Callable[[int], None], calls: int, rounds: int = 3) -> float:
@@ -171,8 +169,9 @@ def best_seconds_per_call(run: Callable[[], None], calls: int, rounds: int = 3) 
     return best
 
 
-def empty_step(monitor: Monitor, n: int) -> None:
-    """An instrumented step that does nothing: three phases and one event."""
+def empty_step(monitor: Monitor, n: int, loss: object = None) -> None:
+    """An instrumented step that does nothing: three phases and one event; with ``loss``, it reports it too
+    (``s.loss(loss)``, read at the step's end where it is ready: a number, or a JAX array already computed)."""
     with monitor.step(n) as step:
         with step.phase("io"):
             pass
@@ -180,19 +179,8 @@ def empty_step(monitor: Monitor, n: int) -> None:
             pass
         with step.phase("sync"):
             pass
-
-
-def loss_step(monitor: Monitor, n: int, loss: object) -> None:
-    """An empty step (:func:`empty_step`) that reports ``loss``: ``s.loss(loss)``, the value read at the step's
-    end where it is ready (a number, or a JAX array already computed) and sent to the sidecar."""
-    with monitor.step(n) as step:
-        with step.phase("io"):
-            pass
-        with step.phase("compute"):
-            pass
-        with step.phase("sync"):
-            pass
-        step.loss(loss)
+        if loss is not None:
+            step.loss(loss)
 
 
 def empty_steps(monitor: Monitor, steps: int, first: int = 0) -> None:
