@@ -11,6 +11,7 @@
                 batch = next(data)
             with s.phase("compute"):
                 state, loss = train_step(state, batch)
+                s.loss(loss)                             # for the alerts on a NaN: never waits for the device
                 loss = float(loss)                       # waits: the phase ends when the step's work does
         if n % 1000 == 0:
             checkpoints.save(n, args=ocp.args.StandardSave(state))
