@@ -464,3 +464,23 @@ def test_a_report_from_prometheus_reads_each_capture_of_each_worker_once(short_t
     assert p.capture_seconds == pytest.approx(0.6), "the costliest worker's two captures in the window"
     assert p.trace_bytes == pytest.approx(1e6)
     assert p.latest == at - 600
+
+
+def test_a_rollback_moves_the_steps_it_threw_away_from_productive_to_lost(tmp_path: Path) -> None:
+    """Steps 0 to 7 of a second each, saves at 3 and 5, then a restore of step 3 after step 7: the recording's report
+    books steps 4 and 5 (durable at the save of 5) as lost, as the recording rules do, and 6 and 7 as any restore."""
+    t0 = 1_795_000_000.0
+    records: list[tuple[float, events.AnyEvent]] = [(t0, events.Lifecycle("diverging", "start"))]
+    for n in range(8):
+        records.append((t0 + n + 1, events.Step("diverging", n, 1.0, compute_s=1.0)))
+        if n in (3, 5):
+            records.append((t0 + n + 1, events.Checkpoint("diverging", "save", 0.0, True, step=n, blocking_s=0.0)))
+    records += [
+        (t0 + 9, events.Checkpoint("diverging", "restore", 0.0, True, step=3)),
+        (t0 + 10, events.Lifecycle("diverging", "stop")),
+    ]
+    path = tmp_path / "events.jsonl"
+    path.write_bytes(b"".join(msgspec.json.encode(events.to_record(e, t)) + b"\n" for t, e in records))
+    report = recording.build(path, None, Window(), Thresholds())
+    final = {series.name: series.values[-1] for series in report.goodput}
+    assert final["productive"] == pytest.approx(4.0) and final["lost"] == pytest.approx(4.0), final

@@ -204,6 +204,13 @@ class _Gap:
     booked_until: float  # downtime is booked up to here
 
 
+def rolled_back(seconds: float) -> Increments:
+    """Productive seconds a rollback threw away, as a reader that can book a negative moves them: from productive
+    to lost (the recording rules carve ``tpuscope_goodput_rolled_back_seconds_total`` the same way; the sidecar's
+    counters cannot go down, so it serves them apart)."""
+    return [("productive", -seconds), ("lost", seconds)] if seconds > 0 else []
+
+
 class Rollbacks:
     """The steps a workload's restores threw away, and the productive seconds booked for them.
 

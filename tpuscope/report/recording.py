@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from tpuscope import events
 from tpuscope.catalog import PROFILE_PARTS
 from tpuscope.durations import human as duration
-from tpuscope.goodput import CATEGORIES, WorkloadGoodput
+from tpuscope.goodput import CATEGORIES, WorkloadGoodput, rolled_back
 from tpuscope.report.model import QUANTILES, Incident, Mark, Profile, Report, ReportError, Series, Totals
 from tpuscope.report.window import Window
 from tpuscope.stats import percentile
@@ -78,7 +78,9 @@ def build(path: str | os.PathLike[str], workload: str | None, window: Window, th
     for t, event in mine:
         if t > end:
             break
+        thrown_away = ledger.rollbacks.seconds
         increments = ledger.observe(event, t)  # before the window too: the ledger's state carries over
+        increments += rolled_back(ledger.rollbacks.seconds - thrown_away)
         if isinstance(event, PROGRESS):  # as TpuscopeWorkloadStalled counts progress
             if t >= start and last_step_at is not None and t - last_step_at > thresholds.stall_seconds:
                 gap = f"no step, checkpoint or compile for {duration(t - last_step_at)}"
