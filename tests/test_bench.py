@@ -133,8 +133,8 @@ def test_a_fault_can_name_the_worker_it_hits() -> None:
     for alone in ("ckpt-fail@1", "recompile=5@0", "spill@2"):  # a job of one program and one barrier would hang
         with pytest.raises(
             FaultError,
-            match="only slow-io, stall, straggler, blip, crash, oom, compile-error, bad-data, hang-input, hang-spin, "
-            "skip-collective can hit one worker",
+            match="only slow-io, stall, straggler, blip, nan, crash, oom, compile-error, bad-data, hang-input, "
+            "hang-spin, skip-collective can hit one worker",
         ):
             Faults.parse([alone], worker=0, workers=4)
 

@@ -106,6 +106,9 @@ def test_metrics_pass_promtool_check_metrics_with_every_collector_on(short_tmp: 
         # A step carrying a device profile, as the Monitor sends one after a capture (tests/test_profiles.py).
         profile = events.DeviceProfile("ok", 2, 8, 0.03, 0.015, 0.005, 0.002, 0.01, 0.02, 0.3, 250_000, period_s=600.0)
         mon.emit(events.Step("lint", 13, 0.03, compute_s=0.03, profile=profile))
+        # Steps' losses, as s.loss sends them: enough for a baseline, and a local value gone NaN.
+        losses = tuple(events.StepValues(n, 2.0 + n / 100, 1.0, 1.0 if n < 20 else "nan") for n in range(21))
+        mon.emit(events.Step("lint", 14, 0.03, compute_s=0.03, values=losses))
         mon.lifecycle("stop")  # ended cleanly: its end time
         Monitor("lint-down", socket=sidecar.socket).close(failed=True)  # down since its failure
         # Every family of the catalogue has samples, so promtool sees every metric.

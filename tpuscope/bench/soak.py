@@ -72,8 +72,16 @@ SIDECAR_RSS = "process_resident_memory_bytes"
 EVENTS_LINE = re.compile(r"^\s*events\s+(?P<sent>\d+) sent to .*, (?P<dropped>\d+) dropped$", re.MULTILINE)
 # Every kind of event a healthy training job reports: not a serving job's (inference batches, model loads), nor
 # those of a job that fails to compile or keeps changing its shapes (tests/test_failures.py causes those), nor the
-# position thread's hello (its own connection's, never recorded: tests/test_hang_watch.py).
-NOT_TRAINING = (events.InferenceBatch, events.ModelLoaded, events.CompileFailure, events.Recompile, events.Watch)
+# position thread's hello (its own connection's, never recorded: tests/test_hang_watch.py), nor the training values a
+# job leaves unsent at its close (a healthy job's ride on its steps, read as soon as computed).
+NOT_TRAINING = (
+    events.InferenceBatch,
+    events.ModelLoaded,
+    events.CompileFailure,
+    events.Recompile,
+    events.Watch,
+    events.TrainingValues,
+)
 TRAINING_EVENTS = tuple(kind.__name__ for kind in typing.get_args(events.AnyEvent) if kind not in NOT_TRAINING)
 
 

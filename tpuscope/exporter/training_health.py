@@ -52,6 +52,8 @@ class LossBaseline:
         mad = statistics.median([abs(value - median) for value in losses])
         spread = max(MAD_TO_STDDEV * mad, RELATIVE_FLOOR * abs(median), 1e-12)
         deviation = (loss - median) / spread
+        if not math.isfinite(deviation):  # losses near the float's limits: no reading, nothing learnt
+            return None
         if deviation > catalog.LOSS_SPIKE_DEVIATION:
             self._calm = 0
         else:
