@@ -174,6 +174,7 @@ def test_n5_a_capture_that_expires_never_holds_the_jobs_gil(module_sidecar: Side
     print(f"the eval's longest gap: {gaps}")
     assert plain["rc"] == 0 and ours["rc"] == 0, ours["output"][-3000:]
     assert ours["captures"]["error"] == 1, "the capture expired in the eval"
-    # Under 10 ms, or within what this machine's load does to the same loop without tpuscope (the destructor held the
-    # GIL for 0.4 s, and a stop on a starved thread would record on: either fails this by far).
-    assert ours["longest_gap_s"] < max(0.010, 3 * plain["longest_gap_s"]), (plain, ours)
+    # Under 50 ms, or within what this machine's load does to the same loop without tpuscope (the destructor held the
+    # GIL for 0.4 s, and a stop on a starved thread would record on: either fails this by far). Not 10 ms: beside the
+    # rest of the suite on 2 cores, the scheduler alone left a 12 ms gap once where the plain run's was 4 ms.
+    assert ours["longest_gap_s"] < max(0.050, 3 * plain["longest_gap_s"]), (plain, ours)
