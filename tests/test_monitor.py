@@ -12,22 +12,12 @@ import time
 from pathlib import Path
 
 import pytest
+from recorder import Recorder
 
 from tpuscope import catalog, events
 from tpuscope.testing.waiting import scrape_until
 from tpuscope.tracing import Monitor, sinks
 from tpuscope.workload.sidecar import SidecarProcess
-
-
-class Recorder:
-    def __init__(self) -> None:
-        self.events: list[events.AnyEvent] = []
-
-    def emit(self, event: events.AnyEvent) -> None:
-        self.events.append(event)
-
-    def close(self) -> None:
-        pass
 
 
 def step_until_delivered(monitor: Monitor, first: int) -> None:

@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax.sharding import NamedSharding, PartitionSpec
+from recorder import Recorder
 
 from tpuscope import catalog, events
 from tpuscope.exporter.training_health import LossBaseline
@@ -24,19 +25,6 @@ from tpuscope.testing.waiting import scrape_until
 from tpuscope.tracing import Monitor
 from tpuscope.tracing.training_values import MAX_PENDING, PendingValues
 from tpuscope.workload.sidecar import SidecarProcess
-
-
-class Recorder:
-    """A sink that keeps every event the Monitor delivers."""
-
-    def __init__(self) -> None:
-        self.events: list[events.AnyEvent] = []
-
-    def emit(self, event: events.AnyEvent) -> None:
-        self.events.append(event)
-
-    def close(self) -> None:
-        pass
 
 
 class Computing:
