@@ -496,9 +496,10 @@ class Aggregator:
             for value, reading in step.values():
                 m[catalog.TRAINING_VALUE].labels(workload, value).set(reading)
                 count = nonfinite.labels(workload, value)  # at 0 from the first reading: the first NaN is an increase
-                if health.onset(value, reading):
+                finite = math.isfinite(reading)
+                if health.onset(value, finite):
                     onsets.labels(workload, value).set(step.step)
-                if not math.isfinite(reading):
+                if not finite:
                     count.inc()
                 elif value == "loss" and (deviation := health.baseline.deviation(reading)) is not None:
                     m[catalog.LOSS_DEVIATION].labels(workload).set(deviation)

@@ -70,9 +70,9 @@ class TrainingHealth:
     baseline: LossBaseline = field(default_factory=LossBaseline)
     finite: dict[str, bool] = field(default_factory=dict)  # value -> whether its latest reading was finite
 
-    def onset(self, value: str, reading: float) -> bool:
-        """Whether ``reading`` of ``value`` is an onset: non-finite, after a finite reading or as the first."""
-        finite = math.isfinite(reading)
+    def onset(self, value: str, finite: bool) -> bool:
+        """Whether a reading of ``value``, ``finite`` or not, is an onset: non-finite, after a finite reading or as
+        the first."""
         was = self.finite.get(value, True)
         self.finite[value] = finite
         return was and not finite

@@ -825,9 +825,10 @@ class StepTimer:
             other = 0.0
         values: tuple[events.StepValues, ...] = ()
         unread = 0
-        if monitor._values:  # losses given this step or before (s.loss): those the device has computed
+        given = monitor._values
+        if given.waiting or given.unread:  # losses given this step or before (s.loss): those the device has computed
             try:
-                values, unread = monitor._values.ready(), monitor._values.take_unread()
+                values, unread = given.ready(), given.take_unread()
             except Exception:  # telemetry must never fail the step
                 log.debug("tpuscope: training values failed", exc_info=True)
         try:  # positionally, in the schema's order

@@ -35,17 +35,15 @@ Given = tuple[int, Any, Any, Any]  # (step, loss, grad_norm, local), each value 
 
 
 class PendingValues:
-    """The values given and not yet read, oldest first; the count of those dropped unread."""
+    """The values given and not yet read (``waiting``, oldest first) and the count of those dropped unread: a step's
+    end has nothing to do here while both are empty, which it asks with two attribute reads (every step of every
+    job asks, most of them never give a value)."""
 
-    __slots__ = ("_pending", "unread")
+    __slots__ = ("unread", "waiting")
 
     def __init__(self) -> None:
-        self._pending: deque[Given] = deque()
+        self.waiting: deque[Given] = deque()
         self.unread = 0
-
-    def __bool__(self) -> bool:
-        """Whether a step's end has anything to do here: values to read, or a drop to report."""
-        return bool(self._pending) or self.unread > 0
 
     def give(self, step: int, loss: Any, grad_norm: Any, local: Any) -> None:
         for value in (loss, grad_norm, local):
@@ -55,16 +53,16 @@ class PendingValues:
                     copy()
                 except Exception:  # a deleted array, a backend without it: is_ready() says the rest
                     log.debug("tpuscope: no asynchronous copy of a training value", exc_info=True)
-        if len(self._pending) >= MAX_PENDING:
-            self._pending.popleft()
+        if len(self.waiting) >= MAX_PENDING:
+            self.waiting.popleft()
             self.unread += 1
-        self._pending.append((step, loss, grad_norm, local))
+        self.waiting.append((step, loss, grad_norm, local))
 
     def ready(self) -> tuple[events.StepValues, ...]:
         """Read the oldest values that are ready, up to the first that is not (a value unreadable on its own,
         deleted or no number, is dropped and counted)."""
         out: list[events.StepValues] = []
-        pending = self._pending
+        pending = self.waiting
         while pending:
             step, loss, grad_norm, local = pending[0]
             try:
@@ -79,8 +77,8 @@ class PendingValues:
 
     def drop_all(self) -> None:
         """The Monitor closes: what is still computing is not waited for, and counts as unread."""
-        self.unread += len(self._pending)
-        self._pending.clear()
+        self.unread += len(self.waiting)
+        self.waiting.clear()
 
     def take_unread(self) -> int:
         """The count of values dropped unread since it was last taken."""
