@@ -17,13 +17,16 @@ import argparse
 import itertools
 import statistics
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, replace
+from typing import TypeVar
 
 from tpuscope.tracing import Monitor
 from tpuscope.workload import runner
 from tpuscope.workload.faults import Faults
 from tpuscope.workload.training import Workload
+
+K = TypeVar("K")
 
 TARGET_PERCENT = 0.5
 
@@ -166,6 +169,16 @@ def best_seconds_per_call(run: Callable[[], None], calls: int, rounds: int = 3) 
         run()
         best = min(best, (time.perf_counter() - started) / calls)
         time.sleep(0.2)
+    return best
+
+
+def best_alternated(measures: Mapping[K, Callable[[], float]], rounds: int = 3) -> dict[K, float]:
+    """Each measure's least result over ``rounds`` in which they run one after another: variants compared side by
+    side meet the same disturbances of the machine, and each keeps its least disturbed."""
+    best = dict.fromkeys(measures, float("inf"))
+    for _ in range(rounds):
+        for key, measure in measures.items():
+            best[key] = min(best[key], measure())
     return best
 
 

@@ -18,6 +18,7 @@ node_exporter's. The absolute figures are printed beside each ratio.
 
 from __future__ import annotations
 
+import functools
 import json
 import multiprocessing
 import os
@@ -37,7 +38,13 @@ from typing import Any
 import psutil
 
 from tpuscope import catalog, events
-from tpuscope.bench.overhead import ab_test, best_seconds_per_call, direct_cost, paced_seconds_per_call
+from tpuscope.bench.overhead import (
+    ab_test,
+    best_alternated,
+    best_seconds_per_call,
+    direct_cost,
+    paced_seconds_per_call,
+)
 from tpuscope.bench.scrape_latency import scrape_once
 from tpuscope.scrape import Scrape
 from tpuscope.stats import percentile
@@ -271,11 +278,13 @@ def loss_cost(report: Report, size: Size, sidecar: SidecarProcess, workdir: Path
     array = jax.device_put(np.ones(len(devices), np.float32), jax.sharding.NamedSharding(mesh, SHARDED))
     array.block_until_ready()
     calls = max(200, size.emits // 4)
-    best = {"none": float("inf"), "number": float("inf"), "array": float("inf")}
     with Monitor("perf-loss-probe", socket=sidecar.socket, traces=False, profile_period="off") as probe:
-        for _ in range(3):  # alternated, the best of each: the least disturbed by the rest of the machine
-            for given, loss in (("none", None), ("number", 1.0), ("array", array)):
-                best[given] = min(best[given], direct_cost(probe, steps=calls, loss=loss))
+        best = best_alternated(
+            {
+                given: functools.partial(direct_cost, probe, steps=calls, loss=loss)
+                for given, loss in (("none", None), ("number", 1.0), ("array", array))
+            }
+        )
     report.add(
         ratio(
             "JAX step, loss reported / not, p50",
@@ -312,14 +321,13 @@ def hang_watch_cost(report: Report, size: Size, sidecar: SidecarProcess) -> None
     """What keeping the position for the sidecar's hang verdict adds to a step (its stores into the mapped
     record): the empty instrumented step with the hang watch on and off, side by side, alternated, best of each."""
     calls = max(200, size.emits // 4)
-    best = {True: float("inf"), False: float("inf")}
     with (
         Monitor("perf-hang-on", socket=sidecar.socket, traces=False, profile_period="off", hang_watch=True) as on,
         Monitor("perf-hang-off", socket=sidecar.socket, traces=False, profile_period="off", hang_watch=False) as off,
     ):
-        for _ in range(3):
-            for watched, monitor in ((True, on), (False, off)):
-                best[watched] = min(best[watched], direct_cost(monitor, steps=calls))
+        best = best_alternated(
+            {True: lambda: direct_cost(on, steps=calls), False: lambda: direct_cost(off, steps=calls)}
+        )
     report.add(
         ratio(
             "instrumented step, hang watch on / off",
