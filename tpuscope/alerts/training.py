@@ -43,10 +43,8 @@ from tpuscope.promql import TARGET, WORKLOAD, series
 def from_profiles_else_host(profiled: str, host: str, otherwise: str = "host") -> str:
     """``profiled`` for the workloads with fresh device profiles, ``host`` for the others; never both for one.
     ``otherwise``: the source label of the second."""
-    return (
-        f'label_replace({profiled}, "{SOURCE}", "profile", "", "")'
-        f' or label_replace({host} unless on ({WORKLOAD}) {PROFILE_SHARE}, "{SOURCE}", "{otherwise}", "", "")'
-    )
+    profiles = stragglers.labelled(profiled, SOURCE, "profile")
+    return f"{profiles} or {stragglers.labelled(f'{host} unless on ({WORKLOAD}) {PROFILE_SHARE}', SOURCE, otherwise)}"
 
 
 # A collective measure now (its median over the last 30 minutes: three device-profile captures at the default
