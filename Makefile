@@ -9,7 +9,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: demo test perf fleet-scale hang-trials image setup system-deps lint lock generate clean
+.PHONY: demo test perf fleet-scale hang-trials straggler-trials image setup system-deps lint lock generate clean
 
 demo: setup
 	rm -rf run/demo  # a fresh run each time: the workload resumes from checkpoints it finds
@@ -29,8 +29,8 @@ demo: setup
 # `make test` whole in 864 to 1,027 s; bound by CPU (docs/development.md).
 TEST_WORKERS ?= $(shell echo $$(( $$(nproc) + 1 )))
 test: setup system-deps lint
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not alone"
-	$(BIN)/python -m pytest -m alone
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not alone and not trials"
+	$(BIN)/python -m pytest -m "alone and not trials"
 
 # tpuscope's own cost against its targets, beside its peers (docs/performance.md): a table and run/perf.json.
 perf: setup system-deps
@@ -48,6 +48,12 @@ fleet-scale: setup system-deps
 # that must not page, with a real Prometheus on the rules (docs/failures.md, "A hung job"): about 45 minutes.
 hang-trials: setup system-deps
 	$(BIN)/tpuscope bench hangs --trials 10 --json run/hangs.json
+
+# What a straggler costs, measured on a 4-process job against its own device profiles and timers: a slow chip named
+# by the profiles on one Prometheus and a central one, and a blip (docs/bench.md, "What a straggler costs"). Each
+# prints its figures; `make test` keeps the slow input's run, which names and costs a straggler too.
+straggler-trials: setup system-deps
+	$(BIN)/python -m pytest -m trials -s
 
 # The sidecar image (deploy/image/Containerfile), made from Debian's packages and the wheel, with no base image
 # or registry needed: localhost/tpuscope:VERSION, or deploy/image/build.sh NAME:TAG. docs/fleet.md.

@@ -4,7 +4,8 @@ devices each (gloo collectives over loopback), one sidecar per process, each wit
 - A straggler slowed inside the fused program (worker 2 computes each gradient several times) is named by the
   device profiles, through the generated rules on a real Prometheus scraping the 4 sidecars, and on a central
   Prometheus that evaluates the same rules on what a cluster's Prometheus remote-writes to it with the
-  ``remote_write`` block of deploy/prometheus/prometheus.yml; the host-timed phases alone name no one.
+  ``remote_write`` block of deploy/prometheus/prometheus.yml; the host-timed phases alone name no one. With the
+  blip's cost, a measurement of minutes that ``make straggler-trials`` runs and ``make test`` does not.
 - A worker that crashes fails the whole job within a bounded time, every sidecar counts one failure, and the
   same command resumes every worker from the last checkpoint, the gap booked as downtime.
 
@@ -128,6 +129,7 @@ def by_worker(prom: PrometheusServer, expr: str) -> dict[str, float]:
     return {r["metric"]["worker"]: float(r["value"][1]) for r in prom.query(expr)}
 
 
+@pytest.mark.trials  # 160 s: make straggler-trials
 @pytest.mark.timeout(600)
 def test_the_profiles_name_a_straggler_in_a_fused_multihost_job_on_one_prometheus_and_centrally(
     short_tmp: Path, module_tmp: Path, sidecars: list[SidecarProcess]
@@ -402,6 +404,7 @@ def test_an_input_straggler_costs_what_its_peers_wait_and_opens_one_ticket_namin
             job.kill()
 
 
+@pytest.mark.trials  # 85 s: make straggler-trials
 @pytest.mark.timeout(600)
 def test_a_blip_costs_its_peers_its_seconds_once_and_never_opens_a_ticket(
     short_tmp: Path, module_tmp: Path, sidecars: list[SidecarProcess]
