@@ -444,7 +444,10 @@ def test_a_blip_costs_its_peers_its_seconds_once_and_never_opens_a_ticket(
             print(f"\nblip: measured {measured:.2f}, served {served:.2f}, clean {clean:.3f} of {wall:.1f}")
             assert wall == pytest.approx(PROCESSES * window, rel=0.1), "the clean stretch is all steps"
             assert measured == pytest.approx(peers, rel=0.1), (measured, peers)
-            assert served == pytest.approx(peers, rel=0.1), (served, peers)
+            # A jump in a counter is in the windows of 9 or 10 of the 10 evaluations a window holds (whether the
+            # sample before it is still in the window), and each rate extrapolates it by up to a scrape: -10 to +5 %
+            # by arithmetic, before any noise of the job's timers; 13.38 of 15 in one run, 10.8 % under.
+            assert served == pytest.approx(peers, rel=0.15), (served, peers)
             assert clean < 0.01 * wall, (clean, wall)
             ever = prom.query(f'max_over_time(ALERTS{{alertname="{AlertName.STRAGGLER}"}}[1h])')
             assert ever == [], ever
