@@ -397,7 +397,7 @@ def test_an_input_straggler_costs_what_its_peers_wait_and_opens_one_ticket_namin
             assert served == pytest.approx(measured, rel=0.1), (served, measured)
             share = at(prom, STRAGGLER_SHARE, end)
             print(
-                f"\\ninput straggler: served {served:.2f} worker-s over 30 s, the job's timers {measured:.2f} "
+                f"\ninput straggler: served {served:.2f} worker-s over 30 s, the job's timers {measured:.2f} "
                 f"({served / measured:.3f}); {share} of the steps; cause {named['metric']['cause']}"
             )
         finally:
@@ -452,7 +452,7 @@ def test_a_blip_costs_its_peers_its_seconds_once_and_never_opens_a_ticket(
             ever = prom.query(f'max_over_time(ALERTS{{alertname="{AlertName.STRAGGLER}"}}[1h])')
             assert ever == [], ever
             print(
-                f"\\nblip of {BLIP_S:g} s: the job's timers {measured:.2f} worker-s, served {served:.2f} "
+                f"\nblip of {BLIP_S:g} s: the job's timers {measured:.2f} worker-s, served {served:.2f} "
                 f"(injected {peers:g}); the clean stretch before it {clean:.3f} of {wall:.0f} wall s "
                 f"({clean / wall:.2%}); no TpuscopeStraggler"
             )
