@@ -129,7 +129,7 @@ def by_worker(prom: PrometheusServer, expr: str) -> dict[str, float]:
     return {r["metric"]["worker"]: float(r["value"][1]) for r in prom.query(expr)}
 
 
-@pytest.mark.trials  # 160 s: make straggler-trials
+@pytest.mark.trials  # make straggler-trials
 @pytest.mark.timeout(600)
 def test_the_profiles_name_a_straggler_in_a_fused_multihost_job_on_one_prometheus_and_centrally(
     short_tmp: Path, module_tmp: Path, sidecars: list[SidecarProcess]
@@ -404,7 +404,7 @@ def test_an_input_straggler_costs_what_its_peers_wait_and_opens_one_ticket_namin
             job.kill()
 
 
-@pytest.mark.trials  # 85 s: make straggler-trials
+@pytest.mark.trials  # make straggler-trials
 @pytest.mark.timeout(600)
 def test_a_blip_costs_its_peers_its_seconds_once_and_never_opens_a_ticket(
     short_tmp: Path, module_tmp: Path, sidecars: list[SidecarProcess]
@@ -446,7 +446,7 @@ def test_a_blip_costs_its_peers_its_seconds_once_and_never_opens_a_ticket(
             assert measured == pytest.approx(peers, rel=0.1), (measured, peers)
             # A jump in a counter is in the windows of 9 or 10 of the 10 evaluations a window holds (whether the
             # sample before it is still in the window), and each rate extrapolates it by up to a scrape: -10 to +5 %
-            # by arithmetic, before any noise of the job's timers; 13.38 of 15 in one run, 10.8 % under.
+            # by arithmetic, before any noise of the job's timers (docs/bench.md).
             assert served == pytest.approx(peers, rel=0.15), (served, peers)
             assert clean < 0.01 * wall, (clean, wall)
             ever = prom.query(f'max_over_time(ALERTS{{alertname="{AlertName.STRAGGLER}"}}[1h])')
