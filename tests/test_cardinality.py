@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import msgspec
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
@@ -57,7 +58,6 @@ CLOSED: dict[Label, tuple[str, ...]] = {  # every value the code can give it
         nvml.SOURCE,
         gke_device_plugin.SOURCE,
     ),
-    Label.CATEGORY: goodput.CATEGORIES,
     Label.CLASSIFIED_BY: catalog.PROFILE_OP_CLASSIFIERS,
     Label.VERSION: (__version__,),
     Label.COLLECTOR: tuple(collectors.COLLECTORS),
@@ -72,6 +72,11 @@ CLOSED: dict[Label, tuple[str, ...]] = {  # every value the code can give it
     Label.LABEL: tuple(LIMITED),
     Label.PART: catalog.PROFILE_PARTS,
     Label.VALUE: events.TRAINING_VALUES,
+}
+# Open but bounded: these values, and at most so many more per workload, which the sidecar caps itself.
+PER_WORKLOAD: dict[Label, tuple[tuple[str, ...], int]] = {
+    # The custom badput a job names (Monitor.badput): its first names, and the fold past them.
+    Label.CATEGORY: (goodput.CATEGORIES, goodput.MAX_CUSTOM_BADPUT + 1),
 }
 HOST: dict[Label, str] = {  # set by collectors from what this host has, so bounded by it
     Label.CPU: "one value per logical CPU",
@@ -103,15 +108,47 @@ def test_every_label_of_every_metric_is_bounded() -> None:
     unbounded = []
     for metric in catalog.CATALOG:
         for label in metric.labels:
-            bounded = label in CLOSED or label in LIMITED or (metric.sampled and label in HOST) or label in WHILE_STUCK
+            bounded = (
+                label in CLOSED
+                or label in LIMITED
+                or (metric.sampled and label in HOST)
+                or label in WHILE_STUCK
+                or label in PER_WORKLOAD
+            )
             if not bounded:
                 unbounded.append(f"{metric.name}: {label}")
-    assert not unbounded, "say how these labels are bounded (CLOSED, LIMITED, HOST or WHILE_STUCK above)"
+    assert not unbounded, "say how these labels are bounded (CLOSED, LIMITED, HOST, WHILE_STUCK or PER_WORKLOAD above)"
     # Every label a job sets is one the limiter caps: LabelValue fields, read from the schema.
     job_set = {Label(name) for cls in typing.get_args(events.AnyEvent) for name in ("workload", *OTHER_LABELS[cls])}
     assert job_set == set(LIMITED)
-    # Each CLOSED table is a real, small set.
+    # Each CLOSED table is a real, small set; so is each PER_WORKLOAD one with its open part.
     assert all(0 < len(values) <= 32 for values in CLOSED.values())
+    assert all(0 < len(values) + more <= 32 for values, more in PER_WORKLOAD.values())
+
+
+def test_a_job_naming_custom_badput_without_end_grows_each_workload_by_the_bound_at_most() -> None:
+    """Jobs that name a custom badput category per eval (and one that names built-in ones, skipping the Monitor's
+    check): each workload serves its fixed categories and at most the bound more; the seconds all stay booked."""
+    registry, aggregator, _ = _aggregator()
+    fixed, more = PER_WORKLOAD[Label.CATEGORY]
+    sent = 0.0
+    for workload in ("evals-a", "evals-b"):
+        for process in range(3):  # its processes' names are one workload's
+            source = (workload, process)
+            aggregator.accept(events.Lifecycle(workload, "start"), at=1000.0, source=source)
+            for n in range(20):
+                name = "productive" if n == 19 else f"eval_{process}_{n}"
+                marked = (events.Badput(name, 0.5),)
+                aggregator.accept(events.Step(workload, n, 0.1, 0.1, badput=marked), at=1010.0 + n, source=source)
+                sent += 0.5 if workload == "evals-a" else 0.0
+            aggregator.accept(events.Lifecycle(workload, "stop"), at=1040.0, source=source)
+    scrape = _scrape(registry)
+    for workload in ("evals-a", "evals-b"):
+        categories = {s.labels["category"] for s in scrape.find(catalog.GOODPUT.name, workload=workload)}
+        assert set(fixed) <= categories and len(categories) <= len(fixed) + more, sorted(categories)
+        assert goodput.CUSTOM_BADPUT in categories
+    custom = {s.labels["category"]: s.value for s in scrape.find(catalog.GOODPUT.name, workload="evals-a")}
+    assert sum(v for c, v in custom.items() if c not in fixed) == pytest.approx(sent)
 
 
 def test_the_trace_id_is_an_exemplar_never_a_label() -> None:

@@ -76,21 +76,22 @@ def test_fields_a_newer_job_appends_are_ignored() -> None:
     assert events.decode(newer) == VALID[0]
 
 
-@pytest.mark.parametrize("first_new_field", ["profile", "compile_s", "values"])
+@pytest.mark.parametrize("first_new_field", ["profile", "compile_s", "values", "badput"])
 def test_a_sidecar_older_than_a_steps_trailing_fields_reads_the_step(first_new_field: str) -> None:
-    """Issues 22, 23 and 56: the job sends ``Step.profile``, ``Step.compile_s`` and ``Step.values`` before every
-    sidecar knows them. A sidecar of an earlier release reads Step without its last fields: decoding with that
-    layout keeps the rest."""
+    """Issues 22, 23, 56 and 57: the job sends ``Step.profile``, ``Step.compile_s``, ``Step.values`` and
+    ``Step.badput`` before every sidecar knows them. A sidecar of an earlier release reads Step without its last
+    fields: decoding with that layout keeps the rest."""
     fields_now = msgspec.structs.fields(events.Step)[1:]  # Event's workload comes first
     names = [f.name for f in fields_now]
     old_fields = [(f.name, f.type, f.default) for f in fields_now[: names.index(first_new_field)]]
-    trailing = ["profile", "compile_s", "values", "unread"]
+    trailing = ["profile", "compile_s", "values", "unread", "badput"]
     assert names[names.index(first_new_field) :] == trailing[trailing.index(first_new_field) :]  # only trailing ones
     old_step = msgspec.defstruct("Step", old_fields, bases=(events.Event,), tag="step", frozen=True)
     profile = events.DeviceProfile("ok", steps=4, devices=8, step_s=0.5, compute_s=0.3, exposed_collective_s=0.2)
     losses = (events.StepValues(3, 2.5, local="nan"),)
+    marked = (events.Badput("eval", 1.5), events.Badput("sdc_check", 0.25, in_step=True))
     newer = msgspec.structs.replace(
-        VALID[0], trace_id="ab" * 16, profile=profile, compile_s=0.05, values=losses, unread=1
+        VALID[0], trace_id="ab" * 16, profile=profile, compile_s=0.05, values=losses, unread=1, badput=marked
     )
     datagram = events.encode(newer)
     assert datagram.startswith(events.HEADER)  # the same schema version: an older sidecar takes it
@@ -101,6 +102,40 @@ def test_a_sidecar_older_than_a_steps_trailing_fields_reads_the_step(first_new_f
         if k in dict.fromkeys(["workload", *names[: names.index(first_new_field)]])
     }
     assert msgspec.structs.asdict(read) == expected
+
+
+def test_a_sidecar_older_than_the_stops_custom_badput_reads_the_stop() -> None:
+    """Issue 57: the stop (or failure) carries the custom badput no step carried; a sidecar of an earlier release
+    reads Lifecycle without it."""
+    old_life = msgspec.defstruct(
+        "Lifecycle", [("state", events.LifecycleState), ("reason", str, "none")], bases=(events.Event,), tag="life"
+    )
+    stop = events.Lifecycle("llm", "failure", reason="oom", badput=(events.Badput("eval", 3.0),))
+    datagram = events.encode(stop)
+    assert events.decode(datagram) == stop
+    read = msgspec.msgpack.Decoder(old_life).decode(datagram[len(events.HEADER) :])
+    assert (read.workload, read.state, read.reason) == ("llm", "failure", "oom")
+
+
+@pytest.mark.parametrize("name", ["Eval", "eval!", "", "_eval", "e" * 33, "eval\n", "évaluation"])
+def test_a_custom_badput_name_that_is_no_lower_case_word_is_refused(name: str) -> None:
+    with pytest.raises(msgspec.ValidationError):
+        msgspec.convert({"name": name, "seconds": 1.0}, events.Badput)
+
+
+def test_a_step_whose_custom_badput_name_is_refused_is_invalid() -> None:
+    datagram = events.encode(events.Step("llm", 1, 1.0, badput=(events.Badput("eval", 1.0),))).replace(b"eval", b"Eval")
+    with pytest.raises(events.InvalidEvent):  # a job that did not check: its step is invalid, not a new label
+        events.decode(datagram)
+
+
+def test_a_step_carries_at_most_so_many_custom_badput_entries() -> None:
+    many = tuple(events.Badput(f"n{i}", 1.0) for i in range(events.MAX_BADPUT_ENTRIES + 1))
+    datagram = events.encode(events.Step("llm", 1, 1.0, badput=many))
+    assert len(datagram) < events.MAX_DATAGRAM_BYTES
+    with pytest.raises(events.InvalidEvent):
+        events.decode(datagram)
+    assert events.decode(events.encode(events.Step("llm", 1, 1.0, badput=many[:-1]))).badput == many[:-1]
 
 
 @given(st.binary(max_size=200))

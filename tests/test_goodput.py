@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Hashable
 
+import msgspec
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tpuscope import events
+from tpuscope import events, goodput
 from tpuscope.goodput import PendingSteps, WorkloadGoodput
 
 W = "job"
@@ -23,6 +24,11 @@ def feed(
             assert seconds > 0, (category, seconds)
             totals[category] = totals.get(category, 0.0) + seconds
     return totals
+
+
+def marked(before: float, inside: float = 0.0, name: str = "eval") -> tuple[events.Badput, ...]:
+    """Custom badput as a step carries it: ``before`` seconds marked before the step, ``inside`` inside it."""
+    return (events.Badput(name, before), events.Badput(name, inside, in_step=True))
 
 
 def step(n: int, duration: float, io: float = 0.0) -> events.Step:
@@ -169,7 +175,12 @@ def test_an_async_save_books_only_what_it_blocked_and_makes_only_its_steps_durab
 @given(
     st.lists(
         st.tuples(
-            st.sampled_from(["start", "step", "compile", "save", "async", "restore", "stop", "fail", "vanish", "tick"]),
+            st.sampled_from(
+                [
+                    *("start", "step", "compile", "save", "async", "restore", "stop", "fail", "vanish", "tick"),
+                    *("marked", "stop-marked"),
+                ]
+            ),
             st.sampled_from([0, 1]),
             st.floats(0.0, 2.0),
         ),
@@ -191,6 +202,8 @@ def test_the_categories_never_add_up_to_more_than_wall_time(operations: list[tup
             "save": save(n, seconds / 2),
             "async": save(n, 4 * seconds, blocking=seconds / 3),
             "restore": events.Checkpoint(workload=W, operation="restore", duration_s=seconds, ok=True, step=n),
+            "marked": msgspec.structs.replace(step(n, seconds), badput=marked(seconds, seconds / 3)),
+            "stop-marked": msgspec.structs.replace(STOP, badput=marked(seconds, 0)),
         }.get(operation)
         if event is not None:
             increments = book.observe(event, now, source)
@@ -317,3 +330,96 @@ def test_a_restart_that_restores_an_earlier_checkpoint_rolls_back_from_the_last_
     feed(fresh, [(0.0, START), *[(float(n + 1), step(n, 1.0)) for n in range(10)], (10.0, STOP)])
     feed(fresh, [(20.0, START), (21.0, step(0, 1.0)), (22.0, step(1, 1.0)), (23.0, step(2, 1.0)), (23.1, restore(1))])
     assert fresh.rollbacks.steps == 1
+
+
+# --- custom badput (Monitor.badput, issue 57) -----------------------------------------------------------------------
+def test_custom_badput_between_steps_is_its_own_category_and_no_longer_other() -> None:
+    """start at 0; step 0 from 1 to 2; an eval of 3 s, then step 1 from 5.5 to 6.5 carries it; stop at 7. Without
+    the mark the 3.5 s between the steps and the 0.5 s after them were all other."""
+    eval_step = msgspec.structs.replace(step(1, 1.0), badput=marked(3.0))
+    timeline: list[tuple[float, events.AnyEvent]] = [(0.0, START), (2.0, step(0, 1.0)), (6.5, eval_step), (7.0, STOP)]
+    book = WorkloadGoodput()
+    totals = feed(book, timeline)
+    assert totals == pytest.approx({"init": 1.0, "productive": 2.0, "eval": 3.0, "other": 1.0})
+    assert sum(totals.values()) == pytest.approx(7.0) == pytest.approx(book.wall)
+
+
+def test_custom_badput_inside_a_step_comes_out_of_its_productive_time() -> None:
+    """As the reference books a custom event inside a step interval: a step of 2 s holding a 0.5 s SDC check is
+    1.5 s productive, whatever the phase the check ran in."""
+    checked = msgspec.structs.replace(step(0, 2.0), badput=(events.Badput("sdc_check", 0.5, in_step=True),))
+    timeline: list[tuple[float, events.AnyEvent]] = [(0.0, START), (3.0, checked), (3.0, STOP)]
+    assert feed(WorkloadGoodput(), timeline) == pytest.approx({"init": 1.0, "productive": 1.5, "sdc_check": 0.5})
+    # More than the step's compute (a clock, a job that lied): the step's productive time, no more.
+    lying = msgspec.structs.replace(step(0, 2.0, io=1.5), badput=(events.Badput("sdc_check", 9.0, in_step=True),))
+    totals = feed(WorkloadGoodput(), [(0.0, START), (2.0, lying), (2.0, STOP)])
+    assert totals == pytest.approx({"io_wait": 1.5, "sdc_check": 0.5})
+
+
+def test_custom_badput_before_the_first_step_is_not_also_init() -> None:
+    """start at 0; a 2 s compile, a 1.5 s eval of the initial weights, step 0 from 4 to 5: init is the 0.5 s left."""
+    first = msgspec.structs.replace(step(0, 1.0), compile_s=0.0, badput=marked(1.5))  # compiled before it
+    compiled = events.Compile(workload=W, stage="backend", duration_s=2.0)
+    timeline: list[tuple[float, events.AnyEvent]] = [(0.0, START), (2.0, compiled), (5.0, first), (5.0, STOP)]
+    totals = feed(WorkloadGoodput(), timeline)
+    assert totals == pytest.approx({"compile": 2.0, "eval": 1.5, "init": 0.5, "productive": 1.0})
+    # Marked time the start leaves no room for (a clock): what there was, and no init.
+    too_long = msgspec.structs.replace(first, badput=marked(9.0))
+    totals = feed(WorkloadGoodput(), [(0.0, START), (2.0, compiled), (5.0, too_long), (5.0, STOP)])
+    assert totals == pytest.approx({"compile": 2.0, "eval": 2.0, "productive": 1.0})
+
+
+def test_custom_badput_after_the_last_step_rides_on_the_stop_or_the_failure() -> None:
+    after = msgspec.structs.replace(STOP, badput=marked(2.0))
+    timeline: list[tuple[float, events.AnyEvent]] = [(0.0, START), (1.0, step(0, 1.0)), (4.0, after)]
+    assert feed(WorkloadGoodput(), timeline) == pytest.approx({"productive": 1.0, "eval": 2.0, "other": 1.0})
+    failed = msgspec.structs.replace(FAILURE, badput=marked(2.0))
+    timeline = [(0.0, START), (1.0, step(0, 1.0)), (4.0, failed)]
+    assert feed(WorkloadGoodput(), timeline) == pytest.approx({"lost": 1.0, "eval": 2.0, "other": 1.0})
+
+
+def test_a_workload_keeps_so_many_custom_badput_names_and_folds_the_rest() -> None:
+    """Two processes of one workload name 10 categories between them: the first MAX_CUSTOM_BADPUT named keep their
+    own, the rest are custom; a name a built-in category holds (a job that did not check) is custom too."""
+    names = [f"check_{i}" for i in range(10)]
+    book, now, totals = WorkloadGoodput(), 0.0, {}
+    for source in ("a", "b"):
+        totals |= feed(book, [(now, START)], source)
+    for n, name in enumerate([*names, "productive", "straggler", names[0]]):
+        now += 2.0
+        marking = msgspec.structs.replace(step(n, 1.0), badput=marked(1.0, name=name))
+        for category, seconds in feed(book, [(now, marking)], source=("a", "b")[n % 2]).items():
+            totals[category] = totals.get(category, 0.0) + seconds
+    kept = names[: goodput.MAX_CUSTOM_BADPUT]
+    assert list(book.badput_names.kept) == kept
+    assert {c: s for c, s in totals.items() if c in kept} == {name: pytest.approx(1.0) for name in kept} | {
+        names[0]: pytest.approx(2.0)
+    }
+    assert totals[goodput.CUSTOM_BADPUT] == pytest.approx(10 - goodput.MAX_CUSTOM_BADPUT + 2)
+    assert "productive" not in totals or totals["productive"] == 0  # nothing durable yet: no save, no stop
+
+
+@pytest.mark.parametrize(
+    ("name", "why"),
+    [
+        ("eval", None),
+        ("sdc_check2", None),
+        ("Eval", "lower-case word"),
+        ("eval-loop", "lower-case word"),
+        ("e" * 33, "lower-case word"),
+        ("productive", "built-in category"),
+        ("other", "built-in category"),
+        ("straggler", "built-in category"),
+        ("custom", "past the bound"),
+    ],
+)
+def test_a_custom_badput_name_is_a_lower_case_word_no_category_holds(name: str, why: str | None) -> None:
+    error = goodput.badput_name_error(name)
+    assert (error is None) if why is None else (why in str(error)), error
+
+
+def test_every_category_is_booked_promptly_or_in_lumps_and_custom_ones_promptly() -> None:
+    """The goodput SLO's numerator is every category not booked in lumps: the prompt ones, straggler, and custom."""
+    assert set(goodput.PROMPT_BADPUT) | set(goodput.BOOKED_IN_LUMPS) == set(goodput.CATEGORIES)
+    assert not set(goodput.PROMPT_BADPUT) & set(goodput.BOOKED_IN_LUMPS)
+    assert goodput.STRAGGLER not in goodput.BOOKED_IN_LUMPS and goodput.CUSTOM_BADPUT not in goodput.BOOKED_IN_LUMPS

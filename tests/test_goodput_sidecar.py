@@ -186,3 +186,30 @@ def test_after_sigterm_the_sidecar_serves_until_a_scrape_reads_the_final_state(s
         assert unscraped.stop() == 0
         assert time.monotonic() - started < LINGER_S
         assert "until a scrape reads the final state" not in unscraped.log()
+
+
+def test_custom_badput_is_served_as_its_own_category_and_the_categories_still_add_up(sidecar: SidecarProcess) -> None:
+    """Issue 57: an eval between two steps and a check inside one, marked with ``mon.badput``. The sidecar serves each
+    as it arrives, as long as the job measured it; the eval is no longer ``other`` and the check comes out of the
+    step's productive time."""
+    with Monitor("marked", socket=sidecar.socket, traces=False) as mon:
+        for n in range(10):
+            with mon.step(n):
+                time.sleep(STEP_S)
+                if n == 5:
+                    with mon.badput("sdc_check"):
+                        time.sleep(0.05)
+            if n == 3:
+                with mon.badput("eval"):
+                    time.sleep(0.3)
+        served = scrape_until(sidecar.url, lambda s: booked(s, "marked").get("eval", 0.0) > 0)
+        assert booked(served, "marked").get("other", 0.0) == 0, "booked before the process ends, not in its lump"
+    scrape = scrape_until(
+        sidecar.url, lambda s: s.has(catalog.STEPS.name, workload="marked") and not s.has(PROCESSES, workload="marked")
+    )
+    seconds = booked(scrape, "marked")
+    print(f"marked: {seconds}")
+    assert seconds["eval"] >= 0.3 and seconds["sdc_check"] >= 0.05
+    assert seconds["productive"] >= 10 * STEP_S
+    assert seconds.get("other", 0.0) < 0.3, "the eval is not other"
+    assert sum(seconds.values()) == pytest.approx(scrape.value(WALL, workload="marked"), abs=0.02)

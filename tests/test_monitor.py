@@ -386,3 +386,59 @@ def test_out_of_file_descriptors_each_event_is_a_counted_drop(sidecar: SidecarPr
     sent, dropped, why = run.stdout.split(maxsplit=2)
     assert (int(sent), int(dropped)) == (0, 4), run.stdout  # the start event and three steps
     assert "cannot open a socket" in why
+
+
+def test_a_badput_block_is_timed_less_its_compiles_and_saves_and_the_next_step_or_the_stop_carries_it() -> None:
+    recorder = Recorder()
+    monitor = Monitor("marked", socket="/nonexistent/x.sock", sinks=[recorder], traces=False, jax_compiles=False)
+    with monitor.step(0):
+        pass
+    began = time.perf_counter()
+    with monitor.badput("eval"):
+        time.sleep(0.01)
+        monitor.compile("backend", 0.01, "eval_step")  # booked as compile: not the eval's too
+        with monitor.checkpoint("save", step=0):  # booked as checkpoint
+            time.sleep(0.02)
+        time.sleep(0.03)
+    eval_took = time.perf_counter() - began
+    with monitor.step(1), monitor.badput("sdc_check"):
+        time.sleep(0.01)
+    with monitor.step(2):
+        pass
+    with monitor.badput("eval"), monitor.badput("eval_inner"):  # the inner block is the outer one's time
+        time.sleep(0.01)
+    monitor.close()
+    steps = [e for e in recorder.events if isinstance(e, events.Step)]
+    assert [s.badput for s in steps[::2]] == [(), ()]
+    (marked_eval, checked) = steps[1].badput
+    assert (marked_eval.name, marked_eval.in_step, checked.name, checked.in_step) == ("eval", False, "sdc_check", True)
+    save = next(e for e in recorder.events if isinstance(e, events.Checkpoint))
+    assert 0.03 <= marked_eval.seconds <= eval_took - save.duration_s - 0.01  # less what the save and compile took
+    assert 0.01 <= checked.seconds <= steps[1].duration_s
+    stop = recorder.events[-1]
+    assert isinstance(stop, events.Lifecycle) and stop.state == "stop"
+    assert [(b.name, b.in_step) for b in stop.badput] == [("eval", False)] and stop.badput[0].seconds >= 0.01
+    for event in (steps[1], stop):  # what the sidecar reads
+        assert events.decode(events.encode(event)) == event
+
+
+def test_a_badput_name_is_checked_at_once_and_names_past_the_bound_fold_into_custom_said_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from tpuscope import goodput
+
+    recorder = Recorder()
+    monitor = Monitor("names", socket="/nonexistent/x.sock", sinks=[recorder], traces=False, jax_compiles=False)
+    for wrong in ("Eval", "eval loop", "", "productive", "straggler", "custom", "x" * 33):
+        with pytest.raises(ValueError, match=r"Monitor\.badput"):
+            monitor.badput(wrong)
+    names = [f"check_{i}" for i in range(goodput.MAX_CUSTOM_BADPUT + 2)]
+    with caplog.at_level("WARNING", logger="tpuscope"):
+        for name in [*names, *names]:
+            with monitor.badput(name):
+                pass
+    monitor.close()
+    said = [r.getMessage() for r in caplog.records if "custom badput" in r.getMessage()]
+    assert len(said) == 1 and repr(names[goodput.MAX_CUSTOM_BADPUT]) in said[0], said
+    (stop,) = [e for e in recorder.events if isinstance(e, events.Lifecycle) and e.state == "stop"]
+    assert [b.name for b in stop.badput] == [*names[: goodput.MAX_CUSTOM_BADPUT], goodput.CUSTOM_BADPUT]

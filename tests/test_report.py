@@ -484,3 +484,26 @@ def test_a_rollback_moves_the_steps_it_threw_away_from_productive_to_lost(tmp_pa
     report = recording.build(path, None, Window(), Thresholds())
     final = {series.name: series.values[-1] for series in report.goodput}
     assert final["productive"] == pytest.approx(4.0) and final["lost"] == pytest.approx(4.0), final
+
+
+def test_a_recording_with_custom_badput_lists_it_beside_the_fixed_categories(tmp_path: Path) -> None:
+    """An eval of 4 s marked between steps 9 and 10 and a 1 s check marked after the last step: the report's goodput
+    holds both, at 0 before their first booking, and the categories still add up to the wall time."""
+    t0 = 1_795_000_000.0
+    timeline: list[tuple[float, events.AnyEvent]] = [(t0, events.Lifecycle("marked", "start"))]
+    for n in range(20):
+        marked = (events.Badput("eval", 4.0),) if n == 10 else ()
+        timeline.append((t0 + 1.0 + n + (4.0 if n >= 10 else 0.0), events.Step("marked", n, 1.0, 1.0, badput=marked)))
+    timeline.append((t0 + 26.0, events.Lifecycle("marked", "stop", badput=(events.Badput("data_check", 1.0),))))
+    path = tmp_path / "events.jsonl"
+    path.write_bytes(b"".join(msgspec.json.encode(events.to_record(e, t)) + b"\n" for t, e in timeline))
+    report = recording.build(path, None, Window(), Thresholds())
+    booked = {series.name: series.values[-1] for series in report.goodput}
+    expected = {"productive": 20.0, "eval": 4.0, "data_check": 1.0, "other": 1.0}  # other: the 1 s left at the end
+    assert booked == pytest.approx({**dict.fromkeys(booked, 0.0), **expected})
+    assert sum(booked.values()) == pytest.approx(26.0)
+    eval_series = next(series for series in report.goodput if series.name == "eval")
+    assert eval_series.times == report.goodput[0].times and eval_series.values[0] == 0.0
+    render.write(report, tmp_path / "out")
+    page = (tmp_path / "out" / "index.html").read_text()
+    assert "eval 15.4%, data_check 3.8%" in page, "the Goodput row names them"

@@ -16,9 +16,12 @@ import pytest
 from conftest import PROFILE_PROMPTLY
 
 from tpuscope import catalog, events
+from tpuscope.report import recording
+from tpuscope.report.window import Window
 from tpuscope.scrape import Scrape
 from tpuscope.testing import bench as testing_bench
 from tpuscope.testing.waiting import scrape_until
+from tpuscope.thresholds import Thresholds
 from tpuscope.tracing import read_records
 from tpuscope.workload.sidecar import SidecarProcess
 
@@ -285,6 +288,36 @@ def test_async_checkpoints_report_when_durable(bench: Callable[..., Run], module
     assert 0 < blocked < sum(c.duration_s for c in saves)
     checkpointing = metrics.present(catalog.GOODPUT.name, workload="async", category="checkpoint")
     assert checkpointing <= blocked + 1e-6
+
+
+def test_a_marked_eval_is_booked_as_its_own_badput_and_the_categories_still_add_up(
+    bench: Callable[..., Run], module_sidecar: SidecarProcess, module_tmp: Path
+) -> None:
+    """--eval-every: an eval of 4 batches after every 5 steps, marked ``mon.badput("eval")``. The sidecar, the run's
+    summary and the report of its recording book it as ``eval``, as long as the job measured it, and the categories
+    add up to the wall time. The last eval (after the last step) rides on the stop."""
+    run = bench("evals", "--steps", "20", "--checkpoint-every", "10", "--eval-every", "5", "--eval-batches", "4")
+    carried = [b for e in run.of(events.Step) + run.of(events.Lifecycle) for b in e.badput]  # type: ignore[attr-defined]
+    assert [b.name for b in carried] == ["eval"] * 4 and not any(b.in_step for b in carried)
+    assert run.of(events.Lifecycle)[-1].badput  # type: ignore[attr-defined]
+    marked = sum(b.seconds for b in carried)
+    metrics = scrape_until(
+        module_sidecar.url,
+        lambda s: (
+            s.has(catalog.STEPS.name, workload="evals") and not s.has(catalog.WORKLOAD_PROCESSES.name, workload="evals")
+        ),
+    )
+    booked = {s.labels["category"]: s.value for s in metrics.find(catalog.GOODPUT.name, workload="evals")}
+    print(f"evals: marked {marked:.3f} s; booked {booked}")
+    assert booked["eval"] == pytest.approx(marked, rel=1e-6)
+    assert sum(booked.values()) == pytest.approx(metrics.value(catalog.GOODPUT_WALL.name, workload="evals"), rel=0.01)
+    summary = json.loads((module_tmp / "evals" / "summary.json").read_text())["goodput_s"]
+    assert summary["eval"] == pytest.approx(marked, rel=1e-6)
+    assert "eval" in run.output.split("goodput", 1)[1]  # the summary's goodput line names it
+    report = recording.build(module_tmp / "evals.jsonl", "evals", Window(), Thresholds())
+    reported = {series.name: series.values[-1] for series in report.goodput}
+    assert reported["eval"] == pytest.approx(marked, rel=1e-6)
+    assert sum(reported.values()) == pytest.approx(run.records[-1][0] - run.records[0][0], rel=1e-6)
 
 
 def test_one_workload_on_a_sidecar_is_within_the_per_host_series_budget(

@@ -19,6 +19,9 @@ from dataclasses import dataclass
 # The wire schema's closed sets that are label values here too (the job reports them; the sidecar counts them).
 from tpuscope.events import PROFILE_RESULTS, REJECT_REASONS, TRAINING_VALUES
 
+# The bound of the goodput category label's open part: the custom badput names a workload keeps.
+from tpuscope.goodput import CUSTOM_BADPUT, MAX_CUSTOM_BADPUT
+
 PREFIX = "tpuscope_"
 
 
@@ -471,7 +474,8 @@ GOODPUT = _metric(
     "end), compile, io_wait, checkpoint (what held the loop), init (start to first step), lost (step compute "
     "of a process that failed, vanished or restored before a checkpoint covered it), downtime (a failed "
     "process's gap until the workload's next start, as it grows), other (the rest of a process's time, booked "
-    "when it ends).",
+    "when it ends); and the custom badput a job names (Monitor.badput: eval, ...), booked as it happens: up to "
+    f"{MAX_CUSTOM_BADPUT} names per workload, later ones as {CUSTOM_BADPUT}.",
     W,
     Label.CATEGORY,
     unit="seconds",

@@ -13,8 +13,7 @@ from __future__ import annotations
 import enum
 
 from tpuscope import catalog as c
-from tpuscope.goodput import PROMPT_BADPUT
-from tpuscope.goodput import STRAGGLER as STRAGGLER_CATEGORY
+from tpuscope.goodput import BOOKED_IN_LUMPS
 
 # The sidecar's /metrics port: tpuscope's entry in Prometheus' default port allocations wiki page.
 DEFAULT_PORT = 9478
@@ -235,10 +234,10 @@ DOWN_FOR = f"workload:{c.WORKLOAD_DOWN_SINCE.name}:age"
 # Per workload, its latest good checkpoint, remembered through its restarts (a new pod's sidecar has none until it
 # saves) while the workload runs on.
 CHECKPOINT_LAST = f"workload:{c.CHECKPOINT_LAST_SUCCESS.name}:max"
-# The goodput SLO's bad time, a matcher on the category label: the categories booked as they happen. Productive
-# time is booked when a checkpoint covers it and other when a process ends: over a window with neither, counting
-# them would read all time bad (tpuscope.goodput.PROMPT_BADPUT).
-BADPUT_CATEGORIES = f'category=~"{"|".join((*PROMPT_BADPUT, STRAGGLER_CATEGORY))}"'
+# The goodput SLO's bad time, a matcher on the category label: the categories booked as they happen, the job's own
+# (custom badput) among them. Productive time is booked when a checkpoint covers it and other when a process ends:
+# over a window with neither, counting them would read all time bad (tpuscope.goodput.BOOKED_IN_LUMPS).
+BADPUT_CATEGORIES = f'category!~"{"|".join(BOOKED_IN_LUMPS)}"'
 REQUESTS_FAST_RATE = f"workload:{c.INFERENCE_REQUEST_DURATION.name}_within_objective:rate5m"
 REQUESTS_RATE = f"workload:{c.INFERENCE_REQUEST_DURATION.name}_count:rate5m"
 # The period an SLO's error budget covers: the alerts' burn rates are multiples of the rate that spends the

@@ -209,6 +209,27 @@ class StepValues(msgspec.Struct, array_like=True, frozen=True):
 
 StepValuesList = Annotated[tuple[StepValues, ...], msgspec.Meta(max_length=MAX_STEP_VALUES)]
 
+# A custom badput category the job names (``Monitor.badput``): a lower-case word, as a label value of
+# tpuscope_goodput_seconds_total{category}. tpuscope.goodput says which names are taken and how many a workload keeps.
+BADPUT_NAME_PATTERN = r"^[a-z][a-z0-9_]{0,31}\Z"
+BadputName = Annotated[str, msgspec.Meta(pattern=BADPUT_NAME_PATTERN)]
+# The most custom badput entries one event carries. A job sends one per name it used since its last event, and keeps
+# fewer names than this (tpuscope.goodput.MAX_CUSTOM_BADPUT, and the fold): the room above is for a later job
+# that keeps more, whose events an older sidecar must still take.
+MAX_BADPUT_ENTRIES = 32
+
+
+class Badput(msgspec.Struct, array_like=True, frozen=True):
+    """Seconds the job marked as custom badput ``name`` (``with mon.badput("eval"):``), less the compiles inside;
+    ``in_step``: marked inside the step that carries it, whose productive time it is then part of."""
+
+    name: BadputName
+    seconds: Seconds
+    in_step: bool = False
+
+
+BadputList = Annotated[tuple[Badput, ...], msgspec.Meta(max_length=MAX_BADPUT_ENTRIES)]
+
 
 class TrainingValues(Event, tag="train", frozen=True):
     """The training values still unsent when the Monitor closes: no step follows to carry them (a step carries
@@ -233,6 +254,8 @@ class Step(Event, tag="step", frozen=True):
     ``values``: the training values (``s.loss``) of this or earlier steps that the device had computed by this
     step's end, and ``unread`` those the job dropped since its last event because they were never ready: trailing
     fields, so a sidecar older than them reads the step and ignores them.
+    ``badput``: the custom badput the job marked since its last step (``mon.badput``), before this step or inside it
+    (issue 57; a trailing field: a sidecar older than it reads the step and books that time as ``other``).
     """
 
     step: Count
@@ -248,6 +271,7 @@ class Step(Event, tag="step", frozen=True):
     compile_s: Seconds | None = None
     values: StepValuesList = ()
     unread: Count = 0
+    badput: BadputList = ()
 
     def __post_init__(self) -> None:
         measured = self.compute_s + self.sync_s + self.io_s + self.other_s
@@ -333,10 +357,12 @@ class Hardware(Event, tag="hw", frozen=True):
 
 class Lifecycle(Event, tag="life", frozen=True):
     """The job started, stopped, failed or restarted. A failure's ``reason`` is one of
-    tpuscope.reasons.FAILURE_VALUES (``exception`` from a job older than them)."""
+    tpuscope.reasons.FAILURE_VALUES (``exception`` from a job older than them). ``badput``: on a stop or failure, the
+    custom badput marked after the last step, which no step carries (a trailing field, as :attr:`Step.badput`)."""
 
     state: LifecycleState
     reason: LabelValue = "none"
+    badput: BadputList = ()
 
 
 class InferenceBatch(Event, tag="infer", frozen=True):
@@ -400,7 +426,7 @@ _decoder: msgspec.msgpack.Decoder[AnyEvent] = msgspec.msgpack.Decoder(AnyEvent)
 
 
 # The types the encoder takes as they are; a field holding anything else goes through plain_fields first.
-PLAIN_TYPES = frozenset({int, float, str, bool, list, type(None)})
+PLAIN_TYPES = frozenset({int, float, str, bool, list, tuple, type(None)})
 
 
 def as_int(value: object) -> int:

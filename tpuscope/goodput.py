@@ -20,12 +20,18 @@ counting it twice.
 A restore to a step below the highest the workload reached (a rollback after divergence, or a resume after a
 failure) throws away the steps in between: :class:`Rollbacks` counts them, and the productive seconds booked for
 those already durable (saves after the checkpoint restored), which the rules move from productive to lost.
+
+Custom badput (``with mon.badput("eval"):``, issue 57) is time the job names itself: each name a category of its
+own beside the fixed ones, booked when the event carrying it arrives. Time marked before a step is taken from the
+time before that step (``init`` before the first, ``other`` after it); time marked inside a step from that step's
+productive time, as the reference does with its custom badput events. :class:`BadputNames` bounds the names.
 """
 
 from __future__ import annotations
 
+import re
 from array import array
-from collections.abc import Hashable
+from collections.abc import Hashable, Iterable
 from dataclasses import dataclass
 
 from tpuscope import events
@@ -38,8 +44,52 @@ PROMPT_BADPUT = ("compile", "io_wait", "checkpoint", "init", "lost", "downtime")
 # The category the recording rules book per workload, not the sidecar, which sees one worker only: its workers'
 # wait for a straggler beyond what they wait for each other, carved out of productive (docs/goodput.md).
 STRAGGLER = "straggler"
+# Booked in lumps, so out of the goodput SLO's numerator; every other category, a custom one included, is in it.
+BOOKED_IN_LUMPS = ("productive", "other")
+
+# Custom badput (Monitor.badput): the names a workload keeps as categories of their own, and the one category every
+# later name folds into, so that a job naming a category per eval run cannot grow /metrics without bound.
+MAX_CUSTOM_BADPUT = 8
+CUSTOM_BADPUT = "custom"
+_BADPUT_NAME = re.compile(events.BADPUT_NAME_PATTERN)
 
 Increments = list[tuple[str, float]]
+
+
+def badput_name_error(name: object) -> str | None:
+    """Why ``name`` cannot name a custom badput category; None when it can."""
+    if not isinstance(name, str) or not _BADPUT_NAME.match(name):
+        return f"{name!r} is not a lower-case word of a letter then up to 31 letters, digits or _"
+    if name in CATEGORIES or name in (STRAGGLER, CUSTOM_BADPUT):
+        taken = "the category past the bound" if name == CUSTOM_BADPUT else "a built-in category"
+        return f"{name!r} is {taken}"
+    return None
+
+
+class BadputNames:
+    """The custom badput categories of a workload: the first :data:`MAX_CUSTOM_BADPUT` names it marked, each its own;
+    a later name, and one no custom category may take (a built-in category's, sent by a job that did not check), books
+    as :data:`CUSTOM_BADPUT`. A sidecar keeps one per workload, so a workload serves at most that many more series."""
+
+    def __init__(self) -> None:
+        self.kept: dict[str, None] = {}  # in the order first marked
+
+    def category(self, name: str) -> str:
+        if name in self.kept:
+            return name
+        if len(self.kept) >= MAX_CUSTOM_BADPUT or badput_name_error(name) is not None:
+            return CUSTOM_BADPUT
+        self.kept[name] = None
+        return name
+
+
+def _fit(increments: Increments, room: float) -> Increments:
+    """``increments`` scaled down to add up to ``room`` at most: nothing is booked beyond the time there was."""
+    total = sum(seconds for _, seconds in increments)
+    if total <= room or not total:
+        return increments
+    fits = max(0.0, room) / total
+    return [(category, seconds * fits) for category, seconds in increments if seconds * fits > 0]
 
 
 class PendingSteps:
@@ -89,7 +139,7 @@ class GoodputLedger:
     # steps, the oldest are taken as productive (they are at risk, not lost).
     MAX_PENDING_STEPS = 100_000
 
-    def __init__(self, started_at: float, saw_start: bool = True) -> None:
+    def __init__(self, started_at: float, saw_start: bool = True, names: BadputNames | None = None) -> None:
         self.started_at = started_at  # Unix time
         self.last_at = started_at  # of its latest event
         self.pending = PendingSteps()
@@ -98,6 +148,7 @@ class GoodputLedger:
         self.highest_step = -1  # the highest step number it finished
         self._before_first_step = saw_start  # init is booked at the first step, when the start was seen
         self._accounted_since_start = 0.0  # compile and checkpoint seconds between the start and the first step
+        self.names = BadputNames() if names is None else names  # its workload's, shared by its processes
 
     def observe(self, event: events.AnyEvent, now: float) -> Increments:
         """The seconds per category that ``event``, sent at ``now`` (Unix time), adds."""
@@ -118,13 +169,15 @@ class GoodputLedger:
             return self._book(self._checkpoint(event))
         return []
 
-    def end(self, now: float, clean: bool) -> Increments:
+    def end(self, now: float, clean: bool, badput: Iterable[events.Badput] = ()) -> Increments:
         """The process ended at ``now``: cleanly (its pending steps are its result) or not (they are lost); the
-        rest of its time, which no event claimed, is ``other``."""
+        custom badput its end carries (marked after its last step) is booked, and the rest of its time, which no
+        event claimed, is ``other``."""
         self.last_at = max(now, self.last_at)
+        room = self.last_at - self.started_at - self.booked - self.pending.seconds
+        out = self._book(_fit(self._badput(badput), room))
         pending = self.pending.pop_all()
-        out: Increments = [("productive" if clean else "lost", pending)] if pending else []
-        self._book(out)
+        out += self._book([("productive" if clean else "lost", pending)] if pending else [])
         other = self.last_at - self.started_at - self.booked
         if other > 1e-9:
             out += self._book([("other", other)])
@@ -135,11 +188,22 @@ class GoodputLedger:
             self.booked += seconds
         return out
 
+    def _badput(self, badput: Iterable[events.Badput]) -> Increments:
+        return [(self.names.category(b.name), b.seconds) for b in badput if b.seconds > 0]
+
     def _step(self, e: events.Step, now: float) -> Increments:
         out: Increments = []
         io = e.io_s
         compute_time = e.duration_s - io if e.duration_s > io else 0.0
         compile_in_step = min(self._compiled_in(e.compile_s), compute_time)
+        inside: Increments = []
+        if e.badput:  # custom badput marked since the last step: before this one (its time up to here), or inside it
+            inside = self._badput(b for b in e.badput if b.in_step)
+            # The time up to the step's start, less what is booked and pending of it (the step's compiles ran after).
+            room = now - e.duration_s - self.started_at - (self.booked - compile_in_step) - self.pending.seconds
+            before = self._book(_fit(self._badput(b for b in e.badput if not b.in_step), room))
+            self._accounted_since_start += sum(seconds for _, seconds in before)  # not init, before the first step
+            out += before
         if self._before_first_step:
             accounted_before_step = self._accounted_since_start - compile_in_step
             init = now - e.duration_s - self.started_at - accounted_before_step
@@ -153,10 +217,17 @@ class GoodputLedger:
         # Steps of one process that overlap (two threads stepping one Monitor) share its wall time: what does not
         # fit in the time it has been alive, less what is booked and pending, is not booked twice.
         productive = compute_time - compile_in_step
+        marked = 0.0
+        if inside:  # as the reference books it: taken out of the step's productive time
+            inside = _fit(inside, productive)
+            marked = sum(seconds for _, seconds in inside)
+            productive -= marked
         room = now - self.started_at - self.booked - self.pending.seconds
-        if io + productive > max(0.0, room):  # (an empty step fits however little room is left: no 0 / 0)
-            fits = max(0.0, room) / (io + productive)
+        if io + productive + marked > max(0.0, room):  # (an empty step fits however little room is left: no 0 / 0)
+            fits = max(0.0, room) / (io + productive + marked)
             io, productive = io * fits, productive * fits
+            inside = [(category, seconds * fits) for category, seconds in inside if seconds * fits > 0]
+        out += self._book(inside)
         if io:
             out.append(("io_wait", io))
             self.booked += io
@@ -278,6 +349,7 @@ class WorkloadGoodput:
         self._settled = 0.0  # wall seconds of the processes that ended and the gaps that closed
         self._clock = 0.0  # Unix time of the latest event or tick
         self.rollbacks = Rollbacks()
+        self.badput_names = BadputNames()  # the custom badput categories of all its processes
 
     @property
     def wall(self) -> float:
@@ -308,7 +380,7 @@ class WorkloadGoodput:
         if ledger is None:  # its start was not seen: a sidecar restarted under a running job
             out = self._started(source, now - _duration(event), saw_start=False)
         if isinstance(event, events.Lifecycle) and event.state in ("stop", "failure"):
-            return out + self._ended(source, now, clean=event.state == "stop")
+            return out + self._ended(source, now, clean=event.state == "stop", badput=event.badput)
         return out + self._live(self.processes[source], event, now)
 
     def _live(self, ledger: GoodputLedger, event: events.AnyEvent, now: float) -> Increments:
@@ -343,7 +415,7 @@ class WorkloadGoodput:
         return out
 
     def _started(self, source: Hashable, at: float, saw_start: bool) -> Increments:
-        self.processes[source] = GoodputLedger(at, saw_start)
+        self.processes[source] = GoodputLedger(at, saw_start, self.badput_names)
         if not self.gaps:
             return []
         gap = self.gaps.pop(0)
@@ -351,9 +423,9 @@ class WorkloadGoodput:
         down = at - gap.booked_until
         return [("downtime", down)] if down > 0 else []
 
-    def _ended(self, source: Hashable, at: float, clean: bool) -> Increments:
+    def _ended(self, source: Hashable, at: float, clean: bool, badput: Iterable[events.Badput] = ()) -> Increments:
         ledger = self.processes.pop(source)
-        out = self._made_durable(ledger.end(at, clean), ledger.highest_step)
+        out = self._made_durable(ledger.end(at, clean, badput), ledger.highest_step)
         self.rollbacks.highest_ended = max(self.rollbacks.highest_ended, ledger.highest_step)
         self._settled += ledger.last_at - ledger.started_at  # end() took the later of `at` and its last event
         if not clean:

@@ -120,11 +120,13 @@ class _Reader:
         grid = self.grid()
         booked = {category: [0.0] * len(grid) for category in CATEGORIES}
         for result in self.range(series(c.GOODPUT, self.w)):
-            _cumulate(result["values"], grid, booked[result["metric"][c.Label.CATEGORY]], self.start)
+            # The fixed categories, then the custom badput ones (Monitor.badput) the sidecars served.
+            category = booked.setdefault(result["metric"][c.Label.CATEGORY], [0.0] * len(grid))
+            _cumulate(result["values"], grid, category, self.start)
         for worker in self.workers().values():
             for i, seconds in enumerate(worker.unbooked(grid, self.start, durations.parse(RUN_MEMORY))):
                 booked["downtime"][i] += seconds
-        return [Series(category, grid, booked[category]) for category in CATEGORIES]
+        return [Series(category, grid, values) for category, values in booked.items()]
 
     def workers(self) -> dict[tuple[str, str], Worker]:
         """Each worker's start, the stretch each of its sidecars served, its processes, and its clean end."""

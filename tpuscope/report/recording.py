@@ -97,6 +97,9 @@ def build(path: str | os.PathLike[str], workload: str | None, window: Window, th
                 book_goodput(booked_bin)
             booked_bin = index
         for category, seconds in increments:
+            if category not in booked:  # a custom badput category (Monitor.badput): 0 up to its first booking
+                booked[category] = 0.0
+                goodput.append(Series(category, list(goodput[0].times), [0.0] * len(goodput[0].times)))
             booked[category] += seconds
 
         if isinstance(event, events.Step):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import html
 import io
+import itertools
 import json
 import math
 from collections.abc import Callable, Iterable
@@ -25,7 +26,6 @@ from matplotlib.ticker import PercentFormatter
 
 from tpuscope import __version__, events
 from tpuscope.durations import human as duration
-from tpuscope.goodput import CATEGORIES
 from tpuscope.report.model import Incident, Mark, Profile, Report, Series, StalledCores, StuckPosition
 from tpuscope.report.window import utc
 from tpuscope.stats import percentile
@@ -41,6 +41,8 @@ CATEGORY_COLOURS = {
     "other": "#c7c7c7",
     "downtime": "#7f0000",
 }
+# The custom badput categories (Monitor.badput), in the order the report lists them.
+CUSTOM_COLOURS = ("#17becf", "#e377c2", "#bcbd22", "#8c564b", "#ff7f0e", "#1f77b4", "#9467bd", "#7f7f7f", "#393b79")
 SEVERITY_COLOURS = {"critical": "#d62728", "warning": "#ff9f1c", "info": "#3b7dd8"}
 QUANTILE_COLOURS = {"p50": "#1f77b4", "p95": "#ff7f0e", "p99": "#d62728"}
 WIDTH, HEIGHT, DPI = 11.0, 3.4, 110
@@ -217,11 +219,16 @@ def _goodput(ax: Axes, report: Report) -> None:
             _dates(shown[0].times),
             [s.values for s in shown],
             labels=[s.name for s in shown],
-            colors=[CATEGORY_COLOURS[s.name] for s in shown],
+            colors=_category_colours([s.name for s in shown]),
             alpha=0.85,
         )
     _seconds_axis(ax)
     _legend(ax)
+
+
+def _category_colours(categories: list[str]) -> list[str]:
+    custom = itertools.cycle(CUSTOM_COLOURS)
+    return [CATEGORY_COLOURS.get(category) or next(custom) for category in categories]
 
 
 def _compiles(ax: Axes, report: Report) -> None:
@@ -397,7 +404,7 @@ def _summary(report: Report) -> str:
             wrong.add(PROFILE_ROW)
     booked = {s.name: s.values[-1] if s.values else 0.0 for s in report.goodput}
     if total := sum(booked.values()):
-        badput = ", ".join(f"{c} {booked[c] / total:.1%}" for c in CATEGORIES if c != "productive" and booked[c])
+        badput = ", ".join(f"{c} {s / total:.1%}" for c, s in booked.items() if c != "productive" and s)
         productive = (
             f"{booked['productive'] / total:.1%} productive (objective {report.thresholds.goodput_objective:.0%})"
         )

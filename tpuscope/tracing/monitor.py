@@ -19,9 +19,12 @@
 Compiles are reported by themselves when jax is imported (``jax_compiles=False``
 turns that off). Without Orbax, ``with mon.checkpoint("save", step=n) as c:``
 times a checkpoint; without jit, ``s.flops`` and ``mon.hardware(...)`` give MFU.
+``with mon.badput("eval"):`` books a block (an eval, a data check) as badput of
+its own name (docs/goodput.md).
 
 Every method returns quickly and never raises: the job's progress matters more
-than its telemetry. Events that cannot be delivered are counted in
+than its telemetry (``badput`` alone refuses a name that is no category's, at once:
+a mistake in the code, not a condition of the run). Events that cannot be delivered are counted in
 ``mon.dropped`` and reported when the Monitor closes. (``flops_of`` is the one
 slow call, made once: it may compile the step, and on a CPU measure its peak.)
 """
@@ -45,7 +48,7 @@ from time import perf_counter
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal
 
-from tpuscope import durations, events, positions, reasons
+from tpuscope import durations, events, goodput, positions, reasons
 from tpuscope.otel import spans_wanted
 from tpuscope.tracing import failures
 from tpuscope.tracing import hooks as switches
@@ -228,6 +231,15 @@ class Monitor:
         self._last_step: int | None = None  # the last step number read from a JAX array (see _host_number)
         # Compile seconds reported so far: a step or checkpoint reports those reported while it ran.
         self.compile_seconds = 0.0
+        # Checkpoint seconds that held the loop so far, compiles aside: a badput section takes out those inside it.
+        self.checkpoint_seconds = 0.0
+        # Custom badput (badput()): the names kept so far, and the sections ended and not yet sent, each its name,
+        # seconds and start; the next step (or the close) carries them.
+        self._badput_names: dict[str, None] = {}
+        self._badput_folded = False  # a name past the bound came, and was said
+        self._badput: list[tuple[str, float, float]] = []
+        self._badput_lock = threading.Lock()
+        self._badput_depth = 0  # sections open: one opened inside another is the outer one's time
         self._hardware_sent = False
         self._closed = False
         self._values = PendingValues()  # the losses given and not yet computed (tracing/training_values.py)
@@ -317,6 +329,57 @@ class Monitor:
         """
         return CheckpointTimer(self, operation, step if type(step) is int else self._host_number(step, advance=False))
 
+    def badput(self, name: str) -> BadputTimer:
+        """Book the block's time as custom badput ``name``: ``with mon.badput("eval"): evaluate()``.
+
+        For time the job spends on purpose away from training (an eval, a data or silent-data-corruption check):
+        served as ``tpuscope_goodput_seconds_total{category=name}``, badput booked as it happens. A block between
+        steps is time that would otherwise be ``other``; inside a step it is taken out of that step's productive
+        time. The compiles and checkpoints inside the block are booked as such, not twice. A block opened inside
+        another is the outer one's time. The time is sent on the next step (or at the close).
+
+        ``name``: a lower-case word (a letter, then up to 31 letters, digits or ``_``) that is no built-in category
+        (``productive``, ``compile``, ...); anything else raises ValueError at once, a mistake to fix. The first
+        ``goodput.MAX_CUSTOM_BADPUT`` names each keep a category; later ones are booked as ``custom`` (said once).
+        """
+        category = name if name in self._badput_names else self._badput_category(name)
+        return BadputTimer(self, category)
+
+    def _badput_category(self, name: str) -> str:
+        if (error := goodput.badput_name_error(name)) is not None:
+            raise ValueError(f"tpuscope: Monitor.badput: {error}")
+        if len(self._badput_names) < goodput.MAX_CUSTOM_BADPUT:
+            self._badput_names[name] = None
+            return name
+        if not self._badput_folded:
+            self._badput_folded = True
+            log.warning(
+                "tpuscope: custom badput %r and any further name is booked as %r: a process keeps %d names (%s)",
+                name,
+                goodput.CUSTOM_BADPUT,
+                goodput.MAX_CUSTOM_BADPUT,
+                ", ".join(self._badput_names),
+            )
+        return goodput.CUSTOM_BADPUT
+
+    def _badput_ended(self, name: str, seconds: float, started: float) -> None:
+        with self._badput_lock:
+            self._badput.append((name, seconds, started))
+
+    def _take_badput(self, step_started: float | None) -> tuple[events.Badput, ...]:
+        """The sections ended since the last event that carried them, one entry per name and place: inside the
+        step that began at ``step_started`` (perf_counter), or before it (None: no step, the close)."""
+        with self._badput_lock:
+            marked, self._badput = self._badput, []
+        totals: dict[tuple[str, bool], float] = {}
+        for name, seconds, started in marked:
+            key = (name, step_started is not None and started >= step_started)
+            totals[key] = totals.get(key, 0.0) + seconds
+        return tuple(
+            events.Badput(name, min(max(seconds, 0.0), events.MAX_SECONDS), in_step)
+            for (name, in_step), seconds in totals.items()
+        )
+
     def orbax(self, manager: Any, *, raise_errors: bool = False) -> OrbaxCheckpoints:
         """Report every save and restore of an Orbax ``CheckpointManager``; use what it returns in its place:
         ``checkpoints = mon.orbax(ocp.CheckpointManager(directory, options=options))``.
@@ -399,6 +462,9 @@ class Monitor:
             blocking_s=blocking_seconds,
         )
         if event is not None:
+            held = seconds if blocking_seconds is None else min(blocking_seconds, seconds)
+            with contextlib.suppress(TypeError, ValueError):  # the event took them: they are numbers
+                self.checkpoint_seconds += max(0.0, float(held) - float(compile_seconds or 0.0))
             self._span(event, blocking_seconds)
             self._deliver(event)
 
@@ -589,8 +655,13 @@ class Monitor:
         self._send_last_training_values()
         reason = self._failure_reason(failed)
         # The last word first: what follows may wait (a capture being stopped), and the SIGTERM watchdog gives
-        # its close only a moment before it ends the process.
-        self.lifecycle("stop" if reason is None else "failure", reason=reason or "none")
+        # its close only a moment before it ends the process. It carries the custom badput no step carried.
+        self._send(
+            events.Lifecycle,
+            state="stop" if reason is None else "failure",
+            reason=sanitize_label(reason or "none"),
+            badput=self._take_badput(None) if self._badput else (),
+        )
         if self._jax_watched:
             from tpuscope.tracing import jax_compiles
 
@@ -823,6 +894,12 @@ class StepTimer:
         other = duration - compute - sync - io
         if other < 0.0:
             other = 0.0
+        badput: tuple[events.Badput, ...] = ()
+        if monitor._badput:  # custom badput marked since the last step
+            try:
+                badput = monitor._take_badput(self._start)
+            except Exception:  # telemetry must never fail the step
+                log.debug("tpuscope: custom badput failed", exc_info=True)
         values: tuple[events.StepValues, ...] = ()
         unread = 0
         given = monitor._values
@@ -850,6 +927,7 @@ class StepTimer:
                 compiled,
                 values,
                 unread,
+                badput,
             )
         except Exception as e:  # phases longer than the step (phases run outside it): drop, count, carry on
             monitor._sidecar.drop(f"invalid Step: {e}")
@@ -928,3 +1006,37 @@ class CheckpointTimer:
         self._monitor.record_checkpoint(
             self.operation, seconds, ok=exc_type is None, bytes=self.bytes, step=self.step, compile_seconds=compiled
         )
+
+
+class BadputTimer:
+    """Times a block of custom badput (:meth:`Monitor.badput`): its wall time, less the compiles and checkpoints that
+    ran inside it (booked as such), unless it runs inside another block, whose time it is."""
+
+    __slots__ = ("_checkpointed_before", "_compiled_before", "_monitor", "_outer", "_start", "name")
+
+    def __init__(self, monitor: Monitor, name: str) -> None:
+        self._monitor = monitor
+        self.name = name
+        self._outer = False
+        self._start = self._compiled_before = self._checkpointed_before = 0.0
+
+    def __enter__(self) -> BadputTimer:
+        monitor = self._monitor
+        self._outer = monitor._badput_depth == 0
+        monitor._badput_depth += 1
+        self._compiled_before = monitor.compile_seconds
+        self._checkpointed_before = monitor.checkpoint_seconds
+        self._start = perf_counter()
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        seconds = perf_counter() - self._start
+        monitor = self._monitor
+        monitor._badput_depth -= 1
+        if not self._outer:
+            return
+        seconds -= monitor.compiled_since(self._compiled_before, seconds)
+        seconds -= min(monitor.checkpoint_seconds - self._checkpointed_before, seconds)
+        monitor._badput_ended(self.name, seconds, self._start)

@@ -122,6 +122,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=0.005,
         help="seconds the input pipeline takes per batch (default %(default)s)",
     )
+    jax_flags.add_argument(
+        "--eval-every",
+        type=int,
+        default=0,
+        metavar="N",
+        help="after every N steps, an eval of --eval-batches batches, marked as custom badput eval (mon.badput); "
+        "0: none (default)",
+    )
+    jax_flags.add_argument(
+        "--eval-batches",
+        type=int,
+        default=4,
+        metavar="B",
+        help="batches in each --eval-every eval (default %(default)s)",
+    )
     jax_flags.add_argument("--async-checkpoint", action="store_true", help="write checkpoints in the background")
     jax_flags.add_argument(
         "--run-dir", type=Path, default=Path("run/bench"), help="checkpoints go here (default %(default)s)"

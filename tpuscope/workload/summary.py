@@ -37,7 +37,8 @@ class RunSummary:
 
     def emit(self, event: events.AnyEvent) -> None:
         for category, seconds in self.ledger.observe(event, time.time()):
-            self.goodput[category] += seconds
+            # A custom badput category (Monitor.badput) joins the fixed ones at its first booking.
+            self.goodput[category] = self.goodput.get(category, 0.0) + seconds
         if isinstance(event, events.Step):
             self.step_seconds.append(event.duration_s)
             self.flops += event.flops

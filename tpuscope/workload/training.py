@@ -58,6 +58,8 @@ class WorkloadOptions:
     vocab: int = 256
     io_latency: float = 0.005  # seconds for the input pipeline to produce a batch
     checkpoint_every: int = 50
+    eval_every: int = 0  # an eval of eval_batches batches after every N steps, marked as custom badput "eval"; 0: none
+    eval_batches: int = 4
     async_checkpoint: bool = False
     run_dir: Path = Path("run/bench")
     compile_cache: Path | None = None
@@ -199,6 +201,10 @@ class Workload:
                         raise
                     raise InjectedCrash(f"injected {', '.join(injected)} at step {n}: {e}") from e
             hangs.between_steps(n, functools.partial(self._evaluate, state))
+            if options.eval_every and (n + 1) % options.eval_every == 0:
+                with self.monitor.badput("eval"):  # booked as its own badput, not as the time between steps
+                    for _ in range(options.eval_batches):
+                        self._evaluate(state)
             if self.checkpoints.due(n):
                 self.checkpoints.save(n, state)
             if n % 10 == 0:
@@ -268,7 +274,8 @@ class Workload:
         return state
 
     def _evaluate(self, state: Any) -> float:
-        """One program of an eval loop (the ``eval`` fault): a batch's loss, as a job's eval computes it."""
+        """One program of an eval loop (``--eval-every``, and the ``eval`` fault's, unmarked): a batch's loss, as a
+        job's eval computes it."""
         batch = self.trainer.put_batch(self.data.next(self.options.seq_len))
         _, loss, _ = self.trainer.grads(state, batch)
         return float(loss.mean())
