@@ -178,6 +178,14 @@ def listed(f: Fleet, pod: Mapping[str, str], phases: Mapping[int, str], end: int
     f.series("kube_pod_info", {**named, **created}, start, end, constant(1))
     for phase in PHASES:
         f.series("kube_pod_status_phase", {**named, "phase": phase}, start, end, in_phase(phases, phase))
+    running = in_phase(phases, "Running")
+    for condition, ready in (("true", running), ("false", lambda t: 1 - running(t))):
+        f.series("kube_pod_status_ready", {**named, "condition": condition}, start, end, ready)
+    owner = {"owner_kind": kind, "owner_name": controller, "owner_is_controller": "true"}
+    f.series("kube_pod_owner", {**named, **owner}, start, end, constant(1))
+    if kind == "Job":  # a TPU pod: it holds its node's chips
+        held = {"container": "jax", "node": pod["node"], "resource": "google_com_tpu", "unit": "integer"}
+        f.series("kube_pod_container_resource_requests", {**named, **held}, start, end, constant(CHIPS))
 
 
 def constant(value: float) -> Callable[[int], float]:
@@ -189,6 +197,12 @@ def in_phase(phases: Mapping[int, str], phase: str) -> Callable[[int], float]:
     return lambda t: float(phases[max(k for k in phases if k <= t)] == phase)
 
 
+# Each JobSet's pods: those its Job wants; and the nodes of its node pool, by the suffixes of the pods they ran (train's
+# first pods' nodes went with their failure; old's pool with its JobSet; eval's node stays, its pod done).
+WORKERS = {"train": 4, "tune": 2, "old": 2, "eval": 1}
+NODES = {"train": ["0-b", "1-b", "2-b", "3-b"], "tune": ["0", "1"], "eval": ["0"]}
+
+
 def cluster(f: Fleet) -> None:
     """kube-state-metrics' series of the controllers, and of its own pod (in every cluster it watches)."""
     for jobset, end in (("train", 0), ("tune", 0), ("old", -1800), ("eval", 0)):
@@ -196,6 +210,20 @@ def cluster(f: Fleet) -> None:
         f.series("kube_job_created", job, KSM_SINCE, end, constant(1.7e9))  # its creation, long before
         owner = {"owner_kind": "JobSet", "owner_name": jobset, "owner_is_controller": "true"}
         f.series("kube_job_owner", {**job, **owner}, KSM_SINCE, end, constant(1))
+        for spec in ("kube_job_spec_parallelism", "kube_job_spec_completions"):
+            f.series(spec, job, KSM_SINCE, end, constant(WORKERS[jobset]))
+    # The TPU nodes: each Job pod's own, in its JobSet's node pool, and a pool of 2 nodes no pod runs on.
+    nodes = {
+        f"gke-tpu-node-of-{jobset}-workers-0-{suffix}": jobset
+        for jobset, suffixes in NODES.items()
+        for suffix in suffixes
+    }
+    nodes |= {f"gke-tpu-spare-{index}": "spare" for index in range(2)}
+    for node, pool in nodes.items():
+        labels = {**KSM_TARGET, "node": node}
+        f.series("kube_node_labels", {**labels, "label_cloud_google_com_gke_nodepool": pool}, KSM_SINCE, 0, constant(1))
+        tpu = {**labels, "resource": "google_com_tpu", "unit": "integer"}
+        f.series("kube_node_status_allocatable", tpu, KSM_SINCE, 0, constant(CHIPS))
     # A Job's conditions, once it has them: eval's completed at -20 min.
     finished = {**KSM_TARGET, "namespace": NAMESPACE, "job_name": "eval-workers-0"}
     for condition, value in (("true", 1), ("false", 0), ("unknown", 0)):
@@ -362,20 +390,27 @@ RECORDED_FROM_RAW = (
     conventions.FAILURES_HOUR,
     conventions.RESTARTS_HOUR,
     conventions.PEAK_FLOPS_SUM,
+    conventions.UNIT_READY,
+    conventions.UNIT_QUEUED,
+    conventions.CHIPS_ALLOCATABLE,
+    conventions.CHIPS_REQUESTED,
+    conventions.CHIPS_HEARD,
 )
+# ...and those that read the above: recorded once they are (a unit's "ever ready" from its readiness alone, without
+# its own past: enough for the board's "ready" share, which reads readiness only).
+RECORDED_FROM_RECORDS = ((conventions.UNIT_STARTED, conventions.CHIPS_IDLE), (conventions.SCHEDULING,))
 
 
-def record_rules(api: PrometheusAPI, data: Path, start: int, end: int, directory: Path) -> None:
-    """Blocks of :data:`RECORDED_FROM_RAW` between ``start`` and ``end``, evaluated by ``promtool tsdb
-    create-blocks-from rules`` against ``api`` every scrape interval, written into ``data``."""
+def record_rules(
+    api: PrometheusAPI, data: Path, start: int, end: int, directory: Path, records: tuple[str, ...] = RECORDED_FROM_RAW
+) -> None:
+    """Blocks of ``records`` between ``start`` and ``end``, evaluated by ``promtool tsdb create-blocks-from rules``
+    against ``api`` every scrape interval, written into ``data``."""
     rules = [
-        rule
-        for group in rule_groups(GeneratorConfig())
-        for rule in group["rules"]
-        if rule.get("record") in RECORDED_FROM_RAW
+        rule for group in rule_groups(GeneratorConfig()) for rule in group["rules"] if rule.get("record") in records
     ]
-    assert {r["record"] for r in rules} == set(RECORDED_FROM_RAW)
-    path = directory / "recorded-from-raw.yaml"
+    assert {r["record"] for r in rules} == set(records)
+    path = directory / f"recorded-{len(list(directory.glob('recorded-*')))}.yaml"
     path.write_text(yaml.safe_dump({"groups": [{"name": "recorded", "rules": rules}]}))
     command = [require("promtool"), "tsdb", "create-blocks-from", "rules", f"--url={api.url}", "-q"]
     command += [f"--start={start}", f"--end={end}", f"--eval-interval={SCRAPE}s", f"--output-dir={data}", str(path)]
@@ -390,6 +425,9 @@ def prometheus(module_tmp: Path) -> Iterator[tuple[PrometheusAPI, int]]:
     flags = ("--storage.tsdb.retention.time=100d", f"--query.lookback-delta={LOOKBACK}")  # the blocks go back 40 days
     with backfilled(module_tmp, fleet(at), *flags) as api:
         record_rules(api, module_tmp / "data", at - 2 * HOUR, at, module_tmp)
+    for records in RECORDED_FROM_RECORDS:
+        with served(module_tmp, *flags) as api:
+            record_rules(api, module_tmp / "data", at - 2 * HOUR, at, module_tmp, records)
     with served(module_tmp, *flags) as api:  # again, with the recorded blocks
         yield api, at
 
@@ -665,3 +703,28 @@ def test_the_topology_variable_picks_the_chips_of_its_slices(prometheus: tuple[P
     by = ("source", "accelerator")
     headroom = values(prometheus, ONCALL, "Device memory headroom, by device", by=by, topology=TUNE_TOPOLOGY)
     assert set(headroom) == {(DEVICE_PLUGIN, "v6e")}
+
+
+def test_the_fleet_board_counts_the_chips_no_pod_holds_as_idle(prometheus: tuple[PrometheusAPI, int]) -> None:
+    """Issue 57: the nodes of train's 4 running pods and tune's 2 are held; eval's node, its pod done, and the spare
+    pool's 2 nodes, no pod's, are idle and paid for; the chips tpuscope's collectors report are the held ones (each
+    once, whichever collector read it)."""
+    assert values(prometheus, FLEET, "Chips the cluster has") == {(): 9 * CHIPS}
+    assert values(prometheus, FLEET, "Requested by running pods") == {(): 6 * CHIPS}
+    assert values(prometheus, FLEET, "Reporting to tpuscope") == {(): 6 * CHIPS}
+    assert values(prometheus, FLEET, "Idle chips: cost per hour") == {(): pytest.approx(1.20 * 3 * CHIPS)}
+    by = ("label_cloud_google_com_gke_nodepool",)
+    idle = values(prometheus, FLEET, "Chips by node pool: held, reporting, idle", ref="D", by=by)
+    assert idle == {("train",): 0, ("tune",): 0, ("eval",): CHIPS, ("spare",): 2 * CHIPS}
+
+
+def test_scheduling_goodput_is_the_share_of_its_units_time_with_every_pod_ready(
+    prometheus: tuple[PrometheusAPI, int],
+) -> None:
+    """Over the last hour: train's pods were not all ready from its failure (-31 min) until its new pods ran (-28
+    min); tune's from the hour's start until its pods ran (-40 min); old's all ready until it went (-30 min); eval's
+    until its Job completed (-20 min), when it stops counting. The stat is the units' ready time over their time."""
+    ready = {"train": 3600 - 180, "tune": 2400, "old": 1800, "eval": 2400}
+    existed = {"train": 3600, "tune": 3600, "old": 1800, "eval": 2400}
+    expected = sum(ready.values()) / sum(existed.values())
+    assert values(prometheus, FLEET, "Scheduling goodput") == {(): pytest.approx(expected, abs=0.01)}

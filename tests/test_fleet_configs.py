@@ -179,14 +179,18 @@ def text_blocks(markdown: str, after: str) -> list[str]:
 
 def test_the_gmp_keep_regex_in_the_docs_keeps_every_kube_state_metrics_series_the_rules_read() -> None:
     """docs/fleet.md quotes Google's recipe's keep regex and gives the one to use where Kueue queues jobs: the
-    second keeps every kube_* name the generated rules read; the first lacks exactly the Job's completion and
-    suspension (what the docs say it costs), and keeps what a preempted JobSet's page needs."""
+    second keeps every kube_* name the generated rules read; the first lacks exactly the Job's completion, failure,
+    suspension, spec and owner (what the docs say it costs), and keeps what a preempted JobSet's page needs."""
     recipe, ours = text_blocks((ROOT / "docs/fleet.md").read_text(), "### kube-state-metrics on GMP")
     read = set(re.findall(r"\bkube_[a-z_]+", RULES.read_text()))
     assert {"kube_job_created", "kube_namespace_created", "kube_job_status_suspended"} <= read, read
     assert {name for name in read if not re.fullmatch(ours, name)} == set()
     assert {name for name in read if not re.fullmatch(recipe, name)} == {
         "kube_job_complete",
+        "kube_job_failed",
+        "kube_job_owner",
+        "kube_job_spec_completions",
+        "kube_job_spec_parallelism",
         "kube_job_status_suspended",
     }
 

@@ -41,6 +41,10 @@ COMMANDS = {
     ),
     "dashboards": ("write the Grafana dashboards as JSON files", "tpuscope.dashboards"),
     "alerts": ("write the Prometheus rules and the Alertmanager configuration", "tpuscope.alerts"),
+    "exclusion": (
+        "write a rule that excludes a window from the goodput SLO (maintenance, a pause)",
+        "tpuscope.alerts.exclusion",
+    ),
     "generate": ("write the committed generated files (docs/metrics.md, ...)", "tpuscope.generate"),
 }
 

@@ -66,7 +66,10 @@ def alerts(config: GeneratorConfig) -> list[Alert]:
             f"of windows stays quiet while its short window holds an outage {AlertName.WORKLOAD_DOWN} paged for "
             f"(down longer than {durations.human(t.downtime_seconds)}): that page said it, and the burn it leaves "
             "in the long window would otherwise page again as the outage ends and its page resolves. A job that "
-            "comes back and burns its budget on its own pages once its short window is past the outage.",
+            "comes back and burns its budget on its own pages once its short window is past the outage. Planned "
+            "work (maintenance, a pause the owner chose) is kept out of the budget with an exclusion window "
+            "(`tpuscope exclusion`, docs/goodput.md): the windows' ratios read neither its bad nor its wall time, so "
+            "no pair fires for it, and a pair fires again only for what is bad outside it.",
             existed=series(c.STEPS),
             paged_outage=(DOWN_FOR, t.downtime_seconds),
         ),

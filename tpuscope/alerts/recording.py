@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from tpuscope import catalog as c
 from tpuscope import durations
-from tpuscope.alerts.rules import per_workload, slo_windows, workload_on_host
+from tpuscope.alerts.rules import excluded, per_workload, slo_windows, workload_on_host
 from tpuscope.alerts.stragglers import labelled
 from tpuscope.conventions import (
     BAD_RATE,
@@ -384,8 +384,10 @@ def slo_rules(config: GeneratorConfig) -> list[dict[str, str]]:
         {"record": WALL_RATE, "expr": per_workload("rate", series(c.GOODPUT_WALL), "5m")},
         # The goodput SLO's terms, each workload's once (the unbooked time of its workers summed here, not in
         # each window's ratio): a bad rate of 0 where nothing bad was booked, so that every window has both.
-        {"record": WALL_ALL_RATE, "expr": add(WALL_RATE, unbooked, on=WORKLOAD)},
-        {"record": BAD_RATE, "expr": f"{add(bad, unbooked, on=WORKLOAD)} or {WALL_ALL_RATE} * 0"},
+        # Neither term is recorded for what an exclusion window covers (tpuscope.alerts.platform): the ratios over
+        # every window read the rest of their time.
+        {"record": WALL_ALL_RATE, "expr": excluded(add(WALL_RATE, unbooked, on=WORKLOAD))},
+        {"record": BAD_RATE, "expr": excluded(f"{add(bad, unbooked, on=WORKLOAD)} or {WALL_ALL_RATE} * 0")},
         {"record": REQUESTS_FAST_RATE, "expr": per_workload("rate", within, "5m")},
         {"record": REQUESTS_RATE, "expr": per_workload("rate", total, "5m")},
     ]

@@ -23,9 +23,9 @@ from typing import Any
 
 from tpuscope import catalog as c
 from tpuscope import durations
-from tpuscope.conventions import AlertName, DashboardUID
+from tpuscope.conventions import SLO_EXCLUDED, AlertName, DashboardUID
 from tpuscope.generator_config import GeneratorConfig
-from tpuscope.promql import WORKLOAD, each_worker_once, grown, series
+from tpuscope.promql import PLACEMENT, WORKLOAD, each_worker_once, grown, series
 
 # The anchors of docs/alerts.md's runbooks for each value of a closed set of reasons (tpuscope.reasons), the value
 # appended: an alert that keeps the reason label links the runbook of the reason it fires for.
@@ -126,6 +126,22 @@ def new_or_increase(
 def per_workload(function: str, selector: str, window: str, by: str = WORKLOAD) -> str:
     """``sum by (namespace, jobset, workload) (function(selector[window]))``: a range function's result per workload."""
     return f"sum by ({by}) ({function}({selector}[{window}]))"
+
+
+def excluded(expr: str) -> str:
+    """``expr`` (a per-workload record's expression) less the workloads an exclusion window covers now: its own
+    (``workload`` set, within its JobSet where the window names one, else within its namespace), its JobSet's
+    (``jobset``, no workload), its namespace's (``namespace`` alone), or the fleet's (no label)."""
+    scopes = (
+        (WORKLOAD, 'workload!="", jobset!=""'),
+        ("namespace, workload", 'workload!="", jobset=""'),
+        (PLACEMENT, 'workload="", jobset!=""'),
+        ("namespace", 'workload="", jobset="", namespace!=""'),
+        ("", 'workload="", jobset="", namespace=""'),
+    )
+    for on, matchers in scopes:
+        expr = f"({expr}) unless on ({on}) {SLO_EXCLUDED}{{{matchers}}}"
+    return expr
 
 
 def running(what: str = WORKLOAD) -> str:

@@ -12,10 +12,21 @@ from typing import Any
 from tpuscope import catalog as c
 from tpuscope.conventions import (
     BAD_RATE,
+    CHIPS_ALLOCATABLE,
+    CHIPS_HEARD,
+    CHIPS_IDLE,
+    CHIPS_REQUESTED,
     FAILURES_HOUR,
     GOODPUT_RATE,
+    ML_PRODUCTIVITY_GOODPUT,
     PEAK_FLOPS_SUM,
+    PLATFORM_WINDOWS,
+    PROGRAM_GOODPUT,
+    QUEUE_ADMISSION_WAIT,
     RESTARTS_HOUR,
+    RUNTIME_GOODPUT,
+    SCHEDULING,
+    SCHEDULING_GOODPUT,
     SLO_PERIOD,
     STRAGGLER_CHIPS,
     STRAGGLER_RATE,
@@ -250,6 +261,153 @@ def cost() -> p.Section:
     )
 
 
+def scheduling_goodput(window: str = q.RANGE) -> str:
+    """The share of the scheduling units' time (JobSets, Jobs of their own) over ``window`` during which every pod
+    they want was ready, from kube-state-metrics (tpuscope.alerts.platform); a unit counts for the time it existed."""
+    ready = f'{SCHEDULING}{{state="ready"}}'
+    return f"sum (sum_over_time({ready}[{window}])) / sum (count_over_time({ready}[{window}]))"
+
+
+def platform(t: Thresholds) -> p.Section:
+    day = PLATFORM_WINDOWS[0]
+    factors = {
+        "Scheduling": f"workload:{SCHEDULING_GOODPUT}{day}",
+        "Runtime": f"workload:{RUNTIME_GOODPUT}{day}",
+        "Program": f"workload:{PROGRAM_GOODPUT}{day}",
+        "Product": f"workload:{ML_PRODUCTIVITY_GOODPUT}{day}",
+    }
+    workloads = f'{{workload=~"${q.WORKLOAD}"}}'
+    not_ready = f'{SCHEDULING}{{state!="ready"}}'
+    return p.Section(
+        "ML productivity goodput: scheduling x runtime x program",
+        [
+            p.stat_panel(
+                "Scheduling goodput",
+                "The share of the time since each JobSet (or Job of its own) was created, over the range, during "
+                "which every pod it wants was ready: the time it waited in a queue, for nodes, for its pods to "
+                "start, and to recover from a lost pod is not (kube-state-metrics; docs/goodput.md). Every unit "
+                "of the cluster: the workload variable does not apply.",
+                "percentunit",
+                p.query(scheduling_goodput(), instant=True),
+                span=3,
+            ),
+            p.stat_panel(
+                "Runtime goodput",
+                "Productive share of the selected workloads' wall time over the range, while their sidecars served "
+                "them: the Goodput stat above.",
+                "percentunit",
+                p.query(goodput_ratio(), instant=True),
+                limits=p.low_is_bad(t.goodput_objective),
+                span=3,
+            ),
+            p.stat_panel(
+                "Program goodput (MFU)",
+                "Model FLOPs over the chips' peak while the selected workloads ran: the Model FLOPs utilization "
+                "stat above.",
+                "percentunit",
+                p.query(mfu(), instant=True),
+                limits=p.low_is_bad(t.mfu_low),
+                span=3,
+            ),
+            p.stat_panel(
+                "ML productivity goodput",
+                "The three factors multiplied (Google's ML Productivity Goodput): the share of what the chips "
+                "could have done while the jobs wanted them that became model progress. The factor furthest "
+                "below 100 % costs the most.",
+                "percentunit",
+                p.query(f"({scheduling_goodput()}) * ({goodput_ratio()}) * ({mfu()})", instant=True),
+                span=3,
+            ),
+            p.table_panel(
+                f"The three factors and their product, by workload, over the last {day}",
+                f"Each workload's scheduling goodput (its JobSet's), runtime goodput and program goodput over the "
+                f"last {day}, and their product, as the recording rules keep them (per namespace too: "
+                f"namespace:{ML_PRODUCTIVITY_GOODPUT}{day}). Sort by the product to find the workloads that turn "
+                "the least of their chips into training, and read which factor does it.",
+                *(p.query(f"{record}{workloads}", table=True) for record in factors.values()),
+                unit="percentunit",
+                columns=tuple(factors),
+                sort_by="Product",
+            ),
+            p.bar_gauge_panel(
+                "Scheduling badput over the range, by JobSet and state",
+                "Where each JobSet's (or Job's) time went while not every pod it wants was ready: queued (a queue "
+                "such as Kueue held it suspended), starting (never all ready yet: scheduling, image pulls, start-up) "
+                "or recovering (all ready before, not now: a lost pod's replacement). A share of its time over the "
+                "range.",
+                "percentunit",
+                p.query(
+                    f"avg_over_time({not_ready}[{q.RANGE}]) > 0", "{{namespace}}/{{controller}} {{state}}", instant=True
+                ),
+                max_value=1,
+            ),
+            p.timeseries_panel(
+                "Kueue's admission wait, by ClusterQueue",
+                "The mean time a workload waited to be admitted over the last hour, per ClusterQueue, from Kueue's "
+                "own histogram (it names no workload: each JobSet's own wait is its queued share above). Empty "
+                "where Kueue is not scraped.",
+                "s",
+                p.query(QUEUE_ADMISSION_WAIT, "{{cluster_queue}}"),
+            ),
+        ],
+    )
+
+
+def chips() -> p.Section:
+    pools = {
+        "Chips": CHIPS_ALLOCATABLE,
+        "Requested by running pods": CHIPS_REQUESTED,
+        "Reporting to tpuscope": CHIPS_HEARD,
+        "Idle": CHIPS_IDLE,
+    }
+    pool_legend = "label_cloud_google_com_gke_nodepool, label_cloud_google_com_gke_tpu_topology, resource"
+    return p.Section(
+        "Chips the fleet pays for",
+        [
+            p.stat_panel(
+                "Chips the cluster has",
+                "TPU chips and GPUs the cluster's nodes offer (their allocatable google.com/tpu and nvidia.com/gpu, "
+                "from kube-state-metrics), whether or not a pod holds them.",
+                "short",
+                p.query(f"sum ({CHIPS_ALLOCATABLE})", instant=True),
+                span=3,
+            ),
+            p.stat_panel(
+                "Requested by running pods",
+                "Chips that running pods request: what the cluster's jobs hold.",
+                "short",
+                p.query(f"sum ({CHIPS_REQUESTED}) or vector(0)", instant=True),
+                span=3,
+            ),
+            p.stat_panel(
+                "Reporting to tpuscope",
+                "Chips on the cluster's nodes that tpuscope's collectors report: a held chip that does not "
+                "report is a job without a sidecar, invisible to every other panel here.",
+                "short",
+                p.query(f"sum ({CHIPS_HEARD}) or vector(0)", instant=True),
+                span=3,
+            ),
+            p.stat_panel(
+                "Idle chips: cost per hour",
+                "Chips no running pod requests, at the price per chip-hour (the dashboard variable): what the "
+                "fleet pays for nothing, whatever goodput its jobs report. The table below says which node pools.",
+                "currencyUSD",
+                p.query(f"{PRICE} * sum ({CHIPS_IDLE})", instant=True),
+                limits=p.high_is_bad(0.001),
+                span=3,
+            ),
+            p.table_panel(
+                "Chips by node pool: held, reporting, idle",
+                "Per node pool (GKE's node labels, which kube-state-metrics serves only when allowlisted: "
+                "docs/fleet.md) and resource: the chips its nodes offer, those running pods request, those "
+                "tpuscope hears from, and the idle ones. A pool with chips and no pod is paid for and idle.",
+                *(p.query(f"sum by ({pool_legend}) ({record})", table=True) for record in pools.values()),
+                columns=tuple(pools),
+            ),
+        ],
+    )
+
+
 def failures() -> p.Section:
     return p.Section(
         "Failures and restarts",
@@ -277,5 +435,5 @@ def failures() -> p.Section:
 
 
 def dashboard(t: Thresholds) -> dict[str, Any]:
-    sections = [now(t), goodput(t), cost(), failures()]
+    sections = [now(t), goodput(t), cost(), failures(), platform(t), chips()]
     return p.build(DashboardUID.FLEET, TITLE, DESCRIPTION, sections, p.variables(c.STEPS, price=True))
