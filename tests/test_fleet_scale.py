@@ -2,8 +2,9 @@
 
 The sizes that matter (64, 256 and 1,000 hosts) take from minutes to most of an hour on 2 cores: docs/fleet.md
 has their figures and `make fleet-scale` reruns them. Here 40 hosts (3 workloads: the straggler's, the crash's,
-the preemption's), an hour of board history and rules evaluated every 5 s (the slow SLO windows' group judged
-against 50 s, its pace in proportion), in about two minutes.
+the preemption's) with the cluster's kube-state-metrics and Kueue, an hour of board history and rules evaluated
+every 5 s (a group of a pace of its own, the slow SLO windows', judged against its pace in proportion), in about
+two minutes.
 """
 
 from __future__ import annotations
@@ -15,17 +16,25 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from conftest import require
 
-from tpuscope import catalog
-from tpuscope.bench import fleet_scale
+from tpuscope import catalog, durations, kubernetes
+from tpuscope.bench import fleet_scale, kube_state, rule_cost
 from tpuscope.conventions import AlertName
 
 ROOT = Path(__file__).resolve().parent.parent
 HOSTS = 40
+INTERVAL = 5  # --interval, against the ClusterRules' 30 s
 BOARDS = sorted(p.stem for p in (ROOT / fleet_scale.DASHBOARDS).glob("*.json"))
-# Our groups, each with its interval in this run: the slow SLO windows' keeps its own, in proportion to the others'.
-GROUPS = {"tpuscope.recording": 5, "tpuscope.slo-slow": 50, "tpuscope.alerts": 5}
+# Our groups, whichever the rules file has, each with its interval in this run: a group of a pace of its own (the slow
+# SLO windows') keeps it, in proportion to the others'.
+GROUPS = {
+    group["name"]: durations.prometheus_ms(str(group["interval"])) / 1000 * INTERVAL / fleet_scale.EVALUATION_SECONDS
+    if "interval" in group
+    else INTERVAL
+    for group in yaml.safe_load((ROOT / fleet_scale.DEFAULT_RULES).read_text())["groups"]
+}
 pytestmark = pytest.mark.long
 
 
@@ -36,7 +45,7 @@ def figures(module_tmp: Path) -> dict[str, Any]:
     out = module_tmp / "fleet-scale.json"
     command = [sys.executable, "-m", "tpuscope", "bench", "fleet-scale", f"--fleet-hosts={HOSTS}", "--board-hours=1"]
     run = subprocess.run(
-        [*command, "--interval=5s", f"--json={out}"], capture_output=True, text=True, cwd=ROOT, timeout=900
+        [*command, f"--interval={INTERVAL}s", f"--json={out}"], capture_output=True, text=True, cwd=ROOT, timeout=900
     )
     print(run.stdout[-5000:], run.stderr[-3000:])
     # A loaded test machine may miss a budget meant for an idle one: the exit status says so, the figures remain.
@@ -69,6 +78,49 @@ def test_the_fleet_is_scraped_whole_and_the_head_holds_it(figures: dict[str, Any
     assert scale["head_series"] >= HOSTS * (ours + 100)
     assert 50 < scale["prometheus_rss_mb"] < 4000
     assert scale["history"]["samples"] > scale["history"]["series"] > HOSTS * 100
+    assert scale["failing_targets"] == []
+
+
+def test_the_clusters_exporters_are_scraped_whole_and_join_with_the_sidecars(figures: dict[str, Any]) -> None:
+    """kube-state-metrics' and Kueue's targets, every series they serve, and every host's pod and node in them on
+    the labels its sidecar's target has; the idle node pool's nodes, which run no pod; one ClusterQueue a namespace."""
+    (scale,) = figures["scales"]
+    fleet = fleet_scale.Fleet.of(HOSTS, fleet_scale.load_snapshot(), [])
+    assert scale["head_series_cluster"] == {job: len(series) for job, series in fleet.cluster.items()}
+    chips = fleet_scale.chips_of(fleet.ours)
+    idle = len(kube_state.nodes(HOSTS)) - HOSTS
+    assert chips == 8 and idle == rule_cost.WORKERS_PER_SLICE
+    assert scale["joins"] == {
+        "sidecars joined to their pod on their node": HOSTS,
+        "sidecars joined to their Job of their JobSet": HOSTS,
+        "nodes of sidecars": HOSTS,
+        "nodes that run no pod": idle,
+        "node pools that run no pod": 1,
+        "chips of the nodes": (HOSTS + idle) * chips,
+        "chips the pods request": HOSTS * chips,
+        "ClusterQueues": len({host.namespace for host in fleet.hosts}),
+        "workloads admitted": scale["workloads"],
+    }
+
+
+def test_each_host_is_an_object_of_the_cluster_as_kube_state_metrics_serves_it() -> None:
+    """The sidecar's target has the labels the shipped relabelling gives it, and kube-state-metrics serves its pod,
+    of its Job, on its node; the cluster's exporters' targets carry no host's labels."""
+    fleet = fleet_scale.Fleet.of(HOSTS, fleet_scale.load_snapshot(), [])
+    served = fleet.cluster[kube_state.KSM_JOB]
+    pods = {
+        (labels["namespace"], labels["pod"], labels["node"]) for name, labels, *_ in served if name == "kube_pod_info"
+    }
+    nodes = {labels["node"] for name, labels, *_ in served if name == "kube_node_info"}
+    for index in range(HOSTS):
+        target = fleet.target(index, fleet_scale.OUR_JOB)
+        assert set(kubernetes.TARGET_LABELS) <= set(target), target
+        assert (target["namespace"], target["pod"], target["node"]) in pods and target["node"] in nodes
+        assert target["controller"] == f"{target['jobset']}-slice-{fleet.hosts[index].slice}"
+    assert len(pods) == HOSTS and len(nodes) > HOSTS
+    assert {name for name, *_ in fleet.cluster[kube_state.KUEUE_JOB]} >= {"kueue_admission_wait_time_seconds_bucket"}
+    for job in fleet.cluster:
+        assert set(fleet.target(0, job)) == {"job", "instance"}
 
 
 def test_every_group_is_timed_against_its_interval_and_the_recording_rules_write_series(
@@ -76,7 +128,7 @@ def test_every_group_is_timed_against_its_interval_and_the_recording_rules_write
 ) -> None:
     (scale,) = figures["scales"]
     groups = {(g["file"], g["group"]): g for g in scale["groups"]}
-    assert set(groups) == {("tpuscope", name) for name in GROUPS}
+    assert set(groups) == {("tpuscope", name) for name in GROUPS} and "tpuscope.recording" in GROUPS
     for (_, name), g in groups.items():
         assert g["interval_seconds"] == GROUPS[name] and 0 < g["eval_seconds_median"] <= g["eval_seconds_max"]
     assert groups[("tpuscope", "tpuscope.recording")]["recorded_series"] > HOSTS

@@ -3,25 +3,31 @@
 One sidecar's real series set (:data:`SNAPSHOT`, a scrape of a real bench run: fused, with device profiles,
 8 devices and the fake libtpu; ``--record-series`` records it again) is replicated across N hosts in workloads
 of 16 workers, each host with its scrape's target labels (``job``, ``instance``, ``namespace``, ``jobset``,
-``pod``) and its ``slice`` and ``worker``; beside it on every host, the peer's: what a real node_exporter
-(Debian's, started here) serves. Some hosts misbehave (:func:`variations`): a straggler, a crash and its
-restart, a preemption that leaves a gap.
+``pod``, ``node``, ``controller_kind``, ``controller``) and its ``slice`` and ``worker``; beside it on every host,
+the peer's: what a real node_exporter (Debian's, started here) serves. Beside the hosts, the cluster's exporters,
+one target each (:mod:`tpuscope.bench.kube_state`): kube-state-metrics, serving the fleet's namespaces, Jobs (one a
+slice), pods (one a host) and TPU nodes (one a host, and idle node pools besides), and Kueue, serving its
+ClusterQueues' admissions. Some hosts misbehave (:func:`variations`): a straggler, a crash and its restart, a
+preemption that leaves a gap (its pods gone and its Jobs suspended in kube-state-metrics' series, its workload
+pending in Kueue's).
 
 For each N, one Prometheus runs on one TSDB:
 
 - *history*, backfilled by promtool: each series as far back as a rule of either file reads it (its range and
   offset, or the lookback), or ``--board-hours`` for a series a dashboard reads; and the recorded series the
   rules read back, at the values a probe of the same fleet gave them (as ``bench rule-cost`` does);
-- *the present*: every host's whole series set, ours and the peer's, served live from here and scraped every
-  15 s, one target a host as Kubernetes would list them, so the head holds what a fleet's would;
+- *the present*: every host's whole series set, ours and the peer's, and the cluster exporters' whole sets, served
+  live from here and scraped every 15 s, one target a host as Kubernetes would list them, so the head holds what a
+  fleet's would;
 - *the rules*: ours and the peer's (``--peer-rules``: node-exporter-mixin's, rendered), every group each 30 s
   unless it has an interval of its own, as the generated ClusterRules say.
 
 Measured: each group's evaluation seconds (Prometheus' own ``/api/v1/rules``) against its interval, the series
-each recording rule writes, the head's series and Prometheus' memory, and each dashboard's queries as Grafana
-sends them over 6 h and 24 h (where the history holds that much): latency p50 and p95, and the samples they
-touch (``stats=all``). The budgets (:class:`Budgets`) are checked at the largest N; the run exits 1 when one is
-missed.
+each recording rule writes, the head's series and Prometheus' memory, whether the cluster's series join with the
+sidecars' (:data:`CLUSTER_JOINS`), and each dashboard's queries as Grafana sends them over 6 h and 24 h (where the
+history holds that much): latency p50 and p95, and the samples they touch (``stats=all``). The budgets
+(:class:`Budgets`) are checked at the largest N, every group of ours (a new one too) against its interval; the run
+exits 1 when one is missed.
 """
 
 from __future__ import annotations
@@ -49,9 +55,11 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from tpuscope import catalog, durations
-from tpuscope.bench import rule_cost
+from tpuscope.bench import kube_state, rule_cost
+from tpuscope.bench.kube_state import KSM_JOB, KUEUE_JOB
 from tpuscope.bench.verdict import Check, check_lines, write_report
 from tpuscope.catalog import Label
+from tpuscope.kubernetes import CONTROLLER_KIND, CONTROLLER_NAME
 from tpuscope.prometheus_api import PrometheusAPI, PrometheusError
 from tpuscope.promql import SIDECAR_START
 from tpuscope.testing import grafana
@@ -175,60 +183,95 @@ def reachable(url: str) -> bool:
 
 @dataclass(frozen=True)
 class Variation:
-    """What one host's series do differently: a rate scaled, a rise of 1 at a time, a stretch without samples
-    (seconds before the history's end) after which counters start again from 0."""
+    """What one series does differently: a rate scaled, a rise of ``step`` at a time, a stretch without samples
+    (seconds before the history's end), or at ``held`` instead (a suspended Job's), after which counters start
+    again from 0 and start times are its end."""
 
     factor: float = 1.0
     step_at: float | None = None
     gap: tuple[float, float] | None = None  # (from, to) seconds before the end
+    held: float | None = None
+    step: float = 1.0
 
     def value(self, s: HostSeries, t: float, end: float, origin: float) -> float:
         restarted = self.gap is not None and end - t <= self.gap[1]
         since = end - self.gap[1] if self.gap is not None and restarted else origin
+        if self.held is not None and self.during(t, end):
+            return self.held
         if s.clock:
             return t
         if s.start:
             return since
-        stepped = 1.0 if self.step_at is not None and end - t <= self.step_at else 0.0
+        stepped = self.step if self.step_at is not None and end - t <= self.step_at else 0.0
         if not s.slope:
             return s.value * self.factor + stepped
         return s.slope * self.factor * (t - since) + stepped
 
-    def missing(self, t: float, end: float) -> bool:
+    def during(self, t: float, end: float) -> bool:
         return self.gap is not None and self.gap[1] < end - t <= self.gap[0]
+
+    def missing(self, t: float, end: float) -> bool:
+        return self.held is None and self.during(t, end)
 
 
 STEADY = Variation()
 UP = HostSeries("up", (), 1.0)
+PREEMPTION = (3 * 3600.0, 2.5 * 3600.0)  # the third workload's gap, (from, to) seconds before the end
+# A series as a target serves it, without the target's labels: name, labels, model, variation.
+Served = tuple[str, dict[str, str], HostSeries, Variation]
 
 
 @dataclass(frozen=True)
 class Fleet:
-    """N hosts (``rule_cost.fleet``: workloads of 16 workers, 4 to a slice), each serving ``ours`` and ``peer``."""
+    """N hosts (``rule_cost.fleet``: workloads of 16 workers, 4 to a slice), each serving ``ours`` and ``peer``; and
+    the cluster's exporters (``cluster``, by job: :mod:`tpuscope.bench.kube_state`), one target each."""
 
     hosts: list[rule_cost.Host]
     ours: list[HostSeries]
     peer: list[HostSeries]
     varied: dict[tuple[int, str], Variation] = field(default_factory=dict)
+    cluster: dict[str, list[Served]] = field(default_factory=dict)
 
     @classmethod
     def of(cls, hosts: int, ours: list[HostSeries], peer: list[HostSeries]) -> Fleet:
         fleet = cls(rule_cost.fleet(hosts), [*ours, *crash_counters(ours)], peer)
         fleet.varied.update(variations(hosts))
+        preempted = sorted({fleet.hosts[i].workload for (i, _), v in fleet.varied.items() if v.gap == PREEMPTION})
+        chips, waited = chips_of(ours), PREEMPTION[0] - PREEMPTION[1]
+        fleet.cluster[KSM_JOB] = cluster_served(kube_state.kube_state_series(fleet.hosts, chips, preempted))
+        fleet.cluster[KUEUE_JOB] = cluster_served(kube_state.kueue_series(fleet.hosts, preempted, waited))
         return fleet
 
+    def targets(self) -> Iterator[tuple[int, str]]:
+        """Every scrape target as (host index, job): each host's sidecar and node_exporter, then each of the
+        cluster's exporters, as host 0's."""
+        for index in range(len(self.hosts)):
+            yield from ((index, job) for job in (OUR_JOB, PEER_JOB))
+        yield from ((0, job) for job in self.cluster)
+
     def target(self, index: int, job: str) -> dict[str, str]:
-        """The labels the scrape gives every series of the host's ``job``, as the shipped relabelling does."""
-        labels = self.hosts[index].target | {"job": job}
+        """The labels the scrape gives every series of the host's ``job``, as the shipped relabelling does: the
+        sidecar's pod, its node and its controller, which join with kube-state-metrics' series of them; a cluster
+        exporter's, none of any host's."""
+        if job in self.cluster:
+            return {"job": job, "instance": kube_state.INSTANCES[job]}
+        host = self.hosts[index]
+        labels = host.target | {"job": job}
+        if job == OUR_JOB:
+            labels |= {"node": kube_state.node_of(index).name, CONTROLLER_KIND: "Job"}
+            labels[CONTROLLER_NAME] = kube_state.job_of(host)
         if job == PEER_JOB:
             labels["instance"] = labels["instance"].replace(":9478", ":9100")
         return labels
 
-    def series(
-        self, index: int, job: str, scraped: bool = False
-    ) -> Iterator[tuple[str, dict[str, str], HostSeries, Variation]]:
+    def series(self, index: int, job: str, scraped: bool = False) -> Iterator[Served]:
         """The host's series of ``job`` as it serves them (no target labels): name, labels, model, variation;
         ``scraped``: with ``up``, which Prometheus writes for every scrape (the history needs it too)."""
+        if job in self.cluster:
+            yield from self.cluster[job]
+            if scraped:
+                yield UP.name, {}, UP, STEADY
+            return
         host = self.hosts[index]
         for s in [*(self.ours if job == OUR_JOB else self.peer), *([UP] if scraped else [])]:
             labels = dict(s.labels)
@@ -252,6 +295,28 @@ def crash_counters(ours: list[HostSeries]) -> list[HostSeries]:
     return [s for s in added if s.name not in names]
 
 
+def chips_of(ours: list[HostSeries]) -> int:
+    """The TPU chips of a host: the devices its sidecar serves series of (by number: not ``host``)."""
+    return len({value for s in ours for label, value in s.labels if label == "device" and value.isdigit()}) or 1
+
+
+def cluster_served(series: list[kube_state.Series]) -> list[Served]:
+    """A cluster exporter's series as the feed and the backfill take them: a model of each, and how the preemption
+    varies it (:data:`PREEMPTION`: absent, or held at a value, while it lasts; a counter's rise at its end)."""
+    return [
+        (s.name, dict(s.labels), HostSeries(s.name, s.labels, s.value, start=s.began), preemption(s)) for s in series
+    ]
+
+
+def preemption(s: kube_state.Series) -> Variation:
+    """How :data:`PREEMPTION` varies a cluster exporter's series, as :class:`kube_state.Preempted` says."""
+    if s.preempted is None:
+        return STEADY
+    if s.preempted.rise:
+        return Variation(step_at=PREEMPTION[1], step=s.preempted.rise)
+    return Variation(gap=PREEMPTION, held=s.preempted.held)
+
+
 def variations(hosts: int) -> dict[tuple[int, str], Variation]:
     """(host index, series name or "*") -> how it differs. The first workload's fourth host is a straggler (its
     compute takes half as long again); the second workload's first host crashed half an hour ago and its job
@@ -261,7 +326,7 @@ def variations(hosts: int) -> dict[tuple[int, str], Variation]:
     out[(3, catalog.PROFILE_TIME.name)] = Variation(factor=1.5)
     for name in (catalog.WORKLOAD_FAILURES.name, catalog.WORKLOAD_RESTARTS.name):
         out[(per, name)] = Variation(step_at=1800)
-    out.update({(index, "*"): Variation(gap=(3 * 3600, 2.5 * 3600)) for index in range(2 * per, 3 * per)})
+    out.update({(index, "*"): Variation(gap=PREEMPTION) for index in range(2 * per, 3 * per)})
     return {key: value for key, value in out.items() if key[0] < hosts}
 
 
@@ -293,13 +358,12 @@ def backfill(
     one TSDB, which Prometheus reads whole (blocks that overlap in time are merged as they are read)."""
     started = time.monotonic()
     families: dict[str, Family] = {}
-    for index in range(len(fleet.hosts)):
-        for job in (OUR_JOB, PEER_JOB):
-            for name, labels, s, varied in fleet.series(index, job, scraped=True):
-                if (seconds := reach.seconds(name)) > 0:
-                    first = int(end - seconds - SCRAPE_SECONDS)
-                    text = name + rule_cost.label_text(labels | fleet.target(index, job)) + " "
-                    families.setdefault(name, (name, first, []))[2].append((text, s, varied))
+    for index, job in fleet.targets():
+        for name, labels, s, varied in fleet.series(index, job, scraped=True):
+            if (seconds := reach.seconds(name)) > 0:
+                first = int(end - seconds - SCRAPE_SECONDS)
+                text = name + rule_cost.label_text(labels | fleet.target(index, job)) + " "
+                families.setdefault(name, (name, first, []))[2].append((text, s, varied))
     recorded_lines = [
         f"{r.name}{r.labels} {rule_cost.number(r.level)} {t}\n"
         for r in sorted(recorded, key=lambda r: r.name)
@@ -402,8 +466,9 @@ def sample_lines(text: str, s: HostSeries, varied: Variation, times: range, end:
 
 
 class Feed:
-    """Every host's sidecar and node_exporter past the history's end: ``/metrics?host=I&job=J`` serves that
-    host's series at the time of asking. ``read`` narrows each host to the series some rule reads.
+    """Every host's sidecar and node_exporter, and the cluster's exporters, past the history's end:
+    ``/metrics?host=I&job=J`` serves that target's series at the time of asking. ``read`` narrows each target to
+    the series some rule reads.
 
     It serves from a process of its own (forked, so it has the fleet without a copy): in this one, decoding the
     boards' large answers holds the interpreter for long enough that scrapes time out."""
@@ -416,8 +481,7 @@ class Feed:
                 for name, labels, s, varied in fleet.series(index, job)
                 if read is None or name in read
             ]
-            for index in range(len(fleet.hosts))
-            for job in (OUR_JOB, PEER_JOB)
+            for index, job in fleet.targets()
         }
         feed = self
 
@@ -447,7 +511,8 @@ class Feed:
         )
 
     def scrape_configs(self, interval: int) -> list[dict[str, Any]]:
-        """One scrape job each for ours and the peer, one target a host with its target labels."""
+        """One scrape job each for ours, the peer and the cluster's exporters, each target with its labels."""
+        targets = list(self.fleet.targets())
         return [
             {
                 "job_name": job,
@@ -457,10 +522,11 @@ class Feed:
                         "targets": [self.address],
                         "labels": self.fleet.target(index, job) | {"__param_host": str(index), "__param_job": job},
                     }
-                    for index in range(len(self.fleet.hosts))
+                    for index, of in targets
+                    if of == job
                 ],
             }
-            for job in (OUR_JOB, PEER_JOB)
+            for job in dict.fromkeys(job for _, job in targets)
         ]
 
     def close(self) -> None:
@@ -599,6 +665,38 @@ class ScaleFigures:
     alerts: dict[str, int]
     failing_targets: list[str]  # the targets whose last scrape failed, and why
     slowest_rules: list[tuple[str, str, float]] = field(default_factory=list)  # group, rule, seconds of its last run
+    head_series_cluster: dict[str, int] = field(default_factory=dict)  # kube-state-metrics' and Kueue's, by job
+    joins: dict[str, int] = field(default_factory=dict)  # cluster_joins()
+
+
+# What the cluster's exporters' series say of the fleet once scraped: whether they join with the sidecars' targets on
+# the labels the platform rules join on, and hold every object. Each query counts what it names.
+SIDECARS = f'up{{job="{OUR_JOB}"}}'
+JOBS_OF_JOBSETS = (
+    'label_replace(label_replace(kube_job_owner{owner_kind="JobSet"}, "controller", "$1", "job_name", "(.+)"), '
+    '"jobset", "$1", "owner_name", "(.+)")'
+)
+CLUSTER_JOINS = {
+    "sidecars joined to their pod on their node": f"count({SIDECARS} * on (namespace, pod, node) kube_pod_info)",
+    "sidecars joined to their Job of their JobSet": f"count({SIDECARS} * on (namespace, jobset, controller) "
+    f"group_left () {JOBS_OF_JOBSETS})",
+    "nodes of sidecars": f"count(kube_node_info * on (node) group by (node) ({SIDECARS}))",
+    "nodes that run no pod": "count(kube_node_info unless on (node) kube_pod_info)",
+    "node pools that run no pod": "count(count by (label_cloud_google_com_gke_nodepool) "
+    "(kube_node_labels unless on (node) kube_pod_info))",
+    "chips of the nodes": 'sum(kube_node_status_capacity{resource="google_com_tpu"})',
+    "chips the pods request": 'sum(kube_pod_container_resource_requests{resource="google_com_tpu"})',
+    "ClusterQueues": "count(kueue_admitted_active_workloads)",
+    "workloads admitted": "sum(kueue_admitted_active_workloads)",
+}
+
+
+def cluster_joins(api: PrometheusAPI) -> dict[str, int]:
+    """:data:`CLUSTER_JOINS`, each what its query counts now (0 for none)."""
+    return {
+        what: int(float(answer[0]["value"][1])) if (answer := api.query(query)) else 0
+        for what, query in CLUSTER_JOINS.items()
+    }
 
 
 def group_evaluations(api: PrometheusAPI, after: float, timeout: float) -> dict[tuple[str, str], list[float]]:
@@ -753,13 +851,14 @@ def measure(
     try:
         with prometheus(workdir / "run", feed, SCRAPE_SECONDS, [f.path for f in files], tsdb) as p:
             timeout = 20 * settings.evaluation_seconds + 600
-            targets = 2 * len(fleet.hosts)
+            targets = len(list(fleet.targets()))
             # Scraped live: the history holds an `up` of every target too, which says nothing of this Prometheus.
             wait_for(lambda: len(p.query("scrape_samples_scraped")) == targets, timeout, f"{targets} targets scraped")
             evaluated = group_evaluations(p.api, time.time(), timeout)
             counts = recorded_counts(p.api, files)
             slow_rules = slowest_rules(p.api)
             own = own_metrics(p.url)
+            joins = cluster_joins(p.api)
             # What the last scrapes of each job brought in: every host's series, whatever the rules add.
             scraped = p.query("sum by (job) (scrape_samples_scraped)")
             heads = {r["metric"]["job"]: int(float(r["value"][1])) for r in scraped}
@@ -810,6 +909,8 @@ def measure(
         alerts,
         failing,
         slow_rules,
+        {job: heads[job] for job in fleet.cluster},
+        joins,
     )
 
 
@@ -822,10 +923,12 @@ def report_lines(figures: list[ScaleFigures]) -> list[str]:
         lines += [
             "",
             f"{f.hosts} hosts, {f.workloads} workloads: head {f.head_series:,} series ({f.head_series_ours:,} ours, "
-            f"{f.head_series_peer:,} node_exporter's), Prometheus {f.prometheus_rss_mb:,.0f} MiB resident "
-            f"({f.prometheus_heap_mb:,.0f} MiB heap); history {f.history['series']:,.0f} series, "
-            f"{f.history['samples']:,.0f} samples",
+            f"{f.head_series_peer:,} node_exporter's{cluster_heads(f.head_series_cluster)}), Prometheus "
+            f"{f.prometheus_rss_mb:,.0f} MiB resident ({f.prometheus_heap_mb:,.0f} MiB heap); history "
+            f"{f.history['series']:,.0f} series, {f.history['samples']:,.0f} samples",
         ]
+        if f.joins:
+            lines.append("  the cluster's series: " + ", ".join(f"{what} {n:,}" for what, n in f.joins.items()))
         rows = [["file", "group", "eval s (median)", "eval s (max)", "of interval", "series recorded"]]
         rows += [
             [
@@ -865,16 +968,25 @@ def report_lines(figures: list[ScaleFigures]) -> list[str]:
     return lines
 
 
+def cluster_heads(heads: dict[str, int]) -> str:
+    """The cluster's exporters' part of the head, for the report's line: ``, N kube-state-metrics', M Kueue's``."""
+    owners = {KSM_JOB: "kube-state-metrics'", KUEUE_JOB: "Kueue's"}
+    return "".join(f", {n:,} {owners.get(job, job)}" for job, n in heads.items())
+
+
 def markdown(scales: list[dict[str, Any]]) -> str:
     """docs/fleet.md's tables of a run (its JSON's ``scales``): per size, the storage, each group, each board."""
     lines = [
-        "| hosts | workloads | head series (ours / node_exporter's) | Prometheus resident | history samples |",
+        "| hosts | workloads | head series (ours / node_exporter's / kube-state-metrics' / Kueue's) | "
+        "Prometheus resident | history samples |",
         "|--:|--:|--:|--:|--:|",
     ]
     for f in scales:
+        cluster = f.get("head_series_cluster", {})  # none in a run from before the cluster's exporters
+        parts = [f["head_series_ours"], f["head_series_peer"], *(cluster.get(job, 0) for job in (KSM_JOB, KUEUE_JOB))]
         lines.append(
-            f"| {f['hosts']:,} | {f['workloads']} | {f['head_series']:,} ({f['head_series_ours']:,} / "
-            f"{f['head_series_peer']:,}) | {f['prometheus_rss_mb']:,.0f} MiB | {f['history']['samples']:,.0f} |"
+            f"| {f['hosts']:,} | {f['workloads']} | {f['head_series']:,} ({' / '.join(f'{n:,}' for n in parts)}) | "
+            f"{f['prometheus_rss_mb']:,.0f} MiB | {f['history']['samples']:,.0f} |"
         )
     lines += ["", "| hosts | rules | group | eval s, median | eval s, most | of its interval | series recorded |"]
     lines.append("|--:|---|---|--:|--:|--:|--:|")
