@@ -422,6 +422,38 @@ def test_a_badput_block_is_timed_less_its_compiles_and_saves_and_the_next_step_o
         assert events.decode(events.encode(event)) == event
 
 
+def test_a_badput_block_around_steps_books_only_its_time_between_them_and_each_thread_its_own() -> None:
+    """A block that holds steps (a warm-up marked as such) is its time less theirs: the steps book themselves. A block
+    on another thread is its own, not the inner one of a block open on the loop's thread."""
+    recorder = Recorder()
+    monitor = Monitor("around", socket="/nonexistent/x.sock", sinks=[recorder], traces=False, jax_compiles=False)
+    began = time.perf_counter()
+    with monitor.badput("warmup"):
+        for number in range(2):
+            with monitor.step(number):
+                time.sleep(0.05)
+        time.sleep(0.01)
+    took = time.perf_counter() - began
+
+    def elsewhere() -> None:
+        with monitor.badput("sdc_check"):
+            time.sleep(0.01)
+
+    with monitor.badput("eval"):
+        thread = threading.Thread(target=elsewhere)
+        thread.start()
+        thread.join()
+    monitor.close()
+    steps = [e for e in recorder.events if isinstance(e, events.Step)]
+    stepped = sum(step.duration_s for step in steps)
+    stop = recorder.events[-1]
+    assert isinstance(stop, events.Lifecycle)
+    marked = {b.name: b.seconds for b in stop.badput}
+    assert set(marked) == {"warmup", "eval", "sdc_check"}
+    assert 0.01 <= marked["warmup"] <= took - stepped + 1e-6
+    assert marked["sdc_check"] >= 0.01 and marked["eval"] >= marked["sdc_check"]
+
+
 def test_a_badput_name_is_checked_at_once_and_names_past_the_bound_fold_into_custom_said_once(
     caplog: pytest.LogCaptureFixture,
 ) -> None:

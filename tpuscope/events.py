@@ -212,7 +212,9 @@ StepValuesList = Annotated[tuple[StepValues, ...], msgspec.Meta(max_length=MAX_S
 # A custom badput category the job names (``Monitor.badput``): a lower-case word, as a label value of
 # tpuscope_goodput_seconds_total{category}. tpuscope.goodput says which names are taken and how many a workload keeps.
 BADPUT_NAME_PATTERN = r"^[a-z][a-z0-9_]{0,31}\Z"
-BadputName = Annotated[str, msgspec.Meta(pattern=BADPUT_NAME_PATTERN)]
+# On the wire any short string: a name the job did not check is booked as the fold category (goodput.BadputNames),
+# where a stricter type would throw away the whole step that carries it.
+BadputName = Annotated[str, msgspec.Meta(min_length=1, max_length=64)]
 # The most custom badput entries one event carries. A job sends one per name it used since its last event, and keeps
 # fewer names than this (tpuscope.goodput.MAX_CUSTOM_BADPUT, and the fold): the room above is for a later job
 # that keeps more, whose events an older sidecar must still take.
@@ -255,7 +257,8 @@ class Step(Event, tag="step", frozen=True):
     step's end, and ``unread`` those the job dropped since its last event because they were never ready: trailing
     fields, so a sidecar older than them reads the step and ignores them.
     ``badput``: the custom badput the job marked since its last step (``mon.badput``), before this step or inside it
-    (issue 57; a trailing field: a sidecar older than it reads the step and books that time as ``other``).
+    (issue 57; a trailing field: a sidecar older than it reads the step and books that time as before, ``other``
+    between steps and ``productive`` inside one).
     """
 
     step: Count

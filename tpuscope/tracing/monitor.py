@@ -231,15 +231,18 @@ class Monitor:
         self._last_step: int | None = None  # the last step number read from a JAX array (see _host_number)
         # Compile seconds reported so far: a step or checkpoint reports those reported while it ran.
         self.compile_seconds = 0.0
-        # Checkpoint seconds that held the loop so far, compiles aside: a badput section takes out those inside it.
+        # Checkpoint seconds that held the loop so far, compiles aside, and step seconds: a badput section takes out
+        # those inside it, which are booked as such.
         self.checkpoint_seconds = 0.0
+        self.step_seconds = 0.0
         # Custom badput (badput()): the names kept so far, and the sections ended and not yet sent, each its name,
         # seconds and start; the next step (or the close) carries them.
         self._badput_names: dict[str, None] = {}
         self._badput_folded = False  # a name past the bound came, and was said
         self._badput: list[tuple[str, float, float]] = []
         self._badput_lock = threading.Lock()
-        self._badput_depth = 0  # sections open: one opened inside another is the outer one's time
+        # Sections open on each thread: one opened inside another is the outer one's time.
+        self._badput_depth = threading.local()
         self._hardware_sent = False
         self._closed = False
         self._values = PendingValues()  # the losses given and not yet computed (tracing/training_values.py)
@@ -866,6 +869,7 @@ class StepTimer:
         end = perf_counter()
         duration = end - self._start
         monitor = self._monitor
+        monitor.step_seconds += duration
         slots = monitor._whereabouts.slots
         slots[_SINCE_SLOT] = end
         slots[_WHERE_SLOT] = _OUTSIDE
@@ -1009,23 +1013,25 @@ class CheckpointTimer:
 
 
 class BadputTimer:
-    """Times a block of custom badput (:meth:`Monitor.badput`): its wall time, less the compiles and checkpoints that
-    ran inside it (booked as such), unless it runs inside another block, whose time it is."""
+    """Times a block of custom badput (:meth:`Monitor.badput`): its wall time, less the compiles, checkpoints and
+    steps that ran inside it (booked as such), unless it runs inside another block of its thread, whose time it is."""
 
-    __slots__ = ("_checkpointed_before", "_compiled_before", "_monitor", "_outer", "_start", "name")
+    __slots__ = ("_checkpointed_before", "_compiled_before", "_monitor", "_outer", "_start", "_stepped_before", "name")
 
     def __init__(self, monitor: Monitor, name: str) -> None:
         self._monitor = monitor
         self.name = name
         self._outer = False
-        self._start = self._compiled_before = self._checkpointed_before = 0.0
+        self._start = self._compiled_before = self._checkpointed_before = self._stepped_before = 0.0
 
     def __enter__(self) -> BadputTimer:
         monitor = self._monitor
-        self._outer = monitor._badput_depth == 0
-        monitor._badput_depth += 1
+        depth = monitor._badput_depth
+        self._outer = getattr(depth, "open", 0) == 0
+        depth.open = getattr(depth, "open", 0) + 1
         self._compiled_before = monitor.compile_seconds
         self._checkpointed_before = monitor.checkpoint_seconds
+        self._stepped_before = monitor.step_seconds
         self._start = perf_counter()
         return self
 
@@ -1034,9 +1040,10 @@ class BadputTimer:
     ) -> None:
         seconds = perf_counter() - self._start
         monitor = self._monitor
-        monitor._badput_depth -= 1
+        monitor._badput_depth.open -= 1
         if not self._outer:
             return
         seconds -= monitor.compiled_since(self._compiled_before, seconds)
         seconds -= min(monitor.checkpoint_seconds - self._checkpointed_before, seconds)
+        seconds -= min(monitor.step_seconds - self._stepped_before, seconds)
         monitor._badput_ended(self.name, seconds, self._start)
