@@ -105,7 +105,8 @@ def test_the_clusters_exporters_are_scraped_whole_and_join_with_the_sidecars(fig
 
 def test_each_host_is_an_object_of_the_cluster_as_kube_state_metrics_serves_it() -> None:
     """The sidecar's target has the labels the shipped relabelling gives it, and kube-state-metrics serves its pod,
-    of its Job, on its node; the cluster's exporters' targets carry no host's labels."""
+    of its Job, on its node, beside the DaemonSets' pods of every node; the cluster's exporters' targets carry no
+    host's labels."""
     fleet = fleet_scale.Fleet.of(HOSTS, fleet_scale.load_snapshot(), [])
     served = fleet.cluster[kube_state.KSM_JOB]
     pods = {
@@ -117,7 +118,9 @@ def test_each_host_is_an_object_of_the_cluster_as_kube_state_metrics_serves_it()
         assert set(kubernetes.TARGET_LABELS) <= set(target), target
         assert (target["namespace"], target["pod"], target["node"]) in pods and target["node"] in nodes
         assert target["controller"] == f"{target['jobset']}-slice-{fleet.hosts[index].slice}"
-    assert len(pods) == HOSTS and len(nodes) > HOSTS
+    training = {pod for pod in pods if pod[0] != "kube-system"}
+    assert len(training) == HOSTS and len(nodes) > HOSTS
+    assert len(pods) - HOSTS == len(nodes) * len(kube_state.DAEMONSETS)  # every node runs GKE's DaemonSets' pods
     assert {name for name, *_ in fleet.cluster[kube_state.KUEUE_JOB]} >= {"kueue_admission_wait_time_seconds_bucket"}
     for job in fleet.cluster:
         assert set(fleet.target(0, job)) == {"job", "instance"}

@@ -676,14 +676,16 @@ JOBS_OF_JOBSETS = (
     'label_replace(label_replace(kube_job_owner{owner_kind="JobSet"}, "controller", "$1", "job_name", "(.+)"), '
     '"jobset", "$1", "owner_name", "(.+)")'
 )
+# A node's pods that hold chips (its DaemonSets' run on every node, idle or not).
+TPU_PODS = 'kube_pod_container_resource_requests{resource="google_com_tpu"}'
 CLUSTER_JOINS = {
     "sidecars joined to their pod on their node": f"count({SIDECARS} * on (namespace, pod, node) kube_pod_info)",
     "sidecars joined to their Job of their JobSet": f"count({SIDECARS} * on (namespace, jobset, controller) "
     f"group_left () {JOBS_OF_JOBSETS})",
     "nodes of sidecars": f"count(kube_node_info * on (node) group by (node) ({SIDECARS}))",
-    "nodes that run no pod": "count(kube_node_info unless on (node) kube_pod_info)",
+    "nodes that run no pod": f"count(kube_node_info unless on (node) {TPU_PODS})",
     "node pools that run no pod": "count(count by (label_cloud_google_com_gke_nodepool) "
-    "(kube_node_labels unless on (node) kube_pod_info))",
+    f"(kube_node_labels unless on (node) {TPU_PODS}))",
     "chips of the nodes": 'sum(kube_node_status_capacity{resource="google_com_tpu"})',
     "chips the pods request": 'sum(kube_pod_container_resource_requests{resource="google_com_tpu"})',
     "ClusterQueues": "count(kueue_admitted_active_workloads)",

@@ -79,6 +79,18 @@ NODE_INFO = {
     "kubeproxy_version": "deprecated",  # what kube-state-metrics serves since the field went
 }
 # The conditions every kubelet reports of its node, and each one's status on a healthy node.
+# What GKE runs on each TPU node in kube-system (a DaemonSet's pod each), and what each requests.
+DAEMONSETS = (
+    "kube-proxy",
+    "fluentbit-gke",
+    "gke-metadata-server",
+    "netd",
+    "pdcsi-node",
+    "node-problem-detector",
+    "tpu-device-plugin",
+    "gke-metrics-agent",
+)
+DAEMON_REQUESTS = {"cpu": 0.1, "memory": 104_857_600.0}
 NODE_CONDITIONS = {"Ready": "true", "MemoryPressure": "false", "DiskPressure": "false", "PIDPressure": "false"}
 CONDITION_STATUSES = ("true", "false", "unknown")  # kube-state-metrics' order
 POD_PHASES = ("Pending", "Succeeded", "Failed", "Unknown", "Running")  # kube-state-metrics' order
@@ -172,10 +184,11 @@ def cluster_queue(namespace: str) -> str:
 
 
 def kube_state_series(hosts: list[rule_cost.Host], chips: int, preempted: Iterable[str] = ()) -> list[Series]:
-    """Every series kube-state-metrics serves for the fleet: its namespaces, Jobs, pods and nodes. ``chips``: each
+    """Every series kube-state-metrics serves for the fleet: its namespaces, Jobs, pods (the DaemonSets' on every node
+    too) and nodes. ``chips``: each
     host's, the TPU chips its pod requests and its node has; ``preempted``: the workloads preempted for a while."""
     stopped = set(preempted)
-    namespaces = dict.fromkeys(host.namespace for host in hosts)
+    namespaces = dict.fromkeys(["kube-system", *(host.namespace for host in hosts)])
     out = [Series("kube_namespace_created", (("namespace", namespace),), began=True) for namespace in namespaces]
     pods = Counter(job_of(host) for host in hosts)
     for host in {job_of(host): host for host in hosts}.values():
@@ -186,7 +199,33 @@ def kube_state_series(hosts: list[rule_cost.Host], chips: int, preempted: Iterab
     topology = TOPOLOGIES.get(slice_chips, f"{slice_chips} chips")
     for node in nodes(len(hosts)):
         out += node_series(node, chips, topology)
+        out += daemon_pod_series(node)
     return out
+
+
+def daemon_pod_series(node: Node) -> Iterator[Series]:
+    """The pods GKE's DaemonSets run on every node (:data:`DAEMONSETS`), Running and Ready since the fleet began: the
+    bulk of a cluster's pods, which every rule that joins pods reads past."""
+    for daemonset in DAEMONSETS:
+        pod = f"{daemonset}-{zlib.crc32(node.name.encode()) % 100_000:05d}"
+        uid = str(uuid.uuid5(uuid.NAMESPACE_URL, f"kube-system/{pod}"))
+        key = (("namespace", "kube-system"), ("pod", pod), ("uid", uid))
+        yield Series(
+            "kube_pod_owner",
+            (*key, ("owner_kind", "DaemonSet"), ("owner_name", daemonset), ("owner_is_controller", "true")),
+            1.0,
+        )
+        info = {"host_ip": node.internal_ip, "pod_ip": node.internal_ip, "node": node.name}
+        info |= {"created_by_kind": "DaemonSet", "created_by_name": daemonset, "priority_class": "system-node-critical"}
+        yield Series("kube_pod_info", (*key, *info.items(), ("host_network", "true")), 1.0)
+        for status in CONDITION_STATUSES:
+            yield Series("kube_pod_status_ready", (*key, ("condition", status)), float(status == "true"))
+        for phase in POD_PHASES:
+            yield Series("kube_pod_status_phase", (*key, ("phase", phase)), float(phase == "Running"))
+        yield Series("kube_pod_created", key, began=True)
+        for resource, amount in DAEMON_REQUESTS.items():
+            labels = (("container", daemonset), ("node", node.name), ("resource", resource), ("unit", UNITS[resource]))
+            yield Series("kube_pod_container_resource_requests", (*key, *labels), amount)
 
 
 def job_series(host: rule_cost.Host, pods: int, preempted: bool) -> Iterator[Series]:
