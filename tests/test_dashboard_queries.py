@@ -390,15 +390,19 @@ RECORDED_FROM_RAW = (
     conventions.FAILURES_HOUR,
     conventions.RESTARTS_HOUR,
     conventions.PEAK_FLOPS_SUM,
-    conventions.UNIT_READY,
-    conventions.UNIT_QUEUED,
+    conventions.JOB_UNIT,
     conventions.CHIPS_ALLOCATABLE,
     conventions.CHIPS_REQUESTED,
     conventions.CHIPS_HEARD,
 )
 # ...and those that read the above: recorded once they are (a unit's "ever ready" from its readiness alone, without
 # its own past: enough for the board's "ready" share, which reads readiness only).
-RECORDED_FROM_RECORDS = ((conventions.UNIT_STARTED, conventions.CHIPS_IDLE), (conventions.SCHEDULING,))
+RECORDED_FROM_RECORDS = (
+    (conventions.JOB_READY, conventions.CHIPS_IDLE),
+    (conventions.UNIT_READY, conventions.UNIT_QUEUED),
+    (conventions.UNIT_STARTED,),
+    (conventions.SCHEDULING,),
+)
 
 
 def record_rules(
@@ -727,4 +731,4 @@ def test_scheduling_goodput_is_the_share_of_its_units_time_with_every_pod_ready(
     ready = {"train": 3600 - 180, "tune": 2400, "old": 1800, "eval": 2400}
     existed = {"train": 3600, "tune": 3600, "old": 1800, "eval": 2400}
     expected = sum(ready.values()) / sum(existed.values())
-    assert values(prometheus, FLEET, "Scheduling goodput") == {(): pytest.approx(expected, abs=0.01)}
+    assert values(prometheus, FLEET, "Scheduling goodput of every JobSet") == {(): pytest.approx(expected, abs=0.01)}

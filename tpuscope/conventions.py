@@ -239,11 +239,14 @@ CHECKPOINT_LAST = f"workload:{c.CHECKPOINT_LAST_SUCCESS.name}:max"
 # over a window with neither, counting them would read all time bad (tpuscope.goodput.BOOKED_IN_LUMPS).
 BADPUT_CATEGORIES = f'category!~"{"|".join(BOOKED_IN_LUMPS)}"'
 # The platform owner's goodput (issue 57, tpuscope.alerts.platform): Google's ML Productivity Goodput, scheduling x
-# runtime x program. Per scheduling unit (a JobSet, or a Job no JobSet owns: namespace, jobset, controller_kind,
+# runtime x program. Per Job of a scheduling unit, the unit it is of, and 1 while every pod it wants is ready (else
+# 0). Per scheduling unit (a JobSet, or a Job no controller owns: namespace, jobset, controller_kind,
 # controller, from kube-state-metrics), 1 while every pod each of its live Jobs wants is ready (else 0); 1 while a
 # queue holds one of its Jobs suspended (else 0); 1 once it has been ready;
 # and its state now, one series per state, 1 for the current one: ready, queued (a queue such as Kueue holds it
 # suspended), starting (never ready yet: scheduled, pulled, started) or recovering (ready before, not now).
+JOB_UNIT = "namespace_job:tpuscope_scheduled:unit"
+JOB_READY = "namespace_job:tpuscope_scheduled:ready"
 UNIT_READY = "namespace_controller:tpuscope_scheduled:ready"
 UNIT_QUEUED = "namespace_controller:tpuscope_scheduled:queued"
 UNIT_STARTED = "namespace_controller:tpuscope_scheduled:ever_ready"
@@ -251,7 +254,7 @@ SCHEDULING = "namespace_controller_state:tpuscope_scheduled:state"
 SCHEDULING_STATES = ("ready", "queued", "starting", "recovering")
 # Per ClusterQueue, Kueue's mean admission wait over the last hour (its histograms carry no workload).
 QUEUE_ADMISSION_WAIT = "cluster_queue:tpuscope_queue_admission_wait_seconds:mean1h"
-# Per workload, its model FLOPs a second over its chips' peak, over 5 minutes: program goodput (MFU) as it goes.
+# Per workload, its model FLOPs a second over its chips' peak: program goodput (MFU) as it goes.
 MFU_RATE = f"workload:{c.MODEL_FLOPS.base_name}:mfu_rate5m"
 # The factors and their product over the windows PLATFORM_WINDOWS, per workload and per namespace (a team):
 # the name + a window, as BADPUT_RATIO.
@@ -260,6 +263,13 @@ RUNTIME_GOODPUT = "tpuscope_runtime_goodput:ratio"
 PROGRAM_GOODPUT = "tpuscope_program_goodput:ratio"
 ML_PRODUCTIVITY_GOODPUT = "tpuscope_ml_productivity_goodput:ratio"
 PLATFORM_WINDOWS = ("1d", "3d")
+
+
+def platform_record(level: str, factor: str, window: str) -> str:
+    """The record of ``factor`` (SCHEDULING_GOODPUT, ...) per ``level`` (workload, namespace) over ``window``."""
+    return f"{level}:{factor}{window}"
+
+
 # Per node pool and resource (google_com_tpu, nvidia_com_gpu): the chips its nodes have (allocatable), the chips
 # running pods request, the chips tpuscope's collectors report, and the first less the second: chips paid for idle.
 CHIPS_ALLOCATABLE = "nodepool_resource:tpuscope_chips_allocatable:sum"

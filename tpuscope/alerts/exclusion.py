@@ -10,8 +10,9 @@ lasts: the terms are recorded as time goes, so a rule applied after the window c
 from __future__ import annotations
 
 import argparse
+import re
 import sys
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -38,14 +39,16 @@ def exclusion_group(
     within = f"vector(time()) >= {start.timestamp():.0f} < {end.timestamp():.0f}"
     rule = {"record": SLO_EXCLUDED, "expr": f"({within}) * 0 + 1", "labels": {k: v for k, v in labels.items() if v}}
     named = [value for value in (namespace, jobset, workload) if value] or ["fleet"]
-    return {"name": ".".join(["tpuscope-exclusion", *named, start.strftime("%Y%m%dT%H%MZ")]), "rules": [rule]}
+    window = f"{start.astimezone(UTC):%Y%m%dT%H%MZ}-{end.astimezone(UTC):%Y%m%dT%H%MZ}"
+    return {"name": ".".join(["tpuscope-exclusion", *named, window]), "rules": [rule]}
 
 
 def document(group: dict[str, Any], kind: str) -> dict[str, Any]:
     """``group`` as a rules file, or as the Kubernetes object that carries rules to Prometheus or to GMP."""
     if kind == "rules":
         return {"groups": [group]}
-    name = group["name"].replace(".", "-").lower()
+    # A Kubernetes object's name: lower-case letters, digits and "-", at most 253 characters.
+    name = re.sub(r"[^a-z0-9-]+", "-", group["name"].lower()).strip("-")[:253].rstrip("-")
     if kind == "prometheusrule":
         metadata = {"name": name, "labels": {"prometheus": "k8s", "role": "alert-rules", **kubernetes.PART_OF}}
         return {
@@ -77,7 +80,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--reason", required=True, help="a word the rule keeps as a label: maintenance, pause")
     parser.add_argument("--namespace", default="", help="what it covers: a namespace (with --jobset: a JobSet)")
     parser.add_argument("--jobset", default="", help="a JobSet, within --namespace")
-    parser.add_argument("--workload", default="", help="a workload (its namespace's and JobSet's, where it has them)")
+    parser.add_argument(
+        "--workload",
+        default="",
+        help="a workload: within --jobset or --namespace where given, else of that name anywhere",
+    )
     parser.add_argument("--kind", choices=KINDS, default="rules", help="what to write (default: a rules file)")
     parser.add_argument("--out", type=Path, help="the file to write (default: standard output)")
 

@@ -103,6 +103,7 @@ KSM_BLIP = "5m"
 KSM_JOB_EXISTS = "kube_job_created"
 KSM_JOB_COMPLETE = 'kube_job_complete{condition="true"}'
 KSM_JOB_SUSPENDED = "kube_job_status_suspended"
+KSM_JOB_FAILED = 'kube_job_failed{condition="true"}'  # failed for good: its backoff limit spent
 # The kinds of pod controller kube-state-metrics describes, that the rules judge by it (controllers_wanted).
 CONTROLLER_KINDS = ("Job", "ReplicaSet", "StatefulSet")
 

@@ -130,11 +130,13 @@ def per_workload(function: str, selector: str, window: str, by: str = WORKLOAD) 
 
 def excluded(expr: str) -> str:
     """``expr`` (a per-workload record's expression) less the workloads an exclusion window covers now: its own
-    (``workload`` set, within its JobSet where the window names one, else within its namespace), its JobSet's
-    (``jobset``, no workload), its namespace's (``namespace`` alone), or the fleet's (no label)."""
+    (``workload`` set: within its JobSet where the window names one, else within its namespace where it names one,
+    else of that name anywhere), its JobSet's (``jobset``, no workload), its namespace's (``namespace`` alone), or
+    the fleet's (no label)."""
     scopes = (
         (WORKLOAD, 'workload!="", jobset!=""'),
-        ("namespace, workload", 'workload!="", jobset=""'),
+        ("namespace, workload", 'workload!="", jobset="", namespace!=""'),
+        ("workload", 'workload!="", jobset="", namespace=""'),
         (PLACEMENT, 'workload="", jobset!=""'),
         ("namespace", 'workload="", jobset="", namespace!=""'),
         ("", 'workload="", jobset="", namespace=""'),

@@ -34,6 +34,7 @@ from tpuscope.conventions import (
     WALL_RATE,
     AlertName,
     DashboardUID,
+    platform_record,
 )
 from tpuscope.dashboards import panels as p
 from tpuscope.dashboards import promql as q
@@ -271,59 +272,56 @@ def scheduling_goodput(window: str = q.RANGE) -> str:
 def platform(t: Thresholds) -> p.Section:
     day = PLATFORM_WINDOWS[0]
     factors = {
-        "Scheduling": f"workload:{SCHEDULING_GOODPUT}{day}",
-        "Runtime": f"workload:{RUNTIME_GOODPUT}{day}",
-        "Program": f"workload:{PROGRAM_GOODPUT}{day}",
-        "Product": f"workload:{ML_PRODUCTIVITY_GOODPUT}{day}",
+        "Scheduling": platform_record("workload", SCHEDULING_GOODPUT, day),
+        "Runtime": platform_record("workload", RUNTIME_GOODPUT, day),
+        "Program": platform_record("workload", PROGRAM_GOODPUT, day),
+        "Product": platform_record("workload", ML_PRODUCTIVITY_GOODPUT, day),
     }
     workloads = f'{{workload=~"${q.WORKLOAD}"}}'
     not_ready = f'{SCHEDULING}{{state!="ready"}}'
+    last_day = (
+        f"over the last {day} (recorded), the mean of the selected workloads' (a workload's scheduling is its "
+        "JobSet's or Job's; docs/goodput.md)."
+    )
     return p.Section(
         "ML productivity goodput: scheduling x runtime x program",
         [
             p.stat_panel(
-                "Scheduling goodput",
-                "The share of the time since each JobSet (or Job of its own) was created, over the range, during "
-                "which every pod it wants was ready: the time it waited in a queue, for nodes, for its pods to "
-                "start, and to recover from a lost pod is not (kube-state-metrics; docs/goodput.md). Every unit "
-                "of the cluster: the workload variable does not apply.",
+                "Scheduling goodput of every JobSet",
+                "The share of the time of every JobSet (and Job of its own) of the cluster over the range, since "
+                "each was created, during which every pod it wants was ready: the time it waited in a queue, for "
+                "nodes, for its pods to start, and to recover from a lost pod is not (kube-state-metrics; "
+                "docs/goodput.md). The cluster's, whether tpuscope serves its workloads or not: the workload "
+                "variable does not apply.",
                 "percentunit",
                 p.query(scheduling_goodput(), instant=True),
-                span=3,
+                span=4,
             ),
-            p.stat_panel(
-                "Runtime goodput",
-                "Productive share of the selected workloads' wall time over the range, while their sidecars served "
-                "them: the Goodput stat above.",
-                "percentunit",
-                p.query(goodput_ratio(), instant=True),
-                limits=p.low_is_bad(t.goodput_objective),
-                span=3,
-            ),
-            p.stat_panel(
-                "Program goodput (MFU)",
-                "Model FLOPs over the chips' peak while the selected workloads ran: the Model FLOPs utilization "
-                "stat above.",
-                "percentunit",
-                p.query(mfu(), instant=True),
-                limits=p.low_is_bad(t.mfu_low),
-                span=3,
-            ),
-            p.stat_panel(
-                "ML productivity goodput",
-                "The three factors multiplied (Google's ML Productivity Goodput): the share of what the chips "
-                "could have done while the jobs wanted them that became model progress. The factor furthest "
-                "below 100 % costs the most.",
-                "percentunit",
-                p.query(f"({scheduling_goodput()}) * ({goodput_ratio()}) * ({mfu()})", instant=True),
-                span=3,
+            *(
+                p.stat_panel(
+                    f"{factor} goodput, last {day}" if factor != "Product" else f"ML productivity goodput, last {day}",
+                    f"{what} {last_day}",
+                    "percentunit",
+                    p.query(f"avg ({factors[factor]}{workloads})", instant=True),
+                    span=2,
+                )
+                for factor, what in (
+                    ("Scheduling", "The share of the time every pod was ready,"),
+                    ("Runtime", "Productive share of the wall time the sidecars booked,"),
+                    ("Program", "Model FLOPs over the chips' peak (MFU),"),
+                    (
+                        "Product",
+                        "The three multiplied (Google's ML Productivity Goodput): the share of what the chips could "
+                        "have done, while the job wanted them, that became model progress,",
+                    ),
+                )
             ),
             p.table_panel(
                 f"The three factors and their product, by workload, over the last {day}",
                 f"Each workload's scheduling goodput (its JobSet's), runtime goodput and program goodput over the "
                 f"last {day}, and their product, as the recording rules keep them (per namespace too: "
-                f"namespace:{ML_PRODUCTIVITY_GOODPUT}{day}). Sort by the product to find the workloads that turn "
-                "the least of their chips into training, and read which factor does it.",
+                f"{platform_record('namespace', ML_PRODUCTIVITY_GOODPUT, day)}). Sort by the product to find the "
+                "workloads that turn the least of their chips into training, and read which factor does it.",
                 *(p.query(f"{record}{workloads}", table=True) for record in factors.values()),
                 unit="percentunit",
                 columns=tuple(factors),
