@@ -207,7 +207,7 @@ def daemon_pod_series(node: Node) -> Iterator[Series]:
     """The pods GKE's DaemonSets run on every node (:data:`DAEMONSETS`), Running and Ready since the fleet began: the
     bulk of a cluster's pods, which every rule that joins pods reads past."""
     for daemonset in DAEMONSETS:
-        pod = f"{daemonset}-{zlib.crc32(node.name.encode()) % 100_000:05d}"
+        pod = f"{daemonset}-{node.number:05x}"  # unique: a node runs one of each
         uid = str(uuid.uuid5(uuid.NAMESPACE_URL, f"kube-system/{pod}"))
         key = (("namespace", "kube-system"), ("pod", pod), ("uid", uid))
         yield Series(
