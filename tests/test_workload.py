@@ -192,9 +192,10 @@ def test_a_stall_stops_the_steps(bench: Callable[..., Run]) -> None:
 
 def test_a_straggler_computes_slower(bench: Callable[..., Run]) -> None:
     """From a third of the run on, against its own steps before (a baseline run at another time saw another load
-    on the machine: a fresh-clone CI beside the multi-host tests measured 1.6 times). The fault stretches the
-    gradient program 3 times, not the update beside it in the compute phase: about 2 times the phase."""
-    slow = bench("straggler", "--steps", "15", "--checkpoint-every", "0", "--inject", "straggler=3")
+    on the machine). The fault stretches the gradient program 8 times, not the update beside it in the compute
+    phase: far more than the bound, which a stretch of 3 (about 2 times the phase) missed in fresh-clone CI runs
+    beside the suite's other JAX jobs on 2 cores."""
+    slow = bench("straggler", "--steps", "15", "--checkpoint-every", "0", "--inject", "straggler=8")
     before = [s.compute_s for s in slow.steps[1:5]]  # step 0 compiles; the straggler from step 5
     after = [s.compute_s for s in slow.steps[5:]]
     assert statistics.median(after) > 1.5 * statistics.median(before), (before, after)
