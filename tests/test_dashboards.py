@@ -338,7 +338,7 @@ NEEDS_KUBERNETES = {
     "Runtime goodput, last 1d": DAY,
     "Program goodput, last 1d": DAY,
     "ML productivity goodput, last 1d": KUBERNETES,
-    "The three factors and their product, by workload": KUBERNETES,
+    "The three factors and their product, by workload, over the last 1d": KUBERNETES,
     "Scheduling badput over the range, by JobSet and state": KUBERNETES,
     "Kueue's admission wait, by ClusterQueue": "it reads Kueue's own series, and no Kueue runs here",
     "Chips the cluster has": KUBERNETES,

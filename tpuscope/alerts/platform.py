@@ -219,7 +219,7 @@ def product_rules() -> list[dict[str, str]]:
     """The three factors and their product over :data:`PLATFORM_WINDOWS`, per workload and per namespace (a team).
 
     A workload's scheduling is its unit's: a JobSet's workloads join it on ``namespace, jobset``, a plain Job's on
-    the controller its workers' pods had in the last hour. A team's scheduling is the mean over its units' time,
+    the controller its workers' pods had within the window. A team's scheduling is the mean over its units' time,
     its runtime its workloads' productive seconds over their wall seconds, its program the mean of its workloads'.
     """
     rules = []
