@@ -19,6 +19,7 @@ from alert_cases_divergence import READINGS as DIVERGENCE_READINGS
 from alert_cases_freshness import CASES as FRESHNESS
 from alert_cases_incidents import CASES as INCIDENTS
 from alert_cases_incidents import READINGS
+from alert_cases_nodes import CASES as NODES
 from alertmanager import AlertmanagerServer, Webhook
 from conftest import require
 from rule_cut import reads, rules_behind
@@ -50,7 +51,7 @@ pytestmark = pytest.mark.long
 
 ROOT = Path(__file__).resolve().parents[1]
 RULES = ROOT / "deploy/prometheus/tpuscope-rules.yaml"
-CASES = ONE_BY_ONE + FRESHNESS + INCIDENTS + CLUSTERS + DIVERGENCE
+CASES = ONE_BY_ONE + FRESHNESS + INCIDENTS + CLUSTERS + DIVERGENCE + NODES
 ALERTMANAGER = ROOT / "deploy/alertmanager/alertmanager.yml"
 
 

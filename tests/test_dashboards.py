@@ -332,6 +332,10 @@ NEEDS_HISTORY = {
 # gives them a cluster's series and checks their values, tests/test_platform_goodput.py the rules behind them.
 KUBERNETES = "it reads kube-state-metrics' series of the cluster's objects, and no cluster serves them here"
 DAY = "it reads the factors of the last day, which the slow group records every 5 minutes, after this run's data"
+LEDGER = (
+    "it reads the bad-host ledger, which the slow group records every 5 minutes, after this run's data: "
+    "tests/test_bad_hosts.py evaluates its queries on the ledger of known evidence"
+)
 NEEDS_KUBERNETES = {
     "Scheduling goodput of every JobSet": KUBERNETES,
     "Scheduling goodput, last 1d": KUBERNETES,
@@ -344,6 +348,9 @@ NEEDS_KUBERNETES = {
     "Chips the cluster has": KUBERNETES,
     "Idle chips: cost per hour": KUBERNETES,
     "Chips by node pool: held, reporting, idle": KUBERNETES,
+    "Suspect nodes, last 7d": LEDGER,
+    "Evidence on the suspect nodes, last 7d": LEDGER,
+    "Suspect nodes by block and sub-block": LEDGER,
 }
 
 

@@ -85,6 +85,7 @@ def test_promtool_checks_the_config_and_its_rule_file(tmp_path: Path) -> None:
 def test_the_scrape_discovers_pods_as_the_podmonitor_does() -> None:
     assert SCRAPE["job_name"] == kubernetes.JOB
     assert [sd["role"] for sd in SCRAPE["kubernetes_sd_configs"]] == ["pod"]
+    assert [sd["attach_metadata"] for sd in SCRAPE["kubernetes_sd_configs"]] == [{"node": True}], "the node's labels"
     relabel = SCRAPE["relabel_configs"]
     filters, labels = relabel[: -len(kubernetes.relabel_configs())], relabel[-len(kubernetes.relabel_configs()) :]
     assert labels == kubernetes.relabel_configs(), "the PodMonitor's relabelings (tpuscope/kubernetes.py)"
@@ -109,6 +110,10 @@ def test_a_real_prometheus_scrapes_only_the_sidecar_and_labels_it(tmp_path: Path
         "__meta_kubernetes_pod_controller_kind": "Job",
         "__meta_kubernetes_pod_controller_name": "llm-pretrain-slice-1",
         "__meta_kubernetes_pod_phase": "Running",
+        # The node's own labels (attach_metadata): GKE's topology of it.
+        "__meta_kubernetes_node_label_cloud_google_com_gce_topology_block": "block-7",
+        "__meta_kubernetes_node_label_cloud_google_com_gce_topology_subblock": "sub-3",
+        "__meta_kubernetes_node_label_cloud_google_com_gce_topology_host": "host-12",
     }
     with SidecarProcess(short_tmp / "events.sock") as sidecar:
         targets = [
@@ -148,6 +153,9 @@ def test_a_real_prometheus_scrapes_only_the_sidecar_and_labels_it(tmp_path: Path
                 # the controller the rules join with kube-state-metrics' series of it
                 kubernetes.CONTROLLER_KIND: "Job",
                 kubernetes.CONTROLLER_NAME: "llm-pretrain-slice-1",
+                "topology_block": "block-7",
+                "topology_subblock": "sub-3",
+                "topology_host": "host-12",
             }
             assert len(found["droppedTargets"]) == 3
             build_info = f'{catalog.BUILD_INFO.name}{{job="tpuscope", pod="{pod["__meta_kubernetes_pod_name"]}"}}'
@@ -175,6 +183,17 @@ def text_blocks(markdown: str, after: str) -> list[str]:
     section = markdown[markdown.index(after) :]
     section = section[: section.index("\n## ", 1)]
     return re.findall(r"```text\n(.*?)\n```", section, re.S)
+
+
+def test_the_node_labels_allowlist_in_the_docs_serves_every_node_label_the_rules_read() -> None:
+    """docs/fleet.md's --metric-labels-allowlist for kube-state-metrics: each node label the rules read of
+    kube_node_labels (the pools' names, the topology GMP's scrape cannot attach) is in it, as kube-state-metrics
+    names it."""
+    (allowlist,) = re.findall(r"--metric-labels-allowlist=nodes=\[([^\]]+)\]", (ROOT / "docs/fleet.md").read_text())
+    served = {"label_" + re.sub(r"[^A-Za-z0-9_]", "_", label) for label in allowlist.split(",")}
+    read = set(re.findall(r"\blabel_cloud_google_com_[a-z_]+", RULES.read_text()))
+    assert {"label_cloud_google_com_gke_nodepool", "label_cloud_google_com_gce_topology_block"} <= read, read
+    assert read <= served, read - served
 
 
 def test_the_gmp_keep_regex_in_the_docs_keeps_every_kube_state_metrics_series_the_rules_read() -> None:

@@ -159,8 +159,16 @@ def test_the_fleets_variations_show_in_its_alerts(figures: dict[str, Any]) -> No
 
 def test_the_budgets_are_checked(figures: dict[str, Any]) -> None:
     names = [c["name"] for c in figures["checks"]]
-    assert names == ["groups within their interval", "board queries p95 at 1 h", "series per host"]
+    assert names == [
+        "groups within their interval",
+        "board queries p95 at 1 h",
+        "the bad-host ledger's series",
+        "series per host",
+    ]
     assert next(c for c in figures["checks"] if c["name"] == "series per host")["ok"]
+    # Issue 58: the ledger records a node's topology and each workload's nodes, whatever the evidence: a few a host.
+    (scale,) = figures["scales"]
+    assert HOSTS <= scale["ledger_series"] <= 0.01 * scale["head_series"], scale["ledger_series"]
 
 
 def test_the_run_makes_the_tables_docs_fleet_md_shows(figures: dict[str, Any]) -> None:

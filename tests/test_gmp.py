@@ -23,6 +23,7 @@ from conftest import assert_promtool_checks_rules, require
 from tpuscope import kubernetes
 from tpuscope.alerts import staleness
 from tpuscope.alerts.rules import SLOW_INTERVAL
+from tpuscope.conventions import TOPOLOGY_LABELS
 
 ROOT = Path(__file__).resolve().parents[1]
 DEPLOY = ROOT / "deploy/kubernetes"
@@ -115,9 +116,16 @@ def test_gmp_scrapes_what_the_podmonitor_scrapes() -> None:
     assert MONITORING["metadata"]["name"] == job["replacement"]
 
 
-def test_the_target_labels_are_the_podmonitors() -> None:
+def test_the_target_labels_are_the_podmonitors_but_the_nodes_topology() -> None:
+    """GMP gives each series its pod's node as the PodMonitor does; it cannot read the node's own labels (its CRD's
+    metadata allows none), so the bad-host ledger reads the topology from kube-state-metrics' node labels there."""
     ours = {r["targetLabel"]: r["sourceLabels"][0] for r in PODMONITOR_ENDPOINT["relabelings"] if "sourceLabels" in r}
-    assert gmp_target_sources() == ours
+    assert gmp_target_sources() == {name: meta for name, meta in ours.items() if name not in TOPOLOGY_LABELS}
+    assert gmp_target_sources()["node"] == "__meta_kubernetes_pod_node_name"
+    schema = crd_schemas.crds()[(MONITORING["apiVersion"], MONITORING["kind"])]
+    target_labels = schema["properties"]["spec"]["properties"]["targetLabels"]
+    permitted = set(target_labels["properties"]["metadata"]["items"]["enum"])
+    assert "node" in permitted and not any("label" in name for name in permitted), permitted
 
 
 def test_the_clusterrules_hold_the_rule_file_read_without_staleness(tmp_path: Path) -> None:

@@ -22,7 +22,7 @@ from conftest import assert_promtool_checks_rules, require
 from kubernetes_validate.utils import all_versions
 
 from tpuscope import catalog, events, kubernetes
-from tpuscope.conventions import DEFAULT_PORT
+from tpuscope.conventions import DEFAULT_PORT, GKE_TOPOLOGY
 from tpuscope.exporter import config as serve_config
 from tpuscope.generator_config import GeneratorConfig
 
@@ -307,6 +307,12 @@ def test_the_podmonitor_scrapes_the_sidecar() -> None:
     assert labels["pod"]["sourceLabels"] == ["__meta_kubernetes_pod_name"]
     assert labels["namespace"]["sourceLabels"] == ["__meta_kubernetes_namespace"]
     assert labels["node"]["sourceLabels"] == ["__meta_kubernetes_pod_node_name"]
+    # The node's GKE topology (the bad-host ledger's roll-up), read from the node's labels, which Prometheus
+    # discovers only with the node's metadata attached (the CRD's field: test_every_custom_resource_validates...).
+    assert monitor["spec"]["attachMetadata"] == {"node": True}
+    for label, node_label in GKE_TOPOLOGY.items():
+        meta = "__meta_kubernetes_node_label_" + re.sub(r"[./-]", "_", node_label)
+        assert labels[label]["sourceLabels"] == [meta], label
     # Prometheus would rename a series' own label that a target label shadows (to exported_pod, ...).
     assert not set(labels) & {str(label) for label in catalog.Label}
 

@@ -11,6 +11,7 @@ simulator read. What a team may change (thresholds, webhooks, links) is in
 from __future__ import annotations
 
 import enum
+import re
 
 from tpuscope import catalog as c
 from tpuscope.goodput import BOOKED_IN_LUMPS
@@ -75,6 +76,8 @@ class AlertName(enum.StrEnum):
     LOSS_NON_FINITE = f"{ALERT_PREFIX}LossNonFinite"
     NON_FINITE_FIRST_WORKER = f"{ALERT_PREFIX}NonFiniteFirstWorker"
     LOSS_SPIKE = f"{ALERT_PREFIX}LossSpike"
+    # the fleet's hosts, across jobs
+    NODE_SUSPECT = f"{ALERT_PREFIX}NodeSuspect"
 
 
 class DashboardUID(enum.StrEnum):
@@ -276,6 +279,46 @@ CHIPS_ALLOCATABLE = "nodepool_resource:tpuscope_chips_allocatable:sum"
 CHIPS_REQUESTED = "nodepool_resource:tpuscope_chips_requested_running:sum"
 CHIPS_HEARD = "nodepool_resource:tpuscope_chips_reporting:count"
 CHIPS_IDLE = "nodepool_resource:tpuscope_chips_idle:sum"
+# The bad-host ledger (tpuscope.alerts.nodes): per node, the evidence that its hardware breaks the jobs that land on
+# it, kept across jobs. Each evaluation, per node, target and workload, 1 for each kind of evidence that holds now
+# (HOST_EVIDENCE_KINDS), and the time the node's process was its workload's first to fail, alone and for a reason
+# that points at the host; over NODE_WINDOWS, the evidence per node, workload and kind, the nodes each workload ran
+# on, the first failures counted, the kinds of evidence a workload left on every node it ran on (its code's), and
+# the suspect nodes, by the basis of the suspicion (HOST_SUSPICION_BASES). Each node's topology, where GKE labels it.
+HOST_EVIDENCE_NOW = "node_workload_evidence:tpuscope_host_evidence:present"
+FIRST_FAILURE = "node_workload:tpuscope_first_failure:timestamp"
+WORKLOAD_NODES = "node_workload:tpuscope_workload_ran:present"
+HOST_EVIDENCE = "node_workload_evidence:tpuscope_host_evidence:max"
+FIRST_FAILURES = "node_workload:tpuscope_first_failures:count"
+EVIDENCE_EVERYWHERE = "workload_evidence:tpuscope_host_evidence_everywhere:count"
+RAN_ON = "node_workload:tpuscope_workload_ran:max"
+HOST_SUSPECT = "node_basis:tpuscope_host_suspect:count"
+NODE_TOPOLOGY = "node:tpuscope_topology:info"
+NODE_WINDOWS = ("1d", "7d")
+HOST_EVIDENCE_KINDS = ("crash", "straggler", "diverged_first", "throttled", "xid")
+HOST_SUSPICION_BASES = ("workloads", "restarts", "xid")
+# The topology GKE puts on its nodes (block, sub-block, host: the racks and machines of a placement): the names the
+# scrape gives them on every series of a pod on the node (tpuscope.kubernetes), where the node has them, and the
+# node labels they come from.
+GKE_TOPOLOGY = {
+    "topology_block": "cloud.google.com/gce-topology-block",
+    "topology_subblock": "cloud.google.com/gce-topology-subblock",
+    "topology_host": "cloud.google.com/gce-topology-host",
+}
+TOPOLOGY_LABELS = tuple(GKE_TOPOLOGY)
+
+
+def sanitized(kubernetes_label: str) -> str:
+    """A Kubernetes label's name as Prometheus' service discovery and kube-state-metrics write it: every character
+    not allowed in a label name as ``_``."""
+    return re.sub(r"[^A-Za-z0-9_]", "_", kubernetes_label)
+
+
+def node_record(record: str, window: str) -> str:
+    """A ledger's ``record`` (HOST_EVIDENCE, ...) over ``window`` (one of NODE_WINDOWS)."""
+    return f"{record}{window}"
+
+
 # The windows an owner excludes from the goodput SLO (planned maintenance, a pause): a series of this name, 1 while
 # the window lasts, labelled with what it covers (a workload, a JobSet, a namespace, or nothing: the fleet).
 # `tpuscope exclusion` writes the rule that makes it; the SLO's terms skip the time it covers.

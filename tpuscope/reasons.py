@@ -106,6 +106,10 @@ LEGACY_FAILURE_REASONS: tuple[Reason, ...] = (
 # The platform's doing, not the job's: no ticket each time (TpuscopeWorkloadDown pages if the job does not come
 # back, and the downtime counts against goodput).
 PLATFORM_REASONS = ("preemption", "maintenance")
+# The failures that may be the host's: the runtime or driver would not start, or the process died in native code
+# without a word (a crash in the runtime; the OOM killer and a scheduler's SIGKILL read the same). The bad-host ledger
+# (tpuscope.alerts.nodes) counts them only where the node's process failed first, alone.
+HOST_FAILURE_REASONS = ("runtime_init", "vanished")
 OTHER = "other"
 VANISHED = "vanished"
 HANG = "hang"

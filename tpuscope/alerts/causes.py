@@ -56,6 +56,7 @@ CAUSES: dict[AlertName, str] = {
     AlertName.NON_FINITE_FIRST_WORKER: "one worker's chips corrupted its values before its peers': suspect "
     "its hardware",
     AlertName.LOSS_SPIKE: "the loss jumped and has not come down: the run diverged without a NaN",
+    AlertName.NODE_SUSPECT: "a node's hardware keeps breaking the jobs that land on it, whichever job",
 }
 
 # A stalled workload has no step time to speak of: these say nothing new while it is stalled.

@@ -27,14 +27,15 @@ RECENT = "5m"
 
 def first_to_go() -> str:
     """Each worker whose local value went non-finite at the earliest step of its workload's recent onsets, alone,
-    its value that step: its peers' local values were finite at that step (or went later)."""
+    its value that step: its peers' local values were finite at that step (or went later). With its node: the
+    bad-host ledger keeps it (tpuscope.alerts.nodes)."""
     onset = series(c.TRAINING_NONFINITE_ONSET, LOCAL)
     recent = f"({onset} and {grown(series(c.TRAINING_NONFINITE, LOCAL), RECENT)} > 0)"
     earliest = f"{recent} == on ({WORKLOAD}) group_left () min by ({WORKLOAD}) ({recent})"
     alone = f"count by ({WORKLOAD}) ({earliest}) == 1"
     peers = f"count by ({WORKLOAD}) ({series(c.TRAINING_VALUE, LOCAL)}) > 1"
     named = f"{earliest} and on ({WORKLOAD}) {alone} and on ({WORKLOAD}) {peers}"
-    return f"max by ({WORKLOAD}, {WORKER}, instance) ({named})"
+    return f"max by ({WORKLOAD}, {WORKER}, instance, node) ({named})"
 
 
 def alerts(config: GeneratorConfig) -> list[Alert]:

@@ -47,8 +47,9 @@ from tpuscope.conventions import (
 from tpuscope.promql import WORKLOAD, series
 from tpuscope.thresholds import Thresholds
 
-# One worker, as its sidecar's target and its placement name it: the alert names its instance.
-WORKER = f"{WORKLOAD}, job, instance, slice, worker"
+# One worker, as its sidecar's target and its placement name it: the alert names its instance and node (the bad-host
+# ledger keeps a chronic straggler's node, tpuscope.alerts.nodes).
+WORKER = f"{WORKLOAD}, job, instance, node, slice, worker"
 # How many evaluations of the group the history holds (a subquery's steps would be the global evaluation interval,
 # whatever the group's, and count the evaluations a loaded Prometheus skipped).
 EVALUATIONS = f"scalar(count_over_time({EVALUATED}[{STRAGGLER_HISTORY}]))"

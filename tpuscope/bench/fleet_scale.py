@@ -55,16 +55,19 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from tpuscope import catalog, durations
+from tpuscope.alerts import nodes
 from tpuscope.bench import kube_state, rule_cost
 from tpuscope.bench.kube_state import KSM_JOB, KUEUE_JOB
 from tpuscope.bench.verdict import Check, check_lines, write_report
 from tpuscope.catalog import Label
+from tpuscope.conventions import GKE_TOPOLOGY
 from tpuscope.kubernetes import CONTROLLER_KIND, CONTROLLER_NAME
 from tpuscope.prometheus_api import PrometheusAPI, PrometheusError
 from tpuscope.promql import SIDECAR_START
 from tpuscope.testing import grafana
 from tpuscope.testing.prometheus import PrometheusServer, free_port
 from tpuscope.testing.waiting import wait_for
+from tpuscope.thresholds import Thresholds
 
 SNAPSHOT = Path(__file__).with_name("sidecar-series.prom")
 SNAPSHOT_HEADER = "# tpuscope fleet-scale snapshot: uptime_seconds="
@@ -258,7 +261,9 @@ class Fleet:
         host = self.hosts[index]
         labels = host.target | {"job": job}
         if job == OUR_JOB:
-            labels |= {"node": kube_state.node_of(index).name, CONTROLLER_KIND: "Job"}
+            node = kube_state.node_of(index)
+            labels |= {"node": node.name, CONTROLLER_KIND: "Job"}
+            labels |= {ours: node.topology[gke] for ours, gke in GKE_TOPOLOGY.items()}  # attached from the node
             labels[CONTROLLER_NAME] = kube_state.job_of(host)
         if job == PEER_JOB:
             labels["instance"] = labels["instance"].replace(":9478", ":9100")
@@ -677,6 +682,13 @@ class ScaleFigures:
     slowest_rules: list[tuple[str, str, float]] = field(default_factory=list)  # group, rule, seconds of its last run
     head_series_cluster: dict[str, int] = field(default_factory=dict)  # kube-state-metrics' and Kueue's, by job
     joins: dict[str, int] = field(default_factory=dict)  # cluster_joins()
+    ledger_series: int = 0  # the bad-host ledger's records (tpuscope.alerts.nodes), every window and kind
+
+
+# The bad-host ledger's records, and the share of the head its series may take (issue 58): a node's topology labels
+# ride on its sidecar's target, adding no series; the ledger adds a few per node and workload.
+LEDGER_RECORDS = frozenset(r["record"] for r in nodes.evidence_rules(Thresholds()) + nodes.ledger_rules())
+LEDGER_SHARE = 0.01
 
 
 # What the cluster's exporters' series say of the fleet once scraped: whether they join with the sidecars' targets on
@@ -923,6 +935,7 @@ def measure(
         slow_rules,
         {job: heads[job] for job in fleet.cluster},
         joins,
+        sum(counts.get(name, 0) for name in LEDGER_RECORDS),
     )
 
 
@@ -941,6 +954,8 @@ def report_lines(figures: list[ScaleFigures]) -> list[str]:
         ]
         if f.joins:
             lines.append("  the cluster's series: " + ", ".join(f"{what} {n:,}" for what, n in f.joins.items()))
+        share = f.ledger_series / f.head_series
+        lines.append(f"  the bad-host ledger: {f.ledger_series:,} series ({share:.2%} of the head)")
         rows = [["file", "group", "eval s (median)", "eval s (max)", "of interval", "series recorded"]]
         rows += [
             [
@@ -1046,6 +1061,12 @@ def checks(figures: list[ScaleFigures], host_series: int, budgets: Budgets) -> l
             slowest["p95_seconds"] <= budgets.board_p95_seconds and not any(b["failed"] for b in boards),
             f"at {largest.hosts} hosts the slowest board, {slowest['board']}: {slowest['p95_seconds']:.2f} s "
             f"(budget {budgets.board_p95_seconds:g} s)",
+        ),
+        Check(
+            "the bad-host ledger's series",
+            largest.ledger_series <= LEDGER_SHARE * largest.head_series,
+            f"at {largest.hosts} hosts: {largest.ledger_series:,} of the head's {largest.head_series:,} "
+            f"({largest.ledger_series / largest.head_series:.2%}; budget {LEDGER_SHARE:.0%})",
         ),
         Check(
             "series per host",

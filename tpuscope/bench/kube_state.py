@@ -40,7 +40,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 from tpuscope.bench import rule_cost
-from tpuscope.conventions import SIDECAR_CONTAINER
+from tpuscope.conventions import GKE_TOPOLOGY, SIDECAR_CONTAINER
 
 KSM_JOB = "kube-state-metrics"
 KUEUE_JOB = "kueue"
@@ -145,6 +145,13 @@ class Node:
         """As GKE names a node: the cluster, its pool, the pool's instance group's hash, the instance's."""
         group, instance = (f"{zlib.crc32(key.encode()):08x}" for key in (self.pool, f"{self.pool}/{self.worker}"))
         return f"gke-{CLUSTER}-{self.pool}-{group}-{instance[:4]}"
+
+    @property
+    def topology(self) -> dict[str, str]:
+        """GKE's node labels of its placement (cloud.google.com/gce-topology-*): a block of 512 nodes, a sub-block
+        of 32, its host."""
+        places = (f"b{self.number // 512:03d}", f"s{self.number // 32:04d}", f"h{self.number:05d}")
+        return dict(zip(GKE_TOPOLOGY.values(), places, strict=True))
 
     @property
     def internal_ip(self) -> str:
@@ -278,7 +285,7 @@ def node_series(node: Node, chips: int, topology: str) -> Iterator[Series]:
     for name, amounts in (("allocatable", NODE_ALLOCATABLE), ("capacity", NODE_CAPACITY)):
         for resource, amount in {TPU: float(chips), **amounts}.items():
             yield Series(f"kube_node_status_{name}", (*key, ("resource", resource), ("unit", UNITS[resource])), amount)
-    values = {NODE_POOL: node.pool, NODE_ACCELERATOR: ACCELERATOR, NODE_TOPOLOGY: topology}
+    values = {NODE_POOL: node.pool, NODE_ACCELERATOR: ACCELERATOR, NODE_TOPOLOGY: topology, **node.topology}
     yield Series("kube_node_labels", (*key, *((sanitised("label_" + k), values[k]) for k in sorted(values))), 1.0)
     info = {**NODE_INFO, "provider_id": f"gce://tpuscope-{CLUSTER}/{ZONE}/{node.name}", "pod_cidr": node.pod_cidr}
     info |= {"system_uuid": str(uuid.uuid5(uuid.NAMESPACE_DNS, node.name)), "internal_ip": node.internal_ip}

@@ -18,7 +18,11 @@ from tpuscope.conventions import (
     CHIPS_REQUESTED,
     FAILURES_HOUR,
     GOODPUT_RATE,
+    HOST_EVIDENCE,
+    HOST_SUSPECT,
     ML_PRODUCTIVITY_GOODPUT,
+    NODE_TOPOLOGY,
+    NODE_WINDOWS,
     PEAK_FLOPS_SUM,
     PLATFORM_WINDOWS,
     PROGRAM_GOODPUT,
@@ -34,6 +38,7 @@ from tpuscope.conventions import (
     WALL_RATE,
     AlertName,
     DashboardUID,
+    node_record,
     platform_record,
 )
 from tpuscope.dashboards import panels as p
@@ -432,6 +437,52 @@ def failures() -> p.Section:
     )
 
 
+def suspect_nodes() -> p.Section:
+    """The bad-host ledger (tpuscope.alerts.nodes): the nodes that keep breaking jobs, their evidence, and where they
+    are."""
+    week = NODE_WINDOWS[-1]
+    suspect, evidence = node_record(HOST_SUSPECT, week), node_record(HOST_EVIDENCE, week)
+    suspects = f"max by (node, basis) ({suspect})"
+    placed = f"{suspects} * on (node) group_left (topology_block, topology_subblock, topology_host) {NODE_TOPOLOGY}"
+    in_block = f"max by (node) ({suspect}) * on (node) group_left (topology_block, topology_subblock) {NODE_TOPOLOGY}"
+    return p.Section(
+        "Suspect nodes",
+        [
+            p.table_panel(
+                f"Suspect nodes, last {week}",
+                f"Nodes whose hardware keeps breaking the jobs that land on them ({AlertName.NODE_SUSPECT}'s, by the "
+                "basis of the suspicion: two workloads or more left evidence there, one workload's process failed "
+                "first there twice while it ran elsewhere unharmed, or an XID of the hardware's), with their GKE "
+                "topology where the nodes have it. The value: the workloads, the first failures or the evidence rows. "
+                "Cordon them (docs/alerts.md).",
+                p.query(f"{placed} or on (node, basis) {suspects}", table=True),
+                span=12,
+            ),
+            p.table_panel(
+                f"Evidence on the suspect nodes, last {week}",
+                "Each suspect node's evidence, by workload and kind: crash (its process failed first, alone), "
+                "straggler (its worker was the chronic straggler), diverged_first (its worker went non-finite "
+                "first), throttled (a GPU held its clocks down), xid (an XID of the hardware's). The workloads it "
+                "hurt; a workload that left the same evidence on every node it ran on is counted nowhere (its code).",
+                p.query(f"{evidence} and on (node) {suspect}", table=True),
+                span=12,
+            ),
+            p.bar_gauge_panel(
+                "Suspect nodes by block and sub-block",
+                "How many suspect nodes share each GKE topology block and sub-block (from the scrape's node labels, "
+                "or kube-state-metrics' where they are allowlisted): several in one place point at the rack, its "
+                "power or its network, not the hosts.",
+                "short",
+                p.query(
+                    f"count by (topology_block, topology_subblock) ({in_block})",
+                    "{{topology_block}} {{topology_subblock}}",
+                    instant=True,
+                ),
+            ),
+        ],
+    )
+
+
 def dashboard(t: Thresholds) -> dict[str, Any]:
-    sections = [now(t), goodput(t), cost(), failures(), platform(t), chips()]
+    sections = [now(t), goodput(t), cost(), failures(), platform(t), chips(), suspect_nodes()]
     return p.build(DashboardUID.FLEET, TITLE, DESCRIPTION, sections, p.variables(c.STEPS, price=True))
