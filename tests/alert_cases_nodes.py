@@ -87,9 +87,10 @@ def generation(
 def crashes() -> dict[str, str]:
     """Two workloads whose first process crashed on node-a (one after the other, each restarted elsewhere); a bug that
     crashes rank 0 wherever it lands (p, q, r in turn), and another workload's crash on p; a workload failing
-    together on s and t, twice, restarted in place; the runtime failing to start on u, twice, in one workload that
-    also ran on v; and on z, twice, in a single-host workload that never ran elsewhere (its bug or the node: no
-    telling)."""
+    together on s and t, twice, restarted in place, and another together on s and t2; the runtime failing to start
+    on u, twice, in one workload that also ran on v; and on z, twice, in a single-host workload that never ran
+    elsewhere (its bug or the node: no telling); a 4-host workload whose rank 0 crashes on n1, then on n2, and
+    another's crash on n1."""
     return {
         **generation("llama", 0, ("node-a", "node-b", "node-c", "node-d"), 0, 11, crash=600.0),
         **generation("llama", 1, ("node-e", "node-f", "node-g", "node-h"), 12, MINUTES),
@@ -101,11 +102,15 @@ def crashes() -> dict[str, str]:
         **generation("mixtral", 0, ("node-p", "node-w"), 40, 51, crash=3000.0),
         **generation("flaky", 0, ("node-s", "node-t"), 0, 11, crash=600.0, together=True),
         **generation("flaky", 1, ("node-s", "node-t"), 12, 23, crash=1320.0, together=True),
+        **generation("broken", 0, ("node-s", "node-t2"), 30, 41, crash=2400.0, together=True),
         **generation("dead", 0, ("node-u", "node-v"), 0, 11, crash=600.0, reason="runtime_init"),
         **generation("dead", 1, ("node-u", "node-v"), 12, 23, crash=1320.0, reason="runtime_init"),
         **generation("dead", 2, ("node-x", "node-v"), 24, MINUTES),
         **generation("pinned", 0, ("node-z",), 0, 11, crash=600.0, reason="runtime_init"),
         **generation("pinned", 1, ("node-z",), 12, 23, crash=1320.0, reason="runtime_init"),
+        **generation("wide", 0, ("node-n1", "node-n3", "node-n4", "node-n5"), 0, 11, crash=600.0),
+        **generation("wide", 1, ("node-n2", "node-n6", "node-n7", "node-n8"), 12, 23, crash=1320.0),
+        **generation("narrow", 0, ("node-n1", "node-n9"), 30, 41, crash=2400.0),
     }
 
 
@@ -172,3 +177,54 @@ CASES = [
     Case(AlertName.NODE_SUSPECT, None, "25m", two_crashes()),  # one workload's crash so far
     Case(AlertName.NODE_SUSPECT, None, "45m", two_crashes(cordoned=True)),  # done: the node takes no new pods
 ]
+
+
+def crash_looping() -> dict[str, str]:
+    """Scraped every 15 s for 50 minutes: worker 0 of a 2-host job on node-k2 fails to start its runtime at 600 s and,
+    its container restarted in place (the same pod), again at 650 s; its peer on node-l2 waits. At 1,200 s the job
+    restarts in new pods, worker 0 on node-m2, where it runs."""
+    scrapes = 50 * 4
+
+    def every(start: float, end: float, value: Callable[[float], str]) -> str:
+        return " ".join(value(i * 15) if start <= i * 15 <= end else "_" for i in range(scrapes + 1))
+
+    down = {615: "600", 630: "_", 645: "_"}  # down from its failure until it runs again (not at 630, 645), then down
+    series = {}
+    for generation_, nodes_ in ((0, ("node-k2", "node-l2")), (1, ("node-m2", "node-l2"))):
+        start, end = (0, 1200) if generation_ == 0 else (1215, scrapes * 15)
+        for worker, node in enumerate(nodes_):
+            target = {"job": "tpuscope", "instance": f"loop-{generation_}-{worker}:9478", "node": node}
+            host = {**target, "namespace": "team-a", "jobset": "loop", "slice": "0", "worker": str(worker)}
+            series[s("up", **target)] = every(start, end, lambda t: "1")
+            started = every(start, end, lambda t, start=start: str(start))
+            series[s(SIDECAR_START, **host)] = started
+            series[s(c.WORKLOAD_START_TIME, workload="loop", **host)] = started
+            if (generation_, worker) == (0, 0):
+                series[s(c.WORKLOAD_DOWN_SINCE, workload="loop", **host)] = every(
+                    615, end, lambda t: down.get(int(t), "650")
+                )
+                series[s(c.WORKLOAD_FAILURES, workload="loop", reason="runtime_init", **host)] = every(
+                    615, end, lambda t: "1" if t < 660 else "2"
+                )
+    return series
+
+
+def diverged_first() -> dict[str, str]:
+    """Two workloads of 4 hosts that went non-finite, each worker reporting its value before the reduction: in
+    each, the worker on node-g4 went first (step 500, its peers at 501)."""
+    series: dict[str, str] = {}
+    for workload, first in (("d1", 2), ("d2", 1)):
+        hosts = [f"node-{workload}-{worker}" for worker in range(4)]
+        hosts[first] = "node-g4"
+        for worker, node in enumerate(hosts):
+            target = {"job": "tpuscope", "instance": f"{workload}-{worker}:9478", "node": node}
+            host = {**target, "namespace": "team-a", "jobset": workload, "slice": "0", "worker": str(worker)}
+            place = {**host, "workload": workload}
+            series[s("up", **target)] = "1x30"
+            series[s(SIDECAR_START, **host)] = "0x30"
+            series[s(c.WORKLOAD_START_TIME, **place)] = "0x30"
+            series[s(c.TRAINING_NONFINITE, value="local", **place)] = "0x10 60+60x20"
+            onset = 500 if worker == first else 501
+            series[s(c.TRAINING_NONFINITE_ONSET, value="local", **place)] = f"_x10 {onset}x20"
+            series[s(c.TRAINING_VALUE, value="local", **place)] = "1x30"
+    return series

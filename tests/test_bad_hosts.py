@@ -6,9 +6,12 @@ label as the scrape gives it. A crash is the first process's failure, its peers'
 or the JobSet, gives up on them); a bug fails every process at the same step, together.
 
 - Repeated crashes on one node across two workloads name that node only.
-- A workload whose code fails on every node it runs on names none: its first process (rank 0, wherever it lands)
-  crashes alone on each of its nodes in turn; a second workload's crash on one of them is then that node's only
-  evidence. A workload failing together on every host, twice, names none either.
+- A workload whose code fails wherever it runs names none: its first process (rank 0, wherever it lands) crashes
+  alone on one node after another, in a 2-host job over every node it ran on, in a 4-host job on two of them; a
+  second workload's crash on one of them is then that node's only evidence. A workload failing together on every
+  host, twice, names none either; nor one pinned to its node, whose two failures there could be its own.
+- A worker's container crash-looping in place (scraped every 15 s) counts each failure.
+- The worker that went non-finite first names its node when it does so in two workloads.
 - A chronic straggler that follows a job from node to node names no node; one that stays with a node across two jobs
   does. XIDs of the hardware's on one node name it; an XID NVIDIA lays on the application does not. A throttled GPU
   under two workloads names its node.
@@ -26,7 +29,7 @@ from typing import Any
 import pytest
 import yaml
 from alert_cases import s
-from alert_cases_nodes import MINUTES, crashes, devices, stragglers
+from alert_cases_nodes import MINUTES, crash_looping, crashes, devices, diverged_first, stragglers
 from conftest import require
 from rule_cut import rules_behind
 
@@ -34,7 +37,7 @@ from tpuscope import alerts
 from tpuscope import catalog as c
 from tpuscope.alerts import nodes
 from tpuscope.conventions import (
-    EVIDENCE_EVERYWHERE,
+    EVIDENCE_SPREAD,
     HOST_EVIDENCE,
     HOST_SUSPECT,
     NODE_TOPOLOGY,
@@ -54,12 +57,14 @@ WEEK_EVIDENCE = node_record(HOST_EVIDENCE, "7d")
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def suspects(expected: dict[str, str], at: str = LOOKED_AT, record: str = DAY) -> dict[str, Any]:
-    """The suspect nodes ``record`` reads at ``at``: node -> basis, and no other."""
+def suspects(expected: dict[str, tuple[str, int]], at: str = LOOKED_AT, record: str = DAY) -> dict[str, Any]:
+    """The suspect nodes ``record`` reads at ``at``: node -> (basis, value: the workloads, the first failures, the XID
+    evidence), and no other."""
     samples = [
-        {"labels": f'{{basis="{basis}", node="{node}"}}', "value": 1} for node, basis in sorted(expected.items())
+        {"labels": f'{{basis="{basis}", node="{node}"}}', "value": value}
+        for node, (basis, value) in sorted(expected.items())
     ]
-    return {"expr": f"max by (node, basis) ({record}) * 0 + 1", "eval_time": at, "exp_samples": samples}
+    return {"expr": f"max by (node, basis) ({record})", "eval_time": at, "exp_samples": samples}
 
 
 def promtool(tests: list[dict[str, Any]], directory: Path, interval: str = "1m") -> None:
@@ -91,26 +96,28 @@ def case(name: str, series: dict[str, str], checks: list[dict[str, Any]], interv
 
 
 def test_crashes_name_the_node_two_workloads_crashed_on_and_no_node_for_a_bug(tmp_path: Path) -> None:
-    everywhere = node_record(EVIDENCE_EVERYWHERE, "1d")
+    spread = node_record(EVIDENCE_SPREAD, "1d")
     checks = [
-        # node-a: two workloads; node-u: one workload's two first failures, which also ran on node-v unharmed.
-        suspects({"node-a": "workloads", "node-u": "restarts"}),
-        {  # rank 0's bug crashed first on every node its workload ran on: its code, counted on none of them
-            "expr": f"{everywhere} * 0 + 1",
+        # node-a: two workloads; node-u: worker 0's two first failures there, the worker unharmed on node-x since.
+        suspects({"node-a": ("workloads", 2), "node-u": ("restarts", 2)}),
+        {  # rank 0's bug crashed first wherever it landed: its own, counted on none of those nodes
+            "expr": spread,
             "eval_time": LOOKED_AT,
             "exp_samples": [
                 {
-                    "labels": '{evidence="crash", jobset="buggy", namespace="team-a", workload="buggy"}',
-                    "value": 1,
+                    "labels": f'{{__name__="{spread}", evidence="crash", jobset="{w}", namespace="team-a", '
+                    f'workload="{w}"}}',
+                    "value": nodes_crashed,
                 }
+                for w, nodes_crashed in (("buggy", 3), ("wide", 2))
             ],
         },
         {  # the evidence the ticket lists: node-a's two crashes
-            "expr": f'{node_record(HOST_EVIDENCE, "7d")}{{node="node-a"}}',
+            "expr": f'{WEEK_EVIDENCE}{{node="node-a"}}',
             "eval_time": LOOKED_AT,
             "exp_samples": [
                 {
-                    "labels": f'{{__name__="{node_record(HOST_EVIDENCE, "7d")}", evidence="crash", jobset="{w}", '
+                    "labels": f'{{__name__="{WEEK_EVIDENCE}", evidence="crash", jobset="{w}", '
                     f'namespace="team-a", node="node-a", workload="{w}"}}',
                     "value": 1,
                 }
@@ -121,12 +128,25 @@ def test_crashes_name_the_node_two_workloads_crashed_on_and_no_node_for_a_bug(tm
     promtool([case("crashes", crashes(), checks)], tmp_path)
 
 
+def test_a_worker_crash_looping_in_place_counts_each_failure(tmp_path: Path) -> None:
+    """Scraped every 15 s and evaluated every 30 s, as deployed: worker 0's container fails to start its runtime
+    twice, 50 s apart, restarted in place (one pod, one target) on node-k2, its peer waiting; the worker runs on
+    node-m2 unharmed afterwards. Both failures count: node-k2 is suspect on its restarts."""
+    checks = [suspects({"node-k2": ("restarts", 2)}, "40m")]
+    promtool([case("in place", crash_looping(), checks, "15s")], tmp_path, "30s")
+
+
+def test_the_first_to_diverge_names_the_node_two_workloads_went_first_on(tmp_path: Path) -> None:
+    promtool([case("diverged first", diverged_first(), [suspects({"node-g4": ("workloads", 2)}, "25m")])], tmp_path)
+
+
 def test_a_straggler_names_the_node_it_stays_with_not_the_nodes_its_job_takes_it_to(tmp_path: Path) -> None:
-    promtool([case("stragglers", stragglers(), [suspects({"node-d2": "workloads"})])], tmp_path)
+    promtool([case("stragglers", stragglers(), [suspects({"node-d2": ("workloads", 2)})])], tmp_path)
 
 
 def test_xids_of_the_hardware_name_their_node_and_a_throttle_under_two_workloads_names_its(tmp_path: Path) -> None:
-    promtool([case("devices", devices(), [suspects({"node-a3": "xid", "node-c3": "workloads"})])], tmp_path)
+    checks = [suspects({"node-a3": ("xid", 1), "node-c3": ("workloads", 2)})]
+    promtool([case("devices", devices(), checks)], tmp_path)
 
 
 def test_evidence_older_than_its_window_expires(tmp_path: Path) -> None:
@@ -141,9 +161,9 @@ def test_evidence_older_than_its_window_expires(tmp_path: Path) -> None:
         ),
     }
     checks = [
-        suspects({"node-old": "xid"}, "23h"),
+        suspects({"node-old": ("xid", 1)}, "23h"),
         suspects({}, "25h"),
-        suspects({"node-old": "xid"}, "25h", WEEK),
+        suspects({"node-old": ("xid", 1)}, "25h", WEEK),
     ]
     test = case("expiry", series, checks, interval="5m")
     test["alert_rule_test"] = [
@@ -186,7 +206,7 @@ def test_a_node_outside_kubernetes_is_named_by_its_host_and_the_topology_by_eith
         ksm = {f"label_cloud_google_com_gce_{k}": v for k, v in topology.items()}
         series[s("kube_node_labels", job="kube-state-metrics", node="gke-n1", **ksm)] = "1x30"
     checks = [
-        suspects({"tpu-vm-7": "xid"}, "20m"),
+        suspects({"tpu-vm-7": ("xid", 1)}, "20m"),
         {
             "expr": NODE_TOPOLOGY,
             "eval_time": "20m",

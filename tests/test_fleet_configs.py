@@ -85,7 +85,8 @@ def test_promtool_checks_the_config_and_its_rule_file(tmp_path: Path) -> None:
 def test_the_scrape_discovers_pods_as_the_podmonitor_does() -> None:
     assert SCRAPE["job_name"] == kubernetes.JOB
     assert [sd["role"] for sd in SCRAPE["kubernetes_sd_configs"]] == ["pod"]
-    assert [sd["attach_metadata"] for sd in SCRAPE["kubernetes_sd_configs"]] == [{"node": True}], "the node's labels"
+    assert all("attach_metadata" not in sd for sd in SCRAPE["kubernetes_sd_configs"]), "opt-in: it needs nodes' RBAC"
+    assert "# attach_metadata: {node: true}" in PROMETHEUS.read_text(), "the line to uncomment, as docs/fleet.md says"
     relabel = SCRAPE["relabel_configs"]
     filters, labels = relabel[: -len(kubernetes.relabel_configs())], relabel[-len(kubernetes.relabel_configs()) :]
     assert labels == kubernetes.relabel_configs(), "the PodMonitor's relabelings (tpuscope/kubernetes.py)"
@@ -110,7 +111,7 @@ def test_a_real_prometheus_scrapes_only_the_sidecar_and_labels_it(tmp_path: Path
         "__meta_kubernetes_pod_controller_kind": "Job",
         "__meta_kubernetes_pod_controller_name": "llm-pretrain-slice-1",
         "__meta_kubernetes_pod_phase": "Running",
-        # The node's own labels (attach_metadata): GKE's topology of it.
+        # The node's own labels, where its metadata is attached (attach_metadata): GKE's topology of it.
         "__meta_kubernetes_node_label_cloud_google_com_gce_topology_block": "block-7",
         "__meta_kubernetes_node_label_cloud_google_com_gce_topology_subblock": "sub-3",
         "__meta_kubernetes_node_label_cloud_google_com_gce_topology_host": "host-12",

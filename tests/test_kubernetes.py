@@ -307,9 +307,9 @@ def test_the_podmonitor_scrapes_the_sidecar() -> None:
     assert labels["pod"]["sourceLabels"] == ["__meta_kubernetes_pod_name"]
     assert labels["namespace"]["sourceLabels"] == ["__meta_kubernetes_namespace"]
     assert labels["node"]["sourceLabels"] == ["__meta_kubernetes_pod_node_name"]
-    # The node's GKE topology (the bad-host ledger's roll-up), read from the node's labels, which Prometheus
-    # discovers only with the node's metadata attached (the CRD's field: test_every_custom_resource_validates...).
-    assert monitor["spec"]["attachMetadata"] == {"node": True}
+    # The node's GKE topology (the bad-host ledger's roll-up), from the node's labels where the scrape is given them;
+    # not by default: attaching them needs nodes' list and watch, without which pod discovery finds no target.
+    assert "attachMetadata" not in monitor["spec"]
     for label, node_label in GKE_TOPOLOGY.items():
         meta = "__meta_kubernetes_node_label_" + re.sub(r"[./-]", "_", node_label)
         assert labels[label]["sourceLabels"] == [meta], label

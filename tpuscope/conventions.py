@@ -282,15 +282,15 @@ CHIPS_IDLE = "nodepool_resource:tpuscope_chips_idle:sum"
 # The bad-host ledger (tpuscope.alerts.nodes): per node, the evidence that its hardware breaks the jobs that land on
 # it, kept across jobs. Each evaluation, per node, target and workload, 1 for each kind of evidence that holds now
 # (HOST_EVIDENCE_KINDS), and the time the node's process was its workload's first to fail, alone and for a reason
-# that points at the host; over NODE_WINDOWS, the evidence per node, workload and kind, the nodes each workload ran
-# on, the first failures counted, the kinds of evidence a workload left on every node it ran on (its code's), and
-# the suspect nodes, by the basis of the suspicion (HOST_SUSPICION_BASES). Each node's topology, where GKE labels it.
+# that points at the host; over NODE_WINDOWS, the evidence per node, workload and kind, the nodes each worker ran on,
+# the first failures counted, the kinds of evidence a workload left on several nodes (its own, not theirs), and the
+# suspect nodes, by the basis of the suspicion (HOST_SUSPICION_BASES). Each node's topology, where GKE labels it.
 HOST_EVIDENCE_NOW = "node_workload_evidence:tpuscope_host_evidence:present"
 FIRST_FAILURE = "node_workload:tpuscope_first_failure:timestamp"
 WORKLOAD_NODES = "node_workload:tpuscope_workload_ran:present"
 HOST_EVIDENCE = "node_workload_evidence:tpuscope_host_evidence:max"
 FIRST_FAILURES = "node_workload:tpuscope_first_failures:count"
-EVIDENCE_EVERYWHERE = "workload_evidence:tpuscope_host_evidence_everywhere:count"
+EVIDENCE_SPREAD = "workload_evidence:tpuscope_host_evidence_nodes:count"
 RAN_ON = "node_workload:tpuscope_workload_ran:max"
 HOST_SUSPECT = "node_basis:tpuscope_host_suspect:count"
 NODE_TOPOLOGY = "node:tpuscope_topology:info"

@@ -83,10 +83,12 @@ TARGET_LABELS = {
     # its pods (deleted, finished, scaled to zero) tells a worker that ended on purpose from one whose pod went.
     CONTROLLER_KIND: "__meta_kubernetes_pod_controller_kind",
     CONTROLLER_NAME: "__meta_kubernetes_pod_controller_name",
-    # The topology GKE labels its nodes with (cloud.google.com/gce-topology-block, -subblock, -host), where they have
-    # it: the bad-host ledger's roll-up asks whether the suspect nodes share a block. Node labels are discovered
-    # only with the node's metadata attached (attach_metadata, which needs the nodes' list and watch); constant per
-    # target, they add no series.
+    # The topology GKE labels its nodes with (cloud.google.com/gce-topology-block, -subblock, -host), where the scrape
+    # is given the node's labels: the bad-host ledger's roll-up asks whether the suspect nodes share a block. Constant
+    # per target, they add no series. Prometheus discovers a node's labels only with its metadata attached
+    # (attachMetadata), which it must list and watch nodes for, and without that right its pod discovery waits for
+    # the nodes forever and finds no target at all: opt-in (docs/fleet.md). Without, these relabelings set nothing,
+    # and the ledger reads the topology from kube-state-metrics.
     **{label: "__meta_kubernetes_node_label_" + sanitized(node_label) for label, node_label in GKE_TOPOLOGY.items()},
 }
 
@@ -278,7 +280,6 @@ def podmonitor() -> str:
         "metadata": {"name": "tpuscope", "labels": PART_OF},
         "spec": {
             "namespaceSelector": {"any": True},  # training jobs run in their teams' namespaces
-            "attachMetadata": {"node": True},  # the node's topology labels (TARGET_LABELS)
             "selector": {"matchLabels": SCRAPE_LABEL},
             "podMetricsEndpoints": [
                 {

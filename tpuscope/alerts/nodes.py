@@ -16,7 +16,7 @@ from tpuscope.alerts.divergence import first_to_go
 from tpuscope.alerts.health import THROTTLE_REASONS
 from tpuscope.alerts.rules import Alert
 from tpuscope.conventions import (
-    EVIDENCE_EVERYWHERE,
+    EVIDENCE_SPREAD,
     FIRST_FAILURE,
     FIRST_FAILURES,
     GKE_TOPOLOGY,
@@ -41,8 +41,10 @@ from tpuscope.reasons import HOST_FAILURE_REASONS
 from tpuscope.thresholds import Thresholds
 
 CRASH, STRAGGLER, DIVERGED_FIRST, THROTTLED, XID = HOST_EVIDENCE_KINDS
-# One node's target: the evidence keeps the target, so that a node-less one (outside Kubernetes) is named by its host.
+# One node's target: the evidence keeps the target, so that a node-less one (outside Kubernetes) is named by its host;
+# and a worker of a workload there, so that a verdict can be told to stay with the node or move with the worker.
 AT = "node, instance"
+PLACE = f"{AT}, slice, worker"
 # How far apart a workload's first failure and its next must be for the first to be alone.
 ALONE_SECONDS = 1
 # How long after a failure its verdict waits for the peers' failures to be scraped, and how long it is read after.
@@ -50,37 +52,40 @@ SETTLE_SECONDS = 60
 FAILURE_WINDOW = "3m"
 # How long a throttle must hold to count, as TpuscopeDeviceThrottled waits.
 THROTTLED_FOR = "10m"
-# XIDs NVIDIA's catalogue lays on the application (an engine exception, a memory page fault, a stopped channel, a
-# clean-up after one of those): a bug's, not the GPU's.
-APPLICATION_XIDS = ("13", "31", "43", "45")
+# The XIDs NVIDIA's catalogue lays on the hardware: ECC (48, 63, 64, 92, 94, 95, 140), the micro-controller (61, 62),
+# NVLink (74), the GPU fallen off the bus (79), the GSP (119, 120). The others may be the application's.
+HARDWARE_XIDS = ("48", "61", "62", "63", "64", "74", "79", "92", "94", "95", "119", "120", "140")
 # The evidence a workload must leave to be named by the ledger's first basis, and the first failures of one workload.
 WORKLOADS, RESTARTS = 2, 2
 # GKE's node labels of its topology, as kube-state-metrics names them once allowlisted.
 KSM_TOPOLOGY = {label: "label_" + sanitized(node_label) for label, node_label in GKE_TOPOLOGY.items()}
 
 
+# The node label from a target's address, outside Kubernetes: its host, with or without a port.
+HOST_OF = "(.+?)(?::[0-9]+)?"
 # Each record of the ledger and why it is so, for docs/alerts.md ("{window}" for each of NODE_WINDOWS).
 WINDOW = "{window}"
 REASONING: tuple[tuple[str, str], ...] = (
     (
         FIRST_FAILURE,
-        "Each evaluation, per node and workload: the time of the workload's first failure where the node's process "
-        f"failed first and alone (the workload's next failure {ALONE_SECONDS} s or more after it, or none), for a "
-        f"reason that may be the host's ({', '.join(HOST_FAILURE_REASONS)}), judged {SETTLE_SECONDS} s after it so "
-        "that its peers' failures are scraped. A bug fails every process of a synchronous job at the same step, "
-        "together; a host that dies takes its own process first, and its peers fail later, when the collective or "
-        "the JobSet gives up on them.",
+        "Each evaluation, per node and worker of a workload: the time of the workload's first failure where the "
+        f"node's process failed first and alone (the workload's next failure {ALONE_SECONDS} s or more after it, or "
+        f"none), for a reason that may be the host's ({', '.join(HOST_FAILURE_REASONS)}), judged {SETTLE_SECONDS} s "
+        f"after it so that its peers' failures are scraped, and read over {FAILURE_WINDOW} from the earliest (a "
+        "container restarted in place may fail again within the minute). A bug fails every process of a synchronous "
+        "job at the same step, together; a host that dies takes its own process first, and its peers fail later, "
+        "when the collective or the JobSet gives up on them (together, as JobSet deletes them at once: a host that "
+        "dies whole, its sidecar with it, leaves no crash evidence).",
     ),
     (
         HOST_EVIDENCE_NOW,
         "Each evaluation, per node, target and workload, 1 for each kind of evidence that holds now: `crash` (the "
         "above), `straggler` (the workload's chronic straggler, as TpuscopeStraggler judges it), `diverged_first` "
         "(the worker TpuscopeNonFiniteFirstWorker names), `throttled` (a GPU's clocks held down for a power-brake, "
-        f"thermal or hardware reason for {THROTTLED_FOR}), `xid` (an XID other than those NVIDIA's catalogue lays on "
-        f"the application: {', '.join(APPLICATION_XIDS)}). A GPU's evidence counts for each workload its sidecar "
-        "serves.",
+        f"thermal or hardware reason for {THROTTLED_FOR}), `xid` (an XID NVIDIA's catalogue lays on the hardware: "
+        f"{', '.join(HARDWARE_XIDS)}). A GPU's evidence counts for each workload its sidecar serves.",
     ),
-    (WORKLOAD_NODES, "Every 5 minutes, per node and workload: the workload ran there."),
+    (WORKLOAD_NODES, "Every 5 minutes, per node and worker of a workload: the worker ran there."),
     (
         NODE_TOPOLOGY,
         "Each node's GKE topology (block, sub-block, host): from its sidecars' target labels where the scrape "
@@ -91,25 +96,27 @@ REASONING: tuple[tuple[str, str], ...] = (
         "The evidence over the window, per node, workload and kind. A target with no node label (outside "
         "Kubernetes) is named by its host.",
     ),
-    (RAN_ON + WINDOW, "The nodes each workload ran on over the window."),
+    (RAN_ON + WINDOW, "The nodes each worker of each workload ran on over the window."),
     (
         FIRST_FAILURES + WINDOW,
-        "Per node and workload, how many of the workload's failures the node's process was first in (the distinct "
-        "failure times recorded).",
+        "Per node and worker of a workload, how many of the workload's failures the worker's process on the node was "
+        "first in (the distinct failure times recorded).",
     ),
     (
-        EVIDENCE_EVERYWHERE + WINDOW,
-        "Per workload, each kind of evidence it left on every node it ran on, two or more: its code's, not the "
-        "nodes'. That kind of its evidence counts on none of them.",
+        EVIDENCE_SPREAD + WINDOW,
+        "Per workload, each kind of evidence it left on two nodes or more: the nodes it left it on. A verdict names "
+        "one worker at a time, so a multi-host job that fails the same way wherever it runs leaves it on one node "
+        "after another, moving with the worker (its code, its data, its rank's extra work), where a bad host keeps "
+        "it: that kind of the workload's evidence counts on none of them.",
     ),
     (
         HOST_SUSPECT + WINDOW,
         f"The suspect nodes, one series per basis: `workloads` ({WORKLOADS} workloads or more left evidence on it, "
-        "a workload's kinds left everywhere not counted; a straggler that follows its job from node to node leaves "
-        f"one workload's on each), `restarts` (one workload's process failed first on it {RESTARTS} times or more "
-        "while the workload ran on another node without failing first there: a single-host job that only ever ran "
-        "there cannot tell its bug from the node), `xid` (an XID of the hardware's names its node alone). The "
-        "value: the workloads, the first failures, the XID evidence.",
+        "not counting the kinds a workload spread over several nodes, nor evidence of no workload), `restarts` (one "
+        f"worker's process failed first on it {RESTARTS} times or more, and the same worker ran on another node "
+        "without failing first there: a job pinned to its nodes cannot tell its rank's bug from the node), `xid` (an "
+        "XID of the hardware's names its node alone). The value: the workloads, the first failures, the XID "
+        "evidence.",
     ),
 )
 
@@ -126,35 +133,38 @@ def with_workloads(per_target: str) -> str:
 
 
 def first_failures() -> str:
-    """Per node and workload, the time of the workload's first failure where it was the node's process, alone, for a
-    reason that may be the host's (the module's docstring)."""
-    down = f"last_over_time({series(c.WORKLOAD_DOWN_SINCE)}[{FAILURE_WINDOW}])"
+    """Per node and worker of a workload, the time of the workload's first failure where it was the node's process,
+    alone, for a reason that may be the host's (:data:`REASONING`)."""
+    down = f"min_over_time({series(c.WORKLOAD_DOWN_SINCE)}[{FAILURE_WINDOW}])"
     earliest = f"min by ({WORKLOAD}) ({down})"
     settled = f"({down} < time() - {SETTLE_SECONDS})"
     first = f"{settled} == on ({WORKLOAD}) group_left () {earliest}"
-    together = f"count by ({WORKLOAD}) ({down} <= on ({WORKLOAD}) group_left () ({earliest} + {ALONE_SECONDS}))"
+    together = f"count by ({WORKLOAD}) ({down} < on ({WORKLOAD}) group_left () ({earliest} + {ALONE_SECONDS}))"
     reasons = f'reason=~"{"|".join(HOST_FAILURE_REASONS)}"'
     failed = grown(series(c.WORKLOAD_FAILURES, reasons), FAILURE_WINDOW)
     alone = f"{first} and on ({WORKLOAD}) ({together} == 1) and on (job, instance, workload) ({failed} > 0)"
-    return f"max by ({AT}, {WORKLOAD}) ({alone})"
+    return f"max by ({PLACE}, {WORKLOAD}) ({alone})"
 
 
 def evidence_rules(t: Thresholds) -> list[dict[str, str]]:
-    """The evidence each evaluation (the module's docstring), the straggler chronic as TpuscopeStraggler judges."""
+    """The evidence each evaluation (:data:`REASONING`), the straggler chronic as TpuscopeStraggler judges it."""
     held = series(c.THROTTLED, THROTTLE_REASONS)
     throttled = f"({held} == 1 and min_over_time({held}[{THROTTLED_FOR}]) == 1 and {held} offset {THROTTLED_FOR} == 1)"
-    hardware_xids = 'xid!~"' + "|".join(APPLICATION_XIDS) + '"'
+    hardware_xids = 'xid=~"' + "|".join(HARDWARE_XIDS) + '"'
     xid = f"{grown(series(c.XID_ERRORS, hardware_xids), '5m')} > 0"
     kinds = {
-        CRASH: f"{FIRST_FAILURE} * 0 + 1",
-        STRAGGLER: f"max by ({AT}, {WORKLOAD}) ({STRAGGLER_CHRONIC} > {t.straggler_chronic:g}) * 0 + 1",
-        DIVERGED_FIRST: f"max by ({AT}, {WORKLOAD}) ({first_to_go()}) * 0 + 1",
+        CRASH: FIRST_FAILURE,
+        STRAGGLER: f"max by ({PLACE}, {WORKLOAD}) ({STRAGGLER_CHRONIC} > {t.straggler_chronic:g})",
+        DIVERGED_FIRST: f"max by ({PLACE}, {WORKLOAD}) ({first_to_go()})",
         THROTTLED: with_workloads(throttled),
         XID: with_workloads(xid),
     }
     return [
         {"record": FIRST_FAILURE, "expr": first_failures()},
-        {"record": HOST_EVIDENCE_NOW, "expr": " or ".join(labelled(expr, kind) for kind, expr in kinds.items())},
+        {
+            "record": HOST_EVIDENCE_NOW,
+            "expr": " or ".join(labelled(f"({expr}) * 0 + 1", kind) for kind, expr in kinds.items()),
+        },
     ]
 
 
@@ -162,32 +172,33 @@ def by_node(over_time: str, record: str, window: str) -> str:
     """``over_time`` of ``record`` over ``window``, each series on its node: the target's host where it has none."""
     named = f'{over_time}({record}{{node!=""}}[{window}])'
     unnamed = f'{over_time}({record}{{node=""}}[{window}])'
-    return f'({named} or label_replace({unnamed}, "node", "$1", "instance", "(.+):[0-9]+"))'
+    return f'({named} or label_replace({unnamed}, "node", "$1", "instance", "{HOST_OF}"))'
 
 
 def ledger_rules() -> list[dict[str, str]]:
-    """The ledger over each window (the module's docstring), read every few minutes, and the nodes' topology."""
+    """The ledger over each window (:data:`REASONING`), read every few minutes, and the nodes' topology."""
+    worker = f"{WORKLOAD}, slice, worker"
     rules = [
         {
             "record": WORKLOAD_NODES,
-            "expr": f"group by ({AT}, {WORKLOAD}) (last_over_time({series(c.WORKLOAD_START_TIME)}[5m]))",
+            "expr": f"group by ({PLACE}, {WORKLOAD}) (last_over_time({series(c.WORKLOAD_START_TIME)}[5m]))",
         },
         {"record": NODE_TOPOLOGY, "expr": topology()},
     ]
     for window in NODE_WINDOWS:
         evidence, ran = node_record(HOST_EVIDENCE, window), node_record(RAN_ON, window)
-        everywhere, first = node_record(EVIDENCE_EVERYWHERE, window), node_record(FIRST_FAILURES, window)
+        spread, first = node_record(EVIDENCE_SPREAD, window), node_record(FIRST_FAILURES, window)
 
-        def everywhere_of(kind: str, evidence: str = evidence, ran: str = ran) -> str:
-            covered = f'{evidence}{{evidence="{kind}"}}'
-            spared = f"({ran} unless on (node, {WORKLOAD}) {covered})"
-            return labelled(f"count by ({WORKLOAD}) ({covered}) >= 2 unless on ({WORKLOAD}) {spared}", kind)
+        def spread_of(kind: str, evidence: str = evidence) -> str:
+            covered = f'{evidence}{{evidence="{kind}", workload!=""}}'
+            return labelled(f"count by ({WORKLOAD}) ({covered}) >= 2", kind)
 
-        counted = f'{evidence}{{evidence!="{XID}"}} unless on ({WORKLOAD}, evidence) {everywhere}'
-        elsewhere = f'({ran} unless on (node, {WORKLOAD}) {evidence}{{evidence="{CRASH}"}})'
+        counted = f'{evidence}{{evidence!="{XID}", workload!=""}} unless on ({WORKLOAD}, evidence) {spread}'
+        moved = f"({ran} unless on (node, {worker}) {first})"  # the worker elsewhere, not failing first there
+        located = f'({first} >= {RESTARTS} unless on ({WORKLOAD}) {spread}{{evidence="{CRASH}"}})'
         bases = {
             "workloads": f"count by (node) (group by (node, {WORKLOAD}) ({counted})) >= {WORKLOADS}",
-            "restarts": f"max by (node) ({first} >= {RESTARTS} and on ({WORKLOAD}) {elsewhere})",
+            "restarts": f"max by (node) ({located} and on ({worker}) {moved})",
             "xid": f'count by (node) ({evidence}{{evidence="{XID}"}})',
         }
         rules += [
@@ -195,15 +206,9 @@ def ledger_rules() -> list[dict[str, str]]:
                 "record": evidence,
                 "expr": f"max by (node, {WORKLOAD}, evidence) ({by_node('max_over_time', HOST_EVIDENCE_NOW, window)})",
             },
-            {"record": ran, "expr": f"max by (node, {WORKLOAD}) ({by_node('max_over_time', WORKLOAD_NODES, window)})"},
-            {
-                "record": first,
-                "expr": f"sum by (node, {WORKLOAD}) ({by_node('changes', FIRST_FAILURE, window)} + 1)",
-            },
-            {
-                "record": everywhere,
-                "expr": " or ".join(everywhere_of(kind) for kind in HOST_EVIDENCE_KINDS if kind != XID),
-            },
+            {"record": ran, "expr": f"max by (node, {worker}) ({by_node('max_over_time', WORKLOAD_NODES, window)})"},
+            {"record": first, "expr": f"sum by (node, {worker}) ({by_node('changes', FIRST_FAILURE, window)} + 1)"},
+            {"record": spread, "expr": " or ".join(spread_of(kind) for kind in HOST_EVIDENCE_KINDS if kind != XID)},
             {
                 "record": node_record(HOST_SUSPECT, window),
                 "expr": " or ".join(labelled(expr, basis, "basis") for basis, expr in bases.items()),
@@ -221,12 +226,14 @@ def topology() -> str:
     served = f'kube_node_labels{{{KSM_TOPOLOGY[TOPOLOGY_LABELS[0]]}!=""}}'
     for ours, theirs in KSM_TOPOLOGY.items():
         served = f'label_replace({served}, "{ours}", "$1", "{theirs}", "(.*)")'
-    return f"{scraped} or (max by (node, {labels}) ({served}) unless on (node) {scraped})"
+    # One set a node, should its labels change within the lookback: the board joins on it.
+    return f"topk by (node) (1, {scraped} or (max by (node, {labels}) ({served}) unless on (node) {scraped}))"
 
 
 def alerts(config: GeneratorConfig) -> list[Alert]:
     week, day = NODE_WINDOWS[-1], NODE_WINDOWS[0]
     suspect, evidence = node_record(HOST_SUSPECT, week), node_record(HOST_EVIDENCE, week)
+    fresh = f"{node_record(HOST_EVIDENCE, day)} unless on ({WORKLOAD}, evidence) {node_record(EVIDENCE_SPREAD, day)}"
     cordoned = "max by (node) (kube_node_spec_unschedulable) == 1"
     listed = (
         f'{{{{ range query (printf "{evidence}{{node=%q}}" $labels.node) | sortByLabel "workload" }}}}'
@@ -237,8 +244,7 @@ def alerts(config: GeneratorConfig) -> list[Alert]:
         Alert(
             AlertName.NODE_SUSPECT,
             "warning",
-            f"max by (node) ({suspect}) and on (node) max by (node) ({node_record(HOST_EVIDENCE, day)})"
-            f" unless on (node) ({cordoned})",
+            f"max by (node) ({suspect}) and on (node) max by (node) ({fresh}) unless on (node) ({cordoned})",
             "A node keeps breaking the jobs that land on it: cordon it.",
             "Node {{ $labels.node }} keeps breaking jobs. Its evidence over the last "
             + week
