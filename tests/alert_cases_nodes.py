@@ -122,12 +122,13 @@ def chronic(workload: str, node: str, worker: int, start: int, end: int) -> dict
 
 
 def stragglers() -> dict[str, str]:
-    """One straggler that follows its job's worker 1 from node-a2 to node-b2 and node-c2; another that stays with
-    node-d2 across two jobs."""
+    """One straggler that follows its job's worker 1 from node-a2 to node-b2 and node-c2, and another job's straggler
+    once on node-a2 (the only evidence there that stays); a straggler that stays with node-d2 across two jobs."""
     series = {}
     for number, hosts in enumerate((("node-y2", "node-a2"), ("node-z2", "node-b2"), ("node-x2", "node-c2"))):
         series |= generation("wanderer", number, hosts, 20 * number, 20 * number + 19)
         series |= chronic("wanderer", hosts[1], 1, 20 * number, 20 * number + 19)
+    series |= generation("visitor", 0, ("node-a2", "node-w2"), 0, 15) | chronic("visitor", "node-a2", 0, 0, 15)
     series |= generation("first", 0, ("node-d2", "node-e2"), 0, 30) | chronic("first", "node-d2", 0, 0, 30)
     series |= generation("second", 0, ("node-f2", "node-d2"), 35, MINUTES)
     return series | chronic("second", "node-d2", 1, 35, MINUTES)
