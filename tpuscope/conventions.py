@@ -309,8 +309,8 @@ TOPOLOGY_LABELS = tuple(GKE_TOPOLOGY)
 
 
 def sanitized(kubernetes_label: str) -> str:
-    """A Kubernetes label's name as Prometheus' service discovery and kube-state-metrics write it: every character
-    not allowed in a label name as ``_``."""
+    """A Kubernetes label's name as Prometheus' service discovery and kube-state-metrics (its SanitizeLabelName) write
+    it: every character not allowed in a label name as ``_``."""
     return re.sub(r"[^A-Za-z0-9_]", "_", kubernetes_label)
 
 

@@ -24,6 +24,7 @@ from tpuscope.conventions import (
     HOST_EVIDENCE_KINDS,
     HOST_EVIDENCE_NOW,
     HOST_SUSPECT,
+    HOST_SUSPICION_BASES,
     NODE_TOPOLOGY,
     NODE_WINDOWS,
     RAN_ON,
@@ -55,12 +56,11 @@ THROTTLED_FOR = "10m"
 # The XIDs NVIDIA's catalogue lays on the hardware: ECC (48, 63, 64, 92, 94, 95, 140), the micro-controller (61, 62),
 # NVLink (74), the GPU fallen off the bus (79), the GSP (119, 120). The others may be the application's.
 HARDWARE_XIDS = ("48", "61", "62", "63", "64", "74", "79", "92", "94", "95", "119", "120", "140")
-# The evidence a workload must leave to be named by the ledger's first basis, and the first failures of one workload.
+# How many workloads' evidence makes a node suspect, and how many first failures of one worker there.
 WORKLOADS, RESTARTS = 2, 2
+BY_WORKLOADS, BY_RESTARTS, BY_XID = HOST_SUSPICION_BASES
 # GKE's node labels of its topology, as kube-state-metrics names them once allowlisted.
 KSM_TOPOLOGY = {label: "label_" + sanitized(node_label) for label, node_label in GKE_TOPOLOGY.items()}
-
-
 # The node label from a target's address, outside Kubernetes: its host, with or without a port.
 HOST_OF = "(.+?)(?::[0-9]+)?"
 # Each record of the ledger and why it is so, for docs/alerts.md ("{window}" for each of NODE_WINDOWS).
@@ -197,9 +197,9 @@ def ledger_rules() -> list[dict[str, str]]:
         moved = f"({ran} unless on (node, {worker}) {first})"  # the worker elsewhere, not failing first there
         located = f'({first} >= {RESTARTS} unless on ({WORKLOAD}) {spread}{{evidence="{CRASH}"}})'
         bases = {
-            "workloads": f"count by (node) (group by (node, {WORKLOAD}) ({counted})) >= {WORKLOADS}",
-            "restarts": f"max by (node) ({located} and on ({worker}) {moved})",
-            "xid": f'count by (node) ({evidence}{{evidence="{XID}"}})',
+            BY_WORKLOADS: f"count by (node) (group by (node, {WORKLOAD}) ({counted})) >= {WORKLOADS}",
+            BY_RESTARTS: f"max by (node) ({located} and on ({worker}) {moved})",
+            BY_XID: f'count by (node) ({evidence}{{evidence="{XID}"}})',
         }
         rules += [
             {

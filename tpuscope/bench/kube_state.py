@@ -32,7 +32,6 @@ serve at every scrape and to backfill.
 from __future__ import annotations
 
 import math
-import re
 import uuid
 import zlib
 from collections import Counter
@@ -40,7 +39,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 from tpuscope.bench import rule_cost
-from tpuscope.conventions import GKE_TOPOLOGY, SIDECAR_CONTAINER
+from tpuscope.conventions import GKE_TOPOLOGY, SIDECAR_CONTAINER, sanitized
 
 KSM_JOB = "kube-state-metrics"
 KUEUE_JOB = "kueue"
@@ -286,7 +285,7 @@ def node_series(node: Node, chips: int, topology: str) -> Iterator[Series]:
         for resource, amount in {TPU: float(chips), **amounts}.items():
             yield Series(f"kube_node_status_{name}", (*key, ("resource", resource), ("unit", UNITS[resource])), amount)
     values = {NODE_POOL: node.pool, NODE_ACCELERATOR: ACCELERATOR, NODE_TOPOLOGY: topology, **node.topology}
-    yield Series("kube_node_labels", (*key, *((sanitised("label_" + k), values[k]) for k in sorted(values))), 1.0)
+    yield Series("kube_node_labels", (*key, *((sanitized("label_" + k), values[k]) for k in sorted(values))), 1.0)
     info = {**NODE_INFO, "provider_id": f"gce://tpuscope-{CLUSTER}/{ZONE}/{node.name}", "pod_cidr": node.pod_cidr}
     info |= {"system_uuid": str(uuid.uuid5(uuid.NAMESPACE_DNS, node.name)), "internal_ip": node.internal_ip}
     yield Series("kube_node_info", (*key, *info.items()), 1.0)
@@ -295,11 +294,6 @@ def node_series(node: Node, chips: int, topology: str) -> Iterator[Series]:
         for status in CONDITION_STATUSES:
             labels = (*key, ("condition", condition), ("status", status))
             yield Series("kube_node_status_condition", labels, float(status == healthy))
-
-
-def sanitised(name: str) -> str:
-    """A Kubernetes name as a Prometheus label name, as kube-state-metrics' SanitizeLabelName makes it."""
-    return re.sub(r"[^a-zA-Z0-9_]", "_", name)
 
 
 # --- Kueue ------------------------------------------------------------------------------------------------
