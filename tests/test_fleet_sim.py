@@ -225,7 +225,13 @@ def test_a_small_fleet_names_the_straggler_and_the_stalled_workload(fleet_run: F
     assert 0.5 < f["ingest_samples_per_second"] / (8 * per_target / 2) < 2  # scrapes, plus the rules' output
     assert 8 * 300 < f["head_series"] < 8 * 3000
     assert 0 < f["scrape_duration_seconds"]["p50"] <= f["scrape_duration_seconds"]["p99"] < 2
-    assert set(f["rule_groups"]) == {"tpuscope.recording", "tpuscope.platform", "tpuscope.slo-slow", "tpuscope.alerts"}
+    assert set(f["rule_groups"]) == {
+        "tpuscope.recording",
+        "tpuscope.platform",
+        "tpuscope.nodes",
+        "tpuscope.slo-slow",
+        "tpuscope.alerts",
+    }
     assert f["rule_groups_loaded"]
     groups = f["rule_groups"].values()
     assert all(0 < g["last_seconds"] <= g["max_seconds"] < 2 and g["iterations_missed"] == 0 for g in groups)
