@@ -463,7 +463,7 @@ def suspect_nodes() -> p.Section:
                 "Each suspect node's evidence, by workload and kind: crash (its process failed first, alone), "
                 "straggler (its worker was the chronic straggler), diverged_first (its worker went non-finite "
                 "first), throttled (a GPU held its clocks down), xid (an XID of the hardware's). The workloads it "
-                "hurt; a workload that left the same evidence on every node it ran on is counted nowhere (its code).",
+                "hurt; evidence a workload left on two nodes or more counts nowhere (it moves with the job).",
                 p.query(f"{evidence} and on (node) {suspect}", table=True),
                 span=12,
             ),
