@@ -22,7 +22,7 @@ import psutil
 import pytest
 
 from tpuscope.exporter import config
-from tpuscope.tracing import profiles as device_profiles
+from tpuscope.tracing import profile_sampler as device_profiles
 from tpuscope.workload.sidecar import SidecarProcess
 
 # The environment of a job and of its sidecar, for a test that needs a device profile captured and parsed while the

@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 
-from tpuscope.tracing import Monitor
+from tpuscope.tracing import Hooks, Monitor
 
 STEPS, SAVE_EVERY, LOOK_EVERY, BAD_BATCH = 60, 10, 20, 25
 
@@ -48,7 +48,7 @@ def main() -> None:
     losses: dict[int, float] = {}
     rolled_back: dict[str, int] = {}
     with (
-        Monitor("diverging", socket=args.socket, traces=False, profile_period="off") as mon,
+        Monitor("diverging", socket=args.socket, traces=False, hooks=Hooks(profile_period="off")) as mon,
         mon.orbax(ocp.CheckpointManager(args.checkpoints.resolve(), options=options)) as checkpoints,
     ):
         n = 0

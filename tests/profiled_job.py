@@ -34,7 +34,7 @@ from jax.sharding import PartitionSpec as P
 
 from tpuscope import events
 from tpuscope.bench.perf import ProfileSink
-from tpuscope.tracing import Monitor
+from tpuscope.tracing import Hooks, Monitor
 
 
 def main() -> None:
@@ -76,11 +76,7 @@ def main() -> None:
     recorder = ProfileSink()
     user_traces: list[dict[str, object]] = []
     monitor = Monitor(
-        args.workload,
-        socket=args.socket,
-        sinks=[recorder],
-        traces=False,
-        profile_period=args.period,
+        args.workload, socket=args.socket, sinks=[recorder], traces=False, hooks=Hooks(profile_period=args.period)
     )
     during = args.user_traces_during_captures
     # By the step that asked for each capture: [step, annotated] for each step begun inside its session. Read inside

@@ -28,7 +28,7 @@ from orbax.checkpoint._src.path import atomicity
 from tpuscope import catalog, events
 from tpuscope.scrape import Scrape
 from tpuscope.testing.waiting import scrape_until
-from tpuscope.tracing import Monitor, OrbaxCheckpoints, orbax_checkpoints
+from tpuscope.tracing import Hooks, Monitor, OrbaxCheckpoints, Traces, orbax_checkpoints
 from tpuscope.workload.sidecar import SidecarProcess
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -148,7 +148,9 @@ class Job(NamedTuple):
 @pytest.fixture
 def job(short_tmp: Path) -> Iterator[Job]:
     kept = Kept()
-    mon = Monitor("orbax", socket=short_tmp / "nobody.sock", sinks=[kept], spans_file=short_tmp / "spans.jsonl")
+    mon = Monitor(
+        "orbax", socket=short_tmp / "nobody.sock", sinks=[kept], traces=Traces(spans_file=short_tmp / "spans.jsonl")
+    )
     yield Job(mon, kept, short_tmp)
     mon.close()
 
@@ -351,7 +353,7 @@ def test_compiles_are_watched_by_themselves_once_however_often_asked(short_tmp: 
     stages = [e.stage for e in kept.of(events.Compile) if e.function == "<lambda>"]
     assert stages == ["tracing", "lowering", "backend"]
     quiet = Kept()
-    with Monitor("quiet", socket=short_tmp / "x.sock", sinks=[quiet], traces=False, jax_compiles=False):
+    with Monitor("quiet", socket=short_tmp / "x.sock", sinks=[quiet], traces=False, hooks=Hooks(jax_compiles=False)):
         jax.jit(lambda x: x * 5 - 1)(jnp.arange(5)).block_until_ready()
     assert not quiet.of(events.Compile)
 

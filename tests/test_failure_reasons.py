@@ -16,7 +16,7 @@ import pytest
 
 from tpuscope import events, gce_metadata, reasons
 from tpuscope.conventions import ALERT_PREFIX, AlertName
-from tpuscope.tracing import Monitor, Preempted, RecordSink, failure_reason, read_records
+from tpuscope.tracing import Hooks, Monitor, Preempted, RecordSink, failure_reason, preemption, read_records
 from tpuscope.tracing import failures as classify
 from tpuscope.tracing.jax_compiles import recompile_cause
 
@@ -136,7 +136,9 @@ def ended(tmp_path: Path, failed: bool | BaseException | str) -> events.Lifecycl
     """The last lifecycle event of a Monitor closed with ``failed``."""
     path = tmp_path / "events.jsonl"
     path.unlink(missing_ok=True)
-    monitor = Monitor("w", socket=tmp_path / "none.sock", sinks=[RecordSink(path)], traces=False, jax_compiles=False)
+    monitor = Monitor(
+        "w", socket=tmp_path / "none.sock", sinks=[RecordSink(path)], traces=False, hooks=Hooks(jax_compiles=False)
+    )
     monitor.close(failed=failed)
     last = [e for _, e in read_records(path) if isinstance(e, events.Lifecycle)][-1]
     return last
@@ -191,14 +193,14 @@ def test_jax_explanations_read_into_causes(explanation: str, cause: str | None) 
 
 
 def test_a_sigterm_is_a_preemption_where_no_metadata_server_answers() -> None:
-    assert classify.sigterm_reason({}) == "preemption"  # not a Google VM, no GCE_METADATA_HOST
-    assert classify.sigterm_reason({gce_metadata.METADATA_HOST_ENV: "127.0.0.1:9"}) == "preemption"  # refused
+    assert preemption.sigterm_reason({}) == "preemption"  # not a Google VM, no GCE_METADATA_HOST
+    assert preemption.sigterm_reason({gce_metadata.METADATA_HOST_ENV: "127.0.0.1:9"}) == "preemption"  # refused
 
 
 def run_job(tmp_path: Path, body: str) -> tuple[subprocess.CompletedProcess[str], list[events.Lifecycle]]:
     script = tmp_path / "job.py"
     script.write_text(
-        "import os, signal, sys\nfrom tpuscope.tracing import Monitor, RecordSink\n"
+        "import os, signal, sys\nfrom tpuscope.tracing import Hooks, Monitor, RecordSink\n"
         f"record = RecordSink({str(tmp_path / 'events.jsonl')!r})\n" + textwrap.dedent(body)
     )
     run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
@@ -212,7 +214,9 @@ def test_a_job_that_handles_sigterm_itself_keeps_its_handler_and_ends_as_preempt
         """
         stop = []
         signal.signal(signal.SIGTERM, lambda *_: stop.append(1))  # save, then leave: the job's own plan
-        mon = Monitor("w", socket="none.sock", sinks=[record], traces=False, jax_compiles=False, sigterm=True)
+        mon = Monitor(
+            "w", socket="none.sock", sinks=[record], traces=False, hooks=Hooks(jax_compiles=False, sigterm=True)
+        )
         os.kill(os.getpid(), signal.SIGTERM)
         while not stop:
             pass
@@ -233,7 +237,9 @@ def test_an_opted_in_sigterm_ends_the_job_at_its_next_step_with_143(tmp_path: Pa
     run, lifecycle = run_job(
         tmp_path,
         """
-        mon = Monitor("w", socket="none.sock", sinks=[record], traces=False, jax_compiles=False, sigterm=True)
+        mon = Monitor(
+            "w", socket="none.sock", sinks=[record], traces=False, hooks=Hooks(jax_compiles=False, sigterm=True)
+        )
         try:
             for n in range(10**9):
                 with mon.step(n):
@@ -249,7 +255,7 @@ def test_an_opted_in_sigterm_ends_the_job_at_its_next_step_with_143(tmp_path: Pa
             print("finally ran")
         """,
     )
-    assert run.returncode == classify.SIGTERM_EXIT, run.stderr
+    assert run.returncode == preemption.SIGTERM_EXIT, run.stderr
     assert "step 3 ends, preempted: True" in run.stdout and "left as step 4 began: Preempted" in run.stdout
     assert "finally ran" in run.stdout
     assert [(e.state, e.reason) for e in lifecycle] == [("start", "none"), ("failure", "preemption")]
@@ -263,10 +269,12 @@ def test_jax_preemption_notifier_keeps_sigterm(tmp_path: Path) -> None:
         """
         import socket
         import jax
-        from tpuscope.tracing.failures import native_handler_installed
+        from tpuscope.tracing.preemption import native_handler_installed
         free = socket.socket(); free.bind(("127.0.0.1", 0)); port = free.getsockname()[1]; free.close()
         jax.distributed.initialize(f"127.0.0.1:{port}", num_processes=1, process_id=0)
-        mon = Monitor("w", socket="none.sock", sinks=[record], traces=False, jax_compiles=False, sigterm=True)
+        mon = Monitor(
+            "w", socket="none.sock", sinks=[record], traces=False, hooks=Hooks(jax_compiles=False, sigterm=True)
+        )
         print("native", native_handler_installed(signal.SIGTERM), "python", int(signal.getsignal(signal.SIGTERM)))
         mon.close()
         jax.distributed.shutdown()
@@ -277,7 +285,7 @@ def test_jax_preemption_notifier_keeps_sigterm(tmp_path: Path) -> None:
 
 
 def test_an_opted_in_monitor_made_before_jax_distributed_leaves_its_notifier_alone(tmp_path: Path) -> None:
-    """tpuscope bench's order (each worker of --processes): the Monitor opts in, then jax.distributed takes
+    """tpuscope workload's order (each worker of --processes): the Monitor opts in, then jax.distributed takes
     SIGTERM natively. Neither the Monitor's uninstall (as it closes) nor a later opted-in Monitor puts a Python
     handler back in place of JAX's notifier."""
     run, _ = run_job(
@@ -285,16 +293,20 @@ def test_an_opted_in_monitor_made_before_jax_distributed_leaves_its_notifier_alo
         """
         import socket
         import jax
-        from tpuscope.tracing.failures import _sigaction_handler, sigterm
+        from tpuscope.tracing.preemption import _sigaction_handler, sigterm
         free = socket.socket(); free.bind(("127.0.0.1", 0)); port = free.getsockname()[1]; free.close()
-        first = Monitor("w", socket="none.sock", sinks=[record], traces=False, jax_compiles=False, sigterm=True)
+        first = Monitor(
+            "w", socket="none.sock", sinks=[record], traces=False, hooks=Hooks(jax_compiles=False, sigterm=True)
+        )
         python = _sigaction_handler(signal.SIGTERM)
         jax.distributed.initialize(f"127.0.0.1:{port}", num_processes=1, process_id=0)
         notifier = _sigaction_handler(signal.SIGTERM)
         print("taken", notifier not in (python, 0, 1))
         first.close()
         sigterm.uninstall()
-        second = Monitor("w", socket="none.sock", sinks=[record], traces=False, jax_compiles=False, sigterm=True)
+        second = Monitor(
+            "w", socket="none.sock", sinks=[record], traces=False, hooks=Hooks(jax_compiles=False, sigterm=True)
+        )
         print("kept", _sigaction_handler(signal.SIGTERM) == notifier, sigterm.installed)
         second.close()
         jax.distributed.shutdown()
@@ -324,7 +336,7 @@ def test_the_monitor_leaves_sigterm_as_it_was(tmp_path: Path, sigterm: str) -> N
     run, lifecycle = run_job(
         tmp_path,
         f"""
-        mon = Monitor("w", socket="none.sock", sinks=[record], traces=False, jax_compiles=False{sigterm})
+        mon = Monitor("w", socket="none.sock", sinks=[record], traces=False, hooks=Hooks(jax_compiles=False{sigterm}))
         print("python", int(signal.getsignal(signal.SIGTERM)))
         os.kill(os.getpid(), signal.SIGTERM)  # the default: the process ends at once, saying nothing
         """,
@@ -340,8 +352,13 @@ def test_a_job_that_swallows_the_sigterm_still_ends_after_its_grace(tmp_path: Pa
         tmp_path,
         """
         import time
-        mon = Monitor("w", socket="none.sock", sinks=[record], traces=False, jax_compiles=False, sigterm=True,
-                      sigterm_grace=5.0)
+        mon = Monitor(
+            "w",
+            socket="none.sock",
+            sinks=[record],
+            traces=False,
+            hooks=Hooks(jax_compiles=False, sigterm=True, sigterm_grace=5.0),
+        )
         try:
             os.kill(os.getpid(), signal.SIGTERM)
             with mon.step(1):
@@ -369,7 +386,7 @@ def test_jax_explanations_stop_after_their_budget(tmp_path: Path) -> None:
         class Kept:
             def emit(self, event): got.append(type(event).__name__)
             def close(self): pass
-        mon = Monitor("w", socket="none.sock", sinks=[record, Kept()], traces=False, profile_period="off")
+        mon = Monitor("w", socket="none.sock", sinks=[record, Kept()], traces=False, hooks=Hooks(profile_period="off"))
         f = jax.jit(lambda x: x.sum())
         for n in range(1, 12):
             f(jnp.ones(n))

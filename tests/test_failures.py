@@ -24,7 +24,7 @@ from tpuscope.reasons import RECOMPILE_VALUES
 from tpuscope.scrape import Scrape
 from tpuscope.testing import bench as testing_bench
 from tpuscope.testing.waiting import scrape_until
-from tpuscope.tracing.failures import SIGTERM_EXIT
+from tpuscope.tracing.preemption import SIGTERM_EXIT
 from tpuscope.workload.runner import CRASHED
 from tpuscope.workload.sidecar import SidecarProcess
 

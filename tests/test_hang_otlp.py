@@ -15,13 +15,13 @@ from tpuscope.workload.sidecar import SidecarProcess
 
 STUCK_JOB = """
 import os, sys, time
-from tpuscope.tracing import Monitor
+from tpuscope.tracing import Hooks, Monitor
 
 def read_that_never_returns():
     reader, writer = os.pipe()
     return os.read(reader, 1)
 
-mon = Monitor("otlp-hang", socket=sys.argv[1], traces=False, profile_period="off")
+mon = Monitor("otlp-hang", socket=sys.argv[1], traces=False, hooks=Hooks(profile_period="off"))
 for n in range(100):
     with mon.step(n) as s:
         with s.phase("io"):

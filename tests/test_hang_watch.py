@@ -41,7 +41,7 @@ from tpuscope.scrape import Scrape
 from tpuscope.testing.lines import Lines
 from tpuscope.testing.waiting import scrape_until, wait_for
 from tpuscope.thresholds import Thresholds
-from tpuscope.tracing import Monitor
+from tpuscope.tracing import Hooks, Monitor
 from tpuscope.workload.sidecar import SidecarProcess
 
 STUCK = catalog.STUCK.name
@@ -162,7 +162,9 @@ def positions_left(stand_in: StandIn) -> list[Path]:
 
 
 def monitor(socket_path: Path, workload: str = "record", **options: Any) -> Monitor:
-    return Monitor(workload, socket=socket_path, traces=False, profile_period="off", hang_watch=True, **options)
+    return Monitor(
+        workload, socket=socket_path, traces=False, hooks=Hooks(profile_period="off", hang_watch=True, **options)
+    )
 
 
 # --- the record --------------------------------------------------------------------------------------------------
@@ -218,7 +220,7 @@ COMPILE_JOB = r"""
 import json, mmap, os, socket, sys, tempfile
 import jax, jax.numpy as jnp
 from tpuscope import events, positions
-from tpuscope.tracing import Monitor
+from tpuscope.tracing import Hooks, Monitor
 
 here = tempfile.mkdtemp()
 path = os.path.join(here, "events.sock")
@@ -226,7 +228,7 @@ listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)  # the sidecar's
 listener.bind(path)
 listener.listen(8)
 os.mkdir(positions.directory(path))
-mon = Monitor("compiles", socket=path, traces=False, profile_period="off", hang_watch=True)
+mon = Monitor("compiles", socket=path, traces=False, hooks=Hooks(profile_period="off", hang_watch=True))
 hello = None
 while hello is None:  # the event sink's connection and the position thread's, in either order
     connection, _ = listener.accept()
@@ -358,9 +360,13 @@ def test_a_forked_childs_steps_leave_the_parents_record_alone(stand_in: StandIn)
 # --- the job's side of the requests ------------------------------------------------------------------------------
 EXIT_JOB = r"""
 import os, sys
-from tpuscope.tracing import Monitor
-mon = Monitor("exits", socket=sys.argv[1], traces=False, profile_period="off", hang_watch=True,
-              exit_on_hang=sys.argv[2] == "exit")
+from tpuscope.tracing import Hooks, Monitor
+mon = Monitor(
+    "exits",
+    socket=sys.argv[1],
+    traces=False,
+    hooks=Hooks(profile_period="off", hang_watch=True, exit_on_hang=sys.argv[2] == "exit"),
+)
 
 def wait_for_input():
     return os.read(0, 1)
@@ -408,7 +414,7 @@ def test_a_process_that_did_not_ask_to_end_on_a_hang_goes_on(stand_in: StandIn) 
 
 ALONE_JOB = r"""
 import json, os, sys, tempfile, threading, time
-from tpuscope.tracing import Monitor, position
+from tpuscope.tracing import Hooks, Monitor, position
 position.RECONNECT_SECONDS = (0.05, 30.0)  # the first wait shortened, to see it double in a moment
 attempts = []
 
@@ -419,8 +425,12 @@ def audit(event, args):
 sys.addaudithook(audit)
 said = {}
 for watch in (False, True):
-    mon = Monitor("alone", socket=os.path.join(tempfile.mkdtemp(), "none.sock"), traces=False, profile_period="off",
-                  hang_watch=watch)
+    mon = Monitor(
+        "alone",
+        socket=os.path.join(tempfile.mkdtemp(), "none.sock"),
+        traces=False,
+        hooks=Hooks(profile_period="off", hang_watch=watch),
+    )
     with mon.step(0):
         pass
     began = time.monotonic()
@@ -647,10 +657,12 @@ def test_a_process_that_does_not_answer_is_stuck_with_stacks_unknown_then_told_t
 # --- the verdicts of a real sidecar on real jobs -----------------------------------------------------------------
 STUCK_JOB = r"""
 import os, re, sys, threading, time
-from tpuscope.tracing import Monitor
+from tpuscope.tracing import Hooks, Monitor
 mode, socket_path, workload = sys.argv[1:4]
 ends = mode == "exit"  # asks to end on a hang
-mon = Monitor(workload, socket=socket_path, traces=False, profile_period="off", hang_watch=True, exit_on_hang=ends)
+mon = Monitor(
+    workload, socket=socket_path, traces=False, hooks=Hooks(profile_period="off", hang_watch=True, exit_on_hang=ends)
+)
 
 def say(line):  # one write: the heartbeat's lines and the main thread's never mix
     sys.stdout.write(line + "\n")

@@ -33,8 +33,8 @@ x = jax.device_put(jnp.ones((8, 16)), NamedSharding(mesh, P("d")))
 f = jax.jit(lambda x: x * 1.0001)
 mon = None
 if mode == "tpuscope":
-    from tpuscope.tracing import Monitor
-    mon = Monitor("captures", profile_period="1ms", traces=False)
+    from tpuscope.tracing import Hooks, Monitor
+    mon = Monitor("captures", hooks=Hooks(profile_period="1ms"), traces=False)
 def step():
     global x
     for _ in range(ops):

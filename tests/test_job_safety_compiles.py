@@ -26,11 +26,16 @@ from tpuscope.tracing.jax_compiles import EXPLAIN_ENV
 PREAMBLE = """
 import json, logging, os, sys
 import jax, jax.numpy as jnp
-from tpuscope.tracing import Monitor, RecordSink
+from tpuscope.tracing import Hooks, Monitor, RecordSink
 HERE = os.path.dirname(os.path.abspath(__file__))
 def monitor(name, **options):
-    mon = Monitor(name, socket=os.path.join(HERE, "none.sock"), sinks=[RecordSink(os.path.join(HERE, name + ".jsonl"))],
-                  traces=False, profile_period="off", **options)
+    mon = Monitor(
+        name,
+        socket=os.path.join(HERE, "none.sock"),
+        sinks=[RecordSink(os.path.join(HERE, name + ".jsonl"))],
+        traces=False,
+        hooks=Hooks(profile_period="off", **options),
+    )
     with mon.step(0):
         pass
     return mon

@@ -45,9 +45,9 @@ def at_exit():  # registered before the Monitor: run after its close at exit, as
 atexit.register(at_exit)
 import jax, jax.numpy as jnp
 from jax.profiler import ProfileData
-from tpuscope.tracing import Monitor
+from tpuscope.tracing import Hooks, Monitor
 
-mon = Monitor("hang-safety", socket=socket_path, traces=False, profile_period="off")
+mon = Monitor("hang-safety", socket=socket_path, traces=False, hooks=Hooks(profile_period="off"))
 
 @jax.jit
 def train_step(w, x):

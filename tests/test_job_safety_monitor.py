@@ -8,6 +8,7 @@ Each job runs in a subprocess of its own: process-wide state is what is under te
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import json
 import os
@@ -20,7 +21,7 @@ import pytest
 
 from tpuscope import catalog
 from tpuscope.testing.waiting import scrape_until
-from tpuscope.tracing import Monitor, hooks
+from tpuscope.tracing import Hooks, Monitor, hooks
 from tpuscope.workload.sidecar import SidecarProcess
 
 PYTHON = sys.executable
@@ -43,10 +44,12 @@ def run_job(code: str, *args: str, env: dict[str, str] | None = None, timeout: f
 ASYNC_JOB = r"""
 import json, os, sys, tempfile, time
 import jax, jax.numpy as jnp
-from tpuscope.tracing import Monitor, RecordSink
+from tpuscope.tracing import Hooks, Monitor, RecordSink
 
 record = os.path.join(tempfile.mkdtemp(), "events.jsonl")
-mon = Monitor("async", socket=record + ".sock", sinks=[RecordSink(record)], traces=False, profile_period="off")
+mon = Monitor(
+    "async", socket=record + ".sock", sinks=[RecordSink(record)], traces=False, hooks=Hooks(profile_period="off")
+)
 
 @jax.jit
 def slow_step(state):  # a device step of matmuls (dispatched asynchronously, as a real step is)
@@ -100,9 +103,11 @@ def test_a_jax_step_number_is_read_without_waiting_for_the_device() -> None:
 THROUGHPUT_JOB = r"""
 import contextlib, os, sys, tempfile, time
 import jax, jax.numpy as jnp
-from tpuscope.tracing import Monitor
+from tpuscope.tracing import Hooks, Monitor
 mode = sys.argv[1]
-mon = Monitor("async", socket=os.path.join(tempfile.mkdtemp(), "none.sock"), traces=False, profile_period="off")
+mon = Monitor(
+    "async", socket=os.path.join(tempfile.mkdtemp(), "none.sock"), traces=False, hooks=Hooks(profile_period="off")
+)
 
 @jax.jit
 def train_step(state, batch):
@@ -218,14 +223,14 @@ def test_hooks_off_leaves_the_process_as_it_found_it() -> None:
     assert result["during"]["listeners"] == result["before"]["listeners"]
 
 
-def test_every_switch_is_a_monitor_argument_and_an_environment_variable() -> None:
-    parameters = inspect.signature(Monitor).parameters
+def test_every_switch_is_a_hooks_field_and_an_environment_variable() -> None:
+    parameters = {field.name for field in dataclasses.fields(Hooks)}
     for hook in hooks.HOOKS:
         assert hook.name in parameters, hook.name
         assert hook.env.startswith("TPUSCOPE_") and hook.proof, hook
         for proof in hook.proof.split(", "):  # the tests that run a real job with and without it
             assert (Path(__file__).parent.parent / proof).exists(), hook.proof
-    assert "hooks" in parameters
+    assert "hooks" in inspect.signature(Monitor).parameters
     assert len({hook.env for hook in hooks.HOOKS}) == len(hooks.HOOKS)
 
 
@@ -242,8 +247,8 @@ def test_a_switch_reads_its_argument_then_its_variable_then_the_master_switch() 
 
 def test_mfu_never_reads_above_one_whatever_the_peak_says(sidecar: SidecarProcess) -> None:
     """A CPU's peak is an estimate (measured under whatever load the host has): one read low made a demo's gauge
-    read 89.5 % for a measured 67.6 %, and could read over 100 %. The sidecar caps each step's share at 1."""
-    with Monitor("mfu", socket=sidecar.socket, traces=False, profile_period="off") as mon:
+    read 89.5 % for a measured 67.6 %, and could read over 100 %. The sidecar caps its ratio at 1 (tpuscope.utilization)."""
+    with Monitor("mfu", socket=sidecar.socket, traces=False, hooks=Hooks(profile_period="off")) as mon:
         mon.hardware("cpu", 1, 1e6)  # a peak far below what the steps do
         for n in range(5):
             with mon.step(n) as s:
@@ -255,7 +260,7 @@ def test_mfu_never_reads_above_one_whatever_the_peak_says(sidecar: SidecarProces
 def test_a_sigterm_grace_is_a_duration_of_at_least_five_seconds(monkeypatch: pytest.MonkeyPatch) -> None:
     """docs/instrument.md: ``sigterm_grace="25s"``; docs/hooks.md: the variable is a duration, not a switch: "1"
     would be a watchdog that kills the job's last save a second after the SIGTERM (repro 07), so it is refused, said."""
-    from tpuscope.tracing.monitor import _grace
+    from tpuscope.tracing.preemption import watchdog_grace as _grace
 
     assert _grace("25s") == 25.0 and _grace(30) == 30.0 and _grace(None) is None
     assert _grace("1") is None and _grace("on") is None and _grace(4.9) is None

@@ -32,7 +32,7 @@ except ImportError:  # Orbax before 0.6
 
 from tpuscope import events
 from tpuscope.testing.waiting import WaitTimedOut, wait_for
-from tpuscope.tracing import Monitor, orbax_checkpoints
+from tpuscope.tracing import Monitor, Traces, orbax_checkpoints
 
 HOLD_S = 0.2  # how long the job's storage holds each commit (two a step in Orbax 0.12): each save waits for the last
 WAIT_EVENTS = ("/jax/checkpoint/write/wait_for_prev_duration_secs", "/jax/orbax/write/blocking_wait_prev_duration_secs")
@@ -80,14 +80,19 @@ jax.monitoring.register_event_duration_secs_listener(listen)
 
 mngr = ocp.CheckpointManager(directory, options=ocp.CheckpointManagerOptions(max_to_keep=2))
 if mode == "wrapped":
-    from tpuscope.tracing import Monitor
+    from tpuscope.tracing import Hooks, Monitor, Traces
     class Sink(list):
         emit = list.append
         def close(self):
             pass
     sink = Sink()
-    mon = Monitor("ck", socket=directory + ".sock", sinks=[sink], spans_file=directory + ".spans",
-                  profile_period="off")
+    mon = Monitor(
+        "ck",
+        socket=directory + ".sock",
+        sinks=[sink],
+        traces=Traces(spans_file=directory + ".spans"),
+        hooks=Hooks(profile_period="off"),
+    )
     mngr = mon.orbax(mngr)
 state = {"w%d" % i: jnp.zeros((1 << 17,), jnp.float32) for i in range(8)}  # 4 MiB
 inc = jax.jit(lambda s: jax.tree.map(lambda x: x + 1, s))
@@ -258,7 +263,9 @@ class HeldStorage:
 @pytest.fixture
 def mon(short_tmp: Path) -> Iterator[tuple[Monitor, Kept]]:
     kept = Kept()
-    monitor = Monitor("orbax", socket=short_tmp / "nobody.sock", sinks=[kept], spans_file=short_tmp / "spans.jsonl")
+    monitor = Monitor(
+        "orbax", socket=short_tmp / "nobody.sock", sinks=[kept], traces=Traces(spans_file=short_tmp / "spans.jsonl")
+    )
     yield monitor, kept
     monitor.close()
 

@@ -23,7 +23,7 @@ import pytest
 from tpuscope import catalog, events
 from tpuscope.scrape import Scrape
 from tpuscope.testing.waiting import wait_for
-from tpuscope.tracing.profiles import DEADLINE_FLOOR
+from tpuscope.tracing.profile_sampler import DEADLINE_FLOOR
 from tpuscope.workload.sidecar import SidecarProcess
 
 pytestmark = pytest.mark.long
@@ -53,7 +53,7 @@ def run(code: str, *args: str, timeout: float = 300) -> dict[str, Any]:
 EVAL_JOB = r"""
 import logging, psutil
 logging.basicConfig(level=logging.INFO)
-from tpuscope.tracing import Monitor
+from tpuscope.tracing import Hooks, Monitor
 mode, socket_path, eval_s = sys.argv[1], sys.argv[2], float(sys.argv[3])
 profiles = []
 class Profiles:  # a sink keeping the profiles the steps carry
@@ -62,8 +62,13 @@ class Profiles:  # a sink keeping the profiles the steps carry
             profiles.append({f: getattr(event.profile, f) for f in event.profile.__struct_fields__})
     def close(self):
         pass
-mon = Monitor("eval", socket=socket_path, sinks=[Profiles()], traces=False,
-              profile_period="0.3s" if mode == "on" else "off")
+mon = Monitor(
+    "eval",
+    socket=socket_path,
+    sinks=[Profiles()],
+    traces=False,
+    hooks=Hooks(profile_period="0.3s" if mode == "on" else "off"),
+)
 mesh = Mesh(np.array(jax.devices()), ("d",))
 x = jax.device_put(jnp.ones((8 * 32, 128)), NamedSharding(mesh, P("d")))
 w = jnp.ones((128, 128)) * 0.01
@@ -147,8 +152,9 @@ jax.config.update("jax_enable_pgle", True)
 mode, socket_path = sys.argv[1], sys.argv[2]
 monitored = mode == "monitor"
 if monitored:
-    from tpuscope.tracing import Monitor
-    mon = Monitor("pgle", socket=socket_path, traces=False, profile_period="0.02s")  # K: the floor, 16 steps
+    from tpuscope.tracing import Hooks, Monitor
+    # K: the floor, 16 steps
+    mon = Monitor("pgle", socket=socket_path, traces=False, hooks=Hooks(profile_period="0.02s"))
 
 @jax.jit
 def train_step(x):
@@ -202,8 +208,8 @@ from jax.profiler import ProfileData
 mode, socket_path = sys.argv[1], sys.argv[2]
 monitored = mode == "monitor"
 if monitored:
-    from tpuscope.tracing import Monitor
-    mon = Monitor("prof", socket=socket_path, traces=False, profile_period="0.05s")  # K: 32 steps or so
+    from tpuscope.tracing import Hooks, Monitor
+    mon = Monitor("prof", socket=socket_path, traces=False, hooks=Hooks(profile_period="0.05s"))  # K: 32 steps or so
 
 @jax.jit
 def train_step(x):
@@ -289,9 +295,9 @@ def test_a_users_traces_work_however_start_trace_was_imported(module_sidecar: Si
 STEPS_IN_USER_TRACE_JOB = r"""
 from jax.profiler import start_trace, stop_trace, ProfileData
 import glob
-from tpuscope.tracing import Monitor
+from tpuscope.tracing import Hooks, Monitor
 socket_path = sys.argv[1]
-mon = Monitor("prof", socket=socket_path, traces=False, profile_period="0.01s")  # K: 8 steps or so
+mon = Monitor("prof", socket=socket_path, traces=False, hooks=Hooks(profile_period="0.01s"))  # K: 8 steps or so
 
 @jax.jit
 def train_step(x):
@@ -341,11 +347,11 @@ def test_nothing_is_written_into_a_users_trace(module_sidecar: SidecarProcess) -
 TWO_MONITORS_JOB = r"""
 import contextlib, logging
 logging.basicConfig(level=logging.INFO)
-from tpuscope.tracing import Monitor
+from tpuscope.tracing import Hooks, Monitor
 two, socket_path = sys.argv[1] == "two", sys.argv[2]
 if two:  # a trainer library that instruments itself, made first (at its import)
-    lib = Monitor("llm-lib", socket=socket_path, traces=False, profile_period="0.05s")
-user = Monitor("llm", socket=socket_path, traces=False, profile_period="0.05s")
+    lib = Monitor("llm-lib", socket=socket_path, traces=False, hooks=Hooks(profile_period="0.05s"))
+user = Monitor("llm", socket=socket_path, traces=False, hooks=Hooks(profile_period="0.05s"))
 
 @jax.jit
 def step(x):
@@ -396,10 +402,11 @@ def test_two_monitors_share_the_one_profiler_without_failed_captures(module_side
 
 # --- 10: what a capture costs the steps around it -------------------------------------------------------------
 STALL_JOB = r"""
-from tpuscope.tracing import Monitor, profiles
+from tpuscope.tracing import Hooks, Monitor
+from tpuscope.tracing import profile_sampler as profiles
 socket_path, period, captures_wanted, max_steps = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
 profiles.COST_BUDGET = 1.0  # only so that K does not widen: several captures in a short run
-mon = Monitor("stall", socket=socket_path, traces=False, profile_period=period)
+mon = Monitor("stall", socket=socket_path, traces=False, hooks=Hooks(profile_period=period))
 mesh = Mesh(np.array(jax.devices()), ("d",))
 rep, shard = NamedSharding(mesh, P()), NamedSharding(mesh, P("d"))
 key = jax.random.PRNGKey(0)
@@ -535,8 +542,8 @@ JOB_OF_AN_OLDER_SIDECAR = r"""
 import logging
 import time
 logging.basicConfig(level=logging.INFO)
-from tpuscope.tracing import Monitor
-mon = Monitor("old", socket=sys.argv[1], traces=False, profile_period="0.01s")  # K: 8 steps or so
+from tpuscope.tracing import Hooks, Monitor
+mon = Monitor("old", socket=sys.argv[1], traces=False, hooks=Hooks(profile_period="0.01s"))  # K: 8 steps or so
 f = jax.jit(lambda x: jnp.tanh(x @ x.T))
 x = jnp.ones((128, 128))
 # 200 steps, and on until the profiler's thread (at nice 19, late on a loaded machine) has looked for the spool.

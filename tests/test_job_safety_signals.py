@@ -3,7 +3,7 @@
 Each test runs the repro's job with and without tpuscope, each in a subprocess of its own, and compares. A
 default Monitor installs no SIGTERM handler, so the job ends as it would without tpuscope: at once in a device
 call, a forked worker at ``terminate()``, an Orbax loop's own flag handler untouched. The opt-in handler
-(``Monitor(sigterm=True)``) only notes the signal and the job leaves at its next step: Orbax's ``finally``
+(``Hooks(sigterm=True)``) only notes the signal and the job leaves at its next step: Orbax's ``finally``
 wait blocks as it should, a final save takes as long as it needs, and the run ends booked a preemption. With
 ``sigterm_grace``, a job that never gets back to a step (a hung device call) is ended by the watchdog after
 its grace, its preemption sent first.
@@ -28,7 +28,7 @@ import pytest
 from tpuscope import events
 from tpuscope.gce_metadata import METADATA_HOST_ENV
 from tpuscope.tracing import read_records
-from tpuscope.tracing.failures import BEFORE_KILL_SECONDS, SIGTERM_EXIT
+from tpuscope.tracing.preemption import BEFORE_KILL_SECONDS, SIGTERM_EXIT
 
 pytestmark = pytest.mark.long
 
@@ -108,10 +108,15 @@ import sys, time
 import jax, jax.numpy as jnp
 mode, hang, record = sys.argv[1], float(sys.argv[2]), sys.argv[3]
 if mode != "plain":
-    from tpuscope.tracing import Monitor, RecordSink
+    from tpuscope.tracing import Hooks, Monitor, RecordSink
     opt_in = {"sigterm": True, "sigterm_grace": float(sys.argv[4])} if mode == "grace" else {}
-    mon = Monitor("hang", socket=record + ".sock", sinks=[RecordSink(record)], traces=False, profile_period="off",
-                  **opt_in)
+    mon = Monitor(
+        "hang",
+        socket=record + ".sock",
+        sinks=[RecordSink(record)],
+        traces=False,
+        hooks=Hooks(profile_period="off", **opt_in),
+    )
 
 @jax.jit
 def spin(x, n):  # a device program that does not come back for a while (a hung collective, a long step)
@@ -154,10 +159,14 @@ def worker(q, rounds):
 if __name__ == "__main__":
     mode = sys.argv[1]
     if mode != "plain":
-        from tpuscope.tracing import Monitor
+        from tpuscope.tracing import Hooks, Monitor
         opt_in = {"sigterm": True} if mode == "opt-in" else {}
-        mon = Monitor("fork", socket=os.path.join(tempfile.mkdtemp(), "none.sock"), traces=False,
-                      profile_period="off", **opt_in)
+        mon = Monitor(
+            "fork",
+            socket=os.path.join(tempfile.mkdtemp(), "none.sock"),
+            traces=False,
+            hooks=Hooks(profile_period="off", **opt_in),
+        )
     t = time.perf_counter(); hashlib.pbkdf2_hmac("sha256", b"batch", b"salt", 200_000)
     rounds = int(6.0 / ((time.perf_counter() - t) / 200_000))  # a 6 s call
     ctx = mp.get_context("fork")
@@ -215,10 +224,11 @@ if mode.startswith("flag"):  # the job's own handler, as JAX's and Orbax's preem
     signal.signal(signal.SIGTERM, on_term)
 step_cm = lambda n: contextlib.nullcontext()
 if mode != "flag" and mode != "plain":
-    from tpuscope.tracing import Monitor
+    from tpuscope.tracing import Hooks, Monitor
     opt_in = {"sigterm": True} if mode == "opt-in" else {}
-    mon = Monitor("ck", socket=directory + ".sock", traces=False, profile_period="off", jax_compiles=False,
-                  **opt_in)
+    mon = Monitor(
+        "ck", socket=directory + ".sock", traces=False, hooks=Hooks(profile_period="off", jax_compiles=False, **opt_in)
+    )
     step_cm = mon.step
 mngr = ocp.CheckpointManager(directory, options=ocp.CheckpointManagerOptions(max_to_keep=3))
 state = {"w%d" % i: jnp.zeros((1 << 20,), jnp.float32) for i in range(8)}  # 32 MiB
@@ -311,10 +321,15 @@ step = lambda n: contextlib.nullcontext()
 class Preempted(BaseException):  # without tpuscope nothing raises it
     pass
 if mode != "plain":
-    from tpuscope.tracing import Monitor, Preempted, RecordSink
+    from tpuscope.tracing import Hooks, Monitor, Preempted, RecordSink
     opt_in = {"sigterm": True} if mode == "opt-in" else {}
-    mon = Monitor("final-save", socket=record + ".sock", sinks=[RecordSink(record)], traces=False,
-                  profile_period="off", jax_compiles=False, **opt_in)
+    mon = Monitor(
+        "final-save",
+        socket=record + ".sock",
+        sinks=[RecordSink(record)],
+        traces=False,
+        hooks=Hooks(profile_period="off", jax_compiles=False, **opt_in),
+    )
     step = mon.step
 
 def save_checkpoint():  # a last checkpoint: 6 shards of 0.5 s
@@ -362,15 +377,20 @@ def test_07_a_final_save_after_the_sigterm_completes_and_the_run_is_a_preemption
 
 ASYNCIO_JOB = r"""
 import asyncio, hashlib, os, signal, sys
-from tpuscope.tracing import Monitor, RecordSink
+from tpuscope.tracing import Hooks, Monitor, RecordSink
 record = sys.argv[1]
 
 async def main():
     loop = asyncio.get_running_loop()
     heard = loop.create_future()
     loop.add_signal_handler(signal.SIGUSR1, heard.set_result, "SIGUSR1")  # asyncio's wakeup fd, set first
-    mon = Monitor("async", socket=record + ".sock", sinks=[RecordSink(record)], traces=False, profile_period="off",
-                  jax_compiles=False, sigterm=True, sigterm_grace=5.0)
+    mon = Monitor(
+        "async",
+        socket=record + ".sock",
+        sinks=[RecordSink(record)],
+        traces=False,
+        hooks=Hooks(profile_period="off", jax_compiles=False, sigterm=True, sigterm_grace=5.0),
+    )
     os.kill(os.getpid(), signal.SIGUSR1)
     print("asyncio heard", await asyncio.wait_for(heard, 60), flush=True)
     os.kill(os.getpid(), signal.SIGTERM)

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import threading
 import time
+import warnings
 from pathlib import Path
 
 import pytest
@@ -16,7 +17,7 @@ from recorder import Recorder
 
 from tpuscope import catalog, events
 from tpuscope.testing.waiting import scrape_until
-from tpuscope.tracing import Monitor, sinks
+from tpuscope.tracing import Hooks, Monitor, Traces, sinks
 from tpuscope.workload.sidecar import SidecarProcess
 
 
@@ -132,7 +133,9 @@ def test_a_phase_run_twice_adds_up_and_one_begun_inside_another_is_timed_apart()
 
 def test_a_step_and_a_checkpoint_carry_the_compiles_reported_while_they_ran() -> None:
     recorder = Recorder()
-    monitor = Monitor("compiles", socket="/nonexistent/x.sock", sinks=[recorder], traces=False, jax_compiles=False)
+    monitor = Monitor(
+        "compiles", socket="/nonexistent/x.sock", sinks=[recorder], traces=False, hooks=Hooks(jax_compiles=False)
+    )
     monitor.compile("backend", 4.0, "before_the_loop")
     with monitor.step(0):
         monitor.compile("backend", 0.001, "first_call")
@@ -172,6 +175,38 @@ def test_misuse_warns_or_counts_but_never_raises() -> None:
         with pytest.raises(events.InvalidEvent, match="invalid_field"):
             events.decode(events.encode(event))
     assert dropped_before_close == 4  # no sidecar: start, the step, and the two reports
+
+
+def test_a_former_keyword_works_for_one_more_release_and_says_what_replaces_it(short_tmp: Path) -> None:
+    """A Monitor made with the keywords it took before Traces and Hooks is the Monitor they make, and each
+    keyword is a DeprecationWarning at the caller's line that names its field; the new form warns of nothing."""
+    spans = short_tmp / "spans.jsonl"
+    with pytest.warns(DeprecationWarning) as said:
+        former = Monitor("former", socket="/nonexistent/x.sock", spans_file=spans, sample_every=7, close_at_exit=False)
+    former.close()
+    assert [str(w.message) for w in said] == [
+        "tpuscope: Monitor(spans_file=...) is deprecated and goes in the next release; "
+        "use Monitor(traces=Traces(spans_file=...))",
+        "tpuscope: Monitor(sample_every=...) is deprecated and goes in the next release; "
+        "use Monitor(traces=Traces(sample_every=...))",
+        "tpuscope: Monitor(close_at_exit=...) is deprecated and goes in the next release; "
+        "use Monitor(hooks=Hooks(close_at_exit=...))",
+    ]
+    assert {w.filename for w in said} == {__file__}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        current = Monitor(
+            "current",
+            socket="/nonexistent/x.sock",
+            traces=Traces(spans_file=spans, sample_every=7),
+            hooks=Hooks(close_at_exit=False),
+        )
+    current.close()
+    for monitor in (former, current):
+        assert monitor.spans is not None and monitor.spans.sampler.every == 7
+        assert monitor._close_at_exit_on is False
+    with pytest.raises(TypeError, match="jax_compile"):
+        Monitor("typo", socket="/nonexistent/x.sock", jax_compile=False)  # type: ignore[call-arg]
 
 
 def test_an_exception_leaving_the_monitor_records_a_failure() -> None:
@@ -247,7 +282,7 @@ def test_numpy_and_jax_numbers_are_sent_as_the_numbers_they_hold(sidecar: Sideca
     import jax.numpy as jnp
     import numpy as np
 
-    monitor = Monitor("numpy", socket=sidecar.socket, traces=False, jax_compiles=False)
+    monitor = Monitor("numpy", socket=sidecar.socket, traces=False, hooks=Hooks(jax_compiles=False))
     for n in (np.int64(0), jnp.array(1), jnp.int32(2)):
         with monitor.step(n) as s:  # type: ignore[arg-type]
             s.flops = np.float32(1e6)  # type: ignore[assignment]
@@ -272,7 +307,7 @@ def test_a_value_that_is_no_number_is_a_counted_drop_said_once(
     import numpy as np
 
     recorder = Recorder()
-    monitor = Monitor("odd", socket=sidecar.socket, sinks=[recorder], traces=False, jax_compiles=False)
+    monitor = Monitor("odd", socket=sidecar.socket, sinks=[recorder], traces=False, hooks=Hooks(jax_compiles=False))
     with monitor.step(np.arange(3)):  # type: ignore[arg-type]  # an array is no step number
         pass
     with monitor.step(1) as s:
@@ -325,9 +360,9 @@ def test_a_sidecar_that_does_not_accept_never_blocks_the_monitor(short_tmp: Path
 
 FORKING_JOB = """
 import os, signal, sys, time
-from tpuscope.tracing import Monitor
+from tpuscope.tracing import Hooks, Monitor
 
-mon = Monitor("forky", socket=sys.argv[1], traces=False, jax_compiles=False)
+mon = Monitor("forky", socket=sys.argv[1], traces=False, hooks=Hooks(jax_compiles=False))
 with mon.step(0):
     pass
 if (ended := os.fork()) == 0:  # a worker that ends normally: the atexit hooks it inherited run
@@ -366,11 +401,11 @@ def test_a_forked_child_never_speaks_for_its_parent_nor_hides_its_death(sidecar:
 
 OUT_OF_DESCRIPTORS_JOB = """
 import os, resource, sys
-from tpuscope.tracing import Monitor
+from tpuscope.tracing import Hooks, Monitor
 
 _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
 resource.setrlimit(resource.RLIMIT_NOFILE, (len(os.listdir("/proc/self/fd")) - 1, hard))  # listdir held one
-mon = Monitor("no-fds", socket=sys.argv[1], traces=False, jax_compiles=False)
+mon = Monitor("no-fds", socket=sys.argv[1], traces=False, hooks=Hooks(jax_compiles=False))
 for n in range(3):
     with mon.step(n):
         pass
@@ -390,7 +425,9 @@ def test_out_of_file_descriptors_each_event_is_a_counted_drop(sidecar: SidecarPr
 
 def test_a_badput_block_is_timed_less_its_compiles_and_saves_and_the_next_step_or_the_stop_carries_it() -> None:
     recorder = Recorder()
-    monitor = Monitor("marked", socket="/nonexistent/x.sock", sinks=[recorder], traces=False, jax_compiles=False)
+    monitor = Monitor(
+        "marked", socket="/nonexistent/x.sock", sinks=[recorder], traces=False, hooks=Hooks(jax_compiles=False)
+    )
     with monitor.step(0):
         pass
     began = time.perf_counter()
@@ -426,7 +463,9 @@ def test_a_badput_block_around_steps_books_only_its_time_between_them_and_each_t
     """A block that holds steps (a warm-up marked as such) is its time less theirs: the steps book themselves. A block
     on another thread is its own, not the inner one of a block open on the loop's thread."""
     recorder = Recorder()
-    monitor = Monitor("around", socket="/nonexistent/x.sock", sinks=[recorder], traces=False, jax_compiles=False)
+    monitor = Monitor(
+        "around", socket="/nonexistent/x.sock", sinks=[recorder], traces=False, hooks=Hooks(jax_compiles=False)
+    )
     began = time.perf_counter()
     with monitor.badput("warmup"):
         for number in range(2):
@@ -460,7 +499,9 @@ def test_a_badput_name_is_checked_at_once_and_names_past_the_bound_fold_into_cus
     from tpuscope import goodput
 
     recorder = Recorder()
-    monitor = Monitor("names", socket="/nonexistent/x.sock", sinks=[recorder], traces=False, jax_compiles=False)
+    monitor = Monitor(
+        "names", socket="/nonexistent/x.sock", sinks=[recorder], traces=False, hooks=Hooks(jax_compiles=False)
+    )
     for wrong in ("Eval", "eval loop", "", "productive", "straggler", "custom", "x" * 33):
         with pytest.raises(ValueError, match=r"Monitor\.badput"):
             monitor.badput(wrong)

@@ -18,9 +18,9 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
-from tpuscope.bench.overhead import empty_steps
-from tpuscope.tracing import Monitor
-from tpuscope.tracing.otel import JsonLinesExporter, exporter
+from tpuscope.bench.timing import empty_steps
+from tpuscope.tracing import Monitor, Traces
+from tpuscope.tracing.span_export import JsonLinesExporter, exporter
 
 CAP = 200_000
 
@@ -58,7 +58,7 @@ def test_a_long_job_keeps_its_newest_spans_within_the_cap_in_the_file_it_named(
     # The default sampling: 1 in 100 steps and the slow ones, about 3.5 MB of spans in all.
     with (
         caplog.at_level(logging.INFO, logger="tpuscope"),
-        Monitor("long-job", socket=short_tmp / "absent.sock", spans_file=path) as mon,
+        Monitor("long-job", socket=short_tmp / "absent.sock", traces=Traces(spans_file=path)) as mon,
     ):
         empty_steps(mon, 100_000)
     print(f"100,000 steps and the close: {time.perf_counter() - began:.1f} s")
@@ -85,7 +85,7 @@ def test_with_no_collector_and_no_file_a_job_writes_no_spans_anywhere(state_home
     job = (
         "import sys\n"
         "from tpuscope.tracing import Monitor\n"
-        "from tpuscope.bench.overhead import empty_steps\n"
+        "from tpuscope.bench.timing import empty_steps\n"
         f"with Monitor('quiet', socket={str(short_tmp / 'absent.sock')!r}) as mon:\n"
         "    empty_steps(mon, 1000)\n"
         "print(mon.spans, 'opentelemetry.sdk' in sys.modules)\n"
@@ -180,7 +180,9 @@ def test_a_monitor_with_a_bad_cap_runs_without_spans_and_says_why(
     state_home: Path, monkeypatch: pytest.MonkeyPatch, short_tmp: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     monkeypatch.setenv("TPUSCOPE_SPANS_MAX_BYTES", "64MiB")
-    with Monitor("capped", socket=short_tmp / "absent.sock", spans_file=short_tmp / "spans.jsonl") as mon:
+    with Monitor(
+        "capped", socket=short_tmp / "absent.sock", traces=Traces(spans_file=short_tmp / "spans.jsonl")
+    ) as mon:
         empty_steps(mon, 10)
     assert mon.spans is None
     assert "spans are off: TPUSCOPE_SPANS_MAX_BYTES='64MiB'" in caplog.text

@@ -35,12 +35,12 @@ JOB = textwrap.dedent(
     f"""
     import os, sys
     import jax, jax.numpy as jnp
-    from tpuscope.tracing import Monitor
+    from tpuscope.tracing import Hooks, Monitor
 
     mode, socket = sys.argv[1], sys.argv[2]
     step = jax.jit(lambda x: jnp.tanh(x @ x))
     x = jnp.ones((64, 64))
-    with Monitor({WORKLOAD!r}, socket=socket, sigterm=False, traces=False, profile_period="off") as mon:
+    with Monitor({WORKLOAD!r}, socket=socket, hooks=Hooks(sigterm=False, profile_period="off"), traces=False) as mon:
         n = 0
         while True:
             with mon.step(n):

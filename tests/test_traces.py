@@ -18,7 +18,7 @@ from tpuscope import catalog
 from tpuscope.otel import resource
 from tpuscope.testing import bench as testing_bench
 from tpuscope.testing.waiting import scrape_until
-from tpuscope.tracing import Monitor
+from tpuscope.tracing import Monitor, Traces
 from tpuscope.tracing.spans import CLOSE_TIMEOUT_SECONDS, TrainingSampler
 from tpuscope.workload.sidecar import SidecarProcess
 
@@ -52,7 +52,7 @@ def test_kept_steps_nest_their_phases_and_carry_the_resource(
     monkeypatch.setenv("MEGASCALE_SLICE_ID", "1")
     monkeypatch.setenv("JOB_COMPLETION_INDEX", "6")  # an Indexed Job's pod off a TPU VM: no TPU_WORKER_ID
     monkeypatch.delenv("TPU_WORKER_ID", raising=False)
-    with Monitor("traced", socket=short_tmp / "absent.sock", sample_every=10) as mon:
+    with Monitor("traced", socket=short_tmp / "absent.sock", traces=Traces(sample_every=10)) as mon:
         run_steps(mon, 150, slow={133})
         with mon.checkpoint("save", step=149) as ckpt:
             ckpt.bytes = 1234
@@ -116,7 +116,7 @@ def test_the_sampler_keeps_the_slow_steps_a_straggler_and_a_stall_cause(receiver
 
 
 def test_a_kept_steps_trace_id_is_an_exemplar_on_metrics(receiver: Receiver, sidecar: SidecarProcess) -> None:
-    with Monitor("exemplary", socket=sidecar.socket, sample_every=5) as mon:
+    with Monitor("exemplary", socket=sidecar.socket, traces=Traces(sample_every=5)) as mon:
         run_steps(mon, 20)
     scrape_until(sidecar.url, lambda s: s.value(catalog.STEPS.name, workload="exemplary") == 20)
     request = urllib.request.Request(sidecar.url, headers={"Accept": "application/openmetrics-text; version=1.0.0"})
@@ -133,7 +133,7 @@ def test_without_an_endpoint_spans_go_to_a_json_lines_file(monkeypatch: pytest.M
     for name in ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_TRACES_EXPORTER"):
         monkeypatch.delenv(name, raising=False)
     path = short_tmp / "spans.jsonl"
-    with Monitor("local", socket=short_tmp / "absent.sock", spans_file=path, sample_every=4) as mon:
+    with Monitor("local", socket=short_tmp / "absent.sock", traces=Traces(spans_file=path, sample_every=4)) as mon:
         run_steps(mon, 8)
     records = [json.loads(line) for line in path.read_text().splitlines()]
     steps = [r for r in records if r["name"] == "step"]
@@ -183,7 +183,7 @@ def test_close_waits_a_bounded_time_for_a_collector_that_never_answers(
         hung.listen(8)
         monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", f"http://127.0.0.1:{hung.getsockname()[1]}")
         monkeypatch.setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc")
-        mon = Monitor("hung", socket=short_tmp / "absent.sock", sample_every=1)
+        mon = Monitor("hung", socket=short_tmp / "absent.sock", traces=Traces(sample_every=1))
         run_steps(mon, 5)
         began = time.monotonic()
         mon.close()
@@ -207,7 +207,7 @@ def test_monitors_sharing_a_spans_file_never_interleave_lines(monkeypatch: pytes
     path = short_tmp / "shared.jsonl"
 
     def job(name: str) -> None:
-        with Monitor(name, socket=short_tmp / "absent.sock", spans_file=path, sample_every=1) as mon:
+        with Monitor(name, socket=short_tmp / "absent.sock", traces=Traces(spans_file=path, sample_every=1)) as mon:
             run_steps(mon, 200, seconds=0.0)
 
     workers = [threading.Thread(target=job, args=(f"job{i}",)) for i in range(2)]
@@ -231,7 +231,9 @@ def test_the_traces_exporter_variable_chooses_or_refuses(
     for name in ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("OTEL_TRACES_EXPORTER", setting)
-    with Monitor("chosen", socket=short_tmp / "absent.sock", spans_file=short_tmp / "tpuscope-spans.jsonl") as mon:
+    with Monitor(
+        "chosen", socket=short_tmp / "absent.sock", traces=Traces(spans_file=short_tmp / "tpuscope-spans.jsonl")
+    ) as mon:
         run_steps(mon, 2)  # spans or none, the job's steps run
         if expected is None:
             assert mon.spans is None, "an exporter nobody offers must turn spans off, not fail the job"

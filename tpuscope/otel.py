@@ -1,7 +1,7 @@
 """The OpenTelemetry conventions that the job and the sidecar both follow: the ``OTEL_*`` variables and the resource.
 
 Neither side owns this module (as opentelemetry-python's SDK and exporters share one common package):
-the in-job spans (:mod:`tpuscope.tracing.otel`) and the sidecar's OTLP metrics
+the in-job spans (:mod:`tpuscope.tracing.span_export`) and the sidecar's OTLP metrics
 (:mod:`tpuscope.exporter.otlp_push`) read the same variables the same way and describe their process
 with the same resource. It imports the OpenTelemetry SDK only inside :func:`resource`, so that reading
 the variables (the sidecar's settings, which every ``tpuscope`` command's ``--help`` builds) stays light.
@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from opentelemetry.sdk.resources import Resource
 
-# The job's spans file, where no OTLP endpoint is set (tracing/otel.py).
+# The job's spans file, where no OTLP endpoint is set (tracing/span_export.py).
 SPANS_FILE_VARIABLE = "TPUSCOPE_SPANS_FILE"
 
 

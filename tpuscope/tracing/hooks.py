@@ -8,9 +8,10 @@ job runs, stops, logs or profiles is off unless the job asks for it (``sigterm``
 observe, and each is proven harmless by a test that runs a real job with and without tpuscope and compares
 (tests/test_job_safety_*.py, named in the table).
 
-Each switch is a Monitor argument of the hook's name and an environment variable; the argument wins, and
-``TPUSCOPE_HOOKS=off`` (or ``Monitor(hooks=False)``) turns every one of them off at once, for a job that wants
-tpuscope to do nothing but send the events it is given. docs/hooks.md is generated from this table.
+Each switch is a field of :class:`Hooks` of the hook's name (``Monitor(hooks=Hooks(sigterm=True))``) and an
+environment variable; the field wins, and ``TPUSCOPE_HOOKS=off`` (or ``Monitor(hooks=False)``) turns every one of
+them off at once, for a job that wants tpuscope to do nothing but send the events it is given. docs/hooks.md is
+generated from this table.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ _FALSE = ("0", "false", "off", "no")
 
 @dataclass(frozen=True)
 class Hook:
-    """One process-wide change: ``name`` is also the Monitor's argument, ``env`` the variable that sets it."""
+    """One process-wide change: ``name`` is also its :class:`Hooks` field, ``env`` the variable that sets it."""
 
     name: str
     env: str
@@ -161,12 +162,42 @@ HOOKS = (
 )
 
 
+@dataclass(frozen=True)
+class Hooks:
+    """The Monitor's process-wide changes, one field per hook of :data:`HOOKS`: ``Monitor(hooks=Hooks(...))``.
+
+    A switch left None reads its variable, then ``every``, then ``TPUSCOPE_HOOKS``, then its default
+    (:func:`enabled`): ``every=False`` turns off every hook that neither its own field nor its variable turns on,
+    as ``Monitor(hooks=False)`` does. Two fields are durations, not switches: ``sigterm_grace`` (the SIGTERM
+    watchdog, none unless given; tracing/preemption.py) and ``profile_period`` (how often a device profile is
+    sampled, in seconds, a duration such as ``"10m"``, or ``"off"``; default ``$TPUSCOPE_PROFILE_PERIOD``, else
+    tracing/profile_sampler.py's).
+    """
+
+    sigterm: bool | None = None
+    sigterm_grace: float | str | None = None
+    jax_compiles: bool | None = None
+    explain_recompiles: bool | None = None
+    profiles: bool | None = None
+    profile_period: float | str | None = None
+    excepthook: bool | None = None
+    close_at_exit: bool | None = None
+    hang_watch: bool | None = None
+    exit_on_hang: bool | None = None
+    every: bool | None = None
+
+    def on(self, hook: Hook) -> bool:
+        """Whether ``hook`` is on for the Monitor given these switches."""
+        switch: bool | None = getattr(self, hook.name)
+        return enabled(hook, switch, self.every)
+
+
 def enabled(
     hook: Hook, argument: bool | None, every: bool | None = None, environ: Mapping[str, str] = os.environ
 ) -> bool:
-    """Whether ``hook`` is on: the Monitor's argument for it if given, else its variable, else the Monitor's
-    ``hooks`` (``every``: False turns it off), else ``TPUSCOPE_HOOKS``, else its default. A value a variable
-    cannot mean is said at once and passed over."""
+    """Whether ``hook`` is on: its :class:`Hooks` field if given, else its variable, else ``every`` (False turns
+    it off), else ``TPUSCOPE_HOOKS``, else its default. A value a variable cannot mean is said at once and passed
+    over."""
     if argument is not None:
         return bool(argument)
     if (own := _flag(hook.env, environ)) is not None:
@@ -198,7 +229,7 @@ def markdown() -> str:
         "",
         re.sub(r":\w+:`([^`]+)`", r"`\1`", (__doc__ or "").split("\n\n", 1)[1]).replace("``", "`").strip(),
         "",
-        "| switch (Monitor argument) | variable | default | what it changes | why | proven harmless by |",
+        "| switch (`Hooks` field) | variable | default | what it changes | why | proven harmless by |",
         "|---|---|---|---|---|---|",
     ]
     for hook in HOOKS:
@@ -206,7 +237,7 @@ def markdown() -> str:
         lines.append(f"| `{hook.name}` | `{hook.env}` | {default} | {hook.changes} | {hook.why} | `{hook.proof}` |")
     lines += [
         "",
-        f"`{ALL_ENV}=off` or `Monitor(hooks=False)` turns all of them off; an argument or a hook's own variable "
+        f"`{ALL_ENV}=off` or `Monitor(hooks=False)` turns all of them off; a field or a hook's own variable "
         f"still turns one back on. The variables take 1/true/on/yes or 0/false/off/no, but "
         f"`{SIGTERM_GRACE.env}`, a duration.",
         "",

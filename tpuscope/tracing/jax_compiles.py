@@ -55,13 +55,11 @@ import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from types import CodeType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from tpuscope import events, reasons
 from tpuscope.tracing import failures
-
-if TYPE_CHECKING:
-    from tpuscope.tracing.monitor import Monitor
+from tpuscope.tracing.adapter_protocol import CompileReporter
 
 log = logging.getLogger("tpuscope")
 
@@ -83,9 +81,8 @@ EXPLAIN_LOGGERS = ("jax._src.interpreters.partial_eval", "jax._src.pjit")
 # Where the setting also raises the persistent compilation cache's records from DEBUG to WARNING.
 RAISED_LOGGERS = ("jax._src.compiler", "jax._src.compilation_cache")
 # Explanations the watcher asks JAX for, at most, in a process: recompiles counted while the setting is the
-# watcher's. JAX compares a miss with every earlier key of the function, so a job with hundreds of shapes pays
-# more for each (measured on this CPU: +4 % on a retrace and compile at 100 shapes of one function, +48 % at
-# 400): past this, the setting goes back off, and recompiles are counted as unexplained.
+# watcher's. JAX compares a miss with every earlier key of the function, so each explanation costs more as a
+# function's shapes grow: past this, the setting goes back off, and recompiles are counted as unexplained.
 EXPLAIN_BUDGET = 200
 # pjit's function that traces a jitted callable (its local ``fun``) and reports TRACE_EVENT: the one place that
 # tells which function was traced, where the event names only its name.
@@ -118,7 +115,7 @@ def recompile_cause(explanation: str) -> str | None:
     return None if _FIRST_TRACE in words else reasons.OTHER
 
 
-def subscribe(monitor: Monitor, *, explain: bool = True) -> bool:
+def subscribe(monitor: CompileReporter, *, explain: bool = True) -> bool:
     """Report JAX's compiles to ``monitor`` (while it is the earliest subscriber) until :func:`unsubscribe`.
 
     The first subscriber installs JAX's listeners and hooks for the process; ``explain``: this Monitor wants
@@ -128,7 +125,7 @@ def subscribe(monitor: Monitor, *, explain: bool = True) -> bool:
     return _watcher.subscribe(monitor, explain)
 
 
-def unsubscribe(monitor: Monitor) -> None:
+def unsubscribe(monitor: CompileReporter) -> None:
     """Stop reporting to ``monitor``; the last one to leave removes the hooks and gives the setting back."""
     _watcher.unsubscribe(monitor)
 
@@ -226,7 +223,7 @@ class _Watcher:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._subscribers: list[tuple[Monitor, bool]] = []  # (monitor, wants explanations), earliest first
+        self._subscribers: list[tuple[CompileReporter, bool]] = []  # (monitor, wants explanations), earliest first
         self._listening = False
         self._registered = False  # JAX's listeners: kept registered where this JAX cannot unregister them
         self._backend_hook = False  # JAX's runtime-error hook, registered once: it cannot be removed
@@ -237,7 +234,7 @@ class _Watcher:
         self._recompiles = 0  # counted while the setting is the watcher's, against EXPLAIN_BUDGET
         self._users_file: Callable[[str], bool] = lambda filename: False  # JAX's test, once found; none till then
 
-    def subscribe(self, monitor: Monitor, explain: bool) -> bool:
+    def subscribe(self, monitor: CompileReporter, explain: bool) -> bool:
         with self._lock:
             if not self._listening and not self._listen():
                 return False
@@ -248,7 +245,7 @@ class _Watcher:
             self._explain_if_asked()
             return True
 
-    def unsubscribe(self, monitor: Monitor) -> None:
+    def unsubscribe(self, monitor: CompileReporter) -> None:
         with self._lock:
             left = [s for s in self._subscribers if s[0] is not monitor]
             if len(left) == len(self._subscribers):
@@ -259,7 +256,7 @@ class _Watcher:
             else:
                 self._stop_listening()
 
-    def _target(self) -> Monitor | None:
+    def _target(self) -> CompileReporter | None:
         """The Monitor events go to: the earliest subscribed one still subscribed."""
         subscribers = self._subscribers  # replaced, never changed in place: no lock to read it
         return subscribers[0][0] if subscribers else None

@@ -99,7 +99,7 @@ def calibration_file() -> Path:
 # A CPU's stored peak is measured again once it is this old: the same device kind may be another host by now.
 CALIBRATION_MAX_AGE_S = 7 * 86400.0
 # Rounds of matmuls a calibration takes the best of, with a pause between: one round on a loaded host reads the
-# load, not the peak (a busy CPU's peak read low made a demo's MFU gauge 89.5 % for a measured 67.6 %).
+# load, not the peak, and a peak read low reads MFU high.
 CALIBRATION_ROUNDS = 3
 
 

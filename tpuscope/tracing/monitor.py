@@ -16,7 +16,7 @@
         if n % 1000 == 0:
             checkpoints.save(n, args=ocp.args.StandardSave(state))
 
-Compiles are reported by themselves when jax is imported (``jax_compiles=False``
+Compiles are reported by themselves when jax is imported (``hooks=Hooks(jax_compiles=False)``
 turns that off). Without Orbax, ``with mon.checkpoint("save", step=n) as c:``
 times a checkpoint; without jit, ``s.flops`` and ``mon.hardware(...)`` give MFU.
 ``with mon.badput("eval"):`` books a block (an eval, a data check) as badput of
@@ -36,28 +36,29 @@ import contextlib
 import importlib.util
 import logging
 import os
-import re
 import sys
 import threading
 import time
 import warnings
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass, fields, replace
 from time import perf_counter
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, TypedDict, Unpack
 
-from tpuscope import durations, events, goodput, positions, reasons
+from tpuscope import events, goodput, positions, reasons
 from tpuscope.otel import spans_wanted
-from tpuscope.tracing import failures
+from tpuscope.tracing import failures, preemption, profile_sampler
 from tpuscope.tracing import hooks as switches
-from tpuscope.tracing import profiles as device_profiles
+from tpuscope.tracing.hooks import Hooks
 from tpuscope.tracing.position import Nowhere, Whereabouts
 from tpuscope.tracing.sinks import Sink, SocketSink
 from tpuscope.tracing.training_values import PendingValues
 
 if TYPE_CHECKING:
+    from tpuscope.tracing.adapter_protocol import CheckpointReporter, CompileReporter
     from tpuscope.tracing.orbax_checkpoints import OrbaxCheckpoints
     from tpuscope.tracing.spans import SpanRecorder
 
@@ -95,7 +96,7 @@ class _UncaughtException:
 
 
 _uncaught = _UncaughtException()
-_SIGTERM = failures.sigterm  # read at every step: one global look-up
+_SIGTERM = preemption.sigterm  # read at every step: one global look-up
 _closing = threading.Lock()
 
 # Every open Monitor, for the fork hook below (weak: a Monitor the job dropped is not kept alive by it).
@@ -117,9 +118,9 @@ def _profile_period(value: float | str | None) -> float | None:
     """The device-profile period, or None (off). A bad value is said at once and turns profiles off: the
     Monitor never raises."""
     try:
-        period = device_profiles.parse_period(value)
+        period = profile_sampler.parse_period(value)
     except ValueError as e:
-        log.warning("tpuscope: device profiles are off: %s (profile_period or $%s)", e, device_profiles.PERIOD_ENV)
+        log.warning("tpuscope: device profiles are off: %s (profile_period or $%s)", e, profile_sampler.PERIOD_ENV)
         return None
     try:
         installed = importlib.util.find_spec("jax") is not None
@@ -133,30 +134,7 @@ def _profile_period(value: float | str | None) -> float | None:
 
 def sanitize_label(value: str) -> str:
     """Make ``value`` a valid label value (as the wire schema demands) instead of failing the job."""
-    clean = re.sub(r"[^A-Za-z0-9_.:/-]", "_", str(value))[:64].lstrip("_.:/-")
-    return clean or "unknown"
-
-
-# The shortest SIGTERM watchdog taken: a platform gives a job its grace period in tens of seconds (Kubernetes: 30).
-MIN_SIGTERM_GRACE = 5.0
-
-
-def _grace(value: float | str | None) -> float | None:
-    """``sigterm_grace`` from the argument or ``$TPUSCOPE_SIGTERM_GRACE``: seconds, or None (no watchdog). A bad
-    value is said at once and means no watchdog: the Monitor never raises."""
-    if value is None:
-        value = os.environ.get(switches.SIGTERM_GRACE.env, "").strip() or None
-    if value is None:
-        return None
-    try:
-        seconds = durations.parse(value) if isinstance(value, str) else float(value)
-        if not seconds >= MIN_SIGTERM_GRACE:
-            # "1" read as a switch would be a watchdog that kills the job's last save a second after the SIGTERM.
-            raise ValueError(f"a duration of at least {MIN_SIGTERM_GRACE:g} s (the pod's grace period, less a margin)")
-    except (TypeError, ValueError) as e:
-        log.warning("tpuscope: no SIGTERM watchdog: sigterm_grace %r: %s", value, e)
-        return None
-    return seconds
+    return events.label_value(value, "unknown")
 
 
 def _close_every_monitor_preempted() -> None:
@@ -165,33 +143,78 @@ def _close_every_monitor_preempted() -> None:
         monitor.close(failed="preemption")
 
 
+@dataclass(frozen=True)
+class Traces:
+    """The Monitor's spans: 1 in ``sample_every`` steps, every step slower than the recent p99 times
+    ``slow_factor``, every compile and checkpoint; exported as the ``OTEL_*`` variables say, else to
+    ``spans_file`` (tracing/span_export.py). ``Monitor(traces=False)`` makes none."""
+
+    spans_file: str | os.PathLike[str] | None = None
+    sample_every: int = 100
+    slow_factor: float = 1.2
+
+
+class _FormerKeywords(TypedDict, total=False):
+    """The Monitor's keywords before :class:`Traces` and :class:`Hooks` held them: each still works for one more
+    release, with a DeprecationWarning that names its field."""
+
+    spans_file: str | os.PathLike[str] | None
+    sample_every: int
+    slow_factor: float
+    jax_compiles: bool | None
+    profile_period: float | str | None
+    sigterm: bool | None
+    sigterm_grace: float | str | None
+    explain_recompiles: bool | None
+    profiles: bool | None
+    excepthook: bool | None
+    close_at_exit: bool | None
+    hang_watch: bool | None
+    exit_on_hang: bool | None
+
+
+_TRACES_FIELDS = frozenset(f.name for f in fields(Traces))
+_HOOKS_FIELDS = frozenset(f.name for f in fields(Hooks)) - {"every"}  # `every` was the `hooks` keyword itself
+
+
+def _options(
+    traces: Traces | bool, hooks: Hooks | bool | None, former: Mapping[str, Any]
+) -> tuple[Traces | None, Hooks]:
+    """The Monitor's spans (None: none) and hooks, with the former keywords folded in as they were meant."""
+    spans = traces if isinstance(traces, Traces) else Traces() if traces else None
+    chosen = hooks if isinstance(hooks, Hooks) else Hooks(every=hooks)
+    for name, value in former.items():
+        if name in _TRACES_FIELDS:
+            if spans is not None:  # with traces off, a spans option never meant anything
+                spans = replace(spans, **{name: value})
+            instead = f"traces=Traces({name}=...)"
+        elif name in _HOOKS_FIELDS:
+            chosen = replace(chosen, **{name: value})
+            instead = f"hooks=Hooks({name}=...)"
+        else:
+            raise TypeError(f"Monitor() got an unexpected keyword argument {name!r}")
+        warnings.warn(
+            f"tpuscope: Monitor({name}=...) is deprecated and goes in the next release; use Monitor({instead})",
+            DeprecationWarning,
+            stacklevel=3,  # the line that made the Monitor
+        )
+    return spans, chosen
+
+
 class Monitor:
     """Reports steps, phases, compiles, checkpoints, memory and lifecycle to the sidecar.
 
-    ``socket`` defaults to ``$TPUSCOPE_SOCKET``, else the sidecar's default path.
-    ``sinks`` are further receivers of every event besides the sidecar (a run
-    summary, a record file).
+    ``socket`` defaults to ``$TPUSCOPE_SOCKET``, else the sidecar's default path. ``sinks`` are further receivers
+    of every event besides the sidecar (a run summary, a record file). ``traces``: the spans (:class:`Traces`),
+    or False for none.
 
-    Spans (``traces``): 1 in ``sample_every`` steps, every step slower than the
-    recent p99 times ``slow_factor``, every compile and checkpoint; exported as
-    the ``OTEL_*`` variables say, else to ``spans_file`` (see tracing/otel.py).
-
-    ``jax_compiles``: report JAX's compiles (:meth:`watch_jax_compiles`) as soon
-    as jax is imported in the process, here or at a later step. The Monitor never
-    imports jax itself: a job without JAX pays nothing for it.
-
-    ``profile_period``: how often to sample a device profile of a few steps, in
-    seconds or a duration (``"10m"``), or ``"off"``; default ``$TPUSCOPE_PROFILE_PERIOD``,
-    else 10 minutes (see tracing/profiles.py). Profiles start once jax is imported.
-
-    The Monitor changes nothing in the job's process unless that change is harmless or asked for: each
-    process-wide change is a switch of its own, listed with its default and why in tracing/hooks.py
-    (docs/hooks.md): ``sigterm`` (off: a SIGTERM handler that only sets :attr:`preempted`, and the next
-    :meth:`step` raises :class:`~tpuscope.tracing.failures.Preempted`), ``sigterm_grace`` (no watchdog unless
-    given), ``jax_compiles``, ``explain_recompiles``, ``profiles``, ``excepthook``, ``close_at_exit``,
-    ``hang_watch`` (the position the sidecar reads to tell a hang, tracing/position.py), ``exit_on_hang`` (off);
-    each
-    ``None`` reads its environment variable, and ``hooks=False`` turns every one off.
+    ``hooks``: the process-wide changes the Monitor may make (:class:`~tpuscope.tracing.hooks.Hooks`, each with
+    its default and why in tracing/hooks.py and docs/hooks.md), or False for none of them. The Monitor changes
+    nothing in the job's process unless that change is harmless or asked for: ``sigterm`` is off (on, a handler
+    only sets :attr:`preempted`, and the next :meth:`step` raises :class:`~tpuscope.tracing.preemption.Preempted`),
+    as is ``exit_on_hang``. ``jax_compiles`` reports JAX's compiles (:meth:`watch_jax_compiles`) as soon as jax is
+    imported in the process, here or at a later step, and device profiles (``profiles``, every ``profile_period``)
+    start then too: the Monitor never imports jax itself, and a job without JAX pays nothing for it.
     """
 
     def __init__(
@@ -200,22 +223,11 @@ class Monitor:
         *,
         socket: str | os.PathLike[str] | None = None,
         sinks: Sequence[Sink] = (),
-        traces: bool = True,
-        spans_file: str | os.PathLike[str] | None = None,
-        sample_every: int = 100,
-        slow_factor: float = 1.2,
-        jax_compiles: bool | None = None,
-        profile_period: float | str | None = None,
-        sigterm: bool | None = None,
-        sigterm_grace: float | str | None = None,
-        explain_recompiles: bool | None = None,
-        profiles: bool | None = None,
-        excepthook: bool | None = None,
-        close_at_exit: bool | None = None,
-        hang_watch: bool | None = None,
-        exit_on_hang: bool | None = None,
-        hooks: bool | None = None,
+        traces: Traces | bool = True,
+        hooks: Hooks | bool | None = None,
+        **former: Unpack[_FormerKeywords],
     ) -> None:
+        trace_options, hook_options = _options(traces, hooks, former)
         self.workload = sanitize_label(workload)
         if self.workload != workload:
             warnings.warn(f"tpuscope: workload {workload!r} reported as {self.workload!r}", stacklevel=2)
@@ -223,10 +235,8 @@ class Monitor:
         self.sinks: tuple[Sink, ...] = (self._sidecar, *sinks)
         self._warned_phases: set[str] = set()
         self._jax_watched = False  # subscribed to the process's one compile watcher (tracing/jax_compiles.py)
-        self._jax_pending = switches.enabled(
-            switches.JAX_COMPILES, jax_compiles, hooks
-        )  # to watch JAX's compiles once imported
-        self._explain_recompiles = switches.enabled(switches.EXPLAIN_RECOMPILES, explain_recompiles, hooks)
+        self._jax_pending = hook_options.on(switches.JAX_COMPILES)  # to watch JAX's compiles once imported
+        self._explain_recompiles = hook_options.on(switches.EXPLAIN_RECOMPILES)
         self.step_flops = 0.0  # each step's model FLOPs unless the step sets its own (flops_of sets it)
         self._last_step: int | None = None  # the last step number read from a JAX array (see _host_number)
         # Compile seconds reported so far: a step or checkpoint reports those reported while it ran.
@@ -237,7 +247,7 @@ class Monitor:
         self.step_seconds = 0.0
         # Custom badput (badput()): the names kept so far, and the sections ended and not yet sent, each its name,
         # seconds and start; the next step (or the close) carries them.
-        self._badput_names: dict[str, None] = {}
+        self._badput_names = goodput.BadputNames()  # as the sidecar keeps them
         self._badput_folded = False  # a name past the bound came, and was said
         self._badput: list[tuple[str, float, float]] = []
         self._badput_lock = threading.Lock()
@@ -247,27 +257,27 @@ class Monitor:
         self._closed = False
         self._values = PendingValues()  # the losses given and not yet computed (tracing/training_values.py)
         self.spans: SpanRecorder | None = None
-        if traces:
-            self.spans = _span_recorder(self.workload, spans_file, sample_every, slow_factor)
-        self._profiler: device_profiles.DeviceProfiler | None = None
+        if trace_options is not None:
+            self.spans = _span_recorder(self.workload, trace_options)
+        self._profiler: profile_sampler.DeviceProfiler | None = None
         self._profile_period = (
-            _profile_period(profile_period) if switches.enabled(switches.PROFILES, profiles, hooks) else None
+            _profile_period(hook_options.profile_period) if hook_options.on(switches.PROFILES) else None
         )
         self.lifecycle("start")
         self._watch_jax_if_imported()
-        if switches.enabled(switches.EXCEPTHOOK, excepthook, hooks):
+        if hook_options.on(switches.EXCEPTHOOK):
             _uncaught.install()
-        if switches.enabled(switches.SIGTERM, sigterm, hooks):
-            failures.sigterm.install(_grace(sigterm_grace))
-            failures.sigterm.before_kill = _close_every_monitor_preempted
+        if hook_options.on(switches.SIGTERM):
+            preemption.sigterm.install(preemption.watchdog_grace(hook_options.sigterm_grace))
+            preemption.sigterm.before_kill = _close_every_monitor_preempted
         # Where the process is, for the sidecar's hang verdict; the timers write it (tracing/position.py).
         self._whereabouts: Whereabouts | Nowhere = Nowhere()
-        if switches.enabled(switches.HANG_WATCH, hang_watch, hooks):
-            exit_on = switches.enabled(switches.EXIT_ON_HANG, exit_on_hang, hooks)
+        if hook_options.on(switches.HANG_WATCH):
+            exit_on = hook_options.on(switches.EXIT_ON_HANG)
             self._whereabouts = Whereabouts(
                 self.workload, self.socket_path, exit_on_hang=exit_on, on_exit=lambda: self.close(failed=reasons.HANG)
             )
-        self._close_at_exit_on = switches.enabled(switches.CLOSE_AT_EXIT, close_at_exit, hooks)
+        self._close_at_exit_on = hook_options.on(switches.CLOSE_AT_EXIT)
         if self._close_at_exit_on:
             atexit.register(self._close_at_exit)
         _open_monitors.add(self)
@@ -275,8 +285,8 @@ class Monitor:
     @property
     def preempted(self) -> bool:
         """Whether a SIGTERM came (with ``sigterm`` on): a loop that wants to save before it leaves reads it; the
-        next :meth:`step` raises :class:`~tpuscope.tracing.failures.Preempted` once."""
-        return failures.sigterm.received
+        next :meth:`step` raises :class:`~tpuscope.tracing.preemption.Preempted` once."""
+        return preemption.sigterm.received
 
     # --- the step loop ---------------------------------------------------------
     def step(self, number: int) -> StepTimer:
@@ -345,25 +355,22 @@ class Monitor:
         (``productive``, ``compile``, ...); anything else raises ValueError at once, a mistake to fix. The first
         ``goodput.MAX_CUSTOM_BADPUT`` names each keep a category; later ones are booked as ``custom`` (said once).
         """
-        category = name if name in self._badput_names else self._badput_category(name)
+        category = name if name in self._badput_names.kept else self._badput_category(name)
         return BadputTimer(self, category)
 
     def _badput_category(self, name: str) -> str:
         if (error := goodput.badput_name_error(name)) is not None:
             raise ValueError(f"tpuscope: Monitor.badput: {error}")
-        if len(self._badput_names) < goodput.MAX_CUSTOM_BADPUT:
-            self._badput_names[name] = None
-            return name
-        if not self._badput_folded:
+        if (category := self._badput_names.category(name)) == goodput.CUSTOM_BADPUT and not self._badput_folded:
             self._badput_folded = True
             log.warning(
                 "tpuscope: custom badput %r and any further name is booked as %r: a process keeps %d names (%s)",
                 name,
                 goodput.CUSTOM_BADPUT,
                 goodput.MAX_CUSTOM_BADPUT,
-                ", ".join(self._badput_names),
+                ", ".join(self._badput_names.kept),
             )
-        return goodput.CUSTOM_BADPUT
+        return category
 
     def _badput_ended(self, name: str, seconds: float, started: float) -> None:
         with self._badput_lock:
@@ -548,7 +555,7 @@ class Monitor:
             # One profiler a process (JAX allows one session): a second Monitor's steps are not profiled while
             # the first holds it, and may take it over once the first closes.
             try:
-                self._profiler = device_profiles.claim(self, self._profile_period, self.socket_path)
+                self._profiler = profile_sampler.claim(self, self._profile_period, self.socket_path)
             except Exception as e:  # never the job's problem: no profiles
                 log.warning("tpuscope: device profiles are off: %s", e)
                 self._profile_period = None
@@ -671,7 +678,7 @@ class Monitor:
             jax_compiles.unsubscribe(self)
         if self._profiler is not None:
             try:
-                device_profiles.release(self)
+                profile_sampler.release(self)
             except Exception:
                 log.debug("tpuscope: the device profiler failed to close", exc_info=True)
         if self._close_at_exit_on:
@@ -679,7 +686,7 @@ class Monitor:
         self._whereabouts.close()
         _open_monitors.discard(self)
         if not _open_monitors:  # a job that goes on after its last Monitor: SIGTERM is as it was before it
-            failures.sigterm.uninstall()
+            preemption.sigterm.uninstall()
         if self._sidecar.dropped:
             log.warning(
                 "tpuscope: %d of %d events were not delivered to the sidecar (last: %s)",
@@ -705,11 +712,11 @@ class Monitor:
     @staticmethod
     def _failure_reason(failed: bool | BaseException | str) -> str | None:
         """The failure's reason, or None for a clean stop."""
-        if isinstance(failed, SystemExit) and not isinstance(failed, failures.Preempted):
+        if isinstance(failed, SystemExit) and not isinstance(failed, preemption.Preempted):
             failed = failed.code not in (0, None)  # sys.exit(0) is a clean end, sys.exit(2) not
         if isinstance(failed, KeyboardInterrupt):
             failed = False  # the person at the keyboard stopped it
-        if (preempted := failures.sigterm.reason()) is not None:  # a SIGTERM came: the job ends on its account
+        if (preempted := preemption.sigterm.reason()) is not None:  # a SIGTERM came: the job ends on its account
             return preempted
         if isinstance(failed, BaseException):
             return failures.failure_reason(failed)
@@ -756,32 +763,31 @@ class Monitor:
         return "other"
 
 
-def _span_recorder(
-    workload: str, spans_file: str | os.PathLike[str] | None, sample_every: int, slow_factor: float
-) -> SpanRecorder | None:
+def _span_recorder(workload: str, options: Traces) -> SpanRecorder | None:
     """The span recorder the environment asks for; None when spans are off, nothing would receive them (no OTLP
     endpoint, no spans file: then the SDK is not even imported), or OpenTelemetry fails to start."""
-    if not spans_wanted(spans_file):
+    if not spans_wanted(options.spans_file):
         log.debug("tpuscope: no spans: no OTLP endpoint (OTEL_EXPORTER_OTLP_ENDPOINT) and no spans file")
         return None
     try:
-        from tpuscope.tracing import otel
+        from tpuscope.tracing import span_export
         from tpuscope.tracing.spans import SpanRecorder, TrainingSampler
 
-        sampler = TrainingSampler(int(sample_every), float(slow_factor))
-        exporter = otel.exporter(spans_file)
+        sampler = TrainingSampler(int(options.sample_every), float(options.slow_factor))
+        exporter = span_export.exporter(options.spans_file)
         if exporter is None:
             return None
-        recorder = SpanRecorder(workload, otel.tracer_provider(workload, exporter), sampler, otel.destination(exporter))
+        provider = span_export.tracer_provider(workload, exporter)
+        recorder = SpanRecorder(workload, provider, sampler, span_export.destination(exporter))
     except Exception as e:  # a bad setting, or a spans file it cannot create, must not stop the job
         log.warning("tpuscope: spans are off: %s", e)
         return None
-    if isinstance(exporter, otel.JsonLinesExporter):
+    if isinstance(exporter, span_export.JsonLinesExporter):
         log.info(
             "tpuscope: spans go to %s, rotated at %s ($%s)",
             recorder.destination,
-            otel.size_in_words(exporter.max_bytes),
-            otel.MAX_BYTES_VARIABLE,
+            span_export.size_in_words(exporter.max_bytes),
+            span_export.MAX_BYTES_VARIABLE,
         )
     return recorder
 
@@ -1047,3 +1053,12 @@ class BadputTimer:
         seconds -= min(monitor.checkpoint_seconds - self._checkpointed_before, seconds)
         seconds -= min(monitor.step_seconds - self._stepped_before, seconds)
         monitor._badput_ended(self.name, seconds, self._start)
+
+
+if TYPE_CHECKING:  # the adapters call a Monitor only through their protocols (tracing/adapter_protocol.py): it has them
+
+    def _reports_compiles(monitor: Monitor) -> CompileReporter:
+        return monitor
+
+    def _reports_checkpoints(monitor: Monitor) -> CheckpointReporter:
+        return monitor

@@ -24,25 +24,23 @@ has no field for it), the bytes of the finished step directory, read on that thr
 
 How the watcher learns that a save is durable, from Orbax itself and without a call into the manager: an
 async ``CheckpointManager.save`` ends by starting a ``_FinalizeThread`` for its step and keeping it in the
-manager's ``_finalize_thread`` (orbax/checkpoint/checkpoint_manager.py in 0.12.8: the class at line 120; the
-thread made and started at lines 1618-1627, kept in the ``OptionalRef`` made at line 903, a plain attribute
-before 0.11.6). That thread runs ``_finalize`` (line 2185), which waits for the step's commit, then deletes the
-steps ``max_to_keep`` lets go: it ends when the save is durable, as Orbax's ``wait_until_finished`` (which joins
-it) says, and its ``run`` keeps the save's failure in ``exception`` (lines 148-152). The wrapper reads that
-attribute as ``save`` returns (another thread object: this save's; none, or the one before: a synchronous
-save, made in the call), and the watcher joins that thread object with ``threading.Thread.join``, the base
-class's, not Orbax's override (lines 154-163), which raises the failure once in each thread that joins: the
-watcher neither takes the failure from the job's thread nor writes an Orbax log line. It never calls the
-manager's ``wait_until_finished()``, and nothing waits before ``save``: Orbax's ``save`` waits for the
-previous save where it always has (line 1459), on the job's thread, so what Orbax records of that wait
-(``/jax/checkpoint/write/wait_for_prev_duration_secs``, from ``wait_until_finished`` on the main thread only,
-lines 2117-2124; ``/jax/orbax/write/blocking_wait_prev_duration_secs``; the save's statistics given to its
-logger) and the lines it logs are those of the job without tpuscope. Orbax's other per-save objects do not
-serve: the checkpointer's commit futures are its own, replaced by the next save, and the hooks above say too
-little. A manager without ``_finalize_thread`` (not Orbax's) has its saves reported as durable when ``save``
-returns. Orbax before 0.6.2 (August 2024) clears the failure from the thread for the first thread that joins
-it: when that is the job's (its next ``save`` or wait), the watcher learns it from that call if the call
-returns before the watcher reads the thread, else reports the save as made.
+manager's ``_finalize_thread`` (orbax/checkpoint/checkpoint_manager.py, as of 0.12.8: an ``OptionalRef`` since
+0.11.6, a plain attribute before). That thread runs ``_finalize``, which waits for the step's commit, then deletes
+the steps ``max_to_keep`` lets go: it ends when the save is durable, as Orbax's ``wait_until_finished`` (which
+joins it) says, and its ``run`` keeps the save's failure in ``exception``. The wrapper reads that attribute as
+``save`` returns (another thread object: this save's; none, or the one before: a synchronous save, made in the
+call), and the watcher joins that thread object with ``threading.Thread.join``, the base class's, not Orbax's
+override, which raises the failure once in each thread that joins: the watcher neither takes the failure from
+the job's thread nor writes an Orbax log line. It never calls the manager's ``wait_until_finished()``, and
+nothing waits before ``save``: Orbax's ``save`` waits for the previous save where it always has, on the job's
+thread, so what Orbax records of that wait (``/jax/checkpoint/write/wait_for_prev_duration_secs``, from
+``wait_until_finished`` on the main thread only; ``/jax/orbax/write/blocking_wait_prev_duration_secs``; the
+save's statistics given to its logger) and the lines it logs are those of the job without tpuscope. Orbax's
+other per-save objects do not serve: the checkpointer's commit futures are its own, replaced by the next save,
+and the hooks above say too little. A manager without ``_finalize_thread`` (not Orbax's) has its saves reported
+as durable when ``save`` returns. Orbax before 0.6.2 clears the failure from the thread for the first thread
+that joins it: when that is the job's (its next ``save`` or wait), the watcher learns it from that call if the
+call returns before the watcher reads the thread, else reports the save as made.
 
 Failures. A failed save, at the call or in the background, is reported (``ok=False``) and logged, and the
 job goes on: ``save`` returns False, as for a save not made, and the error that Orbax keeps for the next
@@ -65,12 +63,10 @@ import threading
 import time
 from collections.abc import Callable
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from tpuscope.tracing import failures
-
-if TYPE_CHECKING:
-    from tpuscope.tracing.monitor import Monitor
+from tpuscope.tracing.adapter_protocol import CheckpointReporter
 
 log = logging.getLogger("tpuscope")
 
@@ -81,7 +77,7 @@ CLOSE_TIMEOUT_SECONDS = 30.0
 class OrbaxCheckpoints:
     """An Orbax ``CheckpointManager`` whose saves and restores are reported to a Monitor (see the module)."""
 
-    def __init__(self, manager: Any, monitor: Monitor, *, raise_errors: bool = False) -> None:
+    def __init__(self, manager: Any, monitor: CheckpointReporter, *, raise_errors: bool = False) -> None:
         self.manager = manager
         self.errors = 0  # failures of tpuscope's own part: reading a size, reporting (never a checkpoint's)
         self._monitor = monitor

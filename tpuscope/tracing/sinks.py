@@ -30,7 +30,7 @@ REMIND_SECONDS = 60.0
 # events are dropped at the cost of one clock read, not a system call.
 RECONNECT_SECONDS = 1.0
 # Ask for a big send buffer: it is where events wait while the sidecar is
-# busy. The kernel caps it at net.core.wmem_max (8 MiB here holds ~10k events).
+# busy. The kernel caps it at net.core.wmem_max.
 SEND_BUFFER_BYTES = 4 << 20
 _NOSIGNAL = socket.MSG_NOSIGNAL  # a sidecar gone away is an error to count, never a SIGPIPE in the job
 
@@ -161,7 +161,7 @@ class SocketSink:
 
 
 class RecordSink:
-    """Appends every event as a JSON line (``tpuscope bench --record``): replayable without any sidecar."""
+    """Appends every event as a JSON line (``tpuscope workload --record``): replayable without any sidecar."""
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         Path(path).parent.mkdir(parents=True, exist_ok=True)

@@ -40,7 +40,7 @@ class TrainingSampler:
     """
 
     WINDOW = 1024  # recent step times the p99 is taken over
-    # Steps between two p99 computations: sorting the window costs ~30-50 us, 0.1-0.2 us a step at this rate.
+    # Steps between two p99 computations: sorting the window is the sampler's one cost, shared by this many steps.
     REFRESH = 256
     # ... or sooner, after this many slow steps: when a job's steps become slower for good, the p99 follows
     # once 1% of the window is slow, so the span burst of a new regime is a few dozen steps, not REFRESH.

@@ -40,7 +40,7 @@ job's own sinks.
   whether or not the job is still there to carry it.
 - **Bounded.** JAX's profiler buffers every op it sees in host memory (hundreds of MB a second on a busy CPU
   backend), so a capture must not outlive its steps: it ends after its lead-in and :data:`CAPTURED_STEPS` annotated
-  steps (with the end of the step that asked, 8 steps' ops: 0.2 s of the bench's 25 ms steps), or is discarded
+  steps (with the end of the step that asked, a few steps' ops), or is discarded
   (counted ``error``, said once) when the job goes :data:`DEADLINE_STEPS` mean step times (at least
   :data:`DEADLINE_FLOOR`) without starting or ending a step: an eval, a checkpoint, the loop's end. Each step pushes
   that deadline forward; the profiler's thread waits for it. (``ProfileOptions.duration_ms`` bounds only a remote
@@ -65,7 +65,7 @@ job's own sinks.
 - **Never in the way.** Nothing here raises into the training loop; what fails is counted (``error``) and said once
   in the log, and a JAX without the parts used here means no captures, said once.
 
-``period`` (seconds, or a duration such as ``"10m"``, or ``"off"``) comes from the Monitor's ``profile_period``,
+``period`` (seconds, or a duration such as ``"10m"``, or ``"off"``) comes from ``Hooks.profile_period``,
 else ``$TPUSCOPE_PROFILE_PERIOD``, else :data:`DEFAULT_PERIOD`.
 """
 
@@ -106,8 +106,8 @@ COST_BUDGET = 0.005  # the most of its period's wall time a capture may cost bef
 STEP_TIME_SMOOTHING = 0.1  # weight of the newest step in the mean step time that K follows
 NEVER = 1 << 62  # K until it is chosen: no step number the profiler is given is a multiple of it, but 0
 DEADLINE_STEPS = 4.0  # a capture lives this many mean step times past the job's latest step start or end...
-# ...and at least this many seconds: a loaded host's slow step is no eval. Traced, the CPU backend's ops cost
-# ~300 MiB of host memory a second (8 devices, ms steps): half a second of them at most.
+# ...and at least this many seconds: a loaded host's slow step is no eval, and a traced second of a busy CPU
+# backend's ops already holds hundreds of MiB of host memory.
 DEADLINE_FLOOR = 0.5
 ANSWER_TIMEOUT = 120.0  # the most the profiler's thread waits for the sidecar's answer
 ANSWER_POLL = 0.05  # seconds between two looks for it
@@ -156,7 +156,7 @@ os.register_at_fork(after_in_child=_forget_in_forked_child)
 
 
 def parse_period(value: float | str | None) -> float | None:
-    """Seconds between captures from a Monitor argument or the environment; None: profiles are off."""
+    """Seconds between captures from ``Hooks.profile_period`` or the environment; None: profiles are off."""
     if value is None:
         value = os.environ.get(PERIOD_ENV, "") or DEFAULT_PERIOD
     if isinstance(value, str):
@@ -829,8 +829,8 @@ class _Jax:
         if hasattr(options, "python_tracer_level"):
             options.python_tracer_level = 0  # the devices' ops, not every Python call
         if self._cpu and hasattr(options, "enable_hlo_proto"):
-            # Nor the programs' HLO, which the parse does not read: on the CPU backend 40 % of the bytes and of
-            # the stop's cost. (Left on elsewhere: not measured on a TPU's or GPU's device planes.)
+            # Nor the programs' HLO, which the parse does not read: on the CPU backend a large share of the bytes
+            # and of the stop's cost. (Left on elsewhere, where its share is unknown.)
             options.enable_hlo_proto = False
         return self._session(options)
 

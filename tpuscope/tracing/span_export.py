@@ -5,7 +5,7 @@
   specification has it); the exporters read the rest (headers, timeout, certificates) themselves.
   ``OTEL_TRACES_EXPORTER=none`` or ``OTEL_SDK_DISABLED=true`` turns spans off.
 - With no endpoint, spans are written as JSON lines (one OTLP-shaped span per line) only to a file the job
-  names: ``$TPUSCOPE_SPANS_FILE`` or the Monitor's ``spans_file``. The file is rotated (renamed
+  names: ``$TPUSCOPE_SPANS_FILE`` or ``Traces.spans_file``. The file is rotated (renamed
   ``<name>.1``) when it would pass ``$TPUSCOPE_SPANS_MAX_BYTES`` (64 MiB), so a long job keeps about twice
   that at most. With neither an endpoint nor a file there are no spans, and the Monitor never imports this
   module nor the SDK (:func:`tpuscope.otel.spans_wanted`).
