@@ -13,20 +13,13 @@ SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 demo: setup
 	rm -rf run/demo  # a fresh run each time: the workload resumes from checkpoints it finds
-	$(BIN)/tpuscope bench --steps 300 --run-dir run/demo --record run/demo/events.jsonl
+	$(BIN)/tpuscope workload --steps 300 --run-dir run/demo --record run/demo/events.jsonl
 	$(BIN)/tpuscope report --recording run/demo/events.jsonl --out run/demo/report
 
-# pytest-xdist: each test file whole on one worker (its module fixtures start once), the files marked
-# `long` first (tests/conftest.py). One worker more than the cores: a good part of the suite waits on
-# real time (alerts' for-durations, Prometheus' scrapes, a stall), and the extra worker fills it. On 2
-# cores, from a fresh clone: 643 s of pytest on one worker (TEST_WORKERS=1), 308 s on three, before the
-# multi-host tests (575 s on three at issue 34, with its job-safety tests: each runs real jobs twice; 562 s at issue 35). Those (tests/test_multihost.py) run alone after the rest: 4 JAX processes, 3 Prometheus
-# and 4 sidecars at a time, for about 4 minutes, took the cores from the timing-sensitive tests beside them
-# (with them in the pool, four of seven fresh-clone runs failed one of those, each time another). The tests
-# marked `alone` run there too: test_dashboards' every-panel test needs a device profile of a JAX job, taken and
-# parsed while the job runs, and on 2 cores beside three workers' JAX jobs no capture of it lived (two fresh-clone
-# runs at issue 40). From a fresh clone at issue 38: 871 passed in 600 to 706 s, the alone tests in 208 to 255 s,
-# `make test` whole in 864 to 1,027 s; bound by CPU (docs/development.md).
+# pytest-xdist: each test file whole on one worker (its module fixtures start once), the files marked `long` first
+# (tests/conftest.py), one worker more than the cores because part of the suite waits on real time. The tests marked
+# `alone` (the multi-host jobs, the every-panel board test) then run with nothing beside them: beside the pool they
+# starved the timing-sensitive tests and the device profiler. Durations: docs/development.md.
 TEST_WORKERS ?= $(shell echo $$(( $$(nproc) + 1 )))
 test: setup system-deps lint
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not alone and not trials"
@@ -34,7 +27,7 @@ test: setup system-deps lint
 
 # tpuscope's own cost against its targets, beside its peers (docs/performance.md): a table and run/perf.json.
 perf: setup system-deps
-	$(BIN)/tpuscope bench perf --perf-json run/perf.json
+	$(BIN)/tpuscope bench perf --json run/perf.json
 
 # The rules, the boards and Prometheus' storage at 64, 256 and 1,000 hosts, beside node-exporter-mixin's rules
 # when PEER_RULES names them rendered (docs/fleet.md, "A thousand hosts"): most of an hour on 2 cores.

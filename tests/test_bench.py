@@ -1,19 +1,22 @@
-"""``tpuscope bench --synthetic``: the demo starts a sidecar and shows what it serves."""
+"""``tpuscope workload --synthetic``: the demo starts a sidecar and shows what it serves; ``tpuscope bench``'s
+benchmarks, each a subcommand of its own; and ``tpuscope bench`` without one, still the workload for one release."""
 
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from tpuscope import catalog, events
+from tpuscope import catalog, cli, events
 from tpuscope.testing import bench as testing_bench
 from tpuscope.workload.faults import FaultError, Faults
 from tpuscope.workload.summary import RunSummary
 
 
-def test_bench_starts_a_sidecar_and_prints_non_zero_series(short_tmp: Path) -> None:
+def test_the_workload_starts_a_sidecar_and_prints_non_zero_series(short_tmp: Path) -> None:
     out = testing_bench.run(
         "--synthetic",
         timeout=120,
@@ -24,6 +27,7 @@ def test_bench_starts_a_sidecar_and_prints_non_zero_series(short_tmp: Path) -> N
         listen="127.0.0.1:0",
     )
     assert out.returncode == 0, out.stderr
+    assert "deprecated" not in out.stderr, out.stderr
     assert re.search(r"started a sidecar; metrics at http://127\.0\.0\.1:\d+/metrics until the run ends", out.stdout)
     # Each progress line's rate is over the steps since the one before, not an average since the start.
     assert re.search(r"^  step 30/30  [\d.]+ steps/s over the last 3$", out.stdout, re.MULTILINE), out.stdout
@@ -43,7 +47,47 @@ def test_bench_starts_a_sidecar_and_prints_non_zero_series(short_tmp: Path) -> N
     productive = booked[f'{catalog.GOODPUT.name}{{category="productive",workload="bench"}}']
     said = re.search(r"^  goodput +([\d.]+)% of", out.stdout, re.MULTILINE)
     assert said and float(said[1]) == pytest.approx(100 * productive / sum(booked.values()), abs=0.5), out.stdout
-    assert not (short_tmp / "b.sock").exists(), "the sidecar bench started was not stopped"
+    assert not (short_tmp / "b.sock").exists(), "the sidecar the workload started was not stopped"
+
+
+def test_bench_without_a_benchmark_still_runs_the_workload_and_says_its_new_name(short_tmp: Path) -> None:
+    flags = [
+        "--synthetic",
+        "--steps=3",
+        "--step-time=0.005",
+        f"--socket={short_tmp / 'b.sock'}",
+        "--listen=127.0.0.1:0",
+    ]
+    out = subprocess.run(
+        [sys.executable, "-m", "tpuscope", "bench", *flags], capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr
+    assert "deprecated" in out.stderr and "`tpuscope workload`" in out.stderr, out.stderr
+    assert re.search(r"^  step 3/3 ", out.stdout, re.MULTILINE), out.stdout
+
+
+def usage(capsys: pytest.CaptureFixture[str], *arguments: str) -> str:
+    """What ``tpuscope ARGUMENTS --help`` prints."""
+    with pytest.raises(SystemExit) as exited:
+        cli.main([*arguments, "--help"])
+    assert exited.value.code == 0
+    return capsys.readouterr().out
+
+
+def test_bench_lists_its_benchmarks_and_each_takes_only_its_own_flags(capsys: pytest.CaptureFixture[str]) -> None:
+    listed = usage(capsys, "bench")
+    names = ("perf", "overhead", "trace-cost", "scrape-latency", "flood", "soak", "hangs", "rule-cost", "fleet-scale")
+    for name in names:
+        assert re.search(rf"^    {name}\s", listed, re.MULTILINE), listed
+    options = listed.split("\noptions:")[1]
+    assert "--steps" not in options and "--inject" not in options  # the workload's flags are `tpuscope workload`'s
+    perf = usage(capsys, "bench", "perf")
+    assert "--tiny" in perf and "--json" in perf
+    assert not {"--seconds", "--minutes", "--trials", "--rules", "--steps"} & set(re.findall(r"--[\w-]+", perf))
+    rule_cost = usage(capsys, "bench", "rule-cost")
+    assert "--hosts" in rule_cost and "--fleet-hosts" not in rule_cost and "--tiny" not in rule_cost
+    workload = usage(capsys, "workload")
+    assert "--steps" in workload and "--inject" in workload and "--processes" in workload
 
 
 def test_an_unknown_fault_is_a_clear_error() -> None:
@@ -53,7 +97,7 @@ def test_an_unknown_fault_is_a_clear_error() -> None:
 
 
 def test_scrape_latency_benchmark_runs_every_collector_and_prints_percentiles() -> None:
-    out = testing_bench.run("--scrape-latency", "30", timeout=120)
+    out = testing_bench.run("scrape-latency", "--scrapes", "30", timeout=120)
     assert out.returncode == 0, out.stdout + out.stderr  # non-zero when a collector was down
     assert "collectors up: {'libtpu': 1.0, 'nvml': 1.0, 'host': 1.0}" in out.stdout
     assert re.search(r"p50 [\d.]+ ms, p90 [\d.]+ ms, p99 [\d.]+ ms", out.stdout)
@@ -62,7 +106,7 @@ def test_scrape_latency_benchmark_runs_every_collector_and_prints_percentiles() 
 
 
 def test_trace_cost_benchmark_prints_both_paths() -> None:
-    out = testing_bench.run("--trace-cost", "2000", timeout=120)
+    out = testing_bench.run("trace-cost", "--steps", "2000", timeout=120)
     assert out.returncode == 0, out.stderr
     assert re.search(r"unsampled path: \+-?[\d.]+ us per step", out.stdout), out.stdout
     kept = re.search(r"sampled path: \+[\d.]+ us per step \((\d+) steps kept, (\d+) spans written", out.stdout)

@@ -20,7 +20,7 @@ import yaml
 from conftest import require
 
 from tpuscope import catalog, durations, kubernetes
-from tpuscope.bench import fleet_scale, kube_state, rule_cost
+from tpuscope.bench import fleet_scale, fleet_series, kube_state
 from tpuscope.conventions import AlertName
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -89,7 +89,7 @@ def test_the_clusters_exporters_are_scraped_whole_and_join_with_the_sidecars(fig
     assert scale["head_series_cluster"] == {job: len(series) for job, series in fleet.cluster.items()}
     chips = fleet_scale.chips_of(fleet.ours)
     idle = len(kube_state.nodes(HOSTS)) - HOSTS
-    assert chips == 8 and idle == rule_cost.WORKERS_PER_SLICE
+    assert chips == 8 and idle == fleet_series.WORKERS_PER_SLICE
     assert scale["joins"] == {
         "sidecars joined to their pod on their node": HOSTS,
         "sidecars joined to their Job of their JobSet": HOSTS,

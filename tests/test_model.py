@@ -1,4 +1,4 @@
-"""The data-parallel transformer of ``tpuscope bench``, on 8 forced CPU devices (real JAX, no mocks)."""
+"""The data-parallel transformer of ``tpuscope workload``, on 8 forced CPU devices (real JAX, no mocks)."""
 
 from __future__ import annotations
 

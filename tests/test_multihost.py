@@ -1,4 +1,4 @@
-"""A real multi-host job: ``tpuscope bench --processes 4``, one ``jax.distributed`` job of 4 processes of 2 CPU
+"""A real multi-host job: ``tpuscope workload --processes 4``, one ``jax.distributed`` job of 4 processes of 2 CPU
 devices each (gloo collectives over loopback), one sidecar per process, each with its own worker id.
 
 - A straggler slowed inside the fused program (worker 2 computes each gradient several times) is named by the
@@ -74,7 +74,7 @@ def sidecars(short_tmp: Path) -> Iterator[list[SidecarProcess]]:
 
 
 class Job(testing_bench.Running):
-    """``tpuscope bench --processes 4`` running in its own process group, its output kept line by line with the
+    """``tpuscope workload --processes 4`` running in its own process group, its output kept line by line with the
     time each line arrived."""
 
     def __init__(self, directory: Path, shared: Path, *flags: str, fused: bool = True) -> None:
@@ -281,7 +281,7 @@ def test_a_worker_crash_fails_the_job_in_bounded_time_and_the_rerun_resumes_ever
     crashed = Job(short_tmp, module_tmp, *flags, f"--inject=crash=25@{crashing}")
     code = crashed.wait(300)
     assert code == 3, crashed.output()
-    crash = crashed.when(f"[worker {crashing}] tpuscope bench: injected crash at step 25")
+    crash = crashed.when(f"[worker {crashing}] tpuscope workload: injected crash at step 25")
     assert crash is not None, crashed.output()
     ended, summary = crashed.lines.lines[-1]
     # The others end by themselves, aborted by JAX's coordination service (SIGABRT), not by the launcher's kill.

@@ -57,7 +57,7 @@ def test_the_benchmark_runs_tiny_and_writes_every_figure_with_its_target(short_t
     require("prometheus-node-exporter")
     out_json = short_tmp / "perf.json"
     # The figures of the parse need one to finish within the run, on a loaded machine too.
-    out = testing_bench.run("perf", "--tiny", perf_json=out_json, env=PROFILE_PROMPTLY)
+    out = testing_bench.run("perf", "--tiny", json=out_json, env=PROFILE_PROMPTLY)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     result = json.loads(out_json.read_text())
     assert result["machine"]["cpus"] >= 1 and result["machine"]["memory_gib"] > 0

@@ -167,7 +167,7 @@ def test_serve_is_scraped_and_report_reads_the_recording(installed: Installed, s
     )  # fmt: skip
     try:
         bench = installed.command(
-            "bench", "--synthetic", f"--workload={WORKLOAD}", f"--steps={STEPS}", "--step-time=0.005",
+            "workload", "--synthetic", f"--workload={WORKLOAD}", f"--steps={STEPS}", "--step-time=0.005",
             "--checkpoint-every=10", f"--socket={socket}", f"--record={recording}", f"--run-dir={short_tmp / 'run'}",
         )  # fmt: skip
         assert bench.returncode == 0, bench.stdout[-2000:] + bench.stderr[-2000:]

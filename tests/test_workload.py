@@ -16,7 +16,7 @@ import pytest
 from conftest import PROFILE_PROMPTLY
 
 from tpuscope import catalog, events
-from tpuscope.report import recording
+from tpuscope.report import from_recording
 from tpuscope.report.window import Window
 from tpuscope.scrape import Scrape
 from tpuscope.testing import bench as testing_bench
@@ -47,7 +47,7 @@ class Run:
 
 @pytest.fixture(scope="module")
 def bench(module_sidecar: SidecarProcess, module_tmp: Path) -> Callable[..., Run]:
-    """Run ``tpuscope bench`` (the JAX workload, 8 CPU devices) as its own process against the module's sidecar."""
+    """Run ``tpuscope workload`` (the JAX workload, 8 CPU devices) as its own process against the module's sidecar."""
     # The CPU calibration out of ~; the one test of captures needs them taken promptly on a loaded machine too.
     env = {**os.environ, "XDG_CACHE_HOME": str(module_tmp / "cache"), **PROFILE_PROMPTLY}
 
@@ -268,7 +268,7 @@ def test_fused_mode_reports_the_program_as_compute_and_the_device_trace_splits_i
 
 def test_the_overhead_benchmark_runs_and_reports_both_measurements(bench: Callable[..., Run]) -> None:
     """Not a timing test: it checks the benchmark runs at a tiny size and prints well-formed figures."""
-    run = bench("overhead", "--overhead", "--steps", "45")
+    run = bench("overhead", "overhead", "--steps", "45")  # `tpuscope bench overhead`
     assert re.search(r"Monitor overhead: 20 steps on and 20 off, interleaved in blocks of 10", run.output)
     figures = re.search(r"instrumentation itself\s+([\d.]+) us per step \(([\d.]+)% of a step", run.output)
     assert figures and float(figures[1]) > 0, run.output
@@ -315,7 +315,7 @@ def test_a_marked_eval_is_booked_as_its_own_badput_and_the_categories_still_add_
     summary = json.loads((module_tmp / "evals" / "summary.json").read_text())["goodput_s"]
     assert summary["eval"] == pytest.approx(marked, rel=1e-6)
     assert "eval" in run.output.split("goodput", 1)[1]  # the summary's goodput line names it
-    report = recording.build(module_tmp / "evals.jsonl", "evals", Window(), Thresholds())
+    report = from_recording.build(module_tmp / "evals.jsonl", "evals", Window(), Thresholds())
     reported = {series.name: series.values[-1] for series in report.goodput}
     assert reported["eval"] == pytest.approx(marked, rel=1e-6)
     assert sum(reported.values()) == pytest.approx(run.records[-1][0] - run.records[0][0], rel=1e-6)

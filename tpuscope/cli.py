@@ -19,8 +19,12 @@ from tpuscope import __version__
 # name -> (the line `tpuscope --help` shows, the module with its add_arguments and main)
 COMMANDS = {
     "serve": ("run the sidecar exporter", "tpuscope.exporter.daemon"),
+    "workload": (
+        "run the instrumented demo workload (JAX, or --synthetic) against a sidecar, with faults to inject",
+        "tpuscope.workload.runner",
+    ),
     "bench": (
-        "run the instrumented benchmark workload, or one of tpuscope's own benchmarks",
+        "run one of tpuscope's own benchmarks: its cost, its limits, the rules' cost at scale",
         "tpuscope.bench.command",
     ),
     "fleet-sim": (
@@ -62,7 +66,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             module.add_arguments(command)
             command.set_defaults(main=module.main)
     args = parser.parse_args(arguments)
-    args.argv = arguments  # for a command that runs itself again in other processes (bench --processes)
+    args.argv = arguments  # for a command that runs itself again in other processes (workload --processes)
     try:
         return int(args.main(args))
     except KeyboardInterrupt:

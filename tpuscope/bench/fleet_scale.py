@@ -1,7 +1,7 @@
 """``tpuscope bench fleet-scale``: the rules, the boards and the storage behind them at a fleet's size.
 
-One sidecar's real series set (:data:`SNAPSHOT`, a scrape of a real bench run: fused, with device profiles,
-8 devices and the fake libtpu; ``--record-series`` records it again) is replicated across N hosts in workloads
+One sidecar's real series set (:data:`SNAPSHOT`, a scrape of a real ``tpuscope workload`` run: fused, with device
+profiles, 8 devices and the fake libtpu; ``--record-series`` records it again) is replicated across N hosts in workloads
 of 16 workers, each host with its scrape's target labels (``job``, ``instance``, ``namespace``, ``jobset``,
 ``pod``, ``node``, ``controller_kind``, ``controller``) and its ``slice`` and ``worker``; beside it on every host,
 the peer's: what a real node_exporter (Debian's, started here) serves. Beside the hosts, the cluster's exporters,
@@ -33,10 +33,9 @@ exits 1 when one is missed.
 from __future__ import annotations
 
 import argparse
-import http.server
+import functools
 import json
 import math
-import multiprocessing
 import os
 import shutil
 import statistics
@@ -44,21 +43,20 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from tpuscope import catalog, durations
 from tpuscope.alerts import nodes
-from tpuscope.bench import kube_state, rule_cost
+from tpuscope.bench import fleet_series, kube_state, rule_files
 from tpuscope.bench.kube_state import KSM_JOB, KUEUE_JOB
-from tpuscope.bench.verdict import Check, check_lines, write_report
+from tpuscope.bench.verdict import Check, check_lines, table, write_report
 from tpuscope.catalog import Label
 from tpuscope.conventions import GKE_TOPOLOGY
 from tpuscope.kubernetes import CONTROLLER_KIND, CONTROLLER_NAME
@@ -226,10 +224,10 @@ Served = tuple[str, dict[str, str], HostSeries, Variation]
 
 @dataclass(frozen=True)
 class Fleet:
-    """N hosts (``rule_cost.fleet``: workloads of 16 workers, 4 to a slice), each serving ``ours`` and ``peer``; and
+    """N hosts (``fleet_series.fleet``: workloads of 16 workers, 4 to a slice), each serving ``ours`` and ``peer``; and
     the cluster's exporters (``cluster``, by job: :mod:`tpuscope.bench.kube_state`), one target each."""
 
-    hosts: list[rule_cost.Host]
+    hosts: list[fleet_series.Host]
     ours: list[HostSeries]
     peer: list[HostSeries]
     varied: dict[tuple[int, str], Variation] = field(default_factory=dict)
@@ -237,7 +235,7 @@ class Fleet:
 
     @classmethod
     def of(cls, hosts: int, ours: list[HostSeries], peer: list[HostSeries]) -> Fleet:
-        fleet = cls(rule_cost.fleet(hosts), [*ours, *crash_counters(ours)], peer)
+        fleet = cls(fleet_series.fleet(hosts), [*ours, *crash_counters(ours)], peer)
         fleet.varied.update(variations(hosts))
         preempted = sorted({fleet.hosts[i].workload for (i, _), v in fleet.varied.items() if v.gap == PREEMPTION})
         chips, waited = chips_of(ours), PREEMPTION[0] - PREEMPTION[1]
@@ -326,7 +324,7 @@ def variations(hosts: int) -> dict[tuple[int, str], Variation]:
     """(host index, series name or "*") -> how it differs. The first workload's fourth host is a straggler (its
     compute takes half as long again); the second workload's first host crashed half an hour ago and its job
     restarted; every host of the third was preempted 3 hours ago for half an hour."""
-    per = rule_cost.WORKERS_PER_WORKLOAD
+    per = fleet_series.WORKERS_PER_WORKLOAD
     out = {(3, name): Variation(factor=1.5) for name in ("tpuscope_step_phase_duration_seconds_sum",)}
     out[(3, catalog.PROFILE_TIME.name)] = Variation(factor=1.5)
     for name in (catalog.WORKLOAD_FAILURES.name, catalog.WORKLOAD_RESTARTS.name):
@@ -343,7 +341,7 @@ class Reach:
     """How far back each series name is read: by a rule (its range and offset, or the lookback), or, for a
     name a dashboard reads, as far back as the longest board range the history is to hold."""
 
-    rules: rule_cost.Reads
+    rules: rule_files.Reads
     boards: frozenset[str]
     board_seconds: float
 
@@ -354,49 +352,26 @@ class Reach:
 Family = tuple[str, int, list[tuple[str, HostSeries, Variation]]]  # name, first time, (line prefix, model, variation)
 
 
-def backfill(
-    fleet: Fleet, reach: Reach, recorded: list[rule_cost.Series], end: float, directory: Path
-) -> dict[str, float]:
-    """A TSDB in ``directory``/tsdb of the fleet's history up to ``end``: its series, samples, and the seconds
-    it took to write. The families are split into parts, written by one writer per core, each writing a part's
-    OpenMetrics text and running promtool on it (about 450,000 samples a second each, here); their blocks go into
-    one TSDB, which Prometheus reads whole (blocks that overlap in time are merged as they are read)."""
-    started = time.monotonic()
+def history(
+    fleet: Fleet, reach: Reach, recorded: list[fleet_series.Series], end: float, directory: Path
+) -> fleet_series.Backfill:
+    """A TSDB in ``directory``/tsdb of the fleet's history up to ``end``. Its families are split into parts
+    (:func:`parts_of`), one writer a core writing them."""
     families: dict[str, Family] = {}
     for index, job in fleet.targets():
         for name, labels, s, varied in fleet.series(index, job, scraped=True):
             if (seconds := reach.seconds(name)) > 0:
                 first = int(end - seconds - SCRAPE_SECONDS)
-                text = name + rule_cost.label_text(labels | fleet.target(index, job)) + " "
+                text = name + fleet_series.label_text(labels | fleet.target(index, job)) + " "
                 families.setdefault(name, (name, first, []))[2].append((text, s, varied))
-    recorded_lines = [
-        f"{r.name}{r.labels} {rule_cost.number(r.level)} {t}\n"
-        for r in sorted(recorded, key=lambda r: r.name)
-        for t in range(int(end - r.since), int(end) + 1, int(r.every))
-    ]
-
     writers = max(1, min(os.cpu_count() or 1, 4))
     shares = parts_of(list(families.values()), end, writers)
-    parts = len(shares)
-    tsdb = directory / "tsdb"
-    tsdb.mkdir(parents=True, exist_ok=True)
-    global _WRITING  # the writers are forked: they read the families from here instead of a pickle
-    _WRITING = (shares, end, fleet_origin(end), recorded_lines, directory)
-    with multiprocessing.get_context("fork").Pool(writers) as pool:
-        counts = pool.map(write_share, range(parts), chunksize=1)
-    for part in directory.glob("part-*"):
-        for block in part.iterdir():
-            block.rename(tsdb / block.name)
-        part.rmdir()
-    return {
-        "series": sum(c[0] for c in counts) + len(recorded),
-        "samples": sum(c[1] for c in counts),
-        "seconds": round(time.monotonic() - started, 1),
-        "parts": parts,
-    }
-
-
-_WRITING: tuple[list[list[Family]], float, float, list[str], Path] | None = None
+    origin = fleet_origin(end)
+    parts: list[fleet_series.Part] = [
+        functools.partial(write_share, share, end, origin, recorded if index == 0 else [])
+        for index, share in enumerate(shares)
+    ]
+    return fleet_series.backfill(parts, directory, writers)
 
 
 def parts_of(families: list[Family], end: float, writers: int, most: int = PART_SAMPLES) -> list[list[Family]]:
@@ -425,30 +400,20 @@ def fleet_origin(end: float) -> float:
     return end - 10 * 86_400
 
 
-def write_share(index: int) -> tuple[int, int]:
-    """Writer ``index``'s families as OpenMetrics, then its blocks (promtool); its series and samples."""
-    assert _WRITING is not None
-    shares, end, origin, recorded_lines, directory = _WRITING
-    source = directory / f"part-{index}.om"
+def write_share(
+    share: list[Family], end: float, origin: float, recorded: list[fleet_series.Series], out: TextIO
+) -> tuple[int, int]:
+    """A part of the history (:data:`fleet_series.Part`): the share's families, and ``recorded``."""
     series = samples = 0
-    with open(source, "w") as out:
-        # OpenMetrics: a family's lines together (the pieces of one family in a part are written one after another)
-        for _, first, entries in sorted(shares[index], key=lambda piece: piece[0]):
-            times = range(first, int(end) + 1, SCRAPE_SECONDS)
-            for text, s, varied in entries:
-                lines = sample_lines(text, s, varied, times, end, origin)
-                out.writelines(lines)
-                series, samples = series + 1, samples + len(lines)
-        if index == 0:  # the recorded series, counted by the caller
-            out.writelines(recorded_lines)
-            samples += len(recorded_lines)
-        out.write("# EOF\n")
-    command = ["promtool", "tsdb", "create-blocks-from", "openmetrics", "--max-block-duration=1000h", "-q"]
-    run = subprocess.run([*command, str(source), str(directory / f"part-{index}")], capture_output=True, text=True)
-    if run.returncode != 0:
-        raise PrometheusError(f"promtool could not backfill {source}: {run.stderr.strip()[-2000:]}")
-    source.unlink()
-    return series, samples
+    # A family's lines together: the pieces of one family in a share are written one after another.
+    for _, first, entries in sorted(share, key=lambda piece: piece[0]):
+        times = range(first, int(end) + 1, SCRAPE_SECONDS)
+        for text, s, varied in entries:
+            lines = sample_lines(text, s, varied, times, end, origin)
+            out.writelines(lines)
+            series, samples = series + 1, samples + len(lines)
+    more_series, more_samples = fleet_series.write_series(recorded, end, out)
+    return series + more_series, samples + more_samples
 
 
 def sample_lines(text: str, s: HostSeries, varied: Variation, times: range, end: float, origin: float) -> list[str]:
@@ -460,97 +425,75 @@ def sample_lines(text: str, s: HostSeries, varied: Variation, times: range, end:
         if s.slope:
             slope = s.slope
             return [f"{text}{slope * (t - origin)!r} {t}\n" for t in times]
-        value = rule_cost.number(s.value)
+        value = fleet_series.number(s.value)
         return [f"{text}{value} {t}\n" for t in times]
     return [
-        f"{text}{rule_cost.number(varied.value(s, t, end, origin))} {t}\n" for t in times if not varied.missing(t, end)
+        f"{text}{fleet_series.number(varied.value(s, t, end, origin))} {t}\n"
+        for t in times
+        if not varied.missing(t, end)
     ]
 
 
 # --- The present: every host's /metrics, served from here -----------------------------------------------
 
 
-class Feed:
-    """Every host's sidecar and node_exporter, and the cluster's exporters, past the history's end:
-    ``/metrics?host=I&job=J`` serves that target's series at the time of asking. ``read`` narrows each target to
-    the series some rule reads.
-
-    It serves from a process of its own (forked, so it has the fleet without a copy): in this one, decoding the
-    boards' large answers holds the interpreter for long enough that scrapes time out."""
+class Targets:
+    """Every host's sidecar and node_exporter, and the cluster's exporters, past the history's end, as a
+    :class:`fleet_series.Feed` serves them: target ``I/JOB`` is host I's series of JOB at the time of asking.
+    ``read`` narrows each target to the series some rule reads."""
 
     def __init__(self, fleet: Fleet, end: float, read: set[str] | None = None) -> None:
         self.fleet, self.end, self.origin = fleet, end, fleet_origin(end)
-        # kube-state-metrics' series of every pod and node, rendered at every scrape, held this feed past the
+        # kube-state-metrics' series of every pod and node, rendered at every scrape, held the feed past the
         # scrapes' timeout and took the CPU the rules are measured on; the real one serves them from memory.
         self.rendered: dict[str, str] = {}
         self.prefixes = {
             (index, job): [
-                (name + rule_cost.label_text(labels) + " ", s, varied)
+                (name + fleet_series.label_text(labels) + " ", s, varied)
                 for name, labels, s, varied in fleet.series(index, job)
                 if read is None or name in read
             ]
             for index, job in fleet.targets()
         }
-        feed = self
 
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                query = urllib.parse.parse_qs(urllib.parse.urlparse(self.path).query)
-                body = feed.exposition(int(query["host"][0]), query["job"][0], time.time()).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "text/plain; version=0.0.4")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *_: Any) -> None:
-                pass
-
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.address = f"127.0.0.1:{self.server.server_address[1]}"
-        self.process = multiprocessing.get_context("fork").Process(target=self.server.serve_forever, daemon=True)
-        self.process.start()
-        self.server.socket.close()  # the child listens on it; this process only needs the address
-
-    def exposition(self, index: int, job: str, t: float) -> str:
+    def render(self, target: str, t: float) -> str:
+        index, _, job = target.partition("/")
         if job in self.fleet.cluster:  # the cluster's objects hold still past the history's end: rendered once
             if job not in self.rendered:
-                self.rendered[job] = self.render(index, job, t)
+                self.rendered[job] = self.exposition(int(index), job, t)
             return self.rendered[job]
-        return self.render(index, job, t)
+        return self.exposition(int(index), job, t)
 
-    def render(self, index: int, job: str, t: float) -> str:
+    def exposition(self, index: int, job: str, t: float) -> str:
         return "".join(
-            f"{text}{rule_cost.number(varied.value(s, t, self.end, self.origin))}\n"
+            f"{text}{fleet_series.number(varied.value(s, t, self.end, self.origin))}\n"
             for text, s, varied in self.prefixes[(index, job)]
         )
 
-    def scrape_configs(self, interval: int) -> list[dict[str, Any]]:
-        """One scrape job each for ours, the peer and the cluster's exporters, each target with its labels."""
-        targets = list(self.fleet.targets())
-        return [
-            {
-                "job_name": job,
-                "scrape_interval": f"{interval}s",
-                "static_configs": [
-                    {
-                        "targets": [self.address],
-                        "labels": self.fleet.target(index, job) | {"__param_host": str(index), "__param_job": job},
-                    }
-                    for index, of in targets
-                    if of == job
-                ],
-            }
-            for job in dict.fromkeys(job for _, job in targets)
-        ]
 
-    def close(self) -> None:
-        self.process.terminate()
-        self.process.join(timeout=10)
+def scrape_configs(fleet: Fleet, feed: fleet_series.Feed, interval: int) -> list[dict[str, Any]]:
+    """One scrape job each for ours, the peer and the cluster's exporters, each target (:class:`Targets`) with its
+    labels."""
+    targets = list(fleet.targets())
+    return [
+        {
+            "job_name": job,
+            "scrape_interval": f"{interval}s",
+            "static_configs": [
+                {
+                    "targets": [feed.address],
+                    "labels": fleet.target(index, job) | {"__param_target": f"{index}/{job}"},
+                }
+                for index, of in targets
+                if of == job
+            ],
+        }
+        for job in dict.fromkeys(job for _, job in targets)
+    ]
 
 
 def prometheus(
-    workdir: Path, feed: Feed, interval: int, rule_files: list[Path], tsdb: Path | None = None
+    workdir: Path, fleet: Fleet, feed: fleet_series.Feed, interval: int, rules: list[Path], tsdb: Path | None = None
 ) -> PrometheusServer:
     """A Prometheus scraping the feed every ``interval`` seconds and evaluating the rules as often (their groups
     may say otherwise), on a hard-linked copy of ``tsdb`` if given (it writes only its head beside the blocks)."""
@@ -558,32 +501,27 @@ def prometheus(
     if tsdb is not None:
         shutil.copytree(tsdb, workdir / "data", copy_function=os.link)
     return PrometheusServer(
-        workdir,
-        [],
-        f"{interval}s",
-        rule_files=rule_files,
-        scrape_configs=feed.scrape_configs(interval),
-        flags=flags,
+        workdir, [], f"{interval}s", rule_files=rules, scrape_configs=scrape_configs(fleet, feed, interval), flags=flags
     )
 
 
 def probe_recorded(
-    fleet: Fleet, files: list[rule_cost.RulesFile], reads: rule_cost.Reads, reach: Reach, end: float, workdir: Path
+    fleet: Fleet, files: list[rule_files.RulesFile], reads: rule_files.Reads, reach: Reach, end: float, workdir: Path
 ) -> list[dict[str, Any]]:
     """The series the files' rules record on this fleet that a rule or a board reads, once their number settles: a
     Prometheus scraping only the series some rule reads, and evaluating the rules, every 2 s (a hundred hosts)."""
     records = {name for f in files for name in f.records if reach.seconds(name) > 0}
     if not records:
         return []
-    feed = Feed(fleet, end, read=set(reads.reach))
+    feed = fleet_series.Feed(Targets(fleet, end, read=set(reads.reach)).render)
     pattern = "|".join(sorted(records))
     counts = f'count by (__name__) ({{__name__=~"{pattern}"}})'
     try:
         pace = PROBE_SECONDS_PER_100_HOSTS * max(1, math.ceil(len(fleet.hosts) / 100))
-        with prometheus(workdir, feed, pace, [f.path for f in files]) as probe:
+        with prometheus(workdir, fleet, feed, pace, [f.path for f in files]) as probe:
             previous: list[tuple[str, str]] = []
             for _ in range(60):
-                rule_cost.wait_for_round(probe.api, 300)
+                rule_files.wait_for_round(probe.api, 300)
                 now = sorted((r["metric"]["__name__"], r["value"][1]) for r in probe.query(counts))
                 if now and now == previous:
                     return probe.query(f'{{__name__=~"{pattern}"}}')
@@ -685,7 +623,7 @@ class ScaleFigures:
     ledger_series: int = 0  # the bad-host ledger's records (tpuscope.alerts.nodes), every window and kind
 
 
-# The bad-host ledger's records, and the share of the head its series may take (issue 58): a node's topology labels
+# The bad-host ledger's records, and the share of the head its series may take: a node's topology labels
 # ride on its sidecar's target, adding no series; the ledger adds a few per node and workload.
 LEDGER_RECORDS = frozenset(r["record"] for r in nodes.evidence_rules(Thresholds()) + nodes.ledger_rules())
 LEDGER_SHARE = 0.01
@@ -731,7 +669,7 @@ def group_evaluations(api: PrometheusAPI, after: float, timeout: float) -> dict[
     def enough() -> bool:
         groups = api.get("rules")["groups"]
         for group in groups:
-            if (began := rule_cost.instant(group["lastEvaluation"])) > after:
+            if (began := rule_files.instant(group["lastEvaluation"])) > after:
                 seen.setdefault((group["file"], group["name"]), {})[began] = float(group["evaluationTime"])
         return len(seen) == len(groups) > 0 and all(len(times) >= EVALUATIONS for times in seen.values())
 
@@ -749,7 +687,7 @@ def slowest_rules(api: PrometheusAPI, n: int = 8) -> list[tuple[str, str, float]
     return sorted(rules, key=lambda rule: -rule[2])[:n]
 
 
-def recorded_counts(api: PrometheusAPI, files: list[rule_cost.RulesFile]) -> dict[str, int]:
+def recorded_counts(api: PrometheusAPI, files: list[rule_files.RulesFile]) -> dict[str, int]:
     names = "|".join(sorted(set().union(*(f.records for f in files))))
     return {
         r["metric"]["__name__"]: int(r["value"][1]) for r in api.query(f'count by (__name__) ({{__name__=~"{names}"}})')
@@ -810,14 +748,14 @@ def own_metrics(url: str) -> dict[str, float]:
     }
 
 
-def with_interval(rules: rule_cost.RulesFile, seconds: int, directory: Path) -> rule_cost.RulesFile:
+def with_interval(rules: rule_files.RulesFile, seconds: int, directory: Path) -> rule_files.RulesFile:
     """A copy of the file with every group evaluated every ``seconds``, as the generated ClusterRules say: a group of
     a slower pace of its own too (the SLO's slow windows), since one evaluation costs what it costs at any pace and
     waiting for its own would take minutes; :func:`group_intervals` says the pace it is judged against."""
-    return rule_cost.paced(rules, directory, f"{seconds}s")
+    return rule_files.paced(rules, directory, f"{seconds}s")
 
 
-def group_intervals(files: list[rule_cost.RulesFile], seconds: int) -> dict[tuple[str, str], float]:
+def group_intervals(files: list[rule_files.RulesFile], seconds: int) -> dict[tuple[str, str], float]:
     """(file label, group) -> the seconds between the group's evaluations in a fleet: its own interval, scaled as
     ``seconds`` (the run's) is to the ClusterRules' 30 s, or ``seconds``."""
     return {
@@ -848,32 +786,39 @@ def boards_read() -> frozenset[str]:
         board = json.loads(path.read_text())
         sent = grafana.variables(board).sent
         for _, expr, _ in grafana.queries(board):
-            names |= {read.name for read in rule_cost.reads(substitute(expr, sent, 3600, 60))}
+            names |= {read.name for read in rule_files.reads(substitute(expr, sent, 3600, 60))}
     return frozenset(names)
 
 
 def measure(
-    hosts: int, files: list[rule_cost.RulesFile], ours: list[HostSeries], peer: list[HostSeries], settings: Settings,
+    hosts: int, files: list[rule_files.RulesFile], ours: list[HostSeries], peer: list[HostSeries], settings: Settings,
     workdir: Path,
 ) -> ScaleFigures:  # fmt: skip
     fleet = Fleet.of(hosts, ours, peer)
-    reads = rule_cost.Reads.of(files)
+    reads = rule_files.Reads.of(files)
     reach = Reach(reads, boards_read(), settings.board_hours * 3600)
     end = float(int(time.time()))
     print(f"  {hosts} hosts: probing what the rules record ...", flush=True)
     found = probe_recorded(fleet, files, reads, reach, end, workdir / "probe")
     # The recorded series, one per workload or so, go back as far as a rule reads them (3 days: the SLO windows), or
     # a board (the records only the boards read, such as the hour of restarts).
-    timing = rule_cost.Timing(end, RECORDED_DAYS, SCRAPE_SECONDS, settings.evaluation_seconds)
-    recorded = rule_cost.recorded_series(found, timing, reach.seconds)
-    history = backfill(fleet, reach, recorded, end, workdir / "history")
-    written = f"{history['series']:,.0f} series, {history['samples']:,.0f} samples"
-    written += f" ({history['parts']:.0f} parts, {history['seconds']:.0f} s)"
-    print(f"  {hosts} hosts: a TSDB of {written}", flush=True)
-    feed = Feed(fleet, end)
-    tsdb = workdir / "history" / "tsdb"
+    timing = fleet_series.Timing(end, RECORDED_DAYS, SCRAPE_SECONDS, settings.evaluation_seconds)
+    recorded = fleet_series.recorded_series(found, timing, reach.seconds)
+    written = history(fleet, reach, recorded, end, workdir / "history")
+    backfilled = {
+        "series": written.series,
+        "samples": written.samples,
+        "seconds": round(written.seconds, 1),
+        "parts": written.parts,
+    }
+    print(
+        f"  {hosts} hosts: a TSDB of {written.series:,} series, {written.samples:,} samples ({written.parts} parts, "
+        f"{written.seconds:.0f} s)",
+        flush=True,
+    )
+    feed = fleet_series.Feed(Targets(fleet, end).render)
     try:
-        with prometheus(workdir / "run", feed, SCRAPE_SECONDS, [f.path for f in files], tsdb) as p:
+        with prometheus(workdir / "run", fleet, feed, SCRAPE_SECONDS, [f.path for f in files], written.path) as p:
             timeout = 20 * settings.evaluation_seconds + 600
             targets = len(list(fleet.targets()))
             # Scraped live: the history holds an `up` of every target too, which says nothing of this Prometheus.
@@ -921,7 +866,7 @@ def measure(
     return ScaleFigures(
         hosts,
         len({h.workload for h in fleet.hosts}),
-        history,
+        backfilled,
         int(own.get("prometheus_tsdb_head_series", 0)),
         heads[OUR_JOB],
         heads[PEER_JOB],
@@ -968,7 +913,7 @@ def report_lines(figures: list[ScaleFigures]) -> list[str]:
             ]
             for g in f.groups
         ]
-        lines += ["  " + line for line in rule_cost.table(rows, right={2, 3, 4, 5})]
+        lines += ["  " + line for line in table(rows, right={2, 3, 4, 5})]
         lines += [f"  slow rule: {group} {rule}: {seconds:.3f} s" for group, rule, seconds in f.slowest_rules]
         rows = [["board", "range", "queries", "p50 s", "p95 s", "samples", "heaviest query"]]
         rows += [
@@ -983,7 +928,7 @@ def report_lines(figures: list[ScaleFigures]) -> list[str]:
             ]
             for b in f.boards
         ]
-        lines += ["  " + line for line in rule_cost.table(rows, right={2, 3, 4, 5})]
+        lines += ["  " + line for line in table(rows, right={2, 3, 4, 5})]
         lines += [
             f"  slow query: {b['board']} {b['hours']} h: {q['panel']}: {q['seconds']:.2f} s, {q['samples']:,} samples"
             for b in f.boards
@@ -1081,9 +1026,9 @@ def run(args: argparse.Namespace) -> int:
         return record_series(args.record_series)
     ours = load_snapshot()
     peer = node_exporter_series()
-    files = [rule_cost.load_rules(f"{OUR_JOB}={(args.rules or [DEFAULT_RULES])[0]}")]
+    files = [rule_files.load_rules(f"{OUR_JOB}={args.rules or DEFAULT_RULES}")]
     if args.peer_rules:
-        files.append(rule_cost.load_rules(f"{PEER_JOB}={args.peer_rules}"))
+        files.append(rule_files.load_rules(f"{PEER_JOB}={args.peer_rules}"))
     sizes = [int(n) for n in str(args.fleet_hosts).split(",")]
     # One history length for every size, or one each: 24 h of 1,000 hosts' board series is more than fits here.
     hours = [int(h) for h in str(args.board_hours).split(",")]
@@ -1107,7 +1052,7 @@ def run(args: argparse.Namespace) -> int:
             print("\n".join(report_lines(figures[-1:])), flush=True)
     verdicts = checks(figures, len(ours), Budgets())
     print("\n".join(["", *check_lines(verdicts)]))
-    failed = write_report(args.perf_json or DEFAULT_JSON, {"scales": [asdict(f) for f in figures]}, verdicts)
+    failed = write_report(args.json or DEFAULT_JSON, {"scales": [asdict(f) for f in figures]}, verdicts)
     return 1 if failed else 0
 
 
@@ -1115,7 +1060,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def record_series(path: Path, steps: int = 300) -> int:
-    """Run the fused bench with device profiles and 8 fake TPU chips, scrape its sidecar near the end, and write
+    """Run the fused workload with device profiles and 8 fake TPU chips, scrape its sidecar near the end, and write
     the scrape with the run's age as :data:`SNAPSHOT`'s format has it."""
     from tpuscope.testing.fake_tpu import Chip, FakeTpuRuntime, FakeTpuServer, default_megascale
 
@@ -1132,7 +1077,7 @@ def record_series(path: Path, steps: int = 300) -> int:
             sys.executable,
             "-m",
             "tpuscope",
-            "bench",
+            "workload",
             "--fused",
             f"--steps={steps}",
             "--profile-period=2s",
@@ -1140,14 +1085,14 @@ def record_series(path: Path, steps: int = 300) -> int:
         ]
         command += [f"--run-dir={tmp}/run", "--linger=60"]
         started = time.time()
-        bench = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        assert bench.stdout is not None
-        for line in bench.stdout:
+        job = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        assert job.stdout is not None
+        for line in job.stdout:
             if "serves http" in line:  # the run is over; its sidecar lingers
                 break
         text = text_of(f"http://{listen}/metrics")
-        bench.terminate()
-        bench.wait(timeout=60)
+        job.terminate()
+        job.wait(timeout=60)
     uptime = round(time.time() - started)
     path.write_text(f"{SNAPSHOT_HEADER}{uptime}\n{text}")
     print(f"wrote {path}: {len(parse_exposition(text, uptime)):,} series")

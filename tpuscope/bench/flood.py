@@ -34,7 +34,8 @@ from pathlib import Path
 from typing import Any
 
 from tpuscope import catalog, events
-from tpuscope.bench.scrape_latency import scrape_once
+from tpuscope.bench.memory import status_mb
+from tpuscope.bench.timing import scrape_once
 from tpuscope.bench.verdict import Check, check_lines, write_report
 from tpuscope.scrape import Scrape
 from tpuscope.stats import percentile
@@ -44,7 +45,7 @@ from tpuscope.workload.sidecar import SidecarProcess
 
 # The event rate one sidecar must sustain: a realistic busy host, e.g. 8 accelerators' jobs
 # stepping every 10 ms with phases, compiles and memory reports, is a few thousand events per
-# second; 10,000/s leaves room. (`bench perf` measured ~100k/s flat out on one core.)
+# second; 10,000/s leaves room.
 SUPPORTED_EVENTS_PER_SECOND = 10_000
 # The flood offers at least this many times the supported rate.
 OVERLOAD_FACTOR = 10
@@ -87,7 +88,7 @@ def flooder(path: str, url: str, workload: str, seconds: float, go: Any, results
     """A job that steps as fast as it can for ``seconds`` after ``go``, then drains and reports its drops."""
     # One step event, made once and emitted again and again: the Monitor's delivery path (the
     # SocketSink, its drop counting and drop reporting) is all the sidecar sees, and skipping the
-    # step timer (bench perf's business) offers ~2.5x the events per core.
+    # step timer (bench perf's business) offers more events per core.
     with Monitor(workload, socket=path, traces=False) as mon:
         step = events.Step(workload=mon.workload, step=0, duration_s=0.001, compute_s=0.001)
         go.wait()
@@ -172,17 +173,6 @@ class Watch:
         while not self._stop.wait(0.1):
             if (rss := status_mb(self.pid, "VmRSS")) is not None:
                 self.rss_mb.append(rss)
-
-
-def status_mb(pid: int, key: str) -> float | None:
-    """A ``/proc/PID/status`` memory figure (``VmRSS``, ``VmHWM``: the peak) in MB; None once the process is gone."""
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith(key + ":"):
-                return int(line.split()[1]) / 1024  # kB
-    except OSError:
-        pass
-    return None
 
 
 def flood(seconds: float, workdir: Path) -> tuple[dict[str, Any], list[Check]]:
@@ -338,7 +328,7 @@ def table(figures: dict[str, Any], checks: list[Check]) -> str:
 
 def run(args: argparse.Namespace) -> int:
     seconds = float(args.seconds)
-    json_path = args.perf_json or DEFAULT_JSON
+    json_path = args.json or DEFAULT_JSON
     print(
         f"tpuscope bench flood: {FLOODERS} flooders for {seconds:g} s at >= {OVERLOAD_FACTOR}x "
         f"{SUPPORTED_EVENTS_PER_SECOND:,} events/s, one job at {GOOD_STEPS_PER_SECOND} steps/s",

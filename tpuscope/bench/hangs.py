@@ -1,8 +1,8 @@
-"""``tpuscope bench hangs``: does a hung job get diagnosed, and does a healthy slow one not page? (issue 54)
+"""``tpuscope bench hangs``: does a hung job get diagnosed, and does a healthy slow one not page?
 
 Each trial is a real 4-process ``jax.distributed`` job on the CPU (gloo), one sidecar per process, and a real
 Prometheus scraping them with the generated rules, at the deployed speed (deploy/prometheus/prometheus.yml:
-scrapes every 15 s, rules every 30 s). Worker 1 hangs one way (``tpuscope bench --inject WAY=STEP@1``:
+scrapes every 15 s, rules every 30 s). Worker 1 hangs one way (``tpuscope workload --inject WAY=STEP@1``:
 tpuscope/workload/hangs.py): its input blocks in a read (``hang-input``), it spins in Python in its metrics code
 (``hang-spin``), or it skips the barrier its peers enter (``skip-collective``). A trial passes when
 TpuscopeWorkloadHung fires within :data:`WITHIN_SECONDS` of the hang naming worker 1 alone, with its phase and
@@ -56,13 +56,13 @@ EXPECTED = {
 }
 PROCESSES, DEVICES, HUNG = 4, 2, 1
 HANG_STEP = 20  # the step worker 1 hangs at: enough steps before it for the sidecars to learn a step's time
-# JAX's default: a hung process still sends its heartbeats, and the bench's 10 s aborts a job whose processes a
+# JAX's default: a hung process still sends its heartbeats, and the workload's 10 s aborts a job whose processes a
 # loaded machine starved that long (seen: trials that ended with exit 134 before any hang).
 HEARTBEAT_TIMEOUT_S = 100
 WITHIN_SECONDS = 120.0  # the acceptance: named within 2 minutes of the hang
 PAGES = (AlertName.WORKLOAD_HUNG, AlertName.WORKLOAD_STALLED)
 CLEAN = {  # the clean runs: their faults (every worker), steps
-    # slow-compile=60: a program XLA compiles in about 60 s alone here, 2 to 3 minutes beside its 3 peers' on 2 cores.
+    # slow-compile=60: a program XLA takes about a minute to compile alone, longer beside its peers.
     "eval-recompile-save": (("eval=300", "slow-compile=60", "slow-save=180"), 40),
     "40s-steps": (("slow-steps=40",), 8),
 }
@@ -75,7 +75,7 @@ class Speed:
     hang_after: str = "60s"
     scrape: str = DEPLOYED["scrape_interval"]
     evaluation: str = DEPLOYED["evaluation_interval"]
-    model: tuple[str, ...] = ()  # the bench's model flags: smaller starts sooner (its compile)
+    model: tuple[str, ...] = ()  # the workload's model flags: smaller starts sooner (its compile)
 
 
 @dataclass
@@ -103,7 +103,7 @@ class TrialResult:
 
 
 class BenchJob(testing_bench.Running):
-    """``tpuscope bench --processes 4`` in its own process group, its output kept line by line with arrival times."""
+    """``tpuscope workload --processes 4`` in its own process group, its output kept line by line with arrival times."""
 
     def __init__(self, directory: Path, workload: str, steps: int, *injected: str, model: tuple[str, ...] = ()) -> None:
         command = testing_bench.command(
@@ -133,7 +133,7 @@ class BenchJob(testing_bench.Running):
 
 @contextmanager
 def pipeline(directory: Path, speed: Speed) -> Iterator[tuple[list[SidecarProcess], PrometheusServer]]:
-    """A sidecar per worker (on the sockets the bench gives its workers) and a Prometheus on the rules."""
+    """A sidecar per worker (on the sockets the workload gives its workers) and a Prometheus on the rules."""
     shutil.rmtree(directory, ignore_errors=True)  # a Prometheus on an earlier run's data would restore its alerts
     directory.mkdir(parents=True)
     with ExitStack() as stack:
@@ -287,5 +287,5 @@ def run(args: argparse.Namespace) -> int:
         detail = f"exit {figure['exit']}, {figure['minutes']} min, paged {figure['paged'] or 'nothing'}; {longest}"
         checks.append(Check(f"clean {name}: no page", not figure["paged"] and figure["exit"] == 0, detail))
     print("\n".join(check_lines(checks, width=34)))
-    failed = write_report(args.perf_json or Path("run/hangs.json"), figures, checks)
+    failed = write_report(args.json or Path("run/hangs.json"), figures, checks)
     return 1 if failed else 0

@@ -17,7 +17,7 @@ of real exporters, true to their formats as of
   ``replica_role`` (the leader's: Kueue runs with leader election); its wait histograms' buckets are
   ``generateExponentialBuckets``' (1, then 2.5 doubling).
 
-The fleet (:func:`tpuscope.bench.rule_cost.fleet`) is JobSets of 16 workers, 4 hosts to a slice, in 4 namespaces.
+The fleet (:func:`tpuscope.bench.fleet_series.fleet`) is JobSets of 16 workers, 4 hosts to a slice, in 4 namespaces.
 Each slice is one Job, named as JobSet names its child Jobs (``<jobset>-<replicatedJob>-<index>``), of 4 pods; each
 pod has a node of its own, each slice's nodes a GKE TPU node pool of their own. Beside them, about a twentieth more
 TPU nodes in node pools that run no pod at all: chips the cluster pays for and no one uses. One ClusterQueue a
@@ -38,7 +38,7 @@ from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
-from tpuscope.bench import rule_cost
+from tpuscope.bench.fleet_series import WORKERS_PER_SLICE, Host
 from tpuscope.conventions import GKE_TOPOLOGY, SIDECAR_CONTAINER, sanitized
 
 KSM_JOB = "kube-state-metrics"
@@ -126,7 +126,7 @@ class Series:
 # --- The fleet's objects ----------------------------------------------------------------------------------
 
 
-def job_of(host: rule_cost.Host) -> str:
+def job_of(host: Host) -> str:
     """The Job that runs the host's pod: its JobSet's child Job for the host's slice."""
     return f"{host.workload}-{REPLICATED_JOB}-{host.slice}"
 
@@ -167,14 +167,14 @@ class Node:
 
 def node_of(index: int) -> Node:
     """Host ``index``'s node (its pod's ``spec.nodeName``, the sidecar target's ``node``): one node pool a slice."""
-    per = rule_cost.WORKERS_PER_SLICE
+    per = WORKERS_PER_SLICE
     return Node(f"tpu-pool-{index // per:04d}", index % per, index)
 
 
 def nodes(hosts: int) -> list[Node]:
     """Every TPU node: the hosts', in order, then those of the node pools that run no pod, whole slices, about
     :data:`IDLE_SHARE` of the hosts and at least one slice."""
-    per = rule_cost.WORKERS_PER_SLICE
+    per = WORKERS_PER_SLICE
     idle = math.ceil(hosts * IDLE_SHARE / per)
     return [node_of(index) for index in range(hosts)] + [
         Node(f"idle-pool-{n:04d}", worker, hosts + n * per + worker) for n in range(idle) for worker in range(per)
@@ -189,7 +189,7 @@ def cluster_queue(namespace: str) -> str:
 # --- kube-state-metrics -----------------------------------------------------------------------------------
 
 
-def kube_state_series(hosts: list[rule_cost.Host], chips: int, preempted: Iterable[str] = ()) -> list[Series]:
+def kube_state_series(hosts: list[Host], chips: int, preempted: Iterable[str] = ()) -> list[Series]:
     """Every series kube-state-metrics serves for the fleet: its namespaces, Jobs, pods (the DaemonSets' on every node
     too) and nodes. ``chips``: each
     host's, the TPU chips its pod requests and its node has; ``preempted``: the workloads preempted for a while."""
@@ -201,7 +201,7 @@ def kube_state_series(hosts: list[rule_cost.Host], chips: int, preempted: Iterab
         out += job_series(host, pods[job_of(host)], host.workload in stopped)
     for index, host in enumerate(hosts):
         out += pod_series(host, node_of(index), chips, host.workload in stopped)
-    slice_chips = chips * rule_cost.WORKERS_PER_SLICE
+    slice_chips = chips * WORKERS_PER_SLICE
     topology = TOPOLOGIES.get(slice_chips, f"{slice_chips} chips")
     for node in nodes(len(hosts)):
         out += node_series(node, chips, topology)
@@ -234,7 +234,7 @@ def daemon_pod_series(node: Node) -> Iterator[Series]:
             yield Series("kube_pod_container_resource_requests", (*key, *labels), amount)
 
 
-def job_series(host: rule_cost.Host, pods: int, preempted: bool) -> Iterator[Series]:
+def job_series(host: Host, pods: int, preempted: bool) -> Iterator[Series]:
     """The Job that runs the host's pod, of ``pods`` pods (internal/store/job.go): running, admitted by Kueue (its
     ``Suspended`` condition False); while its workload is preempted, suspended and none of its pods active."""
     key = (("namespace", host.namespace), ("job_name", job_of(host)))
@@ -242,14 +242,14 @@ def job_series(host: rule_cost.Host, pods: int, preempted: bool) -> Iterator[Ser
     owner = (("owner_kind", "JobSet"), ("owner_name", host.workload), ("owner_is_controller", "true"))
     yield Series("kube_job_created", key, began=True)
     yield Series("kube_job_owner", (*key, *owner), 1.0)
-    yield Series("kube_job_spec_parallelism", key, float(rule_cost.WORKERS_PER_SLICE))
-    yield Series("kube_job_spec_completions", key, float(rule_cost.WORKERS_PER_SLICE))
+    yield Series("kube_job_spec_parallelism", key, float(WORKERS_PER_SLICE))
+    yield Series("kube_job_spec_completions", key, float(WORKERS_PER_SLICE))
     yield Series("kube_job_status_active", key, float(pods), preempted=idle)
     yield Series("kube_job_status_ready", key, float(pods), preempted=idle)
     yield Series("kube_job_status_suspended", key, 0.0, preempted=Preempted(held=1.0) if preempted else None)
 
 
-def pod_series(host: rule_cost.Host, node: Node, chips: int, preempted: bool) -> Iterator[Series]:
+def pod_series(host: Host, node: Node, chips: int, preempted: bool) -> Iterator[Series]:
     """The host's pod (internal/store/pod.go): Running and Ready on its node since it began, its training container
     requesting the node's chips, its sidecar running; gone while its workload is preempted, and began again after."""
     pod = host.target["pod"]
@@ -310,7 +310,7 @@ WAIT_HISTOGRAMS = {
 }
 
 
-def kueue_series(hosts: list[rule_cost.Host], preempted: Iterable[str] = (), waited: float = 0.0) -> list[Series]:
+def kueue_series(hosts: list[Host], preempted: Iterable[str] = (), waited: float = 0.0) -> list[Series]:
     """Every series of Kueue's ClusterQueues for the fleet (pkg/metrics/metrics.go), one a namespace: each workload
     admitted once, after a short wait (:data:`FIRST_WAITS`); a ``preempted`` one pending for ``waited`` seconds, then
     admitted again after that wait. The client library serves each series' labels sorted, ``le`` last."""

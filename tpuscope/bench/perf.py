@@ -18,6 +18,7 @@ node_exporter's. The absolute figures are printed beside each ratio.
 
 from __future__ import annotations
 
+import argparse
 import functools
 import json
 import multiprocessing
@@ -25,7 +26,6 @@ import os
 import shutil
 import socket
 import subprocess
-import sys
 import tempfile
 import time
 import urllib.request
@@ -38,20 +38,23 @@ from typing import Any
 import psutil
 
 from tpuscope import catalog, events
-from tpuscope.bench.overhead import (
+from tpuscope.bench.machine import machine
+from tpuscope.bench.timing import (
     ab_test,
     best_alternated,
     best_seconds_per_call,
     direct_cost,
     paced_seconds_per_call,
+    scrape_once,
 )
-from tpuscope.bench.scrape_latency import scrape_once
 from tpuscope.scrape import Scrape
 from tpuscope.stats import percentile
 from tpuscope.testing.prometheus import free_port
-from tpuscope.tracing import Monitor
-from tpuscope.tracing.profiles import CAPTURED_STEPS, COST_BUDGET, DEFAULT_PERIOD
+from tpuscope.tracing import Hooks, Monitor, Traces
+from tpuscope.tracing.profile_sampler import CAPTURED_STEPS, COST_BUDGET, DEFAULT_PERIOD
 from tpuscope.workload.sidecar import SidecarProcess
+
+DEFAULT_JSON = Path("run/perf.json")
 
 
 @dataclass(frozen=True)
@@ -261,9 +264,9 @@ def loss_cost(report: Report, size: Size, sidecar: SidecarProcess, workdir: Path
     with Monitor(
         "perf-loss",
         socket=sidecar.socket,
-        spans_file=workdir / "spans-loss.jsonl",
+        traces=Traces(spans_file=workdir / "spans-loss.jsonl"),
         sinks=[seen],
-        profile_period=DEFAULT_PERIOD,
+        hooks=Hooks(profile_period=DEFAULT_PERIOD),
     ) as monitor:
         options = WorkloadOptions(steps=size.ab_steps, checkpoint_every=0, run_dir=workdir / "run-loss")
         with Workload(options, monitor, log=lambda _: None) as workload:
@@ -278,7 +281,7 @@ def loss_cost(report: Report, size: Size, sidecar: SidecarProcess, workdir: Path
     array = jax.device_put(np.ones(len(devices), np.float32), jax.sharding.NamedSharding(mesh, SHARDED))
     array.block_until_ready()
     calls = max(200, size.emits // 4)
-    with Monitor("perf-loss-probe", socket=sidecar.socket, traces=False, profile_period="off") as probe:
+    with Monitor("perf-loss-probe", socket=sidecar.socket, traces=False, hooks=Hooks(profile_period="off")) as probe:
         best = best_alternated(
             {
                 given: functools.partial(direct_cost, probe, steps=calls, loss=loss)
@@ -322,8 +325,12 @@ def hang_watch_cost(report: Report, size: Size, sidecar: SidecarProcess) -> None
     record): the empty instrumented step with the hang watch on and off, side by side, alternated, best of each."""
     calls = max(200, size.emits // 4)
     with (
-        Monitor("perf-hang-on", socket=sidecar.socket, traces=False, profile_period="off", hang_watch=True) as on,
-        Monitor("perf-hang-off", socket=sidecar.socket, traces=False, profile_period="off", hang_watch=False) as off,
+        Monitor(
+            "perf-hang-on", socket=sidecar.socket, traces=False, hooks=Hooks(profile_period="off", hang_watch=True)
+        ) as on,
+        Monitor(
+            "perf-hang-off", socket=sidecar.socket, traces=False, hooks=Hooks(profile_period="off", hang_watch=False)
+        ) as off,
     ):
         best = best_alternated(
             {True: lambda: direct_cost(on, steps=calls), False: lambda: direct_cost(off, steps=calls)}
@@ -411,10 +418,9 @@ def per_step(report: Report, size: Size, sidecar: SidecarProcess, workdir: Path)
         with Monitor(
             "perf-step",
             socket=sidecar.socket,
-            spans_file=spans,
-            sample_every=every,
+            traces=Traces(spans_file=spans, sample_every=every),
             sinks=[last],
-            profile_period=DEFAULT_PERIOD,
+            hooks=Hooks(profile_period=DEFAULT_PERIOD),
         ) as monitor:
             options = WorkloadOptions(steps=size.ab_steps, checkpoint_every=0, run_dir=workdir / f"run-{every}")
             with Workload(options, monitor, log=lambda _: None) as workload:
@@ -524,7 +530,7 @@ def capture_cost(report: Report, size: Size, sidecar: SidecarProcess, workdir: P
     profiles, steps = ProfileSink(), StepTimes()
     period = CAPTURE_PERIOD_STEPS * split_step
     with Monitor(
-        "perf-capture", socket=sidecar.socket, traces=False, sinks=[profiles, steps], profile_period=period
+        "perf-capture", socket=sidecar.socket, traces=False, sinks=[profiles, steps], hooks=Hooks(profile_period=period)
     ) as monitor:
         options = WorkloadOptions(
             steps=size.capture_steps, fused=True, checkpoint_every=0, run_dir=workdir / "run-capture"
@@ -858,25 +864,9 @@ def running(command: list[str]) -> Iterator[subprocess.Popen[bytes]]:
 
 
 # --- the whole run -------------------------------------------------------------------------------------
-def machine() -> dict[str, Any]:
-    return {
-        "cpus": os.cpu_count(),
-        "memory_gib": round(psutil.virtual_memory().total / 2**30, 1),
-        "cpu_model": next(
-            (
-                line.split(":", 1)[1].strip()
-                for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if "model name" in line
-            ),
-            "unknown",
-        ),
-        "python": ".".join(map(str, sys.version_info[:3])),
-        # What else the machine was doing as the run began (1, 5 and 15 minutes): a loaded machine's figures are slower.
-        "load_average": [round(load, 2) for load in os.getloadavg()],
-    }
-
-
-def run(tiny: bool = False, json_path: Path | None = None) -> int:
+def run(args: argparse.Namespace) -> int:
+    tiny: bool = args.tiny
+    json_path: Path = args.json or DEFAULT_JSON
     size = TINY if tiny else FULL
     report = Report(machine())
     print(f"tpuscope bench perf ({'tiny' if tiny else 'full'} size) on {report.machine}", flush=True)
@@ -900,8 +890,7 @@ def run(tiny: bool = False, json_path: Path | None = None) -> int:
     )
     text = json.dumps(report.json(), indent=2)
     print(text)
-    if json_path:
-        json_path.parent.mkdir(parents=True, exist_ok=True)
-        json_path.write_text(text + "\n")
-        print(f"JSON: {json_path}")
+    json_path.parent.mkdir(parents=True, exist_ok=True)
+    json_path.write_text(text + "\n")
+    print(f"JSON: {json_path}")
     return 0

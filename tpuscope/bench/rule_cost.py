@@ -30,27 +30,35 @@ Two measures, on copies of each file's TSDB (hard links: the blocks are never wr
 from __future__ import annotations
 
 import argparse
-import datetime
-import http.server
+import functools
 import itertools
 import json
 import math
-import os
-import re
-import shutil
-import subprocess
 import tempfile
-import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from tpuscope import catalog, durations, goodput
-from tpuscope.bench.perf import machine
+from tpuscope.bench.fleet_series import (
+    WORKERS_PER_WORKLOAD,
+    Feed,
+    Host,
+    Series,
+    Timing,
+    backfill,
+    exposition,
+    fleet,
+    label_text,
+    prometheus_on,
+    recorded_series,
+    write_series,
+)
+from tpuscope.bench.machine import machine
+from tpuscope.bench.rule_files import Reads, RulesFile, instant, load_rules, paced, wait_for_round
+from tpuscope.bench.verdict import table
 from tpuscope.catalog import Kind, Label, Metric
 from tpuscope.prometheus_api import PrometheusAPI, PrometheusError
 from tpuscope.promql import SIDECAR_START, le
@@ -59,11 +67,7 @@ from tpuscope.testing.waiting import wait_for
 
 DEFAULT_JSON = Path("run/rule-cost.json")
 DEFAULT_RULES = Path("deploy/prometheus/tpuscope-rules.yaml")
-WORKERS_PER_WORKLOAD = 16
-WORKERS_PER_SLICE = 4
 DEVICES_PER_HOST = 8
-# An instant selector reads back this far (Prometheus' default --query.lookback-delta).
-LOOKBACK_SECONDS = 300
 # Group evaluations timed after the warm-up one (its queries are the first to touch the blocks' pages), best of.
 EVALUATIONS = 3
 QUERY_ROUNDS = 3
@@ -86,194 +90,7 @@ SCRAPE_HEALTH = "up"  # Prometheus' own series of each target, read by the rules
 HISTOGRAM_SUFFIXES = ("bucket", "sum", "count")
 
 
-# --- The rules and what they read -------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Rule:
-    group: str
-    name: str  # the record or alert name
-    expr: str
-    record: bool
-
-
-@dataclass(frozen=True)
-class RulesFile:
-    label: str
-    path: Path
-    rules: tuple[Rule, ...]
-
-    @property
-    def groups(self) -> list[str]:
-        return list(dict.fromkeys(rule.group for rule in self.rules))
-
-    @property
-    def records(self) -> set[str]:
-        return {rule.name for rule in self.rules if rule.record}
-
-
-def paced(rules: RulesFile, directory: Path, interval: str = "") -> RulesFile:
-    """A copy of the file whose groups all evaluate every ``interval`` (by default, at Prometheus' global interval,
-    ``--interval``), a group of a slower pace of its own too: one evaluation costs what it costs at any pace, and the
-    probe and the timings wait for every group's evaluations."""
-    document = yaml.safe_load(rules.path.read_text())
-    for group in document["groups"]:
-        group.pop("interval", None)
-        if interval:
-            group["interval"] = interval
-    directory.mkdir(parents=True, exist_ok=True)
-    path = directory / f"{rules.label}.yaml"
-    path.write_text(yaml.safe_dump(document, sort_keys=False))
-    return RulesFile(rules.label, path, rules.rules)
-
-
-def load_rules(spec: str) -> RulesFile:
-    """``NAME=FILE`` or ``FILE`` (labelled by its name, without the extension)."""
-    label, _, path = spec.rpartition("=")
-    rules_path = Path(path)
-    document = yaml.safe_load(rules_path.read_text())
-    rules = tuple(
-        Rule(group["name"], rule.get("record") or rule["alert"], str(rule["expr"]), "record" in rule)
-        for group in document["groups"]
-        for rule in group["rules"]
-    )
-    return RulesFile(label or rules_path.stem, rules_path, rules)
-
-
-# A PromQL token this benchmark cares about, left to right: a string (skipped, so that nothing in a
-# label_replace's arguments looks like a selector), a grouping clause (its label names are not series),
-# or a name with its matchers, range and offset (a negative one, reading later, is left out), and whether a
-# bracket or a grouping follows (then it is a function or an aggregation, not a series).
-_TOKEN = re.compile(
-    r'"(?:\\.|[^"\\])*"'
-    r"|\b(?:by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)"
-    r"|(?<![\w.:])(?P<name>[a-zA-Z_:][\w:]*)\s*(?P<matchers>\{(?:\"(?:\\.|[^\"\\])*\"|[^}\"])*\})?"
-    r"\s*(?:\[(?P<range>[^\]:]+)\])?(?:\s*offset\s+(?P<offset>\w+))?(?P<call>(?=\s*(?:\(|(?:by|without)\b)))?"
-)
-_MATCHER = re.compile(r'(?P<label>\w+)\s*(?P<op>=~|!~|!=|=)\s*"(?P<value>(?:\\.|[^"\\])*)"')
-_KEYWORDS = {"and", "or", "unless", "bool", "offset", "by", "without", "on", "ignoring", "group_left", "group_right"}
-_KEYWORDS |= {"inf", "nan", "atan2", "start", "end"}
-_LITERALS = re.compile(r"[\w.:+-]+(?:\|[\w.:+-]+)*")
-
-
-@dataclass(frozen=True)
-class Read:
-    """A series name a rule reads, its matchers' literal values, and how far back it reads."""
-
-    name: str
-    values: tuple[tuple[str, str], ...]  # (label, value) for every literal value a matcher names
-    reach: float  # seconds before the evaluation: range (or lookback) plus offset
-
-
-def reads(expr: str) -> Iterator[Read]:
-    """The series selectors of ``expr`` (not a subquery's reach: tpuscope's rules have none)."""
-    for token in _TOKEN.finditer(expr):
-        name = token.group("name")
-        if not name or token.group("call") is not None or name.lower() in _KEYWORDS:
-            continue
-        window = durations.parse(token.group("range")) if token.group("range") else LOOKBACK_SECONDS
-        offset = durations.parse(token.group("offset")) if token.group("offset") else 0.0
-        yield Read(name, tuple(literal_values(token.group("matchers") or "")), window + offset)
-
-
-def literal_values(matchers: str) -> Iterator[tuple[str, str]]:
-    """Every value a matcher names: ``a="x"`` and ``a=~"x|y"`` (and their negations) name x (and y)."""
-    for matcher in _MATCHER.finditer(matchers):
-        label, op, value = matcher.group("label", "op", "value")
-        if op in ("=", "!=") and value:
-            yield label, value
-        elif op in ("=~", "!~") and _LITERALS.fullmatch(value):
-            yield from ((label, part) for part in value.split("|"))
-
-
-@dataclass(frozen=True)
-class Reads:
-    """What all the files' rules read: each name's farthest reach, and the label values they name."""
-
-    reach: dict[str, float]
-    values: dict[tuple[str, str], set[str]]  # (series name, label) -> values
-
-    @classmethod
-    def of(cls, files: Iterable[RulesFile]) -> Reads:
-        reach: dict[str, float] = {}
-        values: dict[tuple[str, str], set[str]] = {}
-        for read in (read for f in files for rule in f.rules for read in reads(rule.expr)):
-            reach[read.name] = max(reach.get(read.name, 0.0), read.reach)
-            for label, value in read.values:
-                values.setdefault((read.name, label), set()).add(value)
-        return cls(reach, values)
-
-
-# --- The fleet -------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Host:
-    workload: str
-    namespace: str
-    slice: str
-    worker: str
-
-    @property
-    def target(self) -> dict[str, str]:
-        """The labels its scrape gives every series (the shipped prometheus.yml's, from Kubernetes)."""
-        pod = f"{self.workload}-{self.slice}-{self.worker}"
-        return {
-            "job": "tpuscope",
-            "instance": f"{pod}:9478",
-            "namespace": self.namespace,
-            "jobset": self.workload,
-            "pod": pod,
-        }
-
-    @property
-    def labels(self) -> dict[str, str]:
-        """Those of every series its sidecar serves."""
-        return {**self.target, Label.SLICE: self.slice, Label.WORKER: self.worker}
-
-
-def fleet(hosts: int) -> list[Host]:
-    """``hosts`` hosts in workloads of 16 workers, 4 to a slice, the workloads in 4 namespaces."""
-    return [
-        Host(
-            workload=f"train-{index // WORKERS_PER_WORKLOAD:03d}",
-            namespace=f"team-{index // WORKERS_PER_WORKLOAD % 4}",
-            slice=str(index % WORKERS_PER_WORKLOAD // WORKERS_PER_SLICE),
-            worker=str(index % WORKERS_PER_SLICE),
-        )
-        for index in range(hosts)
-    ]
-
-
-@dataclass(frozen=True)
-class Series:
-    """One series to synthesise, as a line's text up to its value, and its value at a time: ``level`` plus
-    ``slope`` per second since ``origin`` (a counter), or the time itself (``clock``: a timestamp gauge)."""
-
-    name: str
-    labels: str
-    since: float  # seconds of history before the end
-    every: float  # seconds between its samples
-    level: float = 0.0
-    slope: float = 0.0
-    origin: float = 0.0
-    clock: bool = False
-
-    def value(self, t: float) -> float:
-        return t if self.clock else self.level + self.slope * (t - self.origin)
-
-
-def label_text(labels: dict[str, str]) -> str:
-    return "{" + ",".join(f'{name}="{value}"' for name, value in labels.items()) + "}"
-
-
-def number(value: float) -> str:
-    """As OpenMetrics and Prometheus' text format write it."""
-    if math.isnan(value):
-        return "NaN"
-    if math.isinf(value):
-        return "+Inf" if value > 0 else "-Inf"
-    return repr(value)
+# --- The sidecars' series --------------------------------------------------------------------------------
 
 
 def family(name: str) -> tuple[Metric, str] | None:
@@ -286,23 +103,6 @@ def family(name: str) -> tuple[Metric, str] | None:
                 if name == metric.series(suffix):
                     return metric, suffix
     return None
-
-
-@dataclass(frozen=True)
-class Timing:
-    end: float  # the history's last instant
-    days: float
-    scrape: float  # seconds between a sidecar series' samples
-    interval: float  # seconds between a recorded series' samples
-
-    @property
-    def origin(self) -> float:
-        """When the fleet started: an hour before its history, so its counters are well under way."""
-        return self.end - self.days * 86_400 - 3600
-
-    def since(self, reach: float, every: float) -> float:
-        """History for a series read ``reach`` back: that far (at most the history) and a sample more."""
-        return min(reach, self.days * 86_400) + every
 
 
 def sidecar_series(hosts: list[Host], reads: Reads, timing: Timing) -> tuple[list[Series], list[str]]:
@@ -390,54 +190,7 @@ def gauge_level(metric: Metric) -> float:
     return 2.0 if any(word in metric.name for word in ("_limit_", "_max_", "_total_")) else 1.0
 
 
-# --- The fleet live: its /metrics, and the probe of what each file records ----------------------------------
-
-
-class Feed:
-    """The fleet's sidecars past the history's end: one ``/metrics`` serving every host's series at the time
-    of asking (Prometheus keeps their job and instance: ``honor_labels``)."""
-
-    def __init__(self, series: list[Series]) -> None:
-        self.series = series
-        self.scrapes: list[float] = []
-        feed = self
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                body = feed.exposition(time.time()).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "text/plain; version=0.0.4")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-                feed.scrapes.append(time.time())
-
-            def log_message(self, *_: Any) -> None:
-                pass
-
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.target = f"127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def exposition(self, t: float) -> str:
-        return "".join(f"{s.name}{s.labels} {number(s.value(t))}\n" for s in self.series)
-
-    def scraped_since(self, t: float) -> int:
-        return sum(scrape > t for scrape in self.scrapes)
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-
-
-def last_evaluations(api: PrometheusAPI) -> dict[str, str]:
-    return {group["name"]: group["lastEvaluation"] for group in api.get("rules")["groups"]}
-
-
-def wait_for_round(api: PrometheusAPI, timeout: float) -> None:
-    """Until every group has evaluated once more."""
-    before = last_evaluations(api)
-    wait_for(lambda: all(last_evaluations(api)[g] != t for g, t in before.items()), timeout, "rule evaluation")
+# --- The probe of what each file records ------------------------------------------------------------------
 
 
 def probe(rules: RulesFile, records: set[str], feed: Feed, workdir: Path) -> list[dict[str, Any]]:
@@ -447,12 +200,12 @@ def probe(rules: RulesFile, records: set[str], feed: Feed, workdir: Path) -> lis
         return []
     pattern = "|".join(sorted(records))
     counts = f'count by (__name__) ({{__name__=~"{pattern}"}})'
-    started = time.time()
+    before = feed.scrapes
     with PrometheusServer(
-        workdir, [feed.target], PROBE_INTERVAL, rule_files=[rules.path], scrape={"honor_labels": True}
+        workdir, [feed.address], PROBE_INTERVAL, rule_files=[rules.path], scrape={"honor_labels": True}
     ) as prometheus:
         timeout = 20 * durations.parse(PROBE_INTERVAL) + 60
-        wait_for(lambda: feed.scraped_since(started) >= 2, timeout, "two scrapes of the fleet")
+        wait_for(lambda: feed.scrapes >= before + 2, timeout, "two scrapes of the fleet")
         previous: list[tuple[str, str]] = []
         for round_ in range(PROBE_ROUNDS):
             wait_for_round(prometheus.api, timeout)
@@ -461,65 +214,6 @@ def probe(rules: RulesFile, records: set[str], feed: Feed, workdir: Path) -> lis
                 return prometheus.query(f'{{__name__=~"{pattern}"}}')
             previous = now
     raise PrometheusError(f"the series recorded by {rules.path} did not settle in {PROBE_ROUNDS} evaluations")
-
-
-def recorded_series(found: Iterable[dict[str, Any]], timing: Timing, reach: Callable[[str], float]) -> list[Series]:
-    """The recorded series the probes found, each at its probed value over the history it is read back: as far as
-    ``reach`` says of its name (a rule's reach, or a dashboard's beside it)."""
-    unique: dict[tuple[str, str], Series] = {}
-    for result in found:
-        labels = dict(result["metric"])
-        name = labels.pop("__name__")
-        text = label_text(labels)
-        since = timing.since(reach(name), timing.interval)
-        level = float(result["value"][1])
-        unique.setdefault((name, text), Series(name, text, since, timing.interval, level=level))
-    return list(unique.values())
-
-
-# --- The backfill -----------------------------------------------------------------------------------------
-
-
-@dataclass
-class Backfill:
-    path: Path
-    series: int = 0
-    samples: int = 0
-    seconds: float = 0.0
-
-
-def backfill(series: list[Series], end: float, directory: Path) -> Backfill:
-    """A TSDB in ``directory``/tsdb holding each series' samples up to ``end``, written by promtool."""
-    started = time.monotonic()
-    directory.mkdir(parents=True, exist_ok=True)
-    source = directory / "fleet.om"
-    result = Backfill(directory / "tsdb", series=len(series))
-    with open(source, "w") as out:
-        for s in sorted(series, key=lambda s: s.name):  # OpenMetrics: a family's lines together
-            times = range(int(end - s.since), int(end) + 1, int(s.every))
-            fixed = None if s.clock or s.slope else number(s.level)
-            out.write("".join(f"{s.name}{s.labels} {fixed or number(s.value(t))} {t}\n" for t in times))
-            result.samples += len(times)
-        out.write("# EOF\n")
-    promtool = shutil.which("promtool")
-    if promtool is None:
-        raise PrometheusError("promtool not found: install Debian's prometheus package (`make test` does)")
-    # Blocks of up to 20 days (promtool's largest range under 1000 h), not 2 hours: few blocks, none
-    # overlapping, so Prometheus neither compacts them nor opens dozens.
-    command = [promtool, "tsdb", "create-blocks-from", "openmetrics", "--max-block-duration=1000h", "-q"]
-    run = subprocess.run([*command, str(source), str(result.path)], capture_output=True, text=True)
-    if run.returncode != 0:
-        raise PrometheusError(f"promtool could not backfill {source}: {run.stderr.strip()}")
-    source.unlink()
-    result.seconds = time.monotonic() - started
-    return result
-
-
-def prometheus_on(tsdb: Path, workdir: Path) -> list[str]:
-    """A fresh Prometheus' data directory in ``workdir``: the TSDB's blocks, hard-linked (it writes only its
-    head beside them). Returns the flags that keep the whole history (15 days by default)."""
-    shutil.copytree(tsdb, workdir / "data", copy_function=os.link)
-    return ["--storage.tsdb.retention.time=10y"]
 
 
 # --- The measures -----------------------------------------------------------------------------------------
@@ -547,23 +241,17 @@ class FileCost:
     tsdb: dict[str, float] = field(default_factory=dict)  # its series, samples, and the seconds to write them
 
 
-def instant(rfc3339: str) -> float:
-    """Seconds since the epoch of Prometheus' nanosecond RFC 3339 (Python reads at most microseconds)."""
-    return datetime.datetime.fromisoformat(re.sub(r"(\.\d{6})\d+", r"\1", rfc3339).replace("Z", "+00:00")).timestamp()
-
-
 def evaluate(rules: RulesFile, cost: FileCost, tsdb: Path, feed: Feed, timing: Timing, workdir: Path) -> None:
     """Each group's and rule's evaluation seconds in a Prometheus evaluating ``rules`` on the TSDB, best of
     ``EVALUATIONS`` after a warm-up one, counting only evaluations after the fleet's first live scrape."""
     flags = prometheus_on(tsdb, workdir)
-    started = time.time()
+    before = feed.scrapes
     scrape = {"honor_labels": True, "scrape_interval": durations.prometheus(int(timing.scrape * 1000))}
     interval = durations.prometheus(int(timing.interval * 1000))
-    with PrometheusServer(workdir, [feed.target], interval, rule_files=[rules.path], scrape=scrape, flags=flags) as p:
+    with PrometheusServer(workdir, [feed.address], interval, rule_files=[rules.path], scrape=scrape, flags=flags) as p:
         timeout = (EVALUATIONS + 3) * timing.interval + timing.scrape + 120
-        wait_for(lambda: feed.scraped_since(started) >= 1, timeout, "a scrape of the fleet")
-        first = min(t for t in feed.scrapes if t > started)
-        timed = evaluations(p.api, rules.groups, first, timeout)
+        wait_for(lambda: feed.scrapes > before, timeout, "a scrape of the fleet")
+        timed = evaluations(p.api, rules.groups, feed.scraped_at(before), timeout)
         cost.alerts = {a["metric"]["alertname"]: int(a["value"][1]) for a in p.query("count by (alertname) (ALERTS)")}
     for group, group_times in timed.items():
         measured = group_times[1:]  # the first warms up
@@ -657,16 +345,6 @@ def times(value: float | None) -> str:
     return "" if value is None else f"x{value:.2f}"
 
 
-def table(rows: list[list[str]], right: set[int]) -> list[str]:
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    return [
-        "  ".join(
-            cell.rjust(w) if i in right else cell.ljust(w) for i, (cell, w) in enumerate(zip(row, widths, strict=True))
-        )
-        for row in rows
-    ]
-
-
 def report_lines(groups: list[GroupCost], costs: list[FileCost]) -> list[str]:
     header = ["file", "group", "rules", "samples read", "query s", "eval s", "samples", "query", "eval"]
     rows = [header] + [
@@ -720,13 +398,17 @@ def measure(
     with tempfile.TemporaryDirectory(prefix="ts-rule-cost-") as tmp:
         work = Path(tmp)
         files = [paced(f, work / "paced") for f in files]
-        feed = Feed(sidecars)
+        feed = Feed(lambda _, t: exposition(sidecars, t))
         try:
             found = {f.label: probe(f, recorded & f.records, feed, work / f"probe-{f.label}") for f in files}
             if empty := sorted(recorded - {r["metric"]["__name__"] for results in found.values() for r in results}):
                 print(f"  recorded by no rule on this fleet (no history): {', '.join(empty)}")
             tsdbs = [
-                backfill(sidecars + file_records(f, found, reads, timing), timing.end, work / f.label) for f in files
+                backfill(
+                    [functools.partial(write_series, sidecars + file_records(f, found, reads, timing), timing.end)],
+                    work / f.label,
+                )
+                for f in files
             ]
             for f, cost, tsdb in zip(files, costs, tsdbs, strict=True):
                 cost.tsdb = {"series": tsdb.series, "samples": tsdb.samples, "seconds": round(tsdb.seconds, 1)}
@@ -787,7 +469,7 @@ def run(args: argparse.Namespace) -> int:
         "groups": [asdict(g) for g in groups],
         "files": [asdict(c) for c in costs],
     }
-    json_path: Path = args.perf_json or DEFAULT_JSON
+    json_path: Path = args.json or DEFAULT_JSON
     json_path.parent.mkdir(parents=True, exist_ok=True)
     json_path.write_text(json.dumps(finite(figures), indent=2) + "\n")
     print(f"JSON: {json_path}")

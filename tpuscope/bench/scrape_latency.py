@@ -1,4 +1,4 @@
-"""``tpuscope bench --scrape-latency``: how long Prometheus waits for ``/metrics`` with every collector on.
+"""``tpuscope bench scrape-latency``: how long Prometheus waits for ``/metrics`` with every collector on.
 
 A sidecar runs with the libtpu, nvml and host collectors collecting every
 second while a synthetic job streams events to it, so scrapes contend with
@@ -12,14 +12,15 @@ collectors produce all their series. The scrapes ask as Prometheus does
 
 from __future__ import annotations
 
+import argparse
 import statistics
 import tempfile
 import threading
 import time
-import urllib.request
 from pathlib import Path
 
 from tpuscope import catalog
+from tpuscope.bench.timing import scrape_once
 from tpuscope.scrape import Scrape
 from tpuscope.testing import fake_nvml
 from tpuscope.testing.fake_tpu import Chip, FakeTpuRuntime, FakeTpuServer, default_megascale
@@ -28,30 +29,17 @@ from tpuscope.workload import synthetic
 from tpuscope.workload.sidecar import SidecarProcess
 
 TARGET_P99_SECONDS = 0.050
-# What Prometheus 2.x sends.
-PROMETHEUS_HEADERS = {
-    "Accept": "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,"
-    "text/plain;version=0.0.4;q=0.5,*/*;q=0.1",
-    "Accept-Encoding": "gzip",
-}
+DEVICES = 8  # fake TPU chips, and fake GPUs: a full host of each
 
 
-def scrape_once(url: str) -> tuple[float, int]:
-    """Seconds from request to the last byte, and the bytes on the wire."""
-    request = urllib.request.Request(url, headers=PROMETHEUS_HEADERS)
-    start = time.perf_counter()
-    with urllib.request.urlopen(request, timeout=10) as response:
-        size = len(response.read())
-    return time.perf_counter() - start, size
-
-
-def run(scrapes: int, devices: int = 8) -> int:
+def run(args: argparse.Namespace) -> int:
+    scrapes: int = args.scrapes
     with tempfile.TemporaryDirectory(prefix="ts-") as tmp:
         directory = Path(tmp)
-        nvml_state = fake_nvml.FakeNvmlState(directory / "nvml.state", gpus=[fake_nvml.FakeGpu()] * devices)
+        nvml_state = fake_nvml.FakeNvmlState(directory / "nvml.state", gpus=[fake_nvml.FakeGpu()] * DEVICES)
         nvml_state.write()
         env = fake_nvml.environment(fake_nvml.build(directory / "lib"), nvml_state)
-        runtime = FakeTpuRuntime([Chip(d, duty_cycle_percent=10.0 * d) for d in range(devices)], default_megascale())
+        runtime = FakeTpuRuntime([Chip(d, duty_cycle_percent=10.0 * d) for d in range(DEVICES)], default_megascale())
         with (
             FakeTpuServer(runtime) as server,
             SidecarProcess(

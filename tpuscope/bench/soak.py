@@ -9,7 +9,7 @@ What must hold after a long run, as Prometheus sees it:
 - the sidecar does not leak: its resident memory, sampled by Prometheus every second,
   grows by less than ``RSS_GROWTH_BOUND_MB`` after the warm-up.
 
-The jobs are real ``python -m tpuscope bench`` processes sending to the soak's own
+The jobs are real ``python -m tpuscope workload`` processes sending to the soak's own
 sidecar, each with ``--record``: the recorded events are the truth of what each job
 reported. Each workload is a *lane* of successive processes: the JAX workload
 resumes from its checkpoints at every new run (restarts are part of a soak, and they
@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from tpuscope import catalog, events
+from tpuscope.bench.memory import SIDECAR_RSS
 from tpuscope.bench.verdict import Check, check_lines, write_report
 from tpuscope.promql import SIDECAR_START
 from tpuscope.testing.prometheus import PrometheusServer, target_of
@@ -52,11 +53,11 @@ SCRAPE_INTERVAL = "1s"
 # checkpointed and restarted once, so every series exists), at most half of a short run.
 WARMUP_SHARE = 0.25
 WARMUP_MIN_SECONDS = 30.0
-# The sidecar's RSS (~47 MB) may grow by this much after the warm-up. Once every series exists its
-# state has a fixed size (counters, histograms, one entry per connected job), so all that may move
-# is allocator noise (pymalloc arenas, HTTP threads' buffers, a gzip scrape's output): 0.1 to 0.2 MB
-# in our runs. The 2-minute soak sends ~25,000 events after its warm-up, so a leak of about 120
-# bytes per event (a small object kept per step) passes 3 MB; longer soaks catch smaller leaks.
+# The sidecar's RSS may grow by this much after the warm-up. Once every series exists its state has a fixed
+# size (counters, histograms, one entry per connected job), so all that may move is allocator noise (pymalloc
+# arenas, HTTP threads' buffers, a gzip scrape's output). The 2-minute soak sends ~25,000 events after its
+# warm-up, so a leak of about 120 bytes per event (a small object kept per step) passes 3 MB; longer soaks catch
+# smaller leaks.
 RSS_GROWTH_BOUND_MB = 3.0
 # A run still going this long after the deadline is interrupted (Ctrl-C: a clean stop) and fails the soak.
 OVERRUN_SECONDS = 120.0
@@ -65,9 +66,7 @@ SETTLE_SECONDS = 60.0
 # A float counter (a sum of seconds or FLOPs) is equal within this relative tolerance: the sidecar adds
 # the same float64s in the same order as the recording, and the text formats round-trip them.
 FLOAT_TOLERANCE = 1e-9
-# prometheus_client's process collector, not a catalogue metric: the sidecar's resident memory.
-SIDECAR_RSS = "process_resident_memory_bytes"
-# The bench's run summary says what the Monitor sent and dropped (the recording cannot: a drop is
+# The workload's run summary says what the Monitor sent and dropped (the recording cannot: a drop is
 # known only to the socket sink).
 EVENTS_LINE = re.compile(r"^\s*events\s+(?P<sent>\d+) sent to .*, (?P<dropped>\d+) dropped$", re.MULTILINE)
 # Every kind of event a healthy training job reports: not a serving job's (inference batches, model loads), nor
@@ -97,12 +96,9 @@ class Lane:
 
 
 LANES = (
-    # The real JAX workload at its default size, fed by an input pipeline slower than its compute (300 ms
-    # a batch against ~55 ms of compute on 2 cores), as a job waiting on its data is: it leaves the CPU to
-    # the others most of the time. Fed at the default 5 ms it kept 1.4 of 2 cores busy, and the other lanes
-    # and the sidecar measured its contention; at 100 ms it still took 80 of the 2-minute soak's 105
-    # CPU-seconds, a fifth of the CPU of the test suite's worker it ran on. What the soak checks of it is
-    # its restarts, not its step rate. The first run compiles for ~10 s more than the rest.
+    # The real JAX workload at its default size, fed by an input pipeline slower than its compute, as a job
+    # waiting on its data is: it leaves the CPU to the others most of the time (docs/bench.md), which fed
+    # faster would measure its contention. What the soak checks of it is its restarts, not its step rate.
     # Every run resumes from the checkpoint of the previous one's last step: a restart, a restore, cache hits.
     Lane("soak-jax", ("--checkpoint-every", "50", "--io-latency", "0.3"), steps_per_run=150, min_steps=20, jax=True),
     # A brisk synthetic job: ~125 steps/s on 2 cores beside the JAX job, so the sidecar sees thousands of
@@ -183,7 +179,7 @@ class LaneRunner:
         else:
             steps_flag, extra = steps, ()
         command = [
-            *(sys.executable, "-m", "tpuscope", "bench", *self.lane.flags, *extra),
+            *(sys.executable, "-m", "tpuscope", "workload", *self.lane.flags, *extra),
             *("--workload", self.lane.workload, "--socket", str(self.socket), "--record", str(self.record)),
             *("--run-dir", str(run_dir), "--steps", str(steps_flag)),
         ]
@@ -548,7 +544,7 @@ def table(f: dict[str, Any], results: list[Check]) -> str:
 
 def run(args: argparse.Namespace) -> int:
     seconds = float(args.minutes) * 60
-    json_path = args.perf_json or DEFAULT_JSON
+    json_path = args.json or DEFAULT_JSON
     lanes = ", ".join(f"{lane.workload} ({'JAX' if lane.jax else 'synthetic'})" for lane in LANES)
     print(
         f"tpuscope bench soak: {seconds / 60:g} min of {lanes}; Prometheus scrapes every {SCRAPE_INTERVAL}", flush=True

@@ -1,4 +1,4 @@
-"""``tpuscope bench --trace-cost N``: what spans add to a step, on the unsampled and the sampled path.
+"""``tpuscope bench trace-cost --steps N``: what spans add to a step, on the unsampled and the sampled path.
 
 Three Monitors time the same empty step (three phases, no work) N times each,
 in interleaved rounds: spans off; spans on but the step not kept (the path
@@ -13,14 +13,15 @@ same small amount in all three.
 
 from __future__ import annotations
 
+import argparse
 import logging
 import os
 import tempfile
 import time
 from pathlib import Path
 
-from tpuscope.bench.overhead import empty_steps
-from tpuscope.tracing import Monitor
+from tpuscope.bench.timing import empty_steps
+from tpuscope.tracing import Monitor, Traces
 
 TARGET_UNSAMPLED_US = 5.0
 ROUNDS = 5
@@ -34,7 +35,8 @@ def per_step_seconds(monitor: Monitor, steps: int) -> float:
     return (time.perf_counter() - start) / steps
 
 
-def run(steps: int) -> int:
+def run(args: argparse.Namespace) -> int:
+    steps: int = args.steps
     os.environ["OTEL_BSP_MAX_QUEUE_SIZE"] = str(steps * 4)  # a round's spans: none dropped, all charged for
     os.environ["TPUSCOPE_SPANS_MAX_BYTES"] = str(1 << 40)  # one file, unrotated: the count below reads it whole
     with tempfile.TemporaryDirectory(prefix="ts-") as tmp:
@@ -45,11 +47,9 @@ def run(steps: int) -> int:
             "unsampled": Monitor(
                 "cost-unsampled",
                 socket=socket,
-                spans_file=Path(tmp) / "unsampled.jsonl",
-                sample_every=10**12,
-                slow_factor=1e6,
+                traces=Traces(spans_file=Path(tmp) / "unsampled.jsonl", sample_every=10**12, slow_factor=1e6),
             ),
-            "sampled": Monitor("cost-sampled", socket=socket, spans_file=spans, sample_every=1),
+            "sampled": Monitor("cost-sampled", socket=socket, traces=Traces(spans_file=spans, sample_every=1)),
         }
         best = dict.fromkeys(monitors, float("inf"))
         logging.getLogger("tpuscope").setLevel(logging.ERROR)  # no sidecar listens, by design

@@ -1,5 +1,5 @@
-"""What the reliability benchmarks (``bench flood``, ``bench soak``) judge and how they report it:
-named checks, printed as a table and written with the figures as JSON, the exit code their verdict."""
+"""How the benchmarks report: named checks, printed as a table and written with the figures and the machine as
+JSON, the exit code their verdict; and the aligned text tables they print."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from tpuscope.bench.perf import machine
+from tpuscope.bench.machine import machine
 
 
 @dataclass(frozen=True)
@@ -30,3 +30,14 @@ def write_report(json_path: Path, figures: dict[str, Any], checks: list[Check]) 
     json_path.write_text(json.dumps(report, indent=2) + "\n")
     print(f"JSON: {json_path}")
     return failed
+
+
+def table(rows: list[list[str]], right: set[int]) -> list[str]:
+    """``rows`` (the first the header) in aligned columns, those numbered in ``right`` aligned right."""
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return [
+        "  ".join(
+            cell.rjust(w) if i in right else cell.ljust(w) for i, (cell, w) in enumerate(zip(row, widths, strict=True))
+        )
+        for row in rows
+    ]

@@ -40,8 +40,7 @@ from typing import Any
 import psutil
 
 from tpuscope import alerts, durations
-from tpuscope.bench.flood import status_mb
-from tpuscope.bench.soak import SIDECAR_RSS
+from tpuscope.bench.memory import SIDECAR_RSS, status_mb
 from tpuscope.bench.verdict import Check, check_lines, write_report
 from tpuscope.conventions import STEPS_RATE, STRAGGLER_HISTORY, AlertName
 from tpuscope.fleetsim import rules as fleet_rules

@@ -1,7 +1,7 @@
-"""``tpuscope bench`` as a process, for the tests and tpuscope's own benchmarks: one way to build its command line,
-run it and read its JSON report.
+"""The demo workload (``tpuscope workload``) and the benchmarks (``tpuscope bench NAME``) as processes, for the tests
+and tpuscope's own benchmarks: one way to build their command line, run it and read a benchmark's JSON report.
 
-The bench runs as a process of its own, as a user runs it: a test then sees its exit status, its output and its
+Each runs as a process of its own, as a user runs it: a test then sees its exit status, its output and its
 effect on a sidecar exactly as a job's would be seen. Options are written ``--name=value``, so that a value
 beginning with a dash cannot be read as another option."""
 
@@ -18,31 +18,34 @@ from typing import Any
 
 from tpuscope.testing.lines import Lines
 
-TIMEOUT_SECONDS = 300.0  # a JAX bench run of the tests' sizes takes under a minute; a hung one fails the test
+TIMEOUT_SECONDS = 300.0  # a JAX workload run of the tests' sizes takes under a minute; a hung one fails the test
 
 
 def command(*flags: str, **options: object) -> list[str]:
-    """``python -m tpuscope bench``, each of ``options`` as ``--name=value`` (``run_dir`` as ``--run-dir``), then
-    ``flags`` as given (a mode such as ``perf`` first, repeated options such as ``--inject=...``)."""
+    """``python -m tpuscope workload``, or ``python -m tpuscope bench NAME`` when ``flags`` begin with a benchmark's
+    name (``perf``); each of ``options`` as ``--name=value`` (``run_dir`` as ``--run-dir``), then ``flags`` as given
+    (repeated options such as ``--inject=...``)."""
     written = [f"--{name.replace('_', '-')}={value}" for name, value in options.items()]
-    mode = [flags[0]] if flags and not flags[0].startswith("-") else []
-    return [sys.executable, "-m", "tpuscope", "bench", *mode, *written, *flags[len(mode) :]]
+    if flags and not flags[0].startswith("-"):
+        return [sys.executable, "-m", "tpuscope", "bench", flags[0], *written, *flags[1:]]
+    return [sys.executable, "-m", "tpuscope", "workload", *written, *flags]
 
 
 def run(
     *flags: str, timeout: float = TIMEOUT_SECONDS, env: Mapping[str, str] | None = None, **options: object
 ) -> subprocess.CompletedProcess[str]:
-    """Run the bench (see :func:`command`) to its end, its output captured; ``env`` adds to this process's."""
+    """Run the workload or a benchmark (see :func:`command`) to its end, its output captured; ``env`` adds to this
+    process's."""
     return subprocess.run(
         command(*flags, **options), capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})}
     )
 
 
-def report(mode: str, *flags: str, directory: Path, timeout: float) -> dict[str, Any]:
-    """Run ``tpuscope bench MODE FLAGS``, which must exit 0, and return its JSON report (``--perf-json``). The
+def report(benchmark: str, *flags: str, directory: Path, timeout: float) -> dict[str, Any]:
+    """Run ``tpuscope bench BENCHMARK FLAGS``, which must exit 0, and return its JSON report (``--json``). The
     printed table goes to the caller's output, for whoever reads it."""
-    out_json = directory / f"{mode}.json"
-    done = run(mode, *flags, timeout=timeout, perf_json=out_json)
+    out_json = directory / f"{benchmark}.json"
+    done = run(benchmark, *flags, timeout=timeout, json=out_json)
     print(done.stdout)
     assert done.returncode == 0, done.stdout + done.stderr
     parsed: dict[str, Any] = json.loads(out_json.read_text())
@@ -50,7 +53,7 @@ def report(mode: str, *flags: str, directory: Path, timeout: float) -> dict[str,
 
 
 class Running:
-    """A bench ``command`` (:func:`command`) running in its own process group, its output kept line by line with
+    """A ``command`` (:func:`command`) running in its own process group, its output kept line by line with
     when each arrived. ``env`` adds to this process's environment, less the tests' XLA_FLAGS (8 in-process devices),
     which would win over ``--cpu-devices``."""
 

@@ -1,4 +1,4 @@
-"""The demo workload behind ``tpuscope bench``: an instrumented JAX training job and its fault injection.
+"""The demo workload behind ``tpuscope workload``: an instrumented JAX training job and its fault injection.
 
 ``runner`` is the command: it finds or starts a sidecar (``sidecar``), runs the loop, prints a run
 summary (``summary``) and what the sidecar serves. ``training`` is the loop, in split mode (a

@@ -1,7 +1,7 @@
 """One process of a multi-process JAX job: ``jax.distributed`` across hosts, each process driving its own devices.
 
-``tpuscope bench --processes N --process-id I --coordinator HOST:PORT`` runs process I of N, as one host of a
-multi-host job does (on GPU hosts, say, with the coordinator on the first). ``tpuscope bench --processes N``
+``tpuscope workload --processes N --process-id I --coordinator HOST:PORT`` runs process I of N, as one host of a
+multi-host job does (on GPU hosts, say, with the coordinator on the first). ``tpuscope workload --processes N``
 alone starts all N here, each its own "host" (:mod:`tpuscope.workload.launcher`). On the CPU the processes'
 devices meet in gloo's collectives over TCP, so a cross-process all-reduce crosses real sockets.
 

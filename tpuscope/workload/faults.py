@@ -1,4 +1,4 @@
-"""Faults ``tpuscope bench --inject`` can cause, so dashboards and alerts have something true to show.
+"""Faults ``tpuscope workload --inject`` can cause, so dashboards and alerts have something true to show.
 
 Each is ``NAME``, ``NAME=VALUE``, and in a job of several processes either may end in ``@WORKER``: the fault
 then hits that worker alone (``straggler=8@2``), where without it every worker has it. docs/bench.md has the

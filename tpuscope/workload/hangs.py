@@ -1,4 +1,4 @@
-"""Hangs ``tpuscope bench --inject`` can cause, and long healthy phases that must not read as one.
+"""Hangs ``tpuscope workload --inject`` can cause, and long healthy phases that must not read as one.
 
 A hang stops one worker for good at a step (``@WORKER``; the value is the step, -1 half the run), each its own
 way, while its peers wait for it in a collective:

@@ -1,8 +1,8 @@
-"""``tpuscope bench --processes N``: N processes of one ``jax.distributed`` job on this machine, each its own host.
+"""``tpuscope workload --processes N``: N processes of one ``jax.distributed`` job on this machine, each its own host.
 
 Each worker gets what a TPU pod's host has: its index in the environment (``TPU_WORKER_ID``, which the sidecar
 puts on every series as ``worker``) and a sidecar of its own (on ``SOCKET-workerI``, serving /metrics on the
-``--listen`` port plus I), found or started here. Every worker runs the same ``tpuscope bench`` command with
+``--listen`` port plus I), found or started here. Every worker runs the same ``tpuscope workload`` command with
 ``--process-id`` and the coordinator's address added (:mod:`tpuscope.workload.distributed`), its output printed
 here behind ``[worker I]``. They share ``--run-dir``'s checkpoints, as a pod's hosts share a bucket.
 
@@ -39,7 +39,7 @@ def launch(args: argparse.Namespace) -> int:
     """Run the job the flags describe as ``args.processes`` local processes; returns the job's exit code."""
     argv: list[str] | None = getattr(args, "argv", None)
     if argv is None:
-        print("tpuscope bench: --processes needs the command line (run it as `tpuscope bench`)", file=sys.stderr)
+        print("tpuscope workload: --processes needs the command line (run it as `tpuscope workload`)", file=sys.stderr)
         return 2
     socket: Path = args.socket or events.default_socket_path()
     # A SIGTERM (timeout, a scheduler) ends the launcher through its cleanup: a worker hung by a fault would
@@ -103,7 +103,8 @@ def _supervise(workers: list[subprocess.Popen[str]]) -> int:
         elif time.monotonic() - failed[2] > GRACE_S:
             for n, w in enumerate(workers):
                 if w.poll() is None:
-                    print(f"tpuscope bench: worker {n} still runs {GRACE_S} s after worker {failed[0]} failed: killed")
+                    late = f"worker {n} still runs {GRACE_S} s after worker {failed[0]} failed"
+                    print(f"tpuscope workload: {late}: killed")
                     w.kill()
         time.sleep(0.1)
     for relay in relays:
@@ -113,7 +114,7 @@ def _supervise(workers: list[subprocess.Popen[str]]) -> int:
     if failed is None:
         return 0
     ends = ", ".join(f"worker {n} {_exit_status(w.returncode)}" for n, w in enumerate(workers))
-    print(f"\ntpuscope bench: the job failed: worker {failed[0]} first ({ends})")
+    print(f"\ntpuscope workload: the job failed: worker {failed[0]} first ({ends})")
     return failed[1] if failed[1] > 0 else 128 - failed[1]  # killed by signal N: 128 + N, as a shell says
 
 

@@ -1,6 +1,6 @@
 """A small decoder-only transformer trained data-parallel, split into separately timed programs.
 
-The real workload of ``tpuscope bench``. A TPU job runs a training step as one
+The real workload of ``tpuscope workload``. A TPU job runs a training step as one
 program, so its phases cannot be timed apart from the host. To report honest
 ``compute`` and ``sync`` phases, this trainer also compiles the step as three
 programs that each do one kind of work:

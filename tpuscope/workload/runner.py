@@ -1,4 +1,4 @@
-"""``tpuscope bench``: run the workload against a sidecar (starting one if needed) and show the result."""
+"""``tpuscope workload``: run the workload against a sidecar (starting one if needed) and show the result."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ from pathlib import Path
 from tpuscope import catalog, events
 from tpuscope.conventions import DEFAULT_PORT
 from tpuscope.scrape import Scrape
-from tpuscope.tracing import Monitor, RecordSink, Sink, failure_reason
-from tpuscope.tracing.profiles import PERIOD_ENV, parse_period
+from tpuscope.tracing import Hooks, Monitor, RecordSink, Sink, Traces, failure_reason
+from tpuscope.tracing.profile_sampler import PERIOD_ENV, parse_period
 from tpuscope.workload import distributed, launcher, synthetic
 from tpuscope.workload.faults import FaultError, Faults
 from tpuscope.workload.sidecar import sidecar_for
@@ -46,7 +46,11 @@ Body = Callable[[argparse.Namespace, Faults, Monitor], None]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The workload's flags (tpuscope/bench/command.py adds the benchmarks' beside them)."""
+    """The workload's flags (``tpuscope bench overhead`` takes them too)."""
+    parser.description = (
+        "Run an instrumented training loop that reports to a sidecar. When no sidecar listens on the socket, one "
+        "is started for the run and its /metrics address printed."
+    )
     parser.add_argument(
         "--synthetic",
         action="store_true",
@@ -63,7 +67,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--listen",
         default=f"127.0.0.1:{DEFAULT_PORT}",
-        help="where a sidecar started by bench serves /metrics (default %(default)s)",
+        help="where a sidecar started by the run serves /metrics (default %(default)s)",
     )
     parser.add_argument("--record", type=Path, help="also append every event to this file as JSON lines")
     parser.add_argument("--checkpoint-every", type=int, default=50, help="save a checkpoint every N steps; 0: never")
@@ -76,7 +80,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "compile-error, bad-data, spill (repeatable; docs/bench.md says what each does)",
     )
     parser.add_argument(
-        "--linger", type=float, default=0.0, help="keep a sidecar bench started serving this many seconds after the run"
+        "--linger", type=float, default=0.0, help="keep a sidecar the run started serving this many seconds after it"
     )
     jax_flags = parser.add_argument_group("the JAX workload")
     jax_flags.add_argument(
@@ -152,16 +156,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     synth.add_argument("--step-time", type=float, default=0.05, help="mean step time, seconds (default %(default)s)")
 
 
+def main(args: argparse.Namespace) -> int:
+    return run(args)
+
+
 def run(args: argparse.Namespace, body: Body | None = None) -> int:
     """Run the workload the flags describe; ``body`` replaces the training loop (the overhead benchmark's)."""
     processes, process_id = getattr(args, "processes", 1), getattr(args, "process_id", None)
     if error := _job_error(args, processes, process_id, body):
-        print(f"tpuscope bench: {error}", file=sys.stderr)
+        print(f"tpuscope workload: {error}", file=sys.stderr)
         return 2
     try:
         faults = Faults.parse(args.inject, process_id or 0, processes)
     except FaultError as e:
-        print(f"tpuscope bench: {e}", file=sys.stderr)
+        print(f"tpuscope workload: {e}", file=sys.stderr)
         return 2
     if processes > 1 and process_id is None:
         return launcher.launch(args)
@@ -216,18 +224,17 @@ def _run(args: argparse.Namespace, body: Body | None, faults: Faults, job: distr
         try:
             sinks: list[Sink] = [summary, RecordSink(args.record)] if args.record else [summary]
         except OSError as e:
-            print(f"tpuscope bench: cannot write --record {args.record}: {e.strerror or e}", file=sys.stderr)
+            print(f"tpuscope workload: cannot write --record {args.record}: {e.strerror or e}", file=sys.stderr)
             return 2
         try:
             with Monitor(
                 args.workload,
                 socket=socket,
                 sinks=sinks,
-                spans_file=own(args.run_dir / "spans.jsonl"),
-                profile_period=args.profile_period,
+                traces=Traces(spans_file=own(args.run_dir / "spans.jsonl")),
                 # Our demo job opts in: a SIGTERM ends it at its next step, its summary printed and exit 143, a
                 # preemption (a job of several processes keeps JAX's own notifier, which takes SIGTERM after this).
-                sigterm=True,
+                hooks=Hooks(sigterm=True, profile_period=args.profile_period),
             ) as monitor:
                 if body:
                     body(args, faults, monitor)
@@ -237,11 +244,12 @@ def _run(args: argparse.Namespace, body: Body | None, faults: Faults, job: distr
                 else:
                     _run_jax(args, faults, monitor, progress if job is None or job.process_id == 0 else None, job)
         except UnsupportedHere as e:
-            print(f"tpuscope bench: {e}", file=sys.stderr)
+            print(f"tpuscope workload: {e}", file=sys.stderr)
             return 2
         except InjectedCrash as e:
             reason = f'{catalog.WORKLOAD_FAILURES.name}{{reason="{failure_reason(e)}"}}'
-            print(f"\ntpuscope bench: {e}\n  the sidecar counts it as {reason}; run the same command again to resume")
+            again = "run the same command again to resume"
+            print(f"\ntpuscope workload: {e}\n  the sidecar counts it as {reason}; {again}")
             return CRASHED
         finally:
             print("\n".join(["", "Run summary (measured in the job):", *("  " + line for line in summary.lines())]))

@@ -1,6 +1,6 @@
 """Run ``tpuscope serve`` as a child process and learn where it listens.
 
-Used by ``tpuscope bench`` (which starts a sidecar when none is running) and by
+Used by ``tpuscope workload`` (which starts a sidecar when none is running) and by
 the tests, which need real sidecar processes.
 """
 
@@ -107,12 +107,12 @@ def sidecar_for(socket: Path, listen: str, env: Mapping[str, str] | None = None)
     except OSError:  # cannot tell: start our own, whose bind says plainly what is wrong
         running = False
     if running:
-        print(f"tpuscope bench: sending events to the sidecar already listening on {socket}")
+        print(f"tpuscope workload: sending events to the sidecar already listening on {socket}")
         yield None
         return
     with SidecarProcess(socket, listen, env=env) as sidecar:
         print(
-            f"tpuscope bench: started a sidecar; metrics at {sidecar.url} until the run ends "
+            f"tpuscope workload: started a sidecar; metrics at {sidecar.url} until the run ends "
             f"(--linger SECONDS keeps it serving after; log {sidecar.log_path})"
         )
         yield sidecar.url

@@ -1,9 +1,9 @@
-"""A JAX-free training loop with realistic timings: the light mode of ``tpuscope bench``.
+"""A JAX-free training loop with realistic timings: the light mode of ``tpuscope workload``.
 
 It sleeps through each phase with lognormal jitter, compiles on the first step,
 checkpoints every few steps and reports device memory, so every training series
 the sidecar exports has data without a model, an accelerator or JAX. Tests and
-fleet simulation run it; the real workload (tpuscope.bench with JAX) reports the
+fleet simulation run it; the real workload (``tpuscope workload`` with JAX) reports the
 same events.
 """
 

@@ -1,4 +1,4 @@
-"""The instrumented JAX workload behind ``tpuscope bench``: a small transformer LM, trained data-parallel.
+"""The instrumented JAX workload behind ``tpuscope workload``: a small transformer LM, trained data-parallel.
 
 A step, as it is timed:
 
