@@ -20,8 +20,8 @@ from conftest import variation
 from tpuscope import catalog, events
 from tpuscope.scrape import Scrape
 from tpuscope.testing.waiting import scrape_until, wait_for
-from tpuscope.tracing import Monitor
-from tpuscope.tracing.profiles import (
+from tpuscope.tracing import Hooks, Monitor
+from tpuscope.tracing.profile_sampler import (
     CAPTURED_STEPS,
     DEFAULT_PERIOD,
     LEAD_IN_STEPS,
@@ -156,7 +156,7 @@ def test_a_captures_work_runs_at_the_nice_values_it_is_given(short_tmp: Path) ->
             while not stop.is_set():
                 with contextlib.suppress(psutil.Error, OSError):  # a process or thread that ended meanwhile
                     for child in sidecar_process.children():
-                        if "tpuscope.exporter.xspace" in child.cmdline():
+                        if "tpuscope.exporter.profiles.xspace" in child.cmdline():
                             parser_nice[child.pid] = child.nice()
                     for child in me.children():
                         if str(JOB) in child.cmdline():
@@ -205,7 +205,9 @@ def test_a_users_trace_during_a_capture_works_and_so_do_the_next(sidecar: Sideca
 
 def test_a_bad_period_turns_profiles_off_said_at_once(caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level(logging.WARNING, logger="tpuscope"):
-        monitor = Monitor("bad-period", socket="/nonexistent/x.sock", traces=False, profile_period="every tuesday")
+        monitor = Monitor(
+            "bad-period", socket="/nonexistent/x.sock", traces=False, hooks=Hooks(profile_period="every tuesday")
+        )
     monitor.close()
     assert monitor._profile_period is None
     assert "device profiles are off" in caplog.text and "every tuesday" in caplog.text
@@ -274,7 +276,7 @@ def test_one_profiler_a_process_the_first_claimant_holds_it_until_it_lets_go(cap
     once, however often it asks) until the first releases it; an owner that is gone without releasing loses it."""
     import gc
 
-    from tpuscope.tracing import profiles
+    from tpuscope.tracing import profile_sampler as profiles
 
     class Owner:
         def __init__(self, workload: str) -> None:

@@ -27,8 +27,8 @@ from typing import Any
 import pytest
 from xprof_reference import IDLE_CATEGORY, XPROF_COLLECTIVE_CATEGORIES, one_device, xprof_split
 
-from tpuscope.exporter import xplane
-from tpuscope.exporter.xspace import DeviceSplit, ProfiledSteps, split_steps
+from tpuscope.exporter.profiles import xplane
+from tpuscope.exporter.profiles.xspace import DeviceSplit, ProfiledSteps, split_steps
 
 REFERENCE = Path(__file__).resolve().parents[1].parent / "shared" / "reference" / "traces"
 TPU_TRACE, GPU_TRACE = "tpu_v6e_inference.xplane.pb", "gpu_v100_bert_tf.xplane.pb"

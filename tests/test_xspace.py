@@ -1,9 +1,10 @@
-"""The split of a device trace into compute, exposed and overlapped collective, and idle (tpuscope.exporter.xspace,
-which the sidecar runs on each trace a job hands it).
+"""The split of a device trace into compute, exposed and overlapped collective, and idle
+(tpuscope.exporter.profiles.xspace, which the sidecar runs on each trace a job hands it).
 
-Three layers: the interval math on its own (examples, and properties against a brute-force count of unit cells);
-hand-built XSpaces (a text proto turned into bytes by jax) for the step windows, the leaf ops and the device planes;
-and real captures of a data-parallel step on 8 CPU devices, checked against an independent reading of the same trace.
+Three layers: collectives told by name; hand-built XSpaces (a text proto turned into bytes by jax) for the step
+windows, the leaf ops and the device planes; and real captures of a data-parallel step on 8 CPU devices, checked
+against an independent reading of the same trace. The interval algebra beneath is tested on its own
+(tests/test_intervals.py).
 
 Why not XProf's own converter as the independent reading here: on a CPU-only trace its overview page files every
 step as host compute (hardware type CPU_ONLY: device compute and collectives 0), and its op stats show only IDLE, so it
@@ -31,75 +32,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
 
 from tpuscope.events import STEP_ANNOTATION
-from tpuscope.exporter.xspace import (
-    ProfiledSteps,
-    clip,
-    is_collective,
-    split_steps,
-    subtract,
-    total,
-    union,
-)
+from tpuscope.exporter.profiles.xspace import ProfiledSteps, is_collective, split_steps
 
-# --- interval math -----------------------------------------------------------------------------------------------
-
-raw_intervals = st.lists(st.tuples(st.integers(0, 40), st.integers(0, 40)), max_size=12)
-
-
-def cells(intervals: list[tuple[float, float]]) -> set[int]:
-    """The unit cells [i, i+1) that integer intervals cover: the brute-force reading."""
-    return {i for start, end in intervals for i in range(int(start), int(end))}
-
-
-def is_sorted_disjoint(intervals: list[tuple[float, float]]) -> bool:
-    return all(s < e for s, e in intervals) and all(a[1] < b[0] for a, b in itertools.pairwise(intervals))
-
-
-def test_union_merges_overlapping_and_touching_and_drops_empty() -> None:
-    assert union([(5, 7), (1, 3), (2, 4), (4, 4.5), (9, 9), (8, 6)]) == [(1, 4.5), (5, 7)]
-    assert union([]) == []
-
-
-def test_clip_cuts_intervals_at_the_window_edges() -> None:
-    merged = [(0.0, 2.0), (3.0, 5.0), (6.0, 8.0), (9.0, 10.0)]
-    assert clip(merged, 1.0, 7.0) == [(1.0, 2.0), (3.0, 5.0), (6.0, 7.0)]
-    assert clip(merged, 2.0, 3.0) == []  # touching a window is not being in it
-    assert clip(merged, 5.0, 6.0) == []
-    assert clip(merged, 3.5, 4.0) == [(3.5, 4.0)]  # one op covering the whole window
-    assert clip([], 0.0, 1.0) == []
-
-
-def test_subtract_leaves_what_the_cover_does_not_reach() -> None:
-    assert subtract([(0.0, 10.0)], [(1.0, 2.0), (4.0, 5.0), (9.0, 12.0)]) == [(0.0, 1.0), (2.0, 4.0), (5.0, 9.0)]
-    assert subtract([(0.0, 1.0), (2.0, 3.0)], [(0.5, 2.5)]) == [(0.0, 0.5), (2.5, 3.0)]
-    assert subtract([(0.0, 1.0)], []) == [(0.0, 1.0)]
-    assert subtract([(1.0, 2.0)], [(0.0, 3.0)]) == []
-
-
-@given(raw_intervals)
-def test_union_covers_the_same_cells(raw: list[tuple[float, float]]) -> None:
-    merged = union(raw)
-    assert is_sorted_disjoint(merged)
-    assert cells(merged) == cells(raw)
-    assert total(merged) == len(cells(raw))
-
-
-@given(raw_intervals, st.integers(0, 40), st.integers(0, 40))
-def test_clip_keeps_the_cells_inside_the_window(raw: list[tuple[float, float]], low: int, high: int) -> None:
-    clipped = clip(union(raw), low, high)
-    assert is_sorted_disjoint(clipped)
-    assert cells(clipped) == {i for i in cells(raw) if low <= i < high}
-
-
-@given(raw_intervals, raw_intervals)
-def test_subtract_keeps_the_cells_not_covered(raw: list[tuple[float, float]], cover: list[tuple[float, float]]) -> None:
-    left = subtract(union(raw), union(cover))
-    assert is_sorted_disjoint(left)
-    assert cells(left) == cells(raw) - cells(cover)
+# --- telling ops apart -------------------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -374,7 +311,7 @@ for name, extra in (("balanced", 0), ("straggler", straggle)):
     with open(os.path.join(out, name + ".hlo"), "w") as f:
         f.write(hlo)
 
-# The bench's own fused step (tpuscope bench --fused: default model, 8 devices), captured the same way.
+# The bench's own fused step (tpuscope workload --fused: default model, 8 devices), captured the same way.
 import numpy as np
 from tpuscope.workload.model import DataParallelTrainer
 trainer = DataParallelTrainer()
@@ -488,7 +425,7 @@ def agrees(expected: float, step_s: float) -> Any:
     return pytest.approx(expected, rel=0.2, abs=0.01 * step_s)
 
 
-@pytest.mark.parametrize("name", ["balanced", "bench"])  # bench: tpuscope bench --fused's own step
+@pytest.mark.parametrize("name", ["balanced", "bench"])  # bench: tpuscope workload --fused's own step
 def test_a_real_capture_splits_and_agrees_with_an_independent_reading(captures: dict[str, Capture], name: str) -> None:
     capture = captures[name]
     import jax.profiler  # noqa: F401  (a job has jax loaded: time the parse, not the import)
@@ -546,28 +483,35 @@ def test_a_straggler_device_computes_more_and_waits_less(captures: dict[str, Cap
         assert device.exposed_collective_s == agrees(per_step_s["exposed"], split.step_s)
 
 
-def test_the_module_imports_without_jax(tmp_path: Path) -> None:
-    # The sidecar imports the parser's module without jax (it runs the parse in a child): jax is imported only
-    # inside split_steps.
+def test_the_parse_loads_neither_jax_nor_the_rest_of_the_sidecar(tmp_path: Path) -> None:
+    """The parse child needs protobuf only (a sidecar without jax parses too), and loads of the sidecar nothing
+    but its own package: whatever more it imported would cost memory its limit is for."""
     blocker = tmp_path / "jax.py"
     blocker.write_text("raise ImportError('no jax here')\n")
-    code = "import tpuscope.exporter.xspace as x; assert x.STEP_ANNOTATION == 'train'"
+    code = (
+        "import json, sys; import tpuscope.exporter.profiles.xspace as x; assert x.split_steps(b'') is None; "
+        "print(json.dumps([m for m in sys.modules if m.startswith('tpuscope.exporter')]))"
+    )
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.getcwd()])}
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
     assert run.returncode == 0, run.stderr
+    loaded = set(json.loads(run.stdout))
+    package = {"tpuscope.exporter", "tpuscope.exporter.profiles"}
+    parse = {f"tpuscope.exporter.profiles.{name}" for name in ("xspace", "xplane", "intervals")}
+    assert loaded == package | parse, sorted(loaded - package - parse)
 
 
 def test_the_sidecars_parser_prints_the_profile_and_refuses_links(captures: dict[str, Capture], tmp_path: Path) -> None:
-    """``python -m tpuscope.exporter.xspace TRACE``, as the sidecar runs it: the capture's DeviceProfile as JSON;
-    a trace that is no trace fails (the sidecar answers error); a link is not followed (a spool writer could point
-    it at any file the sidecar may read)."""
+    """``python -m tpuscope.exporter.profiles.xspace TRACE``, as the sidecar runs it: the capture's DeviceProfile as
+    JSON; a trace that is no trace fails (the sidecar answers error); a link is not followed (a spool writer could
+    point it at any file the sidecar may read)."""
     import msgspec
 
     from tpuscope import events
 
     trace = tmp_path / "t.xspace"
     trace.write_bytes(captures["balanced"].xspace)
-    parse = [sys.executable, "-m", "tpuscope.exporter.xspace"]
+    parse = [sys.executable, "-m", "tpuscope.exporter.profiles.xspace"]
     run = subprocess.run([*parse, str(trace)], capture_output=True, timeout=120)
     assert run.returncode == 0, run.stderr
     profile = msgspec.json.decode(run.stdout, type=events.DeviceProfile)

@@ -1,6 +1,6 @@
-"""The device-trace parser (tpuscope.exporter.xspace) on the planes of TPU and GPU captures, which this machine cannot
-take: built the way XProf's own tests build theirs (tpuscope.testing.xplane_builder), and read by XProf's own
-converters beside ours.
+"""The device-trace parser (tpuscope.exporter.profiles.xspace) on the planes of TPU and GPU captures, which this
+machine cannot take: built the way XProf's own tests build theirs (tpuscope.testing.xplane_builder), and read by
+XProf's own converters beside ours.
 
 Two layers: small hand-built planes, one rule each (categories, async pairs, nesting, where steps come from, how
 program runs meet across cores); then the fixtures of tests/xplane_fixtures.py (a TPU data-parallel step with an async
@@ -19,7 +19,7 @@ import xplane_fixtures as fixtures
 from xprof_reference import IDLE_CATEGORY, XPROF_COLLECTIVE_CATEGORIES, xprof_split
 
 from tpuscope.events import STEP_ANNOTATION
-from tpuscope.exporter.xspace import ProfiledSteps, async_half, is_collective_op, split_steps
+from tpuscope.exporter.profiles.xspace import ProfiledSteps, async_half, is_collective_op, split_steps
 from tpuscope.testing.xplane_builder import Uint, XPlaneBuilder, XSpaceBuilder
 
 US = 1_000_000  # picoseconds

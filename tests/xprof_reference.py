@@ -63,7 +63,7 @@ def xprof_split(hosts: Mapping[str, bytes], verbose: bool = True) -> dict[str, A
 def one_device(data: bytes, plane_name: str) -> bytes:
     """A serialized XSpace holding of ``data``'s device planes only ``plane_name``, and all its other planes (the
     host's, whose annotations and launches XProf groups the device's steps by, and the programs' HLO)."""
-    from tpuscope.exporter import xplane
+    from tpuscope.exporter.profiles import xplane
 
     space = xplane.XSpace.FromString(data)
     kept = [plane for plane in space.planes if plane.name == plane_name or not plane.name.startswith("/device:")]

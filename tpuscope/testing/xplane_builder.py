@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from tpuscope.exporter import xplane
+from tpuscope.exporter.profiles import xplane
 
 
 @dataclass(frozen=True)

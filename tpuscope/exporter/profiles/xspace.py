@@ -1,87 +1,16 @@
 """Where the device time of a few profiled steps went, read from a jax profiler capture (a serialized XSpace).
 
-The job's capture (:mod:`tpuscope.tracing.profiles`) annotates each traced step with
-``StepTraceAnnotation(events.STEP_ANNOTATION, step_num=n)`` and hands the XSpace to the sidecar, whose profile service
-(:mod:`tpuscope.exporter.profiles`) runs this module as a child process on it (``python -m tpuscope.exporter.xspace
-TRACE``: it prints the capture's :class:`~tpuscope.events.DeviceProfile` as JSON). A fused jitted step cannot be timed
-from the host, but its trace can: per device and step, the time is split into
+A fused jitted step cannot be timed from the host, but its trace can: per device and step, the time splits into
+compute, exposed collective (collective time no compute hides: the wait for the slower devices), overlapped
+collective (what the compiler hid) and idle (what no op covers), and ``compute + exposed collective + idle == step``
+by construction. The trace is read as XProf reads it, straight from the protobuf (:mod:`.xplane`), because the
+event metadata's stats are where TPU and GPU runtimes say which ops are collectives; and one plane at a time into
+flat arrays, because the parse must fit the child process it runs in. Which events are ops on each backend, and
+where the step windows come from: docs/sidecar.md, "How a device profile is read".
 
-- compute: the time some non-collective op runs;
-- exposed collective: the time a collective op runs and no compute does (on the CPU a collective's time includes
-  waiting at its rendezvous for the slower devices; on a TPU the ``*-done`` op of an async collective waits for it:
-  that wait is the straggler signal, so it counts as collective time);
-- overlapped collective: the time a collective runs, or an async one is in flight (between its ``*-start`` and its
-  ``*-done``), under compute: what the compiler hid;
-- idle: the step window that no op covers. What idle holds depends on the device: the host's input, the next
-  dispatch, a host callback; on the CPU backend also a device's ops waiting for CPU threads the other devices hold
-  (on a loaded host, about half of it), since 8 "devices" share a few cores.
-
-``compute + exposed collective + idle == step`` by construction: exposed collective is the collective op time minus
-compute, so compute and exposed collective are disjoint and together make up the union of all ops.
-
-The trace is read as XProf reads it (xprof/convert/xplane_to_step_events.cc, xplane_to_op_metrics_db.cc): straight
-from the XSpace protobuf (:mod:`tpuscope.exporter.xplane`), so that the event metadata's stats, where TPU and GPU
-runtimes keep each op's ``hlo_category``, are seen.
-
-Which events are ops:
-
-- TPU and GPU: ``/device:TPU:N`` / ``/device:GPU:N`` planes, one per device, whose "XLA Ops" line holds the HLO
-  ops; without it (a raw GPU capture) the "Stream #..." lines hold the kernels. Ops nest on a line (a fusion and
-  what it holds, a while and its body): as XProf takes an op's self time, each op counts for the time none of the
-  ops it encloses runs, in its own category. A GPU's copies and fills (CUPTI's ``Memcpy*``, ``Memset*``) are not
-  ops: XProf files them as the host's input, and so here they leave the device idle. Where device planes exist, the
-  host's events are ignored so that nothing is counted twice.
-- CPU backend (what the tests run live): there are no device planes. Each XLA thunk is an event on a ``/host:CPU``
-  thread line with the stats ``hlo_op`` and ``device_ordinal``. One program's thunks hop between threads (a thunk
-  that waits at a rendezvous resumes on another), so a device's ops are gathered over all lines. Control-flow thunks
-  (while, conditional, call) run their bodies inline on the same thread: an op that encloses another op of its
-  device on its line is such a container, and only the ops it encloses count (else a loop's gaps, the host's own
-  overhead, would read as compute).
-
-Which ops are collectives: by the ``hlo_category`` stat of the op's event metadata, as XProf classifies them
-(:data:`COLLECTIVE_CATEGORIES`: it catches a ``fusion.12`` that holds a reduce-scatter, whose name says nothing);
-the async ops' categories (``async-start``, ``async-done``) say only that they are async, and their names say which
-(``all-reduce-done.3``). Where an op has no category (the CPU backend, CUPTI's kernels), its name tells
-(:data:`COLLECTIVE_OP`: XLA names an instruction after its opcode or, for JAX, after the primitive, and XProf
-takes GPU kernels whose names start with ``nccl`` as collectives). Each op is counted by how it was told
-(``ops_by_category``, ``ops_by_name``).
-
-An async collective is a ``*-start`` op and a ``*-done`` op of the same kind on the same line; each ``*-done``
-closes the oldest open ``*-start`` of its kind (libtpu also draws each async op's flight on an "Async XLA Ops"
-line: its collectives are read as in flight too). Their own time is collective op time; the time between them is the
-collective in flight: overlapped where compute runs, idle where nothing does (the core waits in the ``*-done``
-op, not in a gap).
-
-Step windows, one source for every device of the capture (so that a step's devices meet in it), the first that
-every device with ops has:
-
-1. the device's own "Steps" line (a TPU's: each event one step of that core, numbered by its ``group_id`` or its
-   name), but for a step that began before the first annotation (the capture may have started inside it) and a last
-   one under half the others' median (the capture's stop may have cut it);
-2. a GPU's kernels grouped by the step that launched them: the step annotation that the driver call with the
-   kernel's CUPTI ``correlation_id`` nests in, or, for a launch from a runtime thread, the annotation begun last
-   before it (XProf follows the runtime's flow events there); step k from its first kernel to the first kernel of
-   step k+1, so a GPU's idle between two steps is in the step (XProf's GPU step ends at its last kernel). CUPTI
-   names a launch after its kernel (``void cutlass::Kernel2<...>(...)``, not ``cuLaunchKernel``), and a saved
-   capture has it on ``/host:CPU``, on the line of the thread that launched it (the profiler merges its
-   ``/host:CUPTI`` plane into ``/host:CPU`` before it writes the capture); an unmerged capture's ``/host:CUPTI``
-   lines are read too, each matched to its thread's annotations by the line id (the thread id on both planes);
-3. the host's step annotations, window k being [start of step k, start of step k+1): with asynchronous dispatch a
-   step's device work runs after its Python annotation has ended, so consecutive starts give the steady-state
-   period, not the annotation's own length; the last annotated step only closes the window before it;
-4. without steps or annotations (batched inference, a job that annotates no step), each run of a program (the
-   events of a device's "XLA Modules" line), known across devices by what it is: its program (its program id) and
-   which of that program's runs on the device it is. Not by its place on the line, nor by libtpu's ``run_id``: both
-   count the core's own runs, so where one core ran a program the others did not (a real v6e capture's core 0 ran
-   two), each later run of that core would meet another run of the others'.
-
-Empty windows are left out, and ops straddling a window's edge are clipped to it.
-
-The parse reads one plane at a time and keeps each device's intervals as flat arrays, merged as they come: it
-holds about 5 times the trace's bytes (a 30 MB trace of 1.9 million ops: 150 MB; the bench's 3 MB: 40 MB), and
-its process may map :data:`PARSE_MEMORY_BYTES` at most. On the bench's default model (8 CPU devices) a step is
-about 8,000 events and 550 KB of trace; tests/test_xspace.py prints the time a parse takes. Importing this module
-loads no jax, and reading a trace needs only protobuf: a sidecar without jaxlib parses too.
+The sidecar's profile service (:mod:`.service`) runs ``python -m tpuscope.exporter.profiles.xspace TRACE``: it prints
+the capture's :class:`~tpuscope.events.DeviceProfile` as JSON. It needs protobuf only, so a sidecar without jax
+parses too.
 """
 
 from __future__ import annotations
@@ -99,6 +28,7 @@ from typing import Any, NamedTuple
 
 from tpuscope import events
 from tpuscope.events import STEP_ANNOTATION
+from tpuscope.exporter.profiles.intervals import clip, overlap, subtract, total, union
 
 # The HLO instruction names (and GPU kernel names) of collectives: an XLA opcode or a JAX collective primitive at the
 # start of the name, followed by its end or a separator (all-reduce-start.1, psum_invariant.28, all_gather.3), or a
@@ -168,9 +98,8 @@ PROGRAM_ID = "program_id"
 # A program run's name on a device's "XLA Modules" line: the module, then its program id (jit_f(12190760917235803885)).
 MODULE_PROGRAM_ID = re.compile(r"\((\d+)\)$")
 
-# The most memory the sidecar's parse child may map: a trace costs about 5 times its bytes to parse (a 30 MB one of
-# 1.9 million ops about 150 MB, a 3 MB one about 40 MB), so this parses traces of 70 MB or so, and leaves the
-# sidecar's container (512 MiB) room for the sidecar itself.
+# The most memory the parse child may map: a trace costs a few times its bytes to parse, and the sidecar's container
+# must keep room for the sidecar itself (docs/sidecar.md has what a parse costs).
 PARSE_MEMORY_BYTES = 384 << 20
 Interval = tuple[int, int]  # picoseconds: a trace's clock is epoch nanoseconds, past a float's exact integers
 
@@ -219,58 +148,6 @@ class ProfiledSteps:
     windows_from: str = ""  # "device" (a plane's Steps line), "annotation" (the host's) or "module" (program runs)
 
 
-# --- interval math over sorted, disjoint (start, end) lists ------------------------------------------------------
-
-
-def union(intervals: Iterable[tuple[float, float]]) -> list[Any]:
-    """The union of any intervals, as sorted disjoint intervals (touching ones merged, empty ones dropped)."""
-    merged: list[Any] = []
-    for start, end in sorted(intervals):
-        if end <= start:
-            continue
-        if merged and start <= merged[-1][1]:
-            if end > merged[-1][1]:
-                merged[-1] = (merged[-1][0], end)
-        else:
-            merged.append((start, end))
-    return merged
-
-
-def total(intervals: Iterable[tuple[float, float]]) -> Any:
-    """The summed length of disjoint intervals."""
-    return sum(end - start for start, end in intervals)
-
-
-def clip(intervals: Sequence[Any], low: float, high: float) -> list[Any]:
-    """The parts of sorted disjoint intervals inside [low, high): a bisection, so each window costs only its own ops."""
-    if high <= low:
-        return []
-    first = bisect.bisect_right(intervals, low, key=lambda interval: interval[1])
-    inside = list(intervals[first : bisect.bisect_left(intervals, high, key=lambda interval: interval[0])])
-    if inside:  # only the first and the last can straddle an edge
-        inside[0] = (max(inside[0][0], low), inside[0][1])
-        inside[-1] = (inside[-1][0], min(inside[-1][1], high))
-    return inside
-
-
-def subtract(intervals: Sequence[Any], cover: Sequence[Any]) -> list[Any]:
-    """The parts of sorted disjoint ``intervals`` that sorted disjoint ``cover`` leaves uncovered: one merge pass."""
-    left: list[Any] = []
-    j = 0
-    for start, end in intervals:
-        while j < len(cover) and cover[j][1] <= start:
-            j += 1
-        k, at = j, start
-        while k < len(cover) and cover[k][0] < end:
-            if cover[k][0] > at:
-                left.append((at, cover[k][0]))
-            at = max(at, cover[k][1])
-            k += 1
-        if at < end:
-            left.append((at, end))
-    return left
-
-
 # --- telling ops apart -------------------------------------------------------------------------------------------
 
 
@@ -308,7 +185,7 @@ class _Ops:
     """One device's ops, as raw intervals (ps): compute and collective op time, and async collectives in flight."""
 
     # Flat (start, end, start, end...) arrays of 8-byte integers: a busy device's ops are hundreds of thousands of
-    # intervals, which as tuples of Python ints would cost ten times the memory (the sidecar's parse is bounded).
+    # intervals, which as tuples of Python ints would cost many times the memory (the parse's memory is bounded).
     compute: array.array[int] = field(default_factory=lambda: array.array("q"))
     collective: array.array[int] = field(default_factory=lambda: array.array("q"))
     in_flight: array.array[int] = field(default_factory=lambda: array.array("q"))
@@ -448,7 +325,7 @@ def _integer(stat: Any) -> int | None:
 def _read(data: bytes) -> _Trace:
     """What a serialized capture holds, one plane at a time: each device's ops are merged into their unions as its
     plane is read, so the parse holds one plane's events at most, not the whole trace's."""
-    from tpuscope.exporter import xplane
+    from tpuscope.exporter.profiles import xplane
 
     trace = _Trace()
     for plane in xplane.planes(data):
@@ -601,8 +478,8 @@ def _add_device_line(plane: _Plane, line: Any, ops: _Ops, trace: _Trace) -> None
     collectives' halves paired into their time in flight.
 
     One pass in time order with a stack of the ops still open, each piece of self time merged into the last as it
-    comes (a TPU's ops run back to back): a line of 240,000 ops leaves a few thousand intervals, not a list of
-    every op. A line whose events are not in time order (the profiler writes them in order) is sorted first."""
+    comes (a TPU's ops run back to back): a busy line leaves far fewer intervals than it has ops. A line whose
+    events are not in time order (the profiler writes them in order) is sorted first."""
     open_starts: dict[str, list[int]] = defaultdict(list)  # async kind -> starts still waiting for their done
     correlation = plane.stat_id(CORRELATION_ID) if line.name.startswith(STREAM_LINE_PREFIX) else -2
     base = trace.base(line)
@@ -804,7 +681,7 @@ def _device_split(
         computed = total(compute)
         exposed = total(subtract(clip(collective_ops, low, high), compute))
         busy = clip(collective_time, low, high)
-        overlapped = total(busy) - total(subtract(busy, compute))
+        overlapped = overlap(busy, compute)
         steps.append((key, (high - low, computed, exposed, overlapped, high - low - computed - exposed)))
     per_step = PS / len(steps)
     sums = [sum(parts[i] for _, parts in steps) for i in range(5)]
@@ -856,9 +733,10 @@ def device_profile(split: ProfiledSteps | None) -> events.DeviceProfile:
 
 
 def main(argv: Sequence[str]) -> int:
-    """``python -m tpuscope.exporter.xspace TRACE``: print the trace's DeviceProfile as JSON (the sidecar's parse).
+    """``python -m tpuscope.exporter.profiles.xspace TRACE``: print the trace's DeviceProfile as JSON (the sidecar's
+    parse).
 
-    The sidecar runs it at the lowest CPU priority (exporter/profiles.py). The file is opened without following
+    The sidecar runs it at the lowest CPU priority (:mod:`.service`). The file is opened without following
     a link, and one over :data:`~tpuscope.events.PROFILE_MAX_BYTES` is refused unread. The process may use
     :data:`PARSE_MEMORY_BYTES` at most: a trace too big to parse in it fails here (a MemoryError, counted an error
     by the sidecar), not the sidecar's container."""

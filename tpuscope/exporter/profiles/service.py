@@ -1,14 +1,17 @@
 """The sidecar's device-profile service: it parses the traces that jobs capture, so that no job parses its own.
 
-A job's capture (:mod:`tpuscope.tracing.profiles`) ends with the serialized XSpace of a few steps. Reading it is a
-second or more of Python per few MB, which in the job would compete with the training loop for its GIL and cores. So
-the job only starts and stops the trace and hands the bytes over, and this sidecar serves what it parsed itself: the
-job names the trace's workload beside it (a :class:`~tpuscope.events.ProfileHandover`), and the parse goes straight
-into this sidecar's metrics (``Aggregator.parsed_profile``, on the ingest thread). A job that has ended meanwhile (a
-short run, a starved parse on a busy host: the job comes first) loses nothing. The answer still goes back to the
-job, marked ``served``, for its own recording; the step that carries it is not counted again. A trace without a
-handover (a job older than this) is answered unserved, and its job's next step event carries it as before
-(``Step.profile``).
+A job's capture (the Monitor's device profiler, :mod:`tpuscope.tracing`) ends with the serialized XSpace of a few
+steps. Reading it is seconds of Python, which in the job would compete with the training loop for its GIL and cores.
+So the job only starts and stops the trace and hands the bytes over, naming its workload beside them (a
+:class:`~tpuscope.events.ProfileHandover`), and this service puts what it parsed straight into the sidecar's metrics
+(``Aggregator.parsed_profile``, on the ingest thread): a job that has ended meanwhile loses nothing.
+
+The answer goes back to the job as well, because two things only the job holds need it: its own sinks (a
+``RecordSink``'s recording, which ``tpuscope report --recording`` reads without a sidecar, holds each profile on
+the step that carried it back) and its sampling (a capture that measured but cost too much doubles its period). It
+goes back marked ``served``, so the aggregator does not count that step's copy again. A trace without a handover
+(a job that names no workload, or one older than handovers) is answered unserved: the step that carries it back is
+what the aggregator counts.
 
 The hand-over is a spool directory beside the socket (:func:`tpuscope.events.profile_spool`):
 
@@ -26,12 +29,12 @@ One trace is parsed at a time, the oldest first; of a job's traces only its newe
 answer never read) are deleted after :data:`STALE_SECONDS`. Every outcome is counted in
 ``tpuscope_profile_parses_total{result}``.
 
-Each parse runs in a child process (``python -m tpuscope.exporter.xspace TRACE``) at the lowest CPU priority: the
-protobuf runtime's C parser reads bytes any process allowed to send events can write (a crash costs a child, not the
-sidecar); the decoded trace and its intervals (about 5 times the trace's bytes, at most
-:data:`~tpuscope.exporter.xspace.PARSE_MEMORY_BYTES`) are the child's, not this sidecar's (whose budget is 80 MB);
-and the training job beside it keeps its cores. The parser needs no jax: only protobuf, which the sidecar has anyway
-(OTLP).
+Each parse runs in a child process (``python -m tpuscope.exporter.profiles.xspace TRACE``) at the lowest CPU
+priority: the protobuf runtime's C parser reads bytes any process allowed to send events can write (a crash costs a
+child, not the sidecar); the decoded trace and its intervals, several times the trace's bytes (at most
+:data:`~tpuscope.exporter.profiles.xspace.PARSE_MEMORY_BYTES`), are the child's, not the sidecar's, whose own memory
+stays small; and the training job beside it keeps its cores. The parser needs no jax: only protobuf, which the
+sidecar has anyway (OTLP).
 """
 
 from __future__ import annotations
@@ -47,12 +50,12 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import msgspec
 
 from tpuscope import catalog, events
 from tpuscope.exporter import job_directory
+from tpuscope.exporter.metrics import Series
 
 log = logging.getLogger("tpuscope.exporter")
 
@@ -60,7 +63,8 @@ POLL_SECONDS = 0.1  # how often the spool is looked at: what a job waits at most
 PARSE_TIMEOUT = 120.0  # the most one parse may take: a trace at the size cap parses in well under a minute
 STALE_SECONDS = 600.0  # a file older than this belongs to no job still waiting: deleted
 CLEAN_EVERY = 10.0  # seconds between two looks for stale files
-HANDOVER_MAX_BYTES = 4096  # a workload's name and two figures
+HANDOVER_MAX_BYTES = 4096  # a workload's name and a few figures
+PARSER = "tpuscope.exporter.profiles.xspace"  # the module each parse runs as, in a child process
 
 
 class ProfileService:
@@ -70,7 +74,7 @@ class ProfileService:
         self,
         socket: Path,
         socket_mode: int,
-        metrics: dict[catalog.Metric, Any],
+        metrics: Series,
         nice: int,
         serve: Callable[[str, events.DeviceProfile], None] = lambda workload, profile: None,
     ) -> None:
@@ -171,7 +175,7 @@ class ProfileService:
                 if self._stop.is_set():
                     return error, "error"
                 self._child = subprocess.Popen(
-                    [sys.executable, "-m", "tpuscope.exporter.xspace", os.fspath(path)],
+                    [sys.executable, "-m", PARSER, os.fspath(path)],
                     stdin=subprocess.DEVNULL,
                     stdout=subprocess.PIPE,
                     stderr=subprocess.PIPE,
@@ -238,7 +242,7 @@ class ProfileService:
         self._remove(trace.name)
 
     def _handover(self, stem: str) -> events.ProfileHandover | None:
-        """The job's handover of a trace (and it is removed), or None: none (an older job), or unreadable."""
+        """The job's handover of a trace (and it is removed), or None: none (its job names no workload), unreadable."""
         path = self.spool / (stem + events.PROFILE_HEADER_SUFFIX)
         try:
             fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
