@@ -27,7 +27,7 @@ from tpuscope.exporter.metrics import register
 from tpuscope.exporter.samples import SampleStore
 from tpuscope.scrape import Scrape
 from tpuscope.testing.waiting import scrape_until, wait_for
-from tpuscope.tracing import Monitor
+from tpuscope.tracing import Hooks, Monitor
 from tpuscope.workload.sidecar import SidecarProcess
 
 INGEST = catalog.INGEST_EVENTS.name
@@ -297,7 +297,7 @@ def test_out_of_file_descriptors_a_connection_is_refused_counted_and_the_ingest_
         for job in jobs:
             job.close()
         subprocess.run(["prlimit", f"--pid={sidecar.proc.pid}", "--nofile=1024:"], check=True)
-        with Monitor("after-emfile", socket=sidecar.socket, traces=False, jax_compiles=False) as mon:
+        with Monitor("after-emfile", socket=sidecar.socket, traces=False, hooks=Hooks(jax_compiles=False)) as mon:
             for n in range(3):
                 with mon.step(n):
                     pass

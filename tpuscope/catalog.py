@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
+from typing import Literal, Required, TypedDict, Unpack, overload
 
 # The wire schema's closed sets that are label values here too (the job reports them; the sidecar counts them).
 from tpuscope.events import PROFILE_RESULTS, REJECT_REASONS, TRAINING_VALUES
@@ -108,6 +109,31 @@ class Metric:
         return f"{self.name}_{suffix}"
 
 
+# A metric's kind as a type too, so that the type checker knows what the sidecar's handle for it can do
+# (:class:`tpuscope.exporter.metrics.Series`): a counter's series goes up (``inc``), a gauge's is ``set``,
+# a histogram's takes an ``observe``. ``_metric`` makes the class its ``kind`` says.
+@dataclass(frozen=True)
+class CounterMetric(Metric):
+    """A metric whose ``kind`` is :attr:`Kind.COUNTER`."""
+
+
+@dataclass(frozen=True)
+class GaugeMetric(Metric):
+    """A metric whose ``kind`` is :attr:`Kind.GAUGE`."""
+
+
+@dataclass(frozen=True)
+class HistogramMetric(Metric):
+    """A metric whose ``kind`` is :attr:`Kind.HISTOGRAM`."""
+
+
+_CLASSES: dict[Kind, type[Metric]] = {
+    Kind.COUNTER: CounterMetric,
+    Kind.GAUGE: GaugeMetric,
+    Kind.HISTOGRAM: HistogramMetric,
+}
+
+
 # Bucket layouts, shared by metrics with the same range of values.
 STEP_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 PHASE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 60.0)
@@ -117,6 +143,28 @@ REQUEST_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096)
 
 
+class _Options(TypedDict, total=False):
+    """The keywords of ``_metric`` (below), for its overloads: the same for every kind."""
+
+    group: Required[str]
+    unit: str
+    buckets: tuple[float, ...]
+    sampled: bool
+    closed: dict[Label, tuple[str, ...]] | None
+
+
+@overload
+def _metric(
+    name: str, kind: Literal[Kind.COUNTER], help: str, *labels: Label, **options: Unpack[_Options]
+) -> CounterMetric: ...
+@overload
+def _metric(
+    name: str, kind: Literal[Kind.GAUGE], help: str, *labels: Label, **options: Unpack[_Options]
+) -> GaugeMetric: ...
+@overload
+def _metric(
+    name: str, kind: Literal[Kind.HISTOGRAM], help: str, *labels: Label, **options: Unpack[_Options]
+) -> HistogramMetric: ...
 def _metric(
     name: str,
     kind: Kind,
@@ -129,7 +177,7 @@ def _metric(
     closed: dict[Label, tuple[str, ...]] | None = None,
 ) -> Metric:
     assert set(closed or ()) <= set(labels), f"{name}: a closed label it does not have"
-    return Metric(
+    return _CLASSES[kind](
         PREFIX + name,
         kind,
         help,
@@ -303,7 +351,7 @@ CHECKPOINT_LAST_SUCCESS = _metric(
 )
 
 # --- Device profiles --------------------------------------------------------------
-# From the device traces the job samples (tpuscope.tracing.profiles): where a fused step's time goes on
+# From the device traces the job samples (tpuscope.tracing.profile_sampler): where a fused step's time goes on
 # the devices, which host-side timers cannot see (collectives overlap compute inside one program).
 PROFILE_GROUP = "Device profiles (sampled from device traces)"
 # The parts a profiled step's window splits into: they add up to tpuscope_profile_step_seconds.
@@ -314,7 +362,7 @@ PROFILE_PARTS = ("compute", "exposed_collective", "idle")
 STRAGGLER_CAUSES = ("compute", "input", "host", "unknown")
 # The profile gauges are a mean over the measured steps of this many of the workload's latest captures that
 # measured something, those still fresh (conventions.PROFILE_FRESH_PERIODS): a capture measures a few steps
-# (5, at least 4), and one step's exposed collective time can differ from the next's by half (issue 36).
+# (5, at least 4), and one step's exposed collective time can differ from the next by half.
 PROFILE_MEAN_CAPTURES = 3
 _OVER_STEPS = f"over the steps of the last {PROFILE_MEAN_CAPTURES} fresh device-profile captures"
 # How the parser told a device op's kind: by its HLO category (as XProf does), or by its name alone (a trace
@@ -459,10 +507,13 @@ WORKLOAD_DEVICES = _metric(
     Label.ACCELERATOR,
     group=UTILIZATION_GROUP,
 )
+# The MFU gauge is a ratio of sums over this many of the workload's latest steps that reported FLOPs.
+MFU_STEPS = 20
 MFU = _metric(
     "model_flops_utilization_ratio",
     Kind.GAUGE,
-    "Achieved model FLOP/s over the devices' peak, averaged over about the last 20 steps.",
+    f"Model FLOPs over the devices' peak FLOP/s times the seconds taken, over the last {MFU_STEPS} steps that "
+    "reported FLOPs (at most 1).",
     W,
     unit="ratio",
     group=UTILIZATION_GROUP,
@@ -1144,8 +1195,7 @@ del _dev
 
 CATALOG: tuple[Metric, ...] = tuple(v for v in list(globals().values()) if isinstance(v, Metric))
 
-# The series one sidecar may serve: a host of 8 accelerators with every collector on and one workload (the
-# fused bench with device profiles and the fake libtpu serves about 940, 546 of them the multislice latency
-# histograms). node_exporter serves about 1,000 to 1,500 on a Linux host. Checked by `tpuscope bench
-# fleet-scale` on its recorded series set and by tests/test_fleet_scale.py on the bench's default run.
+# The series one sidecar may serve: a host of 8 accelerators with every collector on and one workload, no more than
+# node_exporter serves on a busy host (docs/fleet.md has the counts). Checked by `tpuscope bench fleet-scale` on its
+# recorded series set and by tests/test_fleet_scale.py on the workload's default run.
 HOST_SERIES_BUDGET = 1_500

@@ -11,7 +11,6 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from types import FrameType
-from typing import Any
 
 from prometheus_client import (
     GC_COLLECTOR,
@@ -29,9 +28,9 @@ from tpuscope.exporter.config import ServeConfig
 from tpuscope.exporter.hangs import HangWatch, Limits
 from tpuscope.exporter.http import MetricsServer
 from tpuscope.exporter.ingest import IngestLoop, SocketError
-from tpuscope.exporter.metrics import register
+from tpuscope.exporter.metrics import Series, register
 from tpuscope.exporter.otlp_push import OtlpPusher, metric_exporter
-from tpuscope.exporter.profiles import ProfileService
+from tpuscope.exporter.profiles.service import ProfileService
 from tpuscope.exporter.samples import SampleStore
 from tpuscope.exporter.webconfig import WebConfigError
 from tpuscope.otel import resource
@@ -195,7 +194,7 @@ def collector_runners(
     config: ServeConfig,
     ingest: IngestLoop,
     store: SampleStore,
-    metrics: dict[Any, Any],
+    metrics: Series,
     progress: Callable[[], Mapping[str, float]],
     stuck: Callable[[], frozenset[str]] = frozenset,
 ) -> list[CollectorRunner]:

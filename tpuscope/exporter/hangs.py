@@ -40,6 +40,7 @@ from typing import IO, Any
 
 from tpuscope import catalog, durations, events, positions
 from tpuscope.exporter import job_directory
+from tpuscope.exporter.metrics import Series
 from tpuscope.exporter.otlp_logs import VerdictLogs
 from tpuscope.thresholds import Thresholds
 
@@ -99,7 +100,7 @@ class HangWatch:
         self,
         socket_path: Path,
         socket_mode: int,
-        metrics: dict[catalog.Metric, Any],
+        metrics: Series,
         limits: Limits,
         host_labels: dict[str, str],
         stream: IO[str] | None = None,

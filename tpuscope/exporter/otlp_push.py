@@ -46,6 +46,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.metrics_core import Metric as Family
 
 from tpuscope import __version__, catalog
+from tpuscope.exporter.metrics import Series
 from tpuscope.otel import otlp_protocol
 
 log = logging.getLogger("tpuscope.exporter.otlp")
@@ -174,7 +175,7 @@ class OtlpPusher:
         resource: Resource,
         exporter: MetricExporter,
         interval: float,
-        metrics: dict[catalog.Metric, Any],
+        metrics: Series,
         host_labels: Mapping[str, str] | None = None,
     ) -> None:
         self._registry, self._resource, self._exporter, self._interval = registry, resource, exporter, interval

@@ -16,10 +16,10 @@ import logging
 import random
 import threading
 import time
-from typing import Any
 
 from tpuscope import catalog
 from tpuscope.exporter.collectors.base import DEADLINE, ERROR, REASONS, Collector, CollectorError, Settings
+from tpuscope.exporter.metrics import Series
 from tpuscope.exporter.samples import Sample, SampleStore
 
 log = logging.getLogger("tpuscope.collectors")
@@ -35,7 +35,7 @@ class CollectorRunner:
         interval: float,
         deadline: float,
         store: SampleStore,
-        metrics: dict[catalog.Metric, Any],
+        metrics: Series,
     ) -> None:
         self.name = collector.name
         self.interval = interval
