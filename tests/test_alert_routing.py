@@ -25,7 +25,7 @@ import yaml
 from alertmanager import AlertmanagerServer, Webhook
 from conftest import require
 
-from tpuscope.alerts import PAGE, TICKET
+from tpuscope.alerts.alertmanager import PAGE, TICKET
 from tpuscope.conventions import AlertName
 from tpuscope.testing.waiting import wait_for
 

@@ -44,7 +44,7 @@ from tpuscope.testing import bench as testing_bench
 from tpuscope.testing.prometheus import PrometheusServer, target_of
 from tpuscope.testing.waiting import wait_for
 from tpuscope.thresholds import Thresholds
-from tpuscope.tracing import profiles
+from tpuscope.tracing import profile_sampler as profiles
 from tpuscope.workload.sidecar import SidecarProcess
 
 pytestmark = pytest.mark.long

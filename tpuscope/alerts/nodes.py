@@ -1,5 +1,4 @@
-"""The bad-host ledger (issue 58): which node keeps breaking the jobs that land on it, and never a node for a bug in the
-code.
+"""The bad-host ledger: which node keeps breaking the jobs that land on it, and never a node for a bug in the code.
 
 A bad host fails whatever job it is given; a bug fails its job wherever it runs. The sidecars see each failure,
 straggler and XID by workload and worker; these rules key them by the node (the scrape's target label; outside

@@ -1,4 +1,4 @@
-"""The platform owner's goodput (issue 57): how much of what the fleet pays for turns into training.
+"""The platform owner's goodput: how much of what the fleet pays for turns into training.
 
 Google's ML Productivity Goodput is the product of three factors: *scheduling* goodput (the share of a workload's
 time during which every resource it needs is there), *runtime* goodput (the share of that time spent on productive
@@ -134,7 +134,9 @@ def job_ready() -> str:
 def scheduling_rules() -> list[dict[str, str]]:
     """Each Job's unit and readiness, each unit's readiness now, whether a queue holds it, whether it has been
     ready, and its state (module docstring). A unit is ready when every Job of it is; a failed Job counts while
-    another Job of its unit lives on (JobSet restarts them all), and a unit whose Jobs all failed ended."""
+    another Job of its unit lives on (JobSet restarts them all), and a unit whose Jobs all failed ended. A unit is
+    a JobSet, or a Job no controller owns (``namespace, jobset, controller_kind, controller``, from
+    kube-state-metrics)."""
     suspended = f"{JOB_UNIT} * on ({JOB}) group_left () {one(KSM_JOB_SUSPENDED)}"
     alive = f"group by ({UNIT}) ({JOB_UNIT} unless on ({JOB}) {failed_jobs()})"
     queued = f"({UNIT_QUEUED} or {UNIT_READY} * 0)"
@@ -148,22 +150,30 @@ def scheduling_rules() -> list[dict[str, str]]:
     }
     state = " or ".join(f'label_replace({expr}, "state", "{name}", "", "")' for name, expr in states.items())
     return [
+        # Per Job of a scheduling unit, the unit it is of.
         {"record": JOB_UNIT, "expr": unit_of_jobs()},
+        # Per Job of a unit, 1 while every pod it wants is ready, else 0.
         {"record": JOB_READY, "expr": job_ready()},
+        # Per unit, 1 while every pod each of its live Jobs wants is ready, else 0.
         {"record": UNIT_READY, "expr": f"min by ({UNIT}) ({JOB_READY}) and on ({UNIT}) {alive}"},
+        # Per unit, 1 while a queue holds one of its Jobs suspended, else 0.
         {"record": UNIT_QUEUED, "expr": f"max by ({UNIT}) ({suspended}) and on ({UNIT}) {alive}"},
-        {  # reads its own past: a unit once ready stays started while it exists
+        # Per unit, 1 once it has been ready. It reads its own past: a unit once ready stays started while it exists.
+        {
             "record": UNIT_STARTED,
             "expr": f"({UNIT_READY} == 1 or last_over_time({UNIT_STARTED}[{STARTED_MEMORY}])) * 0 + 1"
             f" and on ({UNIT}) {UNIT_READY}",
         },
+        # Per unit, its state now, one series per state, 1 for the current one: ready, queued (a queue such as Kueue
+        # holds it suspended), starting (never ready yet: scheduled, pulled, started) or recovering (ready before,
+        # not now).
         {"record": SCHEDULING, "expr": state},
     ]
 
 
 def queue_rules() -> list[dict[str, str]]:
-    """Kueue's admission wait per ClusterQueue (its histograms name no workload; the per-workload wait is the
-    ``queued`` state above)."""
+    """Kueue's mean admission wait over the last hour, per ClusterQueue (its histograms name no workload; the
+    per-workload wait is the ``queued`` state above)."""
     wait = "kueue_admission_wait_time_seconds"
     return [
         {
@@ -175,7 +185,8 @@ def queue_rules() -> list[dict[str, str]]:
 
 
 def chip_rules() -> list[dict[str, str]]:
-    """Per node pool and resource: the chips the nodes have, those running pods request, those tpuscope hears."""
+    """Per node pool and resource (``google_com_tpu``, ``nvidia_com_gpu``), the chips: those the nodes have, those
+    running pods request, those tpuscope hears from, and those idle."""
     pools = f"group by (node, {POOL}) (kube_node_labels)"
 
     def by_pool(per_node: str) -> str:
@@ -194,10 +205,15 @@ def chip_rules() -> list[dict[str, str]]:
     heard = f'label_replace({tpu}, "resource", "{TPU}", "", "") or label_replace({gpu}, "resource", "{GPU}", "", "")'
     allocatable = one(f"kube_node_status_allocatable{{{CHIP_RESOURCES}}}", "node, resource")
     return [
+        # The chips the pool's nodes have (allocatable).
         {"record": CHIPS_ALLOCATABLE, "expr": by_pool(allocatable)},
+        # The chips running pods request.
         {"record": CHIPS_REQUESTED, "expr": by_pool(f"({requested})")},
+        # The chips tpuscope's collectors report.
         {"record": CHIPS_HEARD, "expr": by_pool(f"({heard})")},
-        {  # a pool where no running pod requests a chip has all its chips idle
+        # The chips paid for and idle: those the nodes have less those requested. A pool where no running pod
+        # requests a chip has all its chips idle.
+        {
             "record": CHIPS_IDLE,
             "expr": f"clamp_min({CHIPS_ALLOCATABLE} - {CHIPS_REQUESTED}, 0) or {CHIPS_ALLOCATABLE}",
         },
@@ -205,7 +221,8 @@ def chip_rules() -> list[dict[str, str]]:
 
 
 def program_rules() -> list[dict[str, str]]:
-    """Each workload's MFU over 5 minutes, for the product's program factor over long windows."""
+    """Each workload's model FLOPs a second over its chips' peak, over 5 minutes: program goodput (MFU) as it goes,
+    for the product's program factor over long windows."""
     flops = f"sum by ({WORKLOAD}) (rate({series(c.MODEL_FLOPS)}[5m]))"
     return [{"record": MFU_RATE, "expr": f"{flops} / on ({WORKLOAD}) ({PEAK_FLOPS_SUM} > 0)"}]
 
@@ -216,7 +233,8 @@ def platform_rules() -> list[dict[str, str]]:
 
 
 def product_rules() -> list[dict[str, str]]:
-    """The three factors and their product over :data:`PLATFORM_WINDOWS`, per workload and per namespace (a team).
+    """The three factors and their product over :data:`PLATFORM_WINDOWS`, per workload and per namespace (a team),
+    each named as :func:`tpuscope.conventions.platform_record` says.
 
     A workload's scheduling is its unit's: a JobSet's workloads join it on ``namespace, jobset``, a plain Job's on
     the controller its workers' pods had within the window. A team's scheduling is the mean over its units' time,

@@ -1,13 +1,14 @@
 """The recording rules: what the alerts, the dashboards and the fleet simulator read precomputed.
 
 Recording rules are named ``level:metric:operations`` (the Prometheus convention), their names in
-:mod:`tpuscope.conventions`: ``workload:`` aggregates a workload across its workers, ``worker:`` and
-``device:`` stay per worker and per device.
+:mod:`tpuscope.conventions`, which the dashboards and readers share: ``workload:`` aggregates a workload across its
+workers, ``worker:`` and ``device:`` stay per worker and per device. What each record holds, and why, is said here,
+beside its expression.
 
 The SLO ratios over windows longer than an hour are built from recorded per-workload
 5-minute rates, as Sloth and Pyrra do: a 3-day ``rate()`` of every host's raw
-counters would read 17,280 samples a series at each evaluation, a cost that
-grows with the fleet; the recorded rates grow with the number of workloads.
+counters would read three days of samples of every series at each evaluation, a cost
+that grows with the fleet; the recorded rates grow with the number of workloads.
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ from tpuscope.alerts.rules import excluded, per_workload, slo_windows, workload_
 from tpuscope.alerts.stragglers import labelled
 from tpuscope.conventions import (
     BAD_RATE,
-    BADPUT_CATEGORIES,
     BADPUT_RATIO,
     CHECKPOINT_LAST,
     COLLECTIVE_P99,
@@ -36,7 +36,6 @@ from tpuscope.conventions import (
     CORE_ELSEWHERE,
     CORE_LOCATION,
     CORE_LOCATION_WORKERS,
-    DOWN_AFTER,
     DOWN_FOR,
     DOWN_SINCE,
     FAILURES_HOUR,
@@ -79,6 +78,7 @@ from tpuscope.conventions import (
     XID_HOUR,
 )
 from tpuscope.generator_config import GeneratorConfig
+from tpuscope.goodput import BOOKED_IN_LUMPS
 from tpuscope.goodput import STRAGGLER as STRAGGLER_CATEGORY
 from tpuscope.promql import PLACEMENT, RUN, WORKLOAD, add, grown, le, memory_available_ratio, series
 from tpuscope.thresholds import Thresholds
@@ -88,6 +88,13 @@ COMPUTE = 'phase="compute"'
 RAW_UP_TO = "1h"  # SLO windows up to this read the raw counters; longer ones the recorded 5m rates
 COLLECTIVE_END_TO_END = 'operation="collective_end_to_end"'
 SLICE = f"{PLACEMENT}, job, {c.Label.SLICE}"  # a slice's hosts, as one sidecar job scrapes them
+# A worker no sidecar has served for this long, its run not ended, is down since its last step (its pod went
+# with its sidecar): longer than a few failed scrapes, and Prometheus' own lookback.
+DOWN_AFTER = "5m"
+# The goodput SLO's bad time, a matcher on the category label: the categories booked as they happen, the job's own
+# (custom badput) among them. Productive time is booked when a checkpoint covers it and other when a process ends:
+# over a window with neither, counting them would read all time bad (tpuscope.goodput.BOOKED_IN_LUMPS).
+BADPUT_CATEGORIES = f'category!~"{"|".join(BOOKED_IN_LUMPS)}"'
 
 
 # kube-state-metrics' series (its v2 names, default resources): each namespace it lists. A controller is judged
@@ -129,10 +136,12 @@ def step_rules() -> list[dict[str, str]]:
     compute_sum = series(c.STEP_PHASE_DURATION, COMPUTE, suffix="sum")
     compute_count = series(c.STEP_PHASE_DURATION, COMPUTE, suffix="count")
     return [
+        # Steps a second: every worker counts each step of its workload, so the most of theirs, not their sum.
         {
             "record": STEPS_RATE,
             "expr": f"max by ({WORKLOAD}) (rate({series(c.STEPS)}[5m]))",
         },
+        # The mean and the p99 of a step's time, over every worker's steps.
         {
             "record": STEP_MEAN,
             "expr": f"sum by ({WORKLOAD}) (rate({step_sum}[5m]))"
@@ -143,11 +152,14 @@ def step_rules() -> list[dict[str, str]]:
             "expr": f"histogram_quantile(0.99, sum by ({WORKLOAD}, le)"
             f" (rate({series(c.STEP_DURATION, suffix='bucket')}[5m])))",
         },
+        # Each phase's share of the workload's step time.
         {
             "record": PHASE_SHARE,
             "expr": f"sum by ({WORKLOAD}, phase) (rate({phase_sum}[5m])) / ignoring (phase) group_left"
             f" sum by ({WORKLOAD}) (rate({step_sum}[5m]))",
         },
+        # Each worker's host-timed compute a step, its workload's median worker's, and each worker's over that
+        # median: the straggler's measure, for the alert and for a fleet's own panels.
         {
             "record": COMPUTE_PER_WORKER,
             "expr": f"sum by ({WORKLOAD}, {WORKER}) (rate({compute_sum}[5m]))"
@@ -157,24 +169,27 @@ def step_rules() -> list[dict[str, str]]:
             "record": COMPUTE_MEDIAN,
             "expr": f"quantile by ({WORKLOAD}) (0.5, {COMPUTE_PER_WORKER})",
         },
-        {  # the straggler's measure, for the alert and for a fleet's own panels
+        {
             "record": COMPUTE_OVER_MEDIAN,
             "expr": f"{COMPUTE_PER_WORKER} / on ({WORKLOAD}) group_left () {COMPUTE_MEDIAN}",
         },
+        # Each device's memory in use, a share of its limit.
         {
             "record": MEMORY_USED,
             "expr": f"{series(c.DEVICE_MEMORY_USED)} / {series(c.DEVICE_MEMORY_LIMIT)}",
         },
+        # Per workload, its chips' peak FLOP/s: the fleet's MFU integrates it over the range, where it read every
+        # host's peak at every point (docs/fleet.md).
         {"record": PEAK_FLOPS_SUM, "expr": f"sum by ({WORKLOAD}) ({series(c.PEAK_FLOPS)})"},
     ]
 
 
 def profile_rules(thresholds: Thresholds) -> list[dict[str, str]]:
     """What the sampled device profiles say of each workload and worker: the measures of a fused step, whose
-    host-timed phases cannot split compute from collectives (issue 22).
+    host-timed phases cannot split compute from collectives.
 
     The profile gauges hold the mean over the steps of the worker's last few fresh captures until the next
-    capture (issue 36: one capture's few steps are too noisy to judge by), and linger in the sidecar of a
+    capture (one capture's few steps are too noisy to judge by), and linger in the sidecar of a
     finished job. A worker counts once its gauges are a mean of ``profile_min_steps`` measured steps or more (a
     sidecar too old to say how many: at once, as before), and only while its latest capture is younger than
     :data:`PROFILE_FRESH_PERIODS` of the worker's periods (a job too old to say its period:
@@ -192,20 +207,26 @@ def profile_rules(thresholds: Thresholds) -> list[dict[str, str]]:
     fresh = f"({within_periods} or {within_default}) and {series(c.WORKLOAD_PROCESSES)} > 0"
     too_few = f"{series(c.PROFILE_STEPS)} < {thresholds.profile_min_steps:g}"
     return [
+        # Each part's time per worker, from the fresh captures of running workers only.
         {
             "record": PROFILE_FRESH,
             "expr": f"{series(c.PROFILE_TIME)} and on ({WORKLOAD}, {WORKER}) ({fresh})"
             f" unless on ({WORKLOAD}, {WORKER}) {too_few}",
         },
+        # Each part's time of the workload's median worker.
         {
             "record": PROFILE_MEDIAN,
             "expr": f"quantile by ({WORKLOAD}, part) (0.5, {PROFILE_FRESH})",
         },
-        {  # the profiled straggler's measures: far more compute than its peers, far less waiting on them
+        # Each worker's part over that median: the profiled straggler's measures, far more compute than its peers,
+        # far less waiting on them.
+        {
             "record": PROFILE_OVER_MEDIAN,
             "expr": f"{PROFILE_FRESH} / on ({WORKLOAD}, part) group_left () ({PROFILE_MEDIAN} > 0)",
         },
-        {  # the mean over workers of each one's share: a worker's parts add up to its profiled step
+        # Each part's share of the step: the mean over workers of each one's share, as a worker's parts add up to its
+        # profiled step.
+        {
             "record": PROFILE_SHARE,
             "expr": f"avg by ({WORKLOAD}, part) ({PROFILE_FRESH} / ignoring (part) group_left ()"
             f" ({series(c.PROFILE_STEP)} > 0))",
@@ -283,37 +304,62 @@ def unbooked_rules() -> list[dict[str, str]]:
     since = f"({latest(last)} or last_over_time({DOWN_SINCE}[{RUN_MEMORY}]))"
     queued = f"max by ({RUN}) ({RUNNING} * 0 + on (namespace, {CONTROLLER}) group_left () {CONTROLLER_QUEUED})"
     return [
+        # Per controller of a sidecar's pod, 1 while it still wants its pods (:func:`controllers_wanted`): a deleted
+        # JobSet's Jobs, a Deployment scaled to zero have no series.
         {"record": CONTROLLER_WANTED, "expr": controllers_wanted()},
-        {  # when a queue last held each Job, remembered for RUN_MEMORY after, as its workers are
+        # Per Job, the last time a queue (Kueue) held it suspended, remembered for RUN_MEMORY after, as its workers
+        # are: a resumed Job's workers are down from then, not from their last step before it (the wait in the
+        # queue was no outage).
+        {
             "record": CONTROLLER_QUEUED,
             "expr": f"max by (namespace, {CONTROLLER}) ({job_named(f'{recent(KSM_JOB_SUSPENDED)} == 1')} * 0 + time())"
             f" or last_over_time({CONTROLLER_QUEUED}[{RUN_MEMORY}]) > time() - {durations.parse(RUN_MEMORY):g}",
         },
-        {  # a worker's last step is its last sighting; over RUN_MEMORY here, and RUN_MEMORY more where it is read
+        # Per controller and workload, the last step (or start) any of its workers had in the last RUN_MEMORY: a
+        # Job's pods that run a newer workload than a worker's (a JobSet applied again, its workload renamed) leave
+        # that worker gone. A worker's last step is its last sighting; over RUN_MEMORY here, and RUN_MEMORY more
+        # where it is read.
+        {
             "record": CONTROLLER_NEWEST,
             "expr": f"max by (namespace, {CONTROLLER}, workload) (last_over_time({last}[{RUN_MEMORY}]))",
         },
-        {  # recorded once for the rules below: its hour-long look-backs are the costly part
+        # Per worker seen in the last RUN_MEMORY whose run has not ended cleanly, the processes it last had: what
+        # Prometheus alone infers. Recorded once for the rules below: its hour-long look-backs are the costly part.
+        {
             "record": RUNNING_INFERRED,
             "expr": f"{processes} unless on ({RUN}) {ended}",
         },
-        {  # reads its own past: a Job's worker kube-state-metrics vouches for is remembered as long as it does
+        # Per worker whose run goes on: RUNNING_INFERRED, less the workers whose controller kube-state-metrics says
+        # is gone, plus the workers not seen for longer than RUN_MEMORY whose controller still wants its pods
+        # (Pending). It reads its own past: a Job's worker kube-state-metrics vouches for is remembered as long as
+        # it does.
+        {
             "record": RUNNING,
             "expr": f"({RUNNING_INFERRED} unless on ({placed}) ({gone})) or ({remembered})",
         },
+        # Per worker, 1 while a sidecar serves it, or while its sidecar's target is listed but not scraped (up == 0,
+        # a NetworkPolicy, an overloaded Prometheus): what cannot be seen is not counted down.
         {"record": SERVED, "expr": served},
+        # Per worker, the wall time no sidecar booked, a second a second while none serves it (its pod went,
+        # sidecar and all), else 0.
         {
             "record": UNBOOKED_RATE,
             "expr": f"(clamp_min({running}, 1) unless on ({RUN}) {SERVED}) or {running} * 0",
         },
-        {  # down: as its sidecar says, or, gone with its pod, since its last step (or start), remembered
+        # Per worker, since when it has been down: as its sidecar says, or, gone with its pod, since its last step
+        # (or start), remembered.
+        {
             "record": DOWN_SINCE,
             "expr": f"max by ({RUN}) ({series(c.WORKLOAD_DOWN_SINCE)})"
             f" or (({queued} > on ({RUN}) {since}) or {since})"
             f" unless on ({RUN}) {SERVED} unless on ({RUN}) {unlisted_lately} and on ({RUN}) {RUNNING}",
         },
+        # Per workload, how long it has been down, since its first worker went: what keeps the goodput burn quiet
+        # over the outage TpuscopeWorkloadDown paged for.
         {"record": DOWN_FOR, "expr": down_for()},
-        {  # a restarted job's new sidecars have no save yet: the workload's last one is remembered while it runs
+        # Per workload, its latest good checkpoint, remembered through its restarts while it runs on: a restarted
+        # job's new sidecars have no save yet.
+        {
             "record": CHECKPOINT_LAST,
             "expr": f"max by ({WORKLOAD}) ({series(c.CHECKPOINT_LAST_SUCCESS)}) or last_over_time({CHECKPOINT_LAST}"
             f"[{RUN_MEMORY}]) and on ({WORKLOAD}) group by ({WORKLOAD}) ({RUNNING})",
@@ -382,13 +428,17 @@ def slo_rules(config: GeneratorConfig) -> list[dict[str, str]]:
     bad = f"sum by ({WORKLOAD}) ({GOODPUT_RATE}{{{BADPUT_CATEGORIES}}})"
     rules = [
         *goodput_rates(),
+        # Per workload, the wall time its sidecars booked, a second a second.
         {"record": WALL_RATE, "expr": per_workload("rate", series(c.GOODPUT_WALL), "5m")},
-        # The goodput SLO's terms, each workload's once (the unbooked time of its workers summed here, not in
-        # each window's ratio): a bad rate of 0 where nothing bad was booked, so that every window has both.
-        # Neither term is recorded for what an exclusion window covers (tpuscope.alerts.platform): the ratios over
-        # every window read the rest of their time.
+        # The goodput SLO's two terms, each workload's once, a second a second: its wall time, booked or not, and
+        # its bad time, the badput booked as it happens and the wall time no sidecar booked. The ratio of each
+        # window reads these, not the per-worker series they sum (docs/bench.md). A bad rate of 0 where nothing bad
+        # was booked, so that every window has both. Neither term is recorded for what an exclusion window covers
+        # (tpuscope.alerts.exclusion): the ratios over every window read the rest of their time.
         {"record": WALL_ALL_RATE, "expr": excluded(add(WALL_RATE, unbooked, on=WORKLOAD))},
         {"record": BAD_RATE, "expr": excluded(f"{add(bad, unbooked, on=WORKLOAD)} or {WALL_ALL_RATE} * 0")},
+        # Per workload, the requests answered within the latency SLO's threshold, and all of them, a second: what
+        # its ratios over windows longer than RAW_UP_TO sum.
         {"record": REQUESTS_FAST_RATE, "expr": per_workload("rate", within, "5m")},
         {"record": REQUESTS_RATE, "expr": per_workload("rate", total, "5m")},
     ]
@@ -454,10 +504,14 @@ def collective_rules() -> list[dict[str, str]]:
     it on the hosts of a multislice job (no workload label: the job on the host is the runtime's)."""
     buckets = series(c.MEGASCALE_LATENCY, COLLECTIVE_END_TO_END, suffix="bucket")
     return [
+        # Each worker's p99 over 5 minutes of its collective_end_to_end operation: what
+        # TpuscopeCollectiveLatencySpike compares with its own past, and what the on-call board draws (a quantile
+        # of the raw buckets over a day would read every host's every bucket at each point: docs/fleet.md).
         {
             "record": COLLECTIVE_P99,
             "expr": f"histogram_quantile(0.99, sum by ({PLACEMENT}, {WORKER}, le) (rate({buckets}[5m])))",
         },
+        # Per slice, its worst host's p99 and its median host's: the on-call board's hosts at any fleet size.
         {"record": COLLECTIVE_P99_WORST, "expr": f"max by ({SLICE}) ({COLLECTIVE_P99})"},
         {"record": COLLECTIVE_P99_MEDIAN, "expr": f"quantile by ({SLICE}) (0.5, {COLLECTIVE_P99})"},
     ]
@@ -469,38 +523,46 @@ def failure_rules() -> list[dict[str, str]]:
     two alerts and the boards that read them, which would otherwise read every sidecar's counters over the hour at
     each evaluation, and at each point of a board. And each GPU's XID errors of the last hour, for the same reason."""
     per_gpu = f"{PLACEMENT}, {WORKER}, accelerator, device, xid"
+
+    def last_hour(counter: c.Metric) -> str:
+        return f"sum by ({RUN}, reason) ({grown(series(counter), '1h')})"
+
     return [
-        *(
-            {"record": record, "expr": f"sum by ({RUN}, reason) ({grown(series(counter), '1h')})"}
-            for record, counter in ((FAILURES_HOUR, c.WORKLOAD_FAILURES), (RESTARTS_HOUR, c.WORKLOAD_RESTARTS))
-        ),
+        # Per worker and reason: what TpuscopeWorkloadFailed and TpuscopeWorkloadCrashLooping read.
+        {"record": FAILURES_HOUR, "expr": last_hour(c.WORKLOAD_FAILURES)},
+        # Its twin for restarts: what the on-call board's sliding hour reads.
+        {"record": RESTARTS_HOUR, "expr": last_hour(c.WORKLOAD_RESTARTS)},
+        # Per GPU and XID code: what the on-call board's sliding hour reads.
         {"record": XID_HOUR, "expr": f"sum by ({per_gpu}) ({grown(series(c.XID_ERRORS), '1h')})"},
     ]
 
 
 def collector_rules(config: GeneratorConfig) -> list[dict[str, str]]:
     """The sidecars' own health, for the on-call board at any range without reading every host's series at each
-    point: their collector errors a second, per slice, collector and reason (which collector fails where, and why);
-    per slice and collector, how many hosts' latest collection failed; the events they received a second, per slice
-    and result; and per scrape job, how many sidecars Prometheus could not scrape. Every series is kept, zeros too:
-    a board that draws 0 has looked and found nothing wrong, where an absent one has not."""
+    point. Every series is kept, zeros too: a board that draws 0 has looked and found nothing wrong, where an absent
+    one has not."""
     per_slice = f"{SLICE}, {c.Label.COLLECTOR}, {c.Label.REASON}"
     return [
+        # Per slice, collector and reason, the collector errors a second: which collector fails where, and why. Job
+        # debug keeps the per-host breakdown of one workload's hosts.
         {"record": COLLECTOR_ERRORS_RATE, "expr": f"sum by ({per_slice}) (rate({series(c.COLLECTOR_ERRORS)}[5m]))"},
+        # Per slice and collector, how many hosts' latest collection failed.
         {
             "record": COLLECTORS_DOWN,
             "expr": f"sum by ({SLICE}, {c.Label.COLLECTOR}) (1 - {series(c.COLLECTOR_UP)})",
         },
+        # Per slice and result, the events the sidecars received a second.
         {"record": INGEST_RATE, "expr": f"sum by ({SLICE}, {c.Label.RESULT}) (rate({series(c.INGEST_EVENTS)}[5m]))"},
+        # Per scrape job of sidecars, how many of its targets Prometheus could not scrape.
         {"record": SIDECARS_DOWN, "expr": f'sum by ({PLACEMENT}, job) (1 - up{{job=~"{config.exporter_job}"}})'},
     ]
 
 
 def host_rules() -> list[dict[str, str]]:
     """Per slice, the worst of its hosts now: the busiest CPU and iowait, the least memory available, the most swap
-    and the job's major page faults a second. The on-call board reads the fleet through them at any range, where
-    per host it read every host's series at each point; Job debug draws one workload's hosts, and the alerts name
-    the host."""
+    and the job's major page faults a second. The on-call board reads the fleet through them at any range and fleet
+    size, where per host it read every host's series at each point and drew a thousand lines no one reads; Job
+    debug draws one workload's hosts, and the alerts name the host."""
     host = f"{SLICE}, instance"
     available = memory_available_ratio(host)
     swap = f"sum by ({host}, {c.Label.DIRECTION}) (rate({series(c.HOST_SWAP_IO)}[5m]))"
@@ -530,15 +592,21 @@ def core_state_rules() -> list[dict[str, str]]:
     most = f"max by ({WORKLOAD}) ({CORE_LOCATION_WORKERS})"
     detected = f"{series(c.TPU_RUNTIME_ERROR)} == 1"
     return [
+        # Each worker's cores at each location, the longest any has been there.
         {"record": CORE_LOCATION, "expr": f"max by ({RUN}, instance, {location}) ({located})"},
+        # The workers at each location.
         {"record": CORE_LOCATION_WORKERS, "expr": f"count by ({WORKLOAD}, {location}) ({CORE_LOCATION})"},
+        # The workers whose cores sit where the most workers' do not, likely the one a hung job waits for: what
+        # TpuscopeWorkloadStalled's description names.
         {
             "record": CORE_ELSEWHERE,
             "expr": f"{CORE_LOCATION} unless on ({WORKLOAD}, {location})"
             f" ({CORE_LOCATION_WORKERS} == on ({WORKLOAD}) group_left () {most})",
         },
-        # The runtime's own detectors, whatever the stall: libtpu sees a megascale hang before tpuscope's
-        # threshold does, and a slice error says why the job stopped.
+        # The workers on whose hosts the runtime's own detectors report a megascale hang or a slice error (the
+        # gauges behind GKE's MegascaleHangDetected and SliceErrorDetected node conditions), whatever the stall:
+        # libtpu sees a megascale hang before tpuscope's threshold does, and a slice error says why the job
+        # stopped. The stall names them too.
         {
             "record": RUNTIME_ERROR_WORKERS,
             "expr": f"max by ({RUN}, instance, reason)"
@@ -549,7 +617,7 @@ def core_state_rules() -> list[dict[str, str]]:
 
 def hang_rules() -> list[dict[str, str]]:
     """Which worker of a hung workload is stuck elsewhere than its peers: each sidecar serves its processes'
-    positions once they have stayed past their limit and their stacks are logged (issue 54), a step, a phase and
+    positions once they have stayed past their limit and their stacks are logged, a step, a phase and
     the top Python frames each. A worker's position is its step and phase (the frames are kept to name it, not
     compared: two workers waiting at one collective may wait on different lines); the workers at the position
     most of them share are the majority, and a worker stuck anywhere else is named. A tie names nobody (two
@@ -563,14 +631,18 @@ def hang_rules() -> list[dict[str, str]]:
     position = f"{c.Label.STEP}, {c.Label.PHASE}"
     most = f"max by ({WORKLOAD}) ({HANG_POSITION_WORKERS})"
     return [
+        # Each worker's stuck positions, with their top Python frames.
         {
             "record": HANG_POSITION,
             "expr": f"max by ({RUN}, instance, {position}, {c.Label.FRAMES}) ({series(c.STUCK_POSITION)})",
         },
-        {  # each worker once per position, whatever its processes' frames there
+        # The workers at each position, each worker once, whatever its processes' frames there.
+        {
             "record": HANG_POSITION_WORKERS,
             "expr": f"count by ({WORKLOAD}, {position}) (group by ({RUN}, {position}) ({HANG_POSITION}))",
         },
+        # The workers stuck where the most workers are not, likely the one a hung job waits for: what
+        # TpuscopeWorkloadHung names.
         {
             "record": HANG_ELSEWHERE,
             "expr": f"{HANG_POSITION} unless on ({WORKLOAD}, {position})"

@@ -1,30 +1,12 @@
-"""What a straggler costs, whether it is chronic, and why it is late: the recording rules (issue 55).
+"""What a straggler costs, whether it is chronic, and why it is late: the recording rules.
 
 In a synchronous step every worker waits at the collectives for the slowest. No sidecar can see that alone: each
-sees its own worker. Prometheus sees them all, so the rules book it:
-
-- each worker's wait at the collectives per step (:data:`WAIT_PER_STEP`): its host-timed ``sync`` phase where its
-  workload times one (every step, a blip too), else its profiled exposed collective time (a step jitted whole,
-  whose collectives only a device profile sees; sampled);
-- that wait beyond its workload's least (:data:`WAIT_BEYOND_LEAST`): what it waits for the slowest beyond what the
-  workers wait for each other anyway (the transfer itself, the jitter that makes a different worker last at each
-  step and averages out). The straggler, last to arrive, waits least, and its wait is the transfer's, before it
-  straggled as since. The least is the least of the workers' means over the last :data:`STRAGGLER_HISTORY`, not
-  over their last 5 minutes: the least of a few noisy 5-minute means lies below them all, and booked a clean job's
-  jitter as straggler time (0.7 % of a 4-process job's steps on this machine's CPU), where an hour's means hardly
-  differ; but never below the least now, or a straggler gone would leave its peers waiting for an hour. A worker's
-  wait below the least (the jitter again) counts below zero, so that the jitter cancels; a workload's sum below
-  zero books nothing;
-- per workload, that waiting a second: in worker-seconds (the goodput category ``straggler``, carved out of
-  productive by :func:`goodput_rules`), in chip-seconds (chips idle, on average, for the straggler), and as a
-  share of the workers' steps;
-- the straggler: the least-waiting worker of a workload whose share is over ``straggler_share``, valued at the
-  chips its peers keep waiting, with its cause (:data:`STRAGGLER_LAG`): the part of its step, against its
-  workload's median worker, that explains half its peers' median lag behind it or more, the longest such:
-  device ``compute`` (profiled, else host-timed), ``input`` (the host-timed io phase), ``host`` (profiled device
-  idle beyond what the input explains: dispatch, callbacks, a busy CPU), else ``unknown``;
-- the share of the last :data:`STRAGGLER_HISTORY` in which each worker was the straggler: TpuscopeStraggler opens
-  its ticket over ``straggler_chronic``, valued at :func:`cost_per_hour`.
+sees its own worker. Prometheus sees them all, so the rules book it (:func:`straggler_rules`, each record beside
+what it holds and why, in the order they read each other): each worker's wait per step, that wait beyond its
+workload's least, per workload that waiting a second (the goodput category ``straggler``, carved out of productive
+by :func:`tpuscope.alerts.recording.goodput_rates`), the straggler now with its cause, and the share of the last
+:data:`STRAGGLER_HISTORY` each worker was the straggler: TpuscopeStraggler opens its ticket over
+``straggler_chronic``, valued at :func:`cost_per_hour`.
 """
 
 from __future__ import annotations
@@ -84,7 +66,7 @@ def beyond_median(expr: str) -> str:
 
 
 def straggler_rules(t: Thresholds) -> list[dict[str, str]]:
-    """The records of what a straggler costs and why (the module's docstring), in the order they read each other."""
+    """The records of what a straggler costs and why, in the order they read each other."""
     host_wait = f"({phase('sync')} > 0)"
     profile_wait = f"{profiled('exposed_collective')} unless on ({WORKLOAD}) {host_wait}"
     steps_rate = f"sum by ({WORKER}) (rate({series(c.STEPS)}[5m]))"
@@ -109,22 +91,36 @@ def straggler_rules(t: Thresholds) -> list[dict[str, str]]:
         f" >= on ({WORKLOAD}) group_left () ({EXPLAINS:g} * {lag}))"
     )
     costing = f"(({now}) * 0 + on ({WORKLOAD}) group_left () {STRAGGLER_CHIPS})"
-    # The least wait: the least of the workers' hourly means (a worker younger than the subquery's first 5-minute
-    # step has no hour yet: its wait now stands in), but never below the least wait now, so that a straggler gone
-    # (its own wait back up) leaves no phantom waiting behind it for an hour.
+    # A worker younger than the subquery's first 5-minute step has no hour yet: its wait now stands in.
     least_now = f"min by ({WORKLOAD}) ({WAIT_PER_STEP})"
     hourly = f"avg_over_time({WAIT_PER_STEP}[{STRAGGLER_HISTORY}:5m]) or {WAIT_PER_STEP}"
     least_hour = f"min by ({WORKLOAD}) ({hourly})"
     return [
+        # 1 at each evaluation of the group, where the straggler's records are: how many evaluations a window of
+        # them holds, whatever the interval, the evaluations a loaded Prometheus skipped, or a backfill's sampling.
         {"record": EVALUATED, "expr": "vector(1)"},
+        # Each worker's wait at the collectives per step: its host-timed ``sync`` phase where its workload times one
+        # (every step, a blip too), else its profiled exposed collective time (a step jitted whole, whose
+        # collectives only a device profile sees; sampled).
         {
             "record": WAIT_PER_STEP,
             "expr": f"{labelled(host_wait, SOURCE, 'host')} or {labelled(profile_wait, SOURCE, 'profile')}",
         },
+        # That wait beyond its workload's least: what it waits for the slowest beyond what the workers wait for
+        # each other anyway (the transfer itself, the jitter that makes a different worker last at each step and
+        # averages out). The straggler, last to arrive, waits least, and its wait is the transfer's, before it
+        # straggled as since. The least is the least of the workers' means over the last STRAGGLER_HISTORY, not
+        # over their last 5 minutes: the least of a few noisy 5-minute means lies below them all, and booked a
+        # clean job's jitter as straggler time (docs/bench.md), where an hour's means hardly differ; but never
+        # below the least now, or a straggler gone (its own wait back up) would leave its peers waiting for an
+        # hour. A worker's wait below the least (the jitter again) counts below zero, so that the jitter cancels.
         {
             "record": WAIT_BEYOND_LEAST,
             "expr": f"{WAIT_PER_STEP} - on ({WORKLOAD}) group_left () ({least_hour} > {least_now} or {least_now})",
         },
+        # Per workload, that waiting a second: in worker-seconds (the goodput category ``straggler``), in
+        # chip-seconds (chips idle, on average, for the straggler), and as a share of the workers' steps. A
+        # workload's sum below zero books nothing.
         {"record": STRAGGLER_RATE, "expr": f"clamp_min(sum by ({WORKLOAD}) ({beyond_rate}), 0)"},
         {
             "record": STRAGGLER_CHIPS,
@@ -135,13 +131,21 @@ def straggler_rules(t: Thresholds) -> list[dict[str, str]]:
             "expr": f"sum by ({WORKLOAD}) ({WAIT_BEYOND_LEAST})"
             f" / sum by ({WORKLOAD}) ({step} and on ({WORKER}) {WAIT_BEYOND_LEAST})",
         },
+        # Per worker and cause, how much longer per step than its workload's median worker it spends in what would
+        # make it late: device ``compute`` (profiled, else host-timed), ``input`` (the host-timed io phase),
+        # ``host`` (profiled device idle beyond what the input explains: dispatch, callbacks, a busy CPU).
         {"record": STRAGGLER_LAG, "expr": lags},
+        # The straggler now: the least-waiting worker of a workload whose share is over ``straggler_share``, valued
+        # at the chips its peers keep waiting, with its cause: the one of its lags that explains half its peers'
+        # median lag behind it or more, the longest such, else ``unknown``.
         {
             "record": STRAGGLER,
             "expr": f"{costing} * on ({WORKER}) group_left (cause) ({explained} * 0 + 1)"
             f" or {labelled(f'{costing} unless on ({WORKLOAD}) {explained}', 'cause', UNKNOWN)}",
         },
-        {  # of the whole window: a job younger than it, straggled from its start, is not chronic yet
+        # The share of the last STRAGGLER_HISTORY in which each worker was the straggler, of the whole window: a
+        # job younger than it, straggled from its start, is not chronic yet.
+        {
             "record": STRAGGLER_CHRONIC,
             "expr": f"clamp_max(sum by ({WORKER}) (count_over_time({STRAGGLER}[{STRAGGLER_HISTORY}]))"
             f" / {EVALUATIONS}, 1)",

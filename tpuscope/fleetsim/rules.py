@@ -24,7 +24,8 @@ from typing import Any
 import yaml
 
 from tpuscope import durations
-from tpuscope.alerts import HEADER, rule_groups
+from tpuscope.alerts import rule_groups
+from tpuscope.alerts.rule_file import HEADER
 from tpuscope.generator_config import GeneratorConfig
 
 # A range selector or a subquery: [5m], [1h:5m], [1h:].
