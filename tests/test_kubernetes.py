@@ -11,6 +11,7 @@ import argparse
 import copy
 import re
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -366,3 +367,32 @@ def serve_options(container: dict[str, Any], pod_labels: dict[str, str], complet
     serve_config.add_arguments(parser)
     assert container["args"][0] == "serve"
     return serve_config.resolve(parser.parse_args(container["args"][1:]), environ)
+
+
+def test_generate_with_a_teams_config_sets_the_sidecars_flags_from_its_thresholds(tmp_path: Path) -> None:
+    """The sidecar judges a stuck process and asks the TPU cores' state at the thresholds the alerts fire at: a
+    team's config reaches the manifests' sidecar flags, not only the rules (its values typed again here)."""
+    config = tmp_path / "team.yaml"
+    config.write_text("thresholds:\n  stall_seconds: 900\n  hang_seconds: 90\n")
+    done = subprocess.run(
+        [sys.executable, "-m", "tpuscope", "generate", "--config", str(config), "--root", str(tmp_path / "out")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
+    assert done.returncode == 0, done.stderr
+    for name in ("jobset.yaml", "job.yaml"):
+        manifests = yaml.safe_load_all((tmp_path / "out/deploy/kubernetes" / name).read_text())
+        (workload,) = [d for d in manifests if d and d["kind"] in ("JobSet", "Job")]
+        spec = workload["spec"]
+        pod = (spec["replicatedJobs"][0]["template"]["spec"] if "replicatedJobs" in spec else spec)["template"]
+        (sidecar,) = [c for c in pod["spec"]["initContainers"] if c["name"] == "tpuscope"]
+        assert {"--core-state-after=15m", "--hang-after=90s"} <= set(sidecar["args"]), sidecar["args"]
+        options = serve_options(sidecar, {})
+        assert (options.core_state_after, options.hang_after) == (900.0, 90.0)
+    rules = (tmp_path / "out/deploy/prometheus/tpuscope-rules.yaml").read_text()
+    stalled = r"\(tpuscope_last_progress_timestamp_seconds\) > (\d+)"
+    assert re.findall(stalled, rules) == ["900"], "the stall alert at the team's threshold too"
+    # The committed manifests carry the built-in thresholds, as the sidecar's own defaults are.
+    assert serve_options(SIDECAR, {}).core_state_after == 600.0 and "--core-state-after=10m" in SIDECAR["args"]

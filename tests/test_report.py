@@ -28,7 +28,7 @@ from dashboard_helpers import Fleet, backfilled
 from tpuscope import alerts, catalog, events
 from tpuscope.conventions import AlertName
 from tpuscope.generator_config import GeneratorConfig
-from tpuscope.report import prometheus, recording, render
+from tpuscope.report import from_recording, prometheus, render
 from tpuscope.report.model import StalledCores, StuckPosition
 from tpuscope.report.window import Window, parse_time
 from tpuscope.testing import bench as testing_bench
@@ -294,14 +294,15 @@ def test_a_recording_with_device_profiles_reports_the_profiled_split_beside_the_
         12: events.DeviceProfile("error", capture_s=0.2),
         15: profile(0.12, 0.06, 0.05, overlapped=0.0, slowest=0.06, cost=0.5, size=2_000_000),
     }
-    report = recording.build(recorded(tmp_path / "events.jsonl", captures), None, Window(), Thresholds())
+    report = from_recording.build(recorded(tmp_path / "events.jsonl", captures), None, Window(), Thresholds())
     assert report.profile is not None
     p = report.profile
     assert (p.captures, p.busy, p.errors) == (2, 1, 1)
     assert p.step_seconds == pytest.approx(0.11)
     assert p.part_seconds == pytest.approx({"compute": 0.06, "exposed_collective": 0.04, "idle": 0.01})
     assert p.share("exposed_collective") == pytest.approx(0.04 / 0.11)
-    assert p.overlap == pytest.approx((0.5 + 0.0) / 2) and p.imbalance == pytest.approx((1.1 + 1.0) / 2)
+    # Ratios of sums over the four profiled steps, as the sidecar serves them (tpuscope.utilization).
+    assert p.overlap == pytest.approx(0.06 / (0.06 + 0.16)) and p.imbalance == pytest.approx(0.252 / 0.24)
     assert p.capture_seconds == pytest.approx(1.0) and p.trace_bytes == 1_500_000
     assert p.latest == 1_795_000_015.0
     assert report.totals.phase_seconds["sync"] == 0  # the host-timed phases stay as the host timed them
@@ -312,14 +313,14 @@ def test_a_recording_with_device_profiles_reports_the_profiled_split_beside_the_
     row = "Where the device time went (sampled device profiles)</td><td>"
     row += "compute 54.5%, exposed collective 36.4%, idle 9.1%"
     assert f'<tr class="bad"><td>{row} of a 110 ms profiled step' in page, "over the sync bound: in red"
-    assert "collective overlap 25%, device imbalance 1.05; the mean of 2 captures" in page
+    assert "collective overlap 27%, device imbalance 1.05; over the steps of 2 captures" in page
     assert "1 busy (another profiler was running), 1 failed" in page and "1.5 MB of trace each" in page
     assert '<section id="device-profile"><h2>Device profile: where the step&#x27;s device time went' in page
     assert "<h2>Host-timed phases: where a step&#x27;s time goes</h2>" in page
 
 
 def test_a_recording_without_device_profiles_shows_none(tmp_path: Path) -> None:
-    report = recording.build(recorded(tmp_path / "events.jsonl", {}), None, Window(), Thresholds())
+    report = from_recording.build(recorded(tmp_path / "events.jsonl", {}), None, Window(), Thresholds())
     assert report.profile is None
     render.write(report, tmp_path / "out")
     page = (tmp_path / "out" / "index.html").read_text()
@@ -331,7 +332,7 @@ def test_where_a_stalled_workloads_cores_sat_is_shown_the_odd_worker_in_red(tmp_
     """From Prometheus a report holds each worker's TPU cores at each place while the workload stalled (the
     end-to-end run: tests/test_core_state.py); the page lists them, the worker elsewhere than its peers first and
     in red, and says so in the summary."""
-    report = recording.build(recorded(tmp_path / "events.jsonl", {}), None, Window(), Thresholds())
+    report = from_recording.build(recorded(tmp_path / "events.jsonl", {}), None, Window(), Thresholds())
     render.write(report, tmp_path / "calm")
     assert "stalled-cores" not in (tmp_path / "calm" / "index.html").read_text(), "no stall asked about, no section"
 
@@ -358,7 +359,7 @@ def test_where_the_workers_were_stuck_is_shown_the_odd_worker_in_red(tmp_path: P
     """From Prometheus a report holds each position a worker's process was stuck at (below, from a Prometheus);
     the page lists them, the worker elsewhere than most first and in red, and the summary row is red: a process
     stuck past its limit is wrong wherever it is."""
-    report = recording.build(recorded(tmp_path / "events.jsonl", {}), None, Window(), Thresholds())
+    report = from_recording.build(recorded(tmp_path / "events.jsonl", {}), None, Window(), Thresholds())
     render.write(report, tmp_path / "calm")
     calm = (tmp_path / "calm" / "index.html").read_text()
     assert "stuck-positions" not in calm and "Where the workers were stuck" not in calm, "none stuck, no section"
@@ -481,7 +482,7 @@ def test_a_rollback_moves_the_steps_it_threw_away_from_productive_to_lost(tmp_pa
     ]
     path = tmp_path / "events.jsonl"
     path.write_bytes(b"".join(msgspec.json.encode(events.to_record(e, t)) + b"\n" for t, e in records))
-    report = recording.build(path, None, Window(), Thresholds())
+    report = from_recording.build(path, None, Window(), Thresholds())
     final = {series.name: series.values[-1] for series in report.goodput}
     assert final["productive"] == pytest.approx(4.0) and final["lost"] == pytest.approx(4.0), final
 
@@ -497,7 +498,7 @@ def test_a_recording_with_custom_badput_lists_it_beside_the_fixed_categories(tmp
     timeline.append((t0 + 26.0, events.Lifecycle("marked", "stop", badput=(events.Badput("data_check", 1.0),))))
     path = tmp_path / "events.jsonl"
     path.write_bytes(b"".join(msgspec.json.encode(events.to_record(e, t)) + b"\n" for t, e in timeline))
-    report = recording.build(path, None, Window(), Thresholds())
+    report = from_recording.build(path, None, Window(), Thresholds())
     booked = {series.name: series.values[-1] for series in report.goodput}
     expected = {"productive": 20.0, "eval": 4.0, "data_check": 1.0, "other": 1.0}  # other: the 1 s left at the end
     assert booked == pytest.approx({**dict.fromkeys(booked, 0.0), **expected})

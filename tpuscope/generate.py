@@ -106,37 +106,44 @@ def metrics_markdown() -> str:
     return "\n".join(lines)
 
 
-# The committed artifacts are made with the built-in settings; a team with its own generates its own (--config).
-BUILT_IN = GeneratorConfig()
-# Path relative to the repository root -> the function that produces its content.
-ARTIFACTS: dict[str, Callable[[], str]] = {
-    "docs/metrics.md": metrics_markdown,
-    **{
-        f"deploy/grafana/{name}.json": partial(dashboards.file, name, BUILT_IN.thresholds)
-        for name in dashboards.DASHBOARDS
-    },
-    "deploy/kubernetes/grafana-dashboards.yaml": lambda: dashboards.configmaps(BUILT_IN.thresholds),
-    **{f"deploy/kubernetes/{name}": render for name, render in kubernetes.MANIFESTS.items()},
-    **{f"deploy/kubernetes/{kubernetes.GMP_DIR}/{name}": render for name, render in kubernetes.GMP_FILES.items()},
-    "deploy/prometheus/tpuscope-rules.yaml": lambda: alerts.rules_file(BUILT_IN),
-    "deploy/alertmanager/alertmanager.yml": lambda: alerts.alertmanager_file(BUILT_IN),
-    "docs/alerts.md": alerts.runbooks_markdown,
-    "docs/hooks.md": hooks.markdown,
-}
+def artifacts(config: GeneratorConfig) -> dict[str, Callable[[], str]]:
+    """Path relative to the repository root -> the function that produces its content. The committed artifacts
+    are made with the built-in settings; a team renders its own with ``--config`` (and ``--root`` elsewhere)."""
+    return {
+        "docs/metrics.md": metrics_markdown,
+        **{
+            f"deploy/grafana/{name}.json": partial(dashboards.file, name, config.thresholds)
+            for name in dashboards.DASHBOARDS
+        },
+        "deploy/kubernetes/grafana-dashboards.yaml": lambda: dashboards.configmaps(config.thresholds),
+        **{f"deploy/kubernetes/{name}": partial(render, config) for name, render in kubernetes.MANIFESTS.items()},
+        **{
+            f"deploy/kubernetes/{kubernetes.GMP_DIR}/{name}": partial(render, config)
+            for name, render in kubernetes.GMP_FILES.items()
+        },
+        "deploy/prometheus/tpuscope-rules.yaml": lambda: alerts.rules_file(config),
+        "deploy/alertmanager/alertmanager.yml": lambda: alerts.alertmanager_file(config),
+        "docs/alerts.md": alerts.runbooks_markdown,
+        "docs/hooks.md": hooks.markdown,
+    }
 
 
-def stale(root: Path) -> list[str]:
+ARTIFACTS = artifacts(kubernetes.BUILT_IN)
+
+
+def stale(root: Path, config: GeneratorConfig = kubernetes.BUILT_IN) -> list[str]:
     """The artifacts under ``root`` that are missing or differ from what would be generated now."""
-    return [rel for rel, render in ARTIFACTS.items() if _read(root / rel) != render()]
+    return [rel for rel, render in artifacts(config).items() if _read(root / rel) != render()]
 
 
-def write(root: Path) -> list[str]:
+def write(root: Path, config: GeneratorConfig = kubernetes.BUILT_IN) -> list[str]:
     """Write every stale artifact under ``root``; return their paths."""
-    changed = stale(root)
+    changed = stale(root, config)
+    made = artifacts(config)
     for relative in changed:
         path = root / relative
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(ARTIFACTS[relative]())
+        path.write_text(made[relative]())
     return changed
 
 
@@ -148,13 +155,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.description = "Regenerate every committed artifact from the code, or check that none is stale."
     parser.add_argument("--root", type=Path, default=Path("."), help="repository root (default .)")
     parser.add_argument("--check", action="store_true", help="change nothing; exit 1 if any file is stale")
+    parser.add_argument(
+        "--config",
+        type=Path,
+        help="a team's thresholds, routing and links (YAML, as for `tpuscope alerts --config`): the rules, "
+        "routing, boards and manifests follow it, the sidecar's --hang-after and --core-state-after included",
+    )
 
 
 def main(args: argparse.Namespace) -> int:
+    try:
+        config = GeneratorConfig.load(args.config)
+    except ValueError as e:
+        print(f"tpuscope generate: {e}", file=sys.stderr)
+        return 2
     if args.check:
-        for path in (found := stale(args.root)):
+        for path in (found := stale(args.root, config)):
             print(f"stale: {path} (run `tpuscope generate`)", file=sys.stderr)
         return 1 if found else 0
-    for path in write(args.root):
+    for path in write(args.root, config):
         print(f"wrote {path}")
     return 0

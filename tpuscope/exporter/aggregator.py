@@ -18,27 +18,26 @@ from __future__ import annotations
 
 import logging
 import math
-import statistics
 import time
 from collections import deque
-from collections.abc import Callable, Hashable, Iterable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
 from tpuscope import __version__, catalog, events
 from tpuscope.conventions import PROFILE_FRESH_PERIODS, PROFILE_FRESH_SECONDS
 from tpuscope.exporter.labels import LIMITED, OTHER_LABELS, LabelLimiter
+from tpuscope.exporter.metrics import Series
 from tpuscope.exporter.samples import SampleStore
 from tpuscope.exporter.training_health import TrainingHealth
 from tpuscope.goodput import CATEGORIES as GOODPUT_CATEGORIES
 from tpuscope.goodput import Increments, WorkloadGoodput
+from tpuscope.utilization import Mfu, ProfileSummary, measured_steps
 
 log = logging.getLogger("tpuscope.exporter")
 
 INGEST_RESULTS = catalog.INGEST_EVENTS.values(catalog.Label.RESULT)
 CONNECTION_ERRORS = catalog.INGEST_CONNECTION_ERRORS.values(catalog.Label.REASON)
-# Weight of the newest step in the MFU average: about the last 20 steps count.
-MFU_SMOOTHING = 0.1
 # The SampleStore owner of the device memory that workloads report: one for all jobs.
 DEVICE_MEMORY_OWNER = "workload"
 
@@ -51,47 +50,6 @@ class Capture:
     steps: tuple[events.ProfiledStep, ...]
 
 
-def measured_steps(p: events.DeviceProfile) -> tuple[events.ProfiledStep, ...]:
-    """The capture's steps one by one; from a parser too old to send them, ``steps`` steps each equal to its
-    means (they weigh as many steps in the mean, and add no spread)."""
-    if p.per_step:
-        return p.per_step
-    mean = events.ProfiledStep(
-        p.step_s, p.compute_s, p.exposed_collective_s, p.overlapped_collective_s, p.idle_s, p.slowest_compute_s
-    )
-    return (mean,) * max(p.steps, 1)
-
-
-@dataclass(frozen=True)
-class ProfileSummary:
-    """What the profile gauges serve: the mean over the steps of the captures kept, and each part's spread."""
-
-    steps: int
-    step_s: float
-    parts: dict[str, float]  # catalog.PROFILE_PARTS -> the mean seconds per step
-    stddev: dict[str, float]  # catalog.PROFILE_PARTS -> the population standard deviation, in seconds
-    overlap: float | None
-    imbalance: float | None
-
-    @classmethod
-    def of(cls, captures: Iterable[Capture]) -> ProfileSummary:
-        steps = [step for capture in captures for step in capture.steps]
-        # each part is the step's field of its name: compute -> compute_s
-        by_part = {part: [getattr(step, f"{part}_s") for step in steps] for part in catalog.PROFILE_PARTS}
-        # Ratios of sums, not means of ratios: a step without collectives has no overlap, yet counts 0 s in both.
-        overlapped = math.fsum(step.overlapped_collective_s for step in steps)
-        exposed = math.fsum(by_part["exposed_collective"])
-        compute, slowest = math.fsum(by_part["compute"]), math.fsum(step.slowest_compute_s for step in steps)
-        return cls(
-            steps=len(steps),
-            step_s=statistics.fmean(step.step_s for step in steps),
-            parts={part: statistics.fmean(values) for part, values in by_part.items()},
-            stddev={part: statistics.pstdev(values) for part, values in by_part.items()},
-            overlap=overlapped / (overlapped + exposed) if overlapped + exposed > 0 else None,
-            imbalance=slowest / compute if compute > 0 else None,
-        )
-
-
 @dataclass
 class WorkloadState:
     """What the sidecar remembers of one workload between its events."""
@@ -101,7 +59,7 @@ class WorkloadState:
     down_served: float | None = None  # what the down-since gauge holds
     start_served: bool = False  # the start-time gauge holds the first start this sidecar saw
     peak_flops_per_second: float = 0.0
-    mfu: float | None = None
+    mfu: Mfu = field(default_factory=lambda: Mfu(catalog.MFU_STEPS))
     # The latest captures that measured, oldest first: the profile gauges' mean is over their steps.
     captures: deque[Capture] = field(default_factory=lambda: deque(maxlen=catalog.PROFILE_MEAN_CAPTURES))
     profile_period: float = 0.0  # the job's capture period as its latest attempt said it (0: unknown)
@@ -114,7 +72,7 @@ class WorkloadState:
 class Aggregator:
     def __init__(
         self,
-        metrics: dict[catalog.Metric, Any],
+        metrics: Series,
         store: SampleStore,
         *,
         max_label_values: int = 100,
@@ -335,15 +293,9 @@ class Aggregator:
         if e.flops:
             m[catalog.MODEL_FLOPS].labels(e.workload).inc(e.flops)
             state = self._workload(e.workload)
-            if state.peak_flops_per_second and e.duration_s:
-                achieved = e.flops / e.duration_s / state.peak_flops_per_second
-                if not math.isfinite(achieved):  # an absurd peak would make the average NaN for good
-                    return
-                # No more than the peak: a CPU's is an estimate (tracing/jax_costs.py), and one read low under load
-                # must not show MFU above 100 %.
-                achieved = min(achieved, 1.0)
-                state.mfu = achieved if state.mfu is None else state.mfu + MFU_SMOOTHING * (achieved - state.mfu)
-                m[catalog.MFU].labels(e.workload).set(state.mfu)
+            state.mfu.add(e.flops, e.duration_s)
+            if (mfu := state.mfu.of(state.peak_flops_per_second)) is not None:
+                m[catalog.MFU].labels(e.workload).set(mfu)
 
     def parsed_profile(self, workload: str, profile: events.DeviceProfile) -> None:
         """A capture this sidecar parsed and serves itself (tpuscope.exporter.profiles), whether or not its job is
@@ -375,7 +327,7 @@ class Aggregator:
             ops.labels(workload, classifier).inc(count)
         self._keep_fresh(state)
         state.captures.append(Capture(self._now, measured_steps(p)))
-        self._serve_profile(workload, ProfileSummary.of(state.captures))
+        self._serve_profile(workload, ProfileSummary.of(step for capture in state.captures for step in capture.steps))
         m[catalog.PROFILE_LAST_CAPTURE].labels(workload).set(self._now)
 
     def _keep_fresh(self, state: WorkloadState) -> None:
@@ -399,7 +351,7 @@ class Aggregator:
         self._ratio(catalog.PROFILE_OVERLAP, workload, summary.overlap)
         self._ratio(catalog.PROFILE_IMBALANCE, workload, summary.imbalance)
 
-    def _ratio(self, metric: catalog.Metric, workload: str, value: float | None) -> None:
+    def _ratio(self, metric: catalog.GaugeMetric, workload: str, value: float | None) -> None:
         if value is not None:
             self.metrics[metric].labels(workload).set(value)
         else:

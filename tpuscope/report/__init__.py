@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 from tpuscope.generator_config import GeneratorConfig
-from tpuscope.report import prometheus, recording
+from tpuscope.report import from_recording, prometheus
 from tpuscope.report.model import Report, ReportError
 from tpuscope.report.window import Window
 from tpuscope.thresholds import Thresholds
@@ -31,7 +31,7 @@ def build(
     """The report of ``workload`` in ``window``, judged by ``thresholds``, from a recording if one is given, else
     from Prometheus."""
     if recording_path is not None:
-        return recording.build(recording_path, workload, window, thresholds)
+        return from_recording.build(recording_path, workload, window, thresholds)
     if not prometheus_url or not workload:
         raise ReportError("give --prometheus URL and --workload NAME, or --recording FILE")
     return prometheus.build(prometheus_url, workload, window, thresholds)
@@ -66,7 +66,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "Write a self-contained HTML page (and each chart as a PNG, and the data as JSON) of one workload over a "
         "window: step time, where it went by phase, wall time by goodput category, the compile and checkpoint "
         "timelines, and the alerts that fired. From Prometheus, or with no Prometheus at all from a recording of "
-        "the job's events (tpuscope bench --record, or a Monitor with a RecordSink)."
+        "the job's events (tpuscope workload --record, or a Monitor with a RecordSink)."
     )
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--prometheus", metavar="URL", help="read the workload's series and alerts from Prometheus")

@@ -1,7 +1,7 @@
 """What a run report holds, whichever source it was read from.
 
 Prometheus (:mod:`tpuscope.report.prometheus`) and a recording of the job's
-events (:mod:`tpuscope.report.recording`) each fill one :class:`Report`; one
+events (:mod:`tpuscope.report.from_recording`) each fill one :class:`Report`; one
 renderer (:mod:`tpuscope.report.render`) draws it. So the two reports of the
 same run look alike and can be compared figure by figure.
 """
@@ -68,8 +68,8 @@ class Totals:
 
 @dataclass
 class Profile:
-    """Where a step's device time went, from the device profiles the job sampled in the window: the mean of
-    the captures that measured something (``captures``; from Prometheus, each worker's own), beside the
+    """Where a step's device time went, from the device profiles the job sampled in the window: the mean over the
+    steps of the captures that measured something (``captures``; from Prometheus, each worker's own), beside the
     host-timed phases of every step (:attr:`Totals.phase_seconds`), which cannot split one fused program."""
 
     captures: int  # that measured something (result ok); from Prometheus, each worker's counted apart

@@ -103,7 +103,8 @@ def _sections(report: Report) -> Iterable[tuple[str, str, str, Draw | None, str]
             "device-profile",
             "Device profile: where the step's device time went",
             "Sampled, not timed on every step: from the device traces the job took of a few steps every so often, "
-            "the mean of the captures in the window (from Prometheus, each worker's). Compute is the union of "
+            "the mean over the measured steps of the captures in the window (from Prometheus, of each worker's). "
+            "Compute is the union of "
             "the non-collective ops, exposed collective the collective ops no compute hid (waiting for the "
             "other devices and hosts: a straggler, the interconnect, the sharding), idle the time with no op "
             "at all (waiting for the host, the input, the next dispatch, and where a host has more devices than "
@@ -497,7 +498,7 @@ def _profile_summary(profile: Profile, report: Report) -> str:
         ratios.append(f"device imbalance {profile.imbalance:.2f}")
     if ratios:
         text += f"; {', '.join(ratios)}"
-    text += f"; the mean of {profile.captures} captures"
+    text += f"; over the steps of {profile.captures} captures"
     if profile.latest is not None:
         text += f", the latest at {utc(profile.latest)}"
     text += f" ({others})"

@@ -1,4 +1,4 @@
-"""The run summary ``tpuscope bench`` prints and writes as JSON: a Monitor sink that keeps what it sees.
+"""The run summary ``tpuscope workload`` prints and writes as JSON: a Monitor sink that keeps what it sees.
 
 Two splits of a step sit side by side and are named apart: the host-timed phases (what the loop's
 ``step.phase`` timers saw; a fused step's collectives run inside its one program, so there ``sync``
@@ -14,8 +14,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tpuscope import events
+from tpuscope.catalog import MFU_STEPS
 from tpuscope.goodput import CATEGORIES, WorkloadGoodput
 from tpuscope.stats import percentile
+from tpuscope.utilization import Mfu, ProfileSummary, measured_steps
 
 
 @dataclass
@@ -29,7 +31,7 @@ class RunSummary:
     checkpoint_failures: int = 0
     compile_seconds: float = 0.0
     cache: dict[bool, int] = field(default_factory=lambda: {True: 0, False: 0})
-    flops: float = 0.0
+    model_flops: Mfu = field(default_factory=Mfu)  # every step's
     peak_flops_per_second: float = 0.0
     ledger: WorkloadGoodput = field(default_factory=WorkloadGoodput)
     goodput: dict[str, float] = field(default_factory=lambda: dict.fromkeys(CATEGORIES, 0.0))
@@ -41,7 +43,7 @@ class RunSummary:
             self.goodput[category] = self.goodput.get(category, 0.0) + seconds
         if isinstance(event, events.Step):
             self.step_seconds.append(event.duration_s)
-            self.flops += event.flops
+            self.model_flops.add(event.flops, event.duration_s)
             for phase, seconds in event.phase_seconds():
                 self.phase_seconds[phase] += seconds
             if event.profile is not None:
@@ -70,10 +72,7 @@ class RunSummary:
         return self.steps / self.wall_seconds()
 
     def mfu(self) -> float | None:
-        step_time = sum(self.step_seconds)
-        if not (self.flops and self.peak_flops_per_second and step_time):
-            return None
-        return self.flops / step_time / self.peak_flops_per_second
+        return self.model_flops.of(self.peak_flops_per_second)
 
     def profiled(self) -> ProfiledSplit | None:
         """The split of the ok captures' steps, each capture weighted by its steps; None without one."""
@@ -96,7 +95,7 @@ class RunSummary:
             idle_s=mean("idle_s"),
             slowest_compute_s=mean("slowest_compute_s"),
         )
-        return ProfiledSplit(len(ok), mean_profile)
+        return ProfiledSplit(len(ok), mean_profile, ProfileSummary.of(s for p in ok for s in measured_steps(p)))
 
     def captures(self) -> dict[str, int]:
         counts = dict.fromkeys(events.PROFILE_RESULTS, 0)
@@ -140,7 +139,7 @@ class RunSummary:
         return lines
 
     def json(self) -> dict[str, Any]:
-        """What :meth:`lines` says, as numbers (``tpuscope bench`` writes it to RUN_DIR/summary.json)."""
+        """What :meth:`lines` says, as numbers (``tpuscope workload`` writes it to RUN_DIR/summary.json)."""
         total = sum(self.step_seconds) or 1.0
         split = self.profiled()
         mfu = self.mfu()
@@ -182,7 +181,7 @@ class RunSummary:
             f"phase shares  {shares} (host-timed: the loop's phase timers)",
             *self.profile_lines(),
             f"compile       {self.compile_seconds:.2f} s; cache {self.cache[True]} hits, {self.cache[False]} misses",
-            f"MFU           {mfu:.2%} over every step (the sidecar's gauge averages about the last 20)"
+            f"MFU           {mfu:.2%} over every step (the sidecar's gauge: over the last {MFU_STEPS})"
             if mfu is not None
             else "MFU           n/a (no FLOPs or peak reported)",
             f"checkpoints   {ckpt}",
@@ -198,16 +197,15 @@ class ProfiledSplit:
 
     captures: int
     mean: events.DeviceProfile
+    summary: ProfileSummary  # the ratios, as the sidecar and the report sum them
 
     def overlap(self) -> float:
         """The share of collective time that compute hides (0 without collectives)."""
-        overlap = self.mean.overlap()
-        return overlap if overlap is not None else 0.0
+        return self.summary.overlap if self.summary.overlap is not None else 0.0
 
     def imbalance(self) -> float:
         """The slowest device's compute over the mean device's: 1 when the devices are even (or idle)."""
-        imbalance = self.mean.imbalance()
-        return imbalance if imbalance is not None else 1.0
+        return self.summary.imbalance if self.summary.imbalance is not None else 1.0
 
     def json(self) -> dict[str, Any]:
         p = self.mean

@@ -1,4 +1,4 @@
-"""A report from a recording of the job's own events (``tpuscope bench --record``, or a Monitor with a
+"""A report from a recording of the job's own events (``tpuscope workload --record``, or a Monitor with a
 :class:`~tpuscope.tracing.RecordSink`): no Prometheus, no sidecar.
 
 A recording holds every step, so the step-time chart shows each one and the
@@ -17,13 +17,13 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 from tpuscope import events
-from tpuscope.catalog import PROFILE_PARTS
 from tpuscope.durations import human as duration
 from tpuscope.goodput import CATEGORIES, WorkloadGoodput, rolled_back
 from tpuscope.report.model import QUANTILES, Incident, Mark, Profile, Report, ReportError, Series, Totals
 from tpuscope.report.window import Window
 from tpuscope.stats import percentile
 from tpuscope.thresholds import Thresholds
+from tpuscope.utilization import Mfu, ProfileSummary, measured_steps
 
 # What resets the stall clock: a step, a checkpoint save or restore ending, a compile stage ending (the
 # sidecar's tpuscope_last_progress_timestamp_seconds).
@@ -63,7 +63,7 @@ def build(path: str | os.PathLike[str], workload: str | None, window: Window, th
     checkpoints: list[Mark] = []
     incidents: list[Incident] = []
     profiles: list[tuple[float, events.DeviceProfile]] = []
-    flops = step_seconds = peak = 0.0
+    mfu, peak = Mfu(), 0.0  # every step of the window, at the latest peak the job said
     last_step_at: float | None = None
 
     def bin_end(index: int) -> float:
@@ -89,6 +89,8 @@ def build(path: str | os.PathLike[str], workload: str | None, window: Window, th
         elif isinstance(event, events.Lifecycle):
             # A stall counts from the start, as TpuscopeWorkloadStalled does; a job that ended is not stalled.
             last_step_at = t if event.state in ("start", "restart") else None
+        if isinstance(event, events.Hardware):  # said once at the start, maybe before the window
+            peak = event.peak_flops_per_second
         if t < start:
             continue
         index = int((t - start) // resolution)
@@ -109,8 +111,7 @@ def build(path: str | os.PathLike[str], workload: str | None, window: Window, th
             for phase, seconds in event.phase_seconds():
                 interval.phases[phase] += seconds
                 totals.phase_seconds[phase] += seconds
-            flops += event.flops
-            step_seconds += event.duration_s
+            mfu.add(event.flops, event.duration_s)
             if event.profile is not None:
                 profiles.append((t, event.profile))
         elif isinstance(event, events.Compile):
@@ -119,8 +120,6 @@ def build(path: str | os.PathLike[str], workload: str | None, window: Window, th
             totals.cache[event.hit] = totals.cache.get(event.hit, 0) + 1
         elif isinstance(event, events.Checkpoint):
             checkpoints.append(Mark(t, event.operation, event.duration_s, event.ok, detail=f"step {event.step}"))
-        elif isinstance(event, events.Hardware):
-            peak = event.peak_flops_per_second
         elif isinstance(event, events.Lifecycle) and event.state in ("failure", "restart"):
             counts = totals.failures if event.state == "failure" else totals.restarts
             counts[event.reason] = counts.get(event.reason, 0) + 1
@@ -143,7 +142,7 @@ def build(path: str | os.PathLike[str], workload: str | None, window: Window, th
     steps = each_step.values
     totals.step_count = len(steps)
     totals.step_quantiles = {q: percentile(steps, q) for q in QUANTILES} if steps else {}
-    totals.mfu = flops / step_seconds / peak if flops and step_seconds and peak else None
+    totals.mfu = mfu.of(peak)
 
     note = (
         f"What the recording itself shows went wrong: failures, restarts, failing checkpoint saves, and no step, "
@@ -172,9 +171,8 @@ def build(path: str | os.PathLike[str], workload: str | None, window: Window, th
 
 
 def _profile(captures: list[tuple[float, events.DeviceProfile]]) -> Profile | None:
-    """The mean of the captures that measured something; None when the job sampled none in the window. A ratio
-    with nothing to divide (no collective, no compute) leaves its capture out of that mean, as the sidecar
-    serves no ratio for it."""
+    """The captures that measured something, summed up over their steps as the sidecar sums its latest
+    (:class:`~tpuscope.utilization.ProfileSummary`); None when the job sampled none in the window."""
     if not captures:
         return None
     ok = [profile for _, profile in captures if profile.result == "ok"]
@@ -186,13 +184,12 @@ def _profile(captures: list[tuple[float, events.DeviceProfile]]) -> Profile | No
         latest=max((t for t, p in captures if p.result == "ok"), default=None),
     )
     if ok:
-        profile.step_seconds = sum(p.step_s for p in ok) / len(ok)
-        profile.part_seconds = {part: sum(getattr(p, f"{part}_s") for p in ok) / len(ok) for part in PROFILE_PARTS}
+        summary = ProfileSummary.of(step for p in ok for step in measured_steps(p))
+        profile.step_seconds = summary.step_s
+        profile.part_seconds = summary.parts
         profile.trace_bytes = sum(p.trace_bytes for p in ok) / len(ok)
-        overlaps = [overlap for p in ok if (overlap := p.overlap()) is not None]
-        imbalances = [imbalance for p in ok if (imbalance := p.imbalance()) is not None]
-        profile.overlap = sum(overlaps) / len(overlaps) if overlaps else None
-        profile.imbalance = sum(imbalances) / len(imbalances) if imbalances else None
+        profile.overlap = summary.overlap
+        profile.imbalance = summary.imbalance
     return profile
 
 
