@@ -15,7 +15,7 @@ from conftest import require
 
 from tpuscope import catalog as c
 from tpuscope import dashboards, kubernetes
-from tpuscope.dashboards import promql
+from tpuscope.dashboards import queries
 from tpuscope.dashboards.panels import panels_of
 from tpuscope.prometheus_api import PrometheusAPI
 from tpuscope.promql import SIDECAR_START
@@ -42,7 +42,7 @@ def step_values(panel: dict[str, Any]) -> list[float]:
 def substitute(expr: str, values: dict[str, str], range_seconds: int, interval_seconds: int = 2) -> str:
     """Grafana's job before a query leaves it (tpuscope.testing.grafana), at the tests' short scrape interval, the
     price per chip-hour at its default."""
-    return grafana.substitute(expr, {promql.PRICE: "1.20", **values}, range_seconds, interval_seconds, 10)
+    return grafana.substitute(expr, {queries.PRICE: "1.20", **values}, range_seconds, interval_seconds, 10)
 
 
 class Fleet:

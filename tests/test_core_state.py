@@ -204,7 +204,7 @@ def test_seconds_at_a_location_are_counted_across_collections(runtime: tuple[Fak
         ("all-reduce.42", "all-reduce.42"),
         ("", core_state.NONE),
         ("%%%", core_state.NONE),
-        ("x" * 300, "x" * core_state.MAX_VALUE_LENGTH),
+        ("x" * 300, "x" * events.LABEL_VALUE_MAX),
         ("jit(train_step)/while/body/dot_general", "jit_train_step_/while/body/dot_general"),
     ],
 )
@@ -224,7 +224,7 @@ def test_a_host_serves_at_most_max_cores_and_long_locations_cut() -> None:
         finally:
             collector.close()
     assert len(served) == core_state.MAX_CORES
-    assert {len(hlo) for _, hlo in served.values()} == {core_state.MAX_VALUE_LENGTH}
+    assert {len(hlo) for _, hlo in served.values()} == {events.LABEL_VALUE_MAX}
     assert ("0", "tc0") in served and ("0", "tc1") in served, "chips in order, their cores together"
 
 

@@ -49,7 +49,7 @@ from dashboard_helpers import ALL, BOARDS, SCRAPE, Fleet, backfilled, panel_titl
 from tpuscope import catalog as c
 from tpuscope import conventions, durations, kubernetes
 from tpuscope.alerts import rule_groups
-from tpuscope.dashboards import promql
+from tpuscope.dashboards import queries
 from tpuscope.generator_config import GeneratorConfig
 from tpuscope.prometheus_api import PrometheusAPI
 from tpuscope.promql import le
@@ -452,8 +452,8 @@ def values(
     series panel's point; an hour here, so one point holds the whole story)."""
     api, at = prometheus
     (target,) = [t for t in panel_titled(BOARDS[board], title)["targets"] if t["refId"] == ref]
-    variables = {name: ALL for name in (promql.SLICE, promql.WORKER, promql.ACCELERATOR, promql.JOB, promql.HOST)}
-    chosen = {**variables, promql.WORKLOAD: workload, promql.TPU_TOPOLOGY: topology}
+    variables = {name: ALL for name in (queries.SLICE, queries.WORKER, queries.ACCELERATOR, queries.JOB, queries.HOST)}
+    chosen = {**variables, queries.WORKLOAD: workload, queries.TPU_TOPOLOGY: topology}
     expr = substitute(target["expr"], chosen, RANGE, interval)
     result = api.query(expr, at=at - ago)
     return {tuple(r["metric"].get(label, "") for label in by): float(r["value"][1]) for r in result}

@@ -19,7 +19,7 @@ from dashboard_helpers import BOARDS, panel_titled, step_values, substitute
 
 from tpuscope import alerts, catalog, conventions
 from tpuscope.alerts import rule_groups
-from tpuscope.dashboards import promql
+from tpuscope.dashboards import queries
 from tpuscope.dashboards.panels import panels_of
 from tpuscope.generator_config import GeneratorConfig
 from tpuscope.testing import bench as testing_bench
@@ -32,7 +32,7 @@ from tpuscope.tracing import Monitor
 from tpuscope.workload.sidecar import SidecarProcess
 
 ROOT = Path(__file__).resolve().parents[1]
-VARIABLES = {"datasource", promql.WORKLOAD, promql.SLICE, promql.WORKER, promql.ACCELERATOR}
+VARIABLES = {"datasource", queries.WORKLOAD, queries.SLICE, queries.WORKER, queries.ACCELERATOR}
 # Panel types Grafana has replaced (graph -> timeseries, singlestat -> stat, table-old -> table, ...).
 DEPRECATED = {"graph", "singlestat", "table-old", "grafana-piechart-panel", "grafana-worldmap-panel", "graph-old"}
 CORE = {"timeseries", "stat", "bargauge", "heatmap", "table", "state-timeline", "gauge", "text"}
@@ -302,8 +302,8 @@ def selections(board: dict[str, Any], prom: PrometheusServer) -> Iterator[tuple[
     assert not nothing, f"{board['title']}: variables {nothing} list nothing"
     first = {**opened.sent, **{name: grafana.regex_escape(values[0]) for name, values in opened.listed.items()}}
     yield "All", opened.sent
-    for accelerator in opened.listed[promql.ACCELERATOR]:
-        yield f"accelerator {accelerator}", {**first, promql.ACCELERATOR: grafana.regex_escape(accelerator)}
+    for accelerator in opened.listed[queries.ACCELERATOR]:
+        yield f"accelerator {accelerator}", {**first, queries.ACCELERATOR: grafana.regex_escape(accelerator)}
 
 
 NONFINITE = "Non-finite values over the range, by worker: how many, and the step each went at"

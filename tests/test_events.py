@@ -183,3 +183,23 @@ def test_a_trace_id_of_a_newline_is_refused() -> None:
     for bad in ("\n", "0" * 32 + "\n"):
         with pytest.raises(events.InvalidEvent):
             events.decode(events.encode(events.Step(workload="llm", step=1, duration_s=1.0, trace_id=bad)))
+
+
+@pytest.mark.parametrize(
+    ("given", "made"),
+    [
+        ("llm-pretrain", "llm-pretrain"),
+        ("%fusion.3", "fusion.3"),
+        ("a b\nc", "a_b_c"),
+        ("__/x", "x"),
+        ("é" * 3 + "x", "x"),
+        ("", "unknown"),
+        ("._-", "unknown"),
+        ("x" * 300, "x" * events.LABEL_VALUE_MAX),
+    ],
+)
+def test_one_rule_makes_a_label_value_of_anything_and_the_wire_accepts_it(given: str, made: str) -> None:
+    """The job's labels (Monitor) and the runtime's (the core-state collector) are made by this one rule, and what it
+    makes passes the wire schema's own check of a label value."""
+    assert events.label_value(given, "unknown") == made
+    assert msgspec.convert(made, type=events.LabelValue) == made

@@ -4,7 +4,7 @@ One event is one message on a Unix ``SOCK_SEQPACKET`` socket (its boundaries
 kept, as a datagram's; why that kind of socket: :mod:`tpuscope.exporter.ingest`):
 a three-byte header (``b"TS"`` and the schema version) followed by the record as
 MessagePack, encoded positionally (``array_like``) so a step event costs well
-under a hundred bytes. A recording (``tpuscope bench --record``, a RecordSink)
+under a hundred bytes. A recording (``tpuscope workload --record``, a RecordSink)
 holds the same records as JSON lines, read back by :func:`read_records`. Records
 are validated when the sidecar decodes them; anything that fails raises
 :class:`InvalidEvent` with a reason the sidecar counts. Fields may only be
@@ -45,7 +45,14 @@ SOCKET_ENV = "TPUSCOPE_SOCKET"
 # A label value: bounded length and a safe alphabet, because it becomes a
 # Prometheus label. Free text (function names) is bounded but never a label. The patterns end in \Z, not $:
 # $ also matches before a final newline, and "llm\n" would be a second workload beside "llm".
-LabelValue = Annotated[str, msgspec.Meta(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.:/-]*\Z")]
+LABEL_VALUE_MAX = 64
+_LABEL_ALPHABET = "A-Za-z0-9_.:/-"
+LabelValue = Annotated[
+    str,
+    msgspec.Meta(min_length=1, max_length=LABEL_VALUE_MAX, pattern=rf"^[A-Za-z0-9][{_LABEL_ALPHABET}]*\Z"),
+]
+_OUTSIDE_ALPHABET = re.compile(rf"[^{_LABEL_ALPHABET}]")
+_LEADING = re.compile(r"^[^A-Za-z0-9]+")
 Text = Annotated[str, msgspec.Meta(max_length=256)]
 # A week bounds any duration we report; NaN fails the check, infinity too. A sender clamps a duration that may be
 # longer (a configured period) to it: one field out of bounds rejects its whole event.
@@ -53,6 +60,15 @@ MAX_SECONDS = 7 * 86400.0
 Seconds = Annotated[float, msgspec.Meta(ge=0.0, le=MAX_SECONDS)]
 Count = Annotated[int, msgspec.Meta(ge=0, le=2**63 - 1)]
 Flops = Annotated[float, msgspec.Meta(ge=0.0, le=1e30)]
+
+
+def label_value(text: object, empty: str) -> str:
+    """``text`` as a :data:`LabelValue`, for a sender that must not fail on what it was given: characters outside
+    the alphabet become ``_``, a leading non-alphanumeric run goes (``%fusion.3`` -> ``fusion.3``), then it is cut
+    to :data:`LABEL_VALUE_MAX`; ``empty`` if nothing is left."""
+    return _LEADING.sub("", _OUTSIDE_ALPHABET.sub("_", str(text)))[:LABEL_VALUE_MAX] or empty
+
+
 # A W3C trace id in lowercase hex, or empty: the step's spans were not kept.
 TraceId = Annotated[str, msgspec.Meta(pattern=r"^([0-9a-f]{32})?\Z")]
 
@@ -63,7 +79,7 @@ CheckpointOperation = Literal["save", "restore"]
 LifecycleState = Literal["start", "stop", "failure", "restart"]
 
 
-# What became of one device-profile capture (tpuscope.tracing.profiles): measured; skipped because a
+# What became of one device-profile capture (tpuscope.tracing.profile_sampler): measured; skipped because a
 # profiler (the user's, JAX's PGLE) was already running or could start; failed or discarded (the capture, its
 # hand-off or its parse; a capture the job left its step loop during is discarded).
 PROFILE_RESULTS = ("ok", "busy", "error")
@@ -111,7 +127,7 @@ class ProfiledStep(msgspec.Struct, array_like=True, frozen=True):
 class DeviceProfile(msgspec.Struct, array_like=True, frozen=True):
     """Where the device time of a few sampled steps went, from a device trace the job took in-process.
 
-    Each figure is a mean per step and per local device over the measured steps (tpuscope.exporter.xspace
+    Each figure is a mean per step and per local device over the measured steps (tpuscope.exporter.profiles
     says which): ``compute_s`` is the union of the non-collective ops' time, ``exposed_collective_s`` the
     collective ops' time that no compute covers, ``overlapped_collective_s`` the collective time (ops, or async
     ones in flight) that compute covers, ``idle_s`` the step minus every op (the host, the input, the next
@@ -147,15 +163,6 @@ class DeviceProfile(msgspec.Struct, array_like=True, frozen=True):
     ops_by_category: Count = 0
     ops_by_name: Count = 0
     served: bool = False
-
-    def overlap(self) -> float | None:
-        """The share of the collective ops' time that compute covered; None without collective ops."""
-        collective = self.overlapped_collective_s + self.exposed_collective_s
-        return self.overlapped_collective_s / collective if collective > 0 else None
-
-    def imbalance(self) -> float | None:
-        """The busiest local device's compute over the devices' mean; None without compute."""
-        return self.slowest_compute_s / self.compute_s if self.compute_s > 0 else None
 
 
 class ProfileHandover(msgspec.Struct, frozen=True):
@@ -257,7 +264,7 @@ class Step(Event, tag="step", frozen=True):
     step's end, and ``unread`` those the job dropped since its last event because they were never ready: trailing
     fields, so a sidecar older than them reads the step and ignores them.
     ``badput``: the custom badput the job marked since its last step (``mon.badput``), before this step or inside it
-    (issue 57; a trailing field: a sidecar older than it reads the step and books that time as before, ``other``
+    (a trailing field: a sidecar older than it reads the step and books that time as before, ``other``
     between steps and ``productive`` inside one).
     """
 
@@ -503,7 +510,7 @@ def decode(datagram: bytes | bytearray | memoryview) -> AnyEvent:
         raise InvalidEvent("malformed", f"{type(e).__name__}: {e}") from None
 
 
-# The JSON-lines form of an event (``tpuscope bench --record``): readable, and readable back.
+# The JSON-lines form of an event (``tpuscope workload --record``): readable, and readable back.
 _BY_TAG: dict[str, type[AnyEvent]] = {cls.__struct_config__.tag: cls for cls in typing.get_args(AnyEvent)}
 
 

@@ -10,7 +10,7 @@ the two category by category).
   workload (one per GPU) or two threads of one Monitor never read as each other's restart.
 - :class:`WorkloadGoodput` books a workload: its processes, and the downtime between them. The sidecar keeps
   one per workload (it outlives the job's restarts, so it sees the gap and the work a failure throws away);
-  ``tpuscope bench`` and ``tpuscope report`` keep one for a recording.
+  ``tpuscope workload`` and ``tpuscope report`` keep one for a recording.
 
 Step time counts as ``productive`` only once it is durable: when a checkpoint covering the step is saved, or
 the process stops cleanly. Until then it is pending, and it becomes ``lost`` if the process fails, vanishes
@@ -21,7 +21,7 @@ A restore to a step below the highest the workload reached (a rollback after div
 failure) throws away the steps in between: :class:`Rollbacks` counts them, and the productive seconds booked for
 those already durable (saves after the checkpoint restored), which the rules move from productive to lost.
 
-Custom badput (``with mon.badput("eval"):``, issue 57) is time the job names itself: each name a category of its
+Custom badput (``with mon.badput("eval"):``) is time the job names itself: each name a category of its
 own beside the fixed ones, booked when the event carrying it arrives. Time marked before a step is taken from the
 time before that step (``init`` before the first, ``other`` after it); time marked inside a step from that step's
 productive time, as the reference does with its custom badput events. :class:`BadputNames` bounds the names.

@@ -1,7 +1,7 @@
 """PromQL pieces the dashboards and the alert rules both build on.
 
 The dashboards add Grafana's template variables to their selectors
-(:mod:`tpuscope.dashboards.promql`); the rules do not. What a query *means* is
+(:mod:`tpuscope.dashboards.queries`); the rules do not. What a query *means* is
 written once, here.
 """
 

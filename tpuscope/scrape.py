@@ -1,4 +1,4 @@
-"""Read a sidecar's /metrics: what ``tpuscope bench`` prints at the end, and what tests assert on."""
+"""Read a sidecar's /metrics: what ``tpuscope workload`` prints at the end, and what tests assert on."""
 
 from __future__ import annotations
 

@@ -42,7 +42,7 @@ from tpuscope.conventions import (
     platform_record,
 )
 from tpuscope.dashboards import panels as p
-from tpuscope.dashboards import promql as q
+from tpuscope.dashboards import queries as q
 from tpuscope.thresholds import Thresholds
 
 TITLE = "tpuscope / Fleet overview"

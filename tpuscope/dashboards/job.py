@@ -31,7 +31,7 @@ from tpuscope.conventions import (
     DashboardUID,
 )
 from tpuscope.dashboards import panels as p
-from tpuscope.dashboards import promql as q
+from tpuscope.dashboards import queries as q
 from tpuscope.promql import memory_available_ratio
 from tpuscope.thresholds import Thresholds
 

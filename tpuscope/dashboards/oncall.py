@@ -24,7 +24,7 @@ from tpuscope.conventions import (
     DashboardUID,
 )
 from tpuscope.dashboards import panels as p
-from tpuscope.dashboards import promql as q
+from tpuscope.dashboards import queries as q
 from tpuscope.reasons import COMPILE_FAILURE_VALUES, FAILURE_VALUES, RECOMPILE_VALUES
 from tpuscope.thresholds import Thresholds
 

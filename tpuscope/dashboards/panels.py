@@ -37,7 +37,7 @@ from grafana_foundation_sdk.models.heatmap import HeatmapColorMode
 from grafana_foundation_sdk.models.prometheus import PromQueryFormat
 
 from tpuscope import catalog
-from tpuscope.dashboards import promql
+from tpuscope.dashboards import queries
 
 DATASOURCE = dashboard.DataSourceRef(type_val="prometheus", uid="${datasource}")
 ALL = ".*"
@@ -113,7 +113,7 @@ def quantile_queries(
     quantiles: Sequence[float],
     *,
     by: str = "workload",
-    window: str = promql.RATE,
+    window: str = queries.RATE,
     instant: bool = False,
     rare: bool = False,
     targets: str = "",
@@ -123,7 +123,7 @@ def quantile_queries(
     legend = " ".join("{{" + label.strip() + "}}" for label in by.split(","))
     return [
         query(
-            promql.quantile(quantile, histogram, by=by, window=window, rare=rare, targets=targets),
+            queries.quantile(quantile, histogram, by=by, window=window, rare=rare, targets=targets),
             f"p{quantile * 100:g} {legend}",
             instant=instant,
             exemplar=histogram is catalog.STEP_DURATION and quantile == max(quantiles),
@@ -362,38 +362,38 @@ def variables(
     """datasource, workload, slice, worker, accelerator, TPU topology (and the scrape job, the chip-hour price).
 
     ``one_workload``: the panels compare workers of one workload, and would blend several. Such a board also has the
-    workload's hosts, hidden (:data:`promql.WORKLOAD_HOSTS`), for the series of a host (its devices, its CPU), which
+    workload's hosts, hidden (:data:`queries.WORKLOAD_HOSTS`), for the series of a host (its devices, its CPU), which
     have no workload label: without them a panel of one workload's hosts read every host's series before its join.
     """
     build = catalog.BUILD_INFO.name
     result: list[Builder[Any]] = [
         DatasourceVariable("datasource").label("Data source").type("prometheus"),
         _label_values(
-            promql.WORKLOAD,
+            queries.WORKLOAD,
             workload_source.name,
             "The workload label each job reports with (Monitor(workload=...)).",
             single=one_workload,
         ),
         _label_values(
-            promql.SLICE,
+            queries.SLICE,
             build,
             "The slice of a multi-slice job each sidecar labels its series with (tpuscope serve --slice, by "
             "default from MEGASCALE_SLICE_ID).",
         ),
         _label_values(
-            promql.WORKER,
-            f'{build}{{slice=~"${promql.SLICE}"}}',
+            queries.WORKER,
+            f'{build}{{slice=~"${queries.SLICE}"}}',
             "The worker (host index within its slice) each sidecar labels its series with (tpuscope serve "
             "--worker, by default from TPU_WORKER_ID or an Indexed Job's completion index).",
         ),
         _label_values(
-            promql.ACCELERATOR,
+            queries.ACCELERATOR,
             catalog.DUTY_CYCLE.name,
             "The devices shown, by accelerator type (v5e, v5p, v6e, h100, ...) as the collectors found them; "
             "per-workload panels (MFU, cost) are not filtered by it.",
         ),
         _label_values(
-            promql.TPU_TOPOLOGY,
+            queries.TPU_TOPOLOGY,
             build,
             "The devices shown, by the topology of their TPU slice (2x4, 4x4x4, ...), which each sidecar labels its "
             "series with (tpuscope serve --tpu-topology, by default from TPU_TOPOLOGY or GKE's TPU device plugin); "
@@ -404,8 +404,8 @@ def variables(
     if one_workload:
         result.append(
             _label_values(
-                promql.HOST,
-                promql.selector(catalog.LAST_STEP),
+                queries.HOST,
+                queries.selector(catalog.LAST_STEP),
                 "The hosts (scrape targets) of the chosen workload, which its panels of devices and hosts read.",
                 label="instance",
                 all_value=None,
@@ -415,12 +415,12 @@ def variables(
     if job:
         result.append(
             _label_values(
-                promql.JOB, build, "The Prometheus job(s) whose targets are tpuscope sidecars.", all_value=None
+                queries.JOB, build, "The Prometheus job(s) whose targets are tpuscope sidecars.", all_value=None
             )
         )
     if price:
         result.append(
-            TextBoxVariable(promql.PRICE)
+            TextBoxVariable(queries.PRICE)
             .label("Price per chip-hour (USD)")
             .description("What one accelerator chip costs per hour, in US dollars: the basis of every cost panel.")
             .default_value(DEFAULT_CHIP_HOUR_PRICE)

@@ -7,7 +7,7 @@ from typing import Any
 from tpuscope import catalog as c
 from tpuscope.conventions import REQUESTS_FAST_RATE, REQUESTS_RATE, SLO_PERIOD, AlertName, DashboardUID
 from tpuscope.dashboards import panels as p
-from tpuscope.dashboards import promql as q
+from tpuscope.dashboards import queries as q
 from tpuscope.promql import le
 from tpuscope.thresholds import Thresholds
 

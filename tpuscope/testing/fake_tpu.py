@@ -58,12 +58,31 @@ from tpu_info.proto import tpu_metric_service_pb2 as pb
 from tpu_info.proto import tpu_metric_service_pb2_grpc as pb_grpc
 from tpu_info.proto import tpu_telemetry_pb2 as telemetry
 
-from tpuscope import catalog
-from tpuscope.exporter.collectors.libtpu import MEGASCALE_HANG, RUNTIME_METRICS, SLICE_ERROR
-
-# The runtime's names, as tpuscope's collector knows them (one list, not typed twice).
-DUTY_CYCLE, HBM_USED, HBM_TOTAL, HBM_BANDWIDTH, IDLE, QUEUE, HLO_TIMING = (m.name for m in RUNTIME_METRICS[:7])
-MEGASCALE = tuple(m.name for m in RUNTIME_METRICS if m.metric is catalog.MEGASCALE_LATENCY)
+# The runtime's metric names, typed here from tpu-info's and the device plugin's source (not taken from the
+# collector that reads them: a name the collector got wrong must fail its tests against this fake).
+DUTY_CYCLE = "tpu.runtime.tensorcore.dutycycle.percent"
+HBM_USED = "tpu.runtime.hbm.memory.usage.bytes"
+HBM_TOTAL = "tpu.runtime.hbm.memory.total.bytes"
+HBM_BANDWIDTH = "tpu.runtime.hbm.utilization.percent"
+IDLE = "tpu.runtime.tensorcore.idle_duration.seconds"
+QUEUE = "hlo.queue.size.gauge"
+HLO_TIMING = "hlo.execution.timing.distribution.microseconds"
+MEGASCALE = (
+    *(
+        f"megascale.{name}_latencies.microsecond.cumulative.distribution"
+        for name in (
+            "dcn_transfer",
+            "dcn_inbound_transfer",
+            "host_to_device_transfer",
+            "device_to_host_transfer",
+            "collective_end_to_end",
+            "mxla_compute",
+        )
+    ),
+    "megascale.grpc_tcp_min_rtt.microsecond.cumulative.distribution",
+)
+MEGASCALE_HANG = "megascale.error.detected.gauge"
+SLICE_ERROR = "slice.error.detected.gauge"
 UNKNOWN_NAMES = ("tpu.runtime.renamed.dutycycle.pct", "tpu.runtime.renamed.hbm.used")
 # A metric libtpu serves (tpu-info and the plugin read it) that tpuscope's collector does not: what a newer runtime
 # adds, from tpuscope's point of view.

@@ -17,9 +17,7 @@ bounded: at most :data:`MAX_CORES` cores, each value cut to the alphabet and len
 from __future__ import annotations
 
 import logging
-import re
 import time
-import typing
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -35,20 +33,14 @@ MAX_CORES = 64
 FINGERPRINT_DIGITS = 16
 # A core that runs no program, or a sequencer the runtime gives no HLO location for.
 NONE = "none"
-# The longest label value tpuscope serves, as for the labels jobs set.
-MAX_VALUE_LENGTH = typing.get_args(events.LabelValue)[1].max_length
-_OUTSIDE_ALPHABET = re.compile(r"[^A-Za-z0-9_.:/-]")
-_LEADING = re.compile(r"^[^A-Za-z0-9]+")
 # tpu_telemetry.proto's TpuCoreTypeProto values -> the prefix of the core label (tc0: TensorCore 0 of the chip).
 _CORE_KINDS = {1: "tc", 2: "sc", 3: "sc"}
 _TENSOR_CORE_SEQUENCER = 1  # TpuSequencerTypeProto.TPU_SEQUENCER_TYPE_TENSOR_CORE_SEQUENCER
 
 
 def label_value(text: str) -> str:
-    """``text`` as a label value: characters outside the alphabet become ``_``, a leading non-alphanumeric run
-    goes (``%fusion.3`` -> ``fusion.3``), then it is cut to :data:`MAX_VALUE_LENGTH`; :data:`NONE` if empty."""
-    cleaned = _LEADING.sub("", _OUTSIDE_ALPHABET.sub("_", text))[:MAX_VALUE_LENGTH]
-    return cleaned or NONE
+    """``text`` as a label value, as the job's own labels are made (:func:`tpuscope.events.label_value`)."""
+    return events.label_value(text, NONE)
 
 
 @dataclass(frozen=True)
