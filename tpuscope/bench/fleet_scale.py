@@ -59,6 +59,7 @@ from tpuscope.bench.kube_state import KSM_JOB, KUEUE_JOB
 from tpuscope.bench.verdict import Check, check_lines, table, write_report
 from tpuscope.catalog import Label
 from tpuscope.conventions import GKE_TOPOLOGY
+from tpuscope.exporter.exposition import number
 from tpuscope.kubernetes import CONTROLLER_KIND, CONTROLLER_NAME
 from tpuscope.prometheus_api import PrometheusAPI, PrometheusError
 from tpuscope.promql import SIDECAR_START
@@ -425,13 +426,9 @@ def sample_lines(text: str, s: HostSeries, varied: Variation, times: range, end:
         if s.slope:
             slope = s.slope
             return [f"{text}{slope * (t - origin)!r} {t}\n" for t in times]
-        value = fleet_series.number(s.value)
+        value = number(s.value)
         return [f"{text}{value} {t}\n" for t in times]
-    return [
-        f"{text}{fleet_series.number(varied.value(s, t, end, origin))} {t}\n"
-        for t in times
-        if not varied.missing(t, end)
-    ]
+    return [f"{text}{number(varied.value(s, t, end, origin))} {t}\n" for t in times if not varied.missing(t, end)]
 
 
 # --- The present: every host's /metrics, served from here -----------------------------------------------
@@ -466,7 +463,7 @@ class Targets:
 
     def exposition(self, index: int, job: str, t: float) -> str:
         return "".join(
-            f"{text}{fleet_series.number(varied.value(s, t, self.end, self.origin))}\n"
+            f"{text}{number(varied.value(s, t, self.end, self.origin))}\n"
             for text, s, varied in self.prefixes[(index, job)]
         )
 

@@ -9,7 +9,6 @@ where its history left it.
 from __future__ import annotations
 
 import http.server
-import math
 import multiprocessing
 import os
 import shutil
@@ -22,6 +21,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from tpuscope.catalog import Label
+from tpuscope.exporter.exposition import number
 from tpuscope.prometheus_api import PrometheusError
 
 WORKERS_PER_WORKLOAD = 16
@@ -90,15 +90,6 @@ class Series:
 
 def label_text(labels: dict[str, str]) -> str:
     return "{" + ",".join(f'{name}="{value}"' for name, value in labels.items()) + "}"
-
-
-def number(value: float) -> str:
-    """As OpenMetrics and Prometheus' text format write it."""
-    if math.isnan(value):
-        return "NaN"
-    if math.isinf(value):
-        return "+Inf" if value > 0 else "-Inf"
-    return repr(value)
 
 
 @dataclass(frozen=True)

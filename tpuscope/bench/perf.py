@@ -135,17 +135,17 @@ def ratio(name: str, ours: float | None, peer: float | None, unit: str, target: 
     return Figure(name, value, "x", target, note, ours, peer, unit)
 
 
-def number(value: float) -> str:
+def figure_text(value: float) -> str:
     return f"{value:,.{0 if abs(value) >= 100 else 2}f}"
 
 
 def line(f: Figure) -> str:
-    value = "n/a" if f.value is None else number(f.value)
+    value = "n/a" if f.value is None else figure_text(f.value)
     verdict = "" if f.met is None else ("met" if f.met else "MISSED")
     target = f"target {f.target} {verdict}" if f.target else ""
     note = f.note
     if f.absolute_unit:
-        absolute = " / ".join("n/a" if v is None else f"{number(v)} {f.absolute_unit}" for v in (f.ours, f.peer))
+        absolute = " / ".join("n/a" if v is None else f"{figure_text(v)} {f.absolute_unit}" for v in (f.ours, f.peer))
         note = f"{absolute}{'; ' + note if note else ''}"
     return f"  {f.name:<50} {value:>10} {f.unit:<9} {target:<22} {note}".rstrip()
 

@@ -510,7 +510,7 @@ def checks(f: dict[str, Any]) -> list[Check]:
 
 
 def table(f: dict[str, Any], results: list[Check]) -> str:
-    def number(value: float, exact: bool) -> str:
+    def counted(value: float, exact: bool) -> str:
         return f"{value:,.0f}" if exact else f"{value:,.6g}"
 
     lines = ["Jobs:"]
@@ -523,10 +523,10 @@ def table(f: dict[str, Any], results: list[Check]) -> str:
     lines.append(f"Counters, job reported vs Prometheus (after {f['seconds']:.0f} s):")
     lines.append(f"  {'counter':<18} {'workload':<12} {'label':<9} {'reported':>16} {'Prometheus':>16} {'lost':>8}")
     for r in f["counters"]:
-        lost = "0" if r["equal"] else number(r["lost"], r["exact"])
+        lost = "0" if r["equal"] else counted(r["lost"], r["exact"])
         lines.append(
-            f"  {r['counter']:<18} {r['workload']:<12} {r['label']:<9} {number(r['reported'], r['exact']):>16} "
-            f"{number(r['prometheus'], r['exact']):>16} {lost:>8}"
+            f"  {r['counter']:<18} {r['workload']:<12} {r['label']:<9} {counted(r['reported'], r['exact']):>16} "
+            f"{counted(r['prometheus'], r['exact']):>16} {lost:>8}"
         )
     lines.append(
         f"  {'events accepted':<18} {'all':<12} {'':<9} {f['events_recorded']:>16,} {f['accepted']:>16,.0f} "
