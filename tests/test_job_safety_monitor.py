@@ -247,7 +247,8 @@ def test_a_switch_reads_its_argument_then_its_variable_then_the_master_switch() 
 
 def test_mfu_never_reads_above_one_whatever_the_peak_says(sidecar: SidecarProcess) -> None:
     """A CPU's peak is an estimate (measured under whatever load the host has): one read low made a demo's gauge
-    read 89.5 % for a measured 67.6 %, and could read over 100 %. The sidecar caps its ratio at 1 (tpuscope.utilization)."""
+    read 89.5 % for a measured 67.6 %, and could read over 100 %. The sidecar caps its ratio at 1
+    (tpuscope.utilization)."""
     with Monitor("mfu", socket=sidecar.socket, traces=False, hooks=Hooks(profile_period="off")) as mon:
         mon.hardware("cpu", 1, 1e6)  # a peak far below what the steps do
         for n in range(5):

@@ -1,17 +1,12 @@
 """The wire schema between the job (``tpuscope.tracing``) and the sidecar.
 
-One event is one message on a Unix ``SOCK_SEQPACKET`` socket (its boundaries
-kept, as a datagram's; why that kind of socket: :mod:`tpuscope.exporter.ingest`):
-a three-byte header (``b"TS"`` and the schema version) followed by the record as
-MessagePack, encoded positionally (``array_like``) so a step event costs well
-under a hundred bytes. A recording (``tpuscope workload --record``, a RecordSink)
-holds the same records as JSON lines, read back by :func:`read_records`. Records
-are validated when the sidecar decodes them; anything that fails raises
-:class:`InvalidEvent` with a reason the sidecar counts. Fields may only be
-added at the end of a record with a default, and a sidecar ignores trailing
-fields it does not know, so a job and a sidecar of different versions work
-together both ways (the job and the sidecar image are upgraded separately);
-any other change bumps :data:`VERSION`.
+One event is one message on a Unix ``SOCK_SEQPACKET`` socket (why that kind: :mod:`tpuscope.exporter.ingest`):
+a three-byte header (``b"TS"`` and the schema version) followed by the record as MessagePack, encoded
+positionally (``array_like``) so a step event costs well under a hundred bytes. A recording (``tpuscope workload
+--record``) holds the same records as JSON lines, read back by :func:`read_records`. The sidecar validates each
+record it decodes and counts the reason of each :class:`InvalidEvent`. Fields may only be added at the end of a
+record with a default, and a sidecar ignores trailing fields it does not know, so a job and a sidecar image,
+upgraded separately, work together both ways; any other change bumps :data:`VERSION`.
 """
 
 from __future__ import annotations
@@ -34,17 +29,13 @@ import msgspec
 VERSION = 1
 MAGIC = b"TS"
 HEADER = MAGIC + bytes([VERSION])
-# A datagram longer than this is rejected unread. Records are far smaller; the
-# bound keeps one bad sender from making the sidecar parse megabytes.
+# A longer datagram is rejected unread, so one bad sender cannot make the sidecar parse megabytes.
 MAX_DATAGRAM_BYTES = 8192
 
-# Environment variable naming the sidecar's socket, read by both sides.
 SOCKET_ENV = "TPUSCOPE_SOCKET"
 
-# --- field types -------------------------------------------------------------
-# A label value: bounded length and a safe alphabet, because it becomes a
-# Prometheus label. Free text (function names) is bounded but never a label. The patterns end in \Z, not $:
-# $ also matches before a final newline, and "llm\n" would be a second workload beside "llm".
+# A label value becomes a Prometheus label: bounded length, a safe alphabet. Free text (function names) is bounded
+# but never a label. \Z, not $: $ also matches before a final newline, and "llm\n" would be a second workload.
 LABEL_VALUE_MAX = 64
 _LABEL_ALPHABET = "A-Za-z0-9_.:/-"
 LabelValue = Annotated[
@@ -79,23 +70,20 @@ CheckpointOperation = Literal["save", "restore"]
 LifecycleState = Literal["start", "stop", "failure", "restart"]
 
 
-# What became of one device-profile capture (tpuscope.tracing.profile_sampler): measured; skipped because a
-# profiler (the user's, JAX's PGLE) was already running or could start; failed or discarded (the capture, its
-# hand-off or its parse; a capture the job left its step loop during is discarded).
+# What became of a capture (tpuscope.tracing.profile_sampler): measured; skipped, a profiler (the user's, JAX's
+# PGLE) was running or could start; failed (capture, hand-off or parse) or discarded (the job left its step loop).
 PROFILE_RESULTS = ("ok", "busy", "error")
 ProfileResult = Literal["ok", "busy", "error"]
 
 # --- device-profile captures: from the job to the sidecar's parser -----------------------------------------------
-# The name of the step annotation a capture puts on each traced step (XProf's own step marker, so XProf finds the
-# steps of a capture too): written by the job, looked for by the sidecar's parser.
+# The annotation on each traced step: XProf's own step marker, so XProf finds the steps of a capture too.
 STEP_ANNOTATION = "train"
-# A capture's serialized trace larger than this is not handed over (the job) nor read (the sidecar): a few steps'
-# trace is a few MB; a bigger one is a capture that ran far past its steps.
+# A larger serialized trace is neither handed over nor read: a few steps' trace is a few MB, a bigger one ran far
+# past its steps.
 PROFILE_MAX_BYTES = 128 << 20
-# In the spool (profile_spool): a job writes STEM.head (a ProfileHandover: whose trace, so that the sidecar serves
-# its answer itself) and STEM.xspace.tmp, renames the latter STEM.xspace (a trace is whole or absent), and the sidecar
-# answers STEM.json (a DeviceProfile as JSON, written the same way). STEM is JOB-SEQ: JOB names the process (its pid
-# and a random token: two containers' jobs may both be pid 1), SEQ counts its captures.
+# In the spool (profile_spool) a job writes STEM.head (a ProfileHandover, so the sidecar serves its answer itself)
+# and STEM.xspace.tmp, renamed STEM.xspace (whole or absent); the sidecar answers STEM.json (a DeviceProfile, written
+# the same way). STEM is JOB-SEQ: pid and a random token (two containers' jobs may both be pid 1), capture number.
 PROFILE_HEADER_SUFFIX = ".head"
 PROFILE_TRACE_SUFFIX = ".xspace"
 PROFILE_ANSWER_SUFFIX = ".json"
@@ -131,19 +119,17 @@ class DeviceProfile(msgspec.Struct, array_like=True, frozen=True):
     says which): ``compute_s`` is the union of the non-collective ops' time, ``exposed_collective_s`` the
     collective ops' time that no compute covers, ``overlapped_collective_s`` the collective time (ops, or async
     ones in flight) that compute covers, ``idle_s`` the step minus every op (the host, the input, the next
-    dispatch; on the CPU backend also devices waiting for the host's cores). ``compute_s +
-    exposed_collective_s + idle_s == step_s``. ``slowest_compute_s``: the compute of the local device with
-    the most. ``capture_s``: what the capture cost the job (starting and stopping the trace, on its profiler's
-    thread); ``trace_bytes``: the serialized trace's size; ``parse_s``: what parsing it cost the sidecar (a
-    trailing field: 0 from a job or sidecar older than it). ``period_s``: the wall seconds the job now aims at
-    between two captures, its widening included (a trailing field: 0, unknown, from a job older than it); the
-    rules count a capture fresh for a few of them. A capture that measured nothing (``result`` busy or error)
-    has zeros, but for what it cost and the period. ``per_step``: the measured steps one by one, so that the
-    sidecar can average several captures and say their spread (trailing: empty from an older parser).
-    ``ops_by_category`` / ``ops_by_name``: the device ops the parser classified by their HLO category (as XProf
-    does) and those it could only tell by name (no category in the trace: the CPU backend, an older runtime).
-    ``served``: the sidecar that parsed the capture served it already (from the job's ProfileHandover), so that the
-    step carrying it back is not counted again (trailing: False from an older sidecar, whose jobs' steps carry it).
+    dispatch; on the CPU backend also devices waiting for the host's cores); ``compute_s + exposed_collective_s +
+    idle_s == step_s``. ``slowest_compute_s``: the compute of the busiest local device. ``capture_s``: what the
+    capture cost the job (starting and stopping the trace, on its profiler's thread); ``parse_s``: what parsing
+    it cost the sidecar. ``period_s``: the wall seconds the job now aims at between two captures, its widening
+    included; the rules count a capture fresh for a few of them. A capture that measured nothing (``result``
+    busy or error) has zeros but for what it cost and the period. ``per_step`` lets the sidecar average several
+    captures and say their spread. ``ops_by_category`` / ``ops_by_name``: the device ops classified by their HLO
+    category (as XProf does) and those told only by name (no category in the trace: the CPU backend, an older
+    runtime). ``served``: the parsing sidecar served the capture already (from the job's ProfileHandover), so the
+    step carrying it back is not counted again. From ``parse_s`` on the fields are trailing: 0 (unknown), empty or
+    False from an older job, parser or sidecar (whose jobs' steps carry the capture).
     """
 
     result: ProfileResult
@@ -216,15 +202,14 @@ class StepValues(msgspec.Struct, array_like=True, frozen=True):
 
 StepValuesList = Annotated[tuple[StepValues, ...], msgspec.Meta(max_length=MAX_STEP_VALUES)]
 
-# A custom badput category the job names (``Monitor.badput``): a lower-case word, as a label value of
-# tpuscope_goodput_seconds_total{category}. tpuscope.goodput says which names are taken and how many a workload keeps.
+# A custom badput name (``Monitor.badput``), a label value of tpuscope_goodput_seconds_total{category};
+# tpuscope.goodput says which names are taken and how many a workload keeps.
 BADPUT_NAME_PATTERN = r"^[a-z][a-z0-9_]{0,31}\Z"
 # On the wire any short string: a name the job did not check is booked as the fold category (goodput.BadputNames),
 # where a stricter type would throw away the whole step that carries it.
 BadputName = Annotated[str, msgspec.Meta(min_length=1, max_length=64)]
-# The most custom badput entries one event carries. A job sends one per name it used since its last event, and keeps
-# fewer names than this (tpuscope.goodput.MAX_CUSTOM_BADPUT, and the fold): the room above is for a later job
-# that keeps more, whose events an older sidecar must still take.
+# A job sends one entry per name used since its last event and keeps fewer names (goodput.MAX_CUSTOM_BADPUT and
+# the fold): the room above is for a later job that keeps more, whose events an older sidecar must still take.
 MAX_BADPUT_ENTRIES = 32
 
 
@@ -251,21 +236,17 @@ class TrainingValues(Event, tag="train", frozen=True):
 class Step(Event, tag="step", frozen=True):
     """A finished training step and where its time went (the phases add up to ``duration_s``).
 
-    ``dropped`` is the number of events this process could not send since its
-    last successful send, so the sidecar sees the job's losses too. ``flops`` is
-    the model FLOPs the step did on all the job's devices (0: unknown), for MFU.
-    ``trace_id`` names the trace of the step's spans when they were kept, so the
-    sidecar can attach it to the step-duration histogram as an exemplar. ``profile``: the
-    latest device-profile capture, on the first step sent after it was parsed (a trailing
-    field: a sidecar older than it reads the step and ignores the profile, counting no error).
-    ``compile_s``: the compile seconds the job reported while the step ran (part of its
-    duration, booked as compile and not as productive); None from a job older than the field.
-    ``values``: the training values (``s.loss``) of this or earlier steps that the device had computed by this
-    step's end, and ``unread`` those the job dropped since its last event because they were never ready: trailing
-    fields, so a sidecar older than them reads the step and ignores them.
-    ``badput``: the custom badput the job marked since its last step (``mon.badput``), before this step or inside it
-    (a trailing field: a sidecar older than it reads the step and books that time as before, ``other``
-    between steps and ``productive`` inside one).
+    ``dropped``: the events this process could not send since its last successful send, so the sidecar sees the
+    job's losses too. ``flops``: the model FLOPs the step did on all the job's devices (0: unknown), for MFU.
+    ``trace_id`` names the trace of the step's spans when they were kept, for the sidecar to attach to the
+    step-duration histogram as an exemplar. ``profile``: the latest device-profile capture, on the first step
+    sent after it was parsed. ``compile_s``: the compile seconds the job reported while the step ran (part of its
+    duration, booked as compile and not as productive); None from a job older than the field. ``values``: the
+    training values (``s.loss``) the device had computed by this step's end, and ``unread`` those the job dropped
+    since its last event because they were never ready. ``badput``: the custom badput marked since the last step
+    (``mon.badput``), before this step or inside it. From ``profile`` on the fields are trailing: a sidecar older
+    than one reads the step, ignores it without counting an error, and books such badput as ``other`` between
+    steps and ``productive`` inside one.
     """
 
     step: Count
@@ -335,12 +316,9 @@ class Checkpoint(Event, tag="ckpt", frozen=True):
 
 
 class DeviceMemory(Event, tag="devmem", frozen=True):
-    """A reading of one device's memory, as the job sees it.
-
-    ``source`` says where the numbers come from: ``workload`` for the
-    runtime's ``device.memory_stats()``; ``process`` for the job's own resident
-    memory where the backend keeps no device statistics (JAX on the CPU).
-    """
+    """A reading of one device's memory, as the job sees it: ``source`` ``workload`` from the runtime's
+    ``device.memory_stats()``, ``process`` the job's own resident memory where the backend keeps no device
+    statistics (JAX on the CPU)."""
 
     device: LabelValue
     accelerator: LabelValue
@@ -452,9 +430,8 @@ def as_int(value: object) -> int:
 
 
 def plain_fields(record: type[Event], fields: dict[str, object]) -> dict[str, object]:
-    """``fields`` with each NumPy or JAX number (scalar or 0-d array) made the Python int, float or bool its
-    field holds, as int(), float() and bool() read it: the encoder takes nothing else. Raises TypeError or
-    ValueError for a value that is no such number."""
+    """``fields`` with each NumPy or JAX number (scalar or 0-d array) made the Python int, float or bool its field
+    holds, as int(), float() and bool() read it (the encoder takes nothing else); TypeError or ValueError if not."""
     hints = _field_types(record)
     plain: dict[str, object] = {}
     for name, value in fields.items():
@@ -533,12 +510,9 @@ def from_record(record: dict[str, Any]) -> tuple[float, AnyEvent]:
 
 
 def read_records(path: str | os.PathLike[str], unreadable: list[str] | None = None) -> list[tuple[float, AnyEvent]]:
-    """The (time, event) pairs of a recording, in order.
-
-    A line that is not a valid event raises :class:`InvalidEvent` naming the line; given a list as
-    ``unreadable``, the line is skipped and why is appended to the list instead (a job killed mid-write
-    leaves a cut last line, and the rest of its recording is still worth reading).
-    """
+    """The (time, event) pairs of a recording, in order; :class:`InvalidEvent` names a line that is no valid event,
+    or, given an ``unreadable`` list, the line is skipped and why appended there (a job killed mid-write leaves a
+    cut last line, and the rest of its recording is still worth reading)."""
     records = []
     with open(path) as lines:
         for number, line in enumerate(lines, 1):
@@ -568,11 +542,8 @@ def has_listener(path: Path) -> bool:
 
 
 def default_socket_path() -> Path:
-    """Where the sidecar listens unless ``TPUSCOPE_SOCKET`` or a flag says otherwise.
-
-    A per-user runtime directory, so two users on one host never collide and
-    nobody else can write to the socket.
-    """
+    """Where the sidecar listens unless ``TPUSCOPE_SOCKET`` or a flag says otherwise: a per-user runtime directory,
+    so two users on one host never collide and nobody else can write to the socket."""
     if path := os.environ.get(SOCKET_ENV):
         return Path(path)
     runtime = os.environ.get("XDG_RUNTIME_DIR") or os.path.join(tempfile.gettempdir(), f"tpuscope-{os.getuid()}")

@@ -1,10 +1,9 @@
 """Goodput accounting: where a workload's wall time went, from its events.
 
 The denominator is wall time, all of it: each process of the workload from its start to its end, and each gap
-from a process's failure (or disappearance) to the next start of the workload. Every second of it lands in
-one category once it is settled, so the categories add up to the wall time and goodput is
-``productive / wall``, as in the reference definition (``ml-goodput-measurement``; docs/goodput.md compares
-the two category by category).
+from a process's failure (or disappearance) to the next start of the workload. Every second of it lands in one
+category once settled, so the categories add up to the wall time and goodput is ``productive / wall``, as in the
+reference definition (``ml-goodput-measurement``; docs/goodput.md compares the two category by category).
 
 - :class:`GoodputLedger` books one process: the sidecar keeps one per connection, so two processes of one
   workload (one per GPU) or two threads of one Monitor never read as each other's restart.
@@ -12,19 +11,17 @@ the two category by category).
   one per workload (it outlives the job's restarts, so it sees the gap and the work a failure throws away);
   ``tpuscope workload`` and ``tpuscope report`` keep one for a recording.
 
-Step time counts as ``productive`` only once it is durable: when a checkpoint covering the step is saved, or
-the process stops cleanly. Until then it is pending, and it becomes ``lost`` if the process fails, vanishes
-or restores a checkpoint. Counters never go down, so this is the only way to report lost work without
-counting it twice.
+Step time counts as ``productive`` only once it is durable: when a checkpoint covering the step is saved, or the
+process stops cleanly. Until then it is pending, and it becomes ``lost`` if the process fails, vanishes or
+restores a checkpoint. Counters never go down, so this is the only way to report lost work without counting it twice.
 
-A restore to a step below the highest the workload reached (a rollback after divergence, or a resume after a
-failure) throws away the steps in between: :class:`Rollbacks` counts them, and the productive seconds booked for
-those already durable (saves after the checkpoint restored), which the rules move from productive to lost.
+A restore below the highest step reached (a rollback after divergence, a resume after a failure) throws away the
+steps in between: :class:`Rollbacks` counts them and their durable seconds, which the rules move to lost.
 
-Custom badput (``with mon.badput("eval"):``) is time the job names itself: each name a category of its
-own beside the fixed ones, booked when the event carrying it arrives. Time marked before a step is taken from the
-time before that step (``init`` before the first, ``other`` after it); time marked inside a step from that step's
-productive time, as the reference does with its custom badput events. :class:`BadputNames` bounds the names.
+Custom badput (``with mon.badput("eval"):``) is time the job names itself, each name a category of its own
+booked when the event carrying it arrives (:class:`BadputNames` bounds the names). Time marked before a step is
+taken from the time before it (``init`` before the first, ``other`` after); time marked inside a step from its
+productive time, as the reference does.
 """
 
 from __future__ import annotations
@@ -37,14 +34,13 @@ from dataclasses import dataclass
 from tpuscope import events
 
 CATEGORIES = ("productive", "compile", "io_wait", "checkpoint", "init", "lost", "other", "downtime")
-# Booked when they happen, so a rate over a short window sees them: the numerator of the goodput SLO. The two
-# others are booked in lumps (productive when durable, other when a process ends), so a window without a
-# save or an end would read them as missing.
+# Booked when they happen, so a rate over a short window sees them: the numerator of the goodput SLO.
 PROMPT_BADPUT = ("compile", "io_wait", "checkpoint", "init", "lost", "downtime")
 # The category the recording rules book per workload, not the sidecar, which sees one worker only: its workers'
 # wait for a straggler beyond what they wait for each other, carved out of productive (docs/goodput.md).
 STRAGGLER = "straggler"
-# Booked in lumps, so out of the goodput SLO's numerator; every other category, a custom one included, is in it.
+# Booked in lumps (productive when durable, other when a process ends), which a window without a save or an end
+# would read as missing: out of the goodput SLO's numerator. Every other category, a custom one included, is in it.
 BOOKED_IN_LUMPS = ("productive", "other")
 
 # Custom badput (Monitor.badput): the names a workload keeps as categories of their own, and the one category every
@@ -67,9 +63,8 @@ def badput_name_error(name: object) -> str | None:
 
 
 class BadputNames:
-    """The custom badput categories of a workload: the first :data:`MAX_CUSTOM_BADPUT` names it marked, each its own;
-    a later name, and one no custom category may take (a built-in category's, sent by a job that did not check), books
-    as :data:`CUSTOM_BADPUT`. A sidecar keeps one per workload, so a workload serves at most that many more series."""
+    """A workload's custom badput categories: the first :data:`MAX_CUSTOM_BADPUT` names marked, each its own; a later
+    name, or one no custom category may take (a built-in's, unchecked by the job), books as :data:`CUSTOM_BADPUT`."""
 
     def __init__(self) -> None:
         self.kept: dict[str, None] = {}  # in the order first marked
@@ -93,11 +88,8 @@ def _fit(increments: Increments, room: float) -> Increments:
 
 
 class PendingSteps:
-    """Steps not yet durable and their productive seconds, in the order they ended, 16 bytes a step.
-
-    Two flat arrays and the index of the oldest: a job that checkpoints every 100,000 steps keeps
-    1.6 MB here, where a dict of floats would take 15 MB. The oldest are taken from the front.
-    """
+    """Steps not yet durable and their productive seconds, in the order they ended: two flat arrays, 16 bytes a
+    step (far less than a dict of floats, for a job that checkpoints rarely), and the index of the oldest."""
 
     def __init__(self) -> None:
         self._steps = array("q")
@@ -135,8 +127,7 @@ class PendingSteps:
 class GoodputLedger:
     """One process, from its start (or its first event, when its start was not seen) to its end."""
 
-    # A job that never checkpoints would keep every step pending: past this many
-    # steps, the oldest are taken as productive (they are at risk, not lost).
+    # A job that never checkpoints would keep every step pending: past this, the oldest count as productive (at risk).
     MAX_PENDING_STEPS = 100_000
 
     def __init__(self, started_at: float, saw_start: bool = True, names: BadputNames | None = None) -> None:
@@ -152,8 +143,7 @@ class GoodputLedger:
 
     def observe(self, event: events.AnyEvent, now: float) -> Increments:
         """The seconds per category that ``event``, sent at ``now`` (Unix time), adds."""
-        # The sidecar calls this for every step: comparisons rather than max() and min(), type() rather than
-        # isinstance() (the event types are final).
+        # Called for every step: comparisons rather than max() and min(), type() rather than isinstance() (final).
         if now > self.last_at:
             self.last_at = now
         if type(event) is events.Step:
@@ -171,8 +161,7 @@ class GoodputLedger:
 
     def end(self, now: float, clean: bool, badput: Iterable[events.Badput] = ()) -> Increments:
         """The process ended at ``now``: cleanly (its pending steps are its result) or not (they are lost); the
-        custom badput its end carries (marked after its last step) is booked, and the rest of its time, which no
-        event claimed, is ``other``."""
+        custom badput its end carries (marked after its last step) is booked, and time no event claimed is ``other``."""
         self.last_at = max(now, self.last_at)
         room = self.last_at - self.started_at - self.booked - self.pending.seconds
         out = self._book(_fit(self._badput(badput), room))
@@ -241,7 +230,7 @@ class GoodputLedger:
     def _checkpoint(self, e: events.Checkpoint) -> Increments:
         # An async save held the loop only for its blocking part; the rest overlapped steps booked themselves.
         held = e.duration_s if e.blocking_s is None else min(e.blocking_s, e.duration_s)
-        # Compiles during the checkpoint (Orbax jits its copies on the first save) are compile time already.
+        # Compiles during the checkpoint (Orbax's first save) are booked as compile already.
         compile_in_checkpoint = min(self._compiled_in(e.compile_s), held)
         self.compile_since_step = max(0.0, self.compile_since_step - compile_in_checkpoint)
         seconds = held - compile_in_checkpoint
@@ -285,16 +274,15 @@ def rolled_back(seconds: float) -> Increments:
 class Rollbacks:
     """The steps a workload's restores threw away, and the productive seconds booked for them.
 
-    It keeps the productive seconds booked so far at each step a save or a clean end made durable: one entry per
-    save, 16 bytes each, in two flat arrays (as :class:`PendingSteps`). Productive time booked step by step (a job
-    that never saves, past ``GoodputLedger.MAX_PENDING_STEPS``) adds to the total, not an entry. A restore to step
-    ``s`` below the highest step reached throws away the steps after ``s``, and of their seconds those booked after
-    the entry of ``s``. The highest step reached is the restoring process's own once it has stepped (a job that
-    restores within its loop), else the workload's processes' before it (a job restarted from a checkpoint): a new
-    process that starts over from step 0 without a restore is not rolled back against the run before it.
+    One entry per save or clean end, in two flat arrays (as :class:`PendingSteps`): its step and the productive
+    seconds booked so far; time booked step by step (past ``GoodputLedger.MAX_PENDING_STEPS``) adds to the total
+    only. A restore to step ``s`` below the highest step reached throws away the steps after ``s`` and the seconds
+    booked after the entry of ``s``. The highest step reached is the restoring process's own once it has stepped (a
+    job that restores within its loop), else the workload's processes' before it (a job restarted from a
+    checkpoint): a process starting over from step 0 without a restore is not rolled back against the run before.
     """
 
-    MAX_ENTRIES = 100_000  # saves remembered (1.6 MB); past this the oldest half go
+    MAX_ENTRIES = 100_000  # saves remembered; past this the oldest half go
 
     def __init__(self) -> None:
         self.steps = 0  # thrown away so far
@@ -336,12 +324,9 @@ class Rollbacks:
 
 
 class WorkloadGoodput:
-    """A workload: a ledger per live process (``source``: the sidecar's connection; one stream, a recording,
-    uses one), the downtime between a failure and the next start, and the wall time of both.
-
-    The wall time grows with each live process and each open gap: the sum of the categories once every
-    process has ended and every gap has closed, and the continuous denominator of the goodput SLO meanwhile.
-    """
+    """A workload: a ledger per live process (``source``: the sidecar's connection; a recording uses one), the
+    downtime between a failure and the next start, and the wall time of both: the sum of the categories once every
+    process has ended and every gap has closed, and the continuous denominator of the goodput SLO meanwhile."""
 
     def __init__(self) -> None:
         self.processes: dict[Hashable, GoodputLedger] = {}

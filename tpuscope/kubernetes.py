@@ -48,11 +48,10 @@ SOCKET_VOLUME_SIZE = f"{4 * events.PROFILE_MAX_BYTES // 2**20}Mi"
 PORT_NAME = "metrics"
 SCRAPE_INTERVAL = "15s"  # the PodMonitor's and the ClusterPodMonitoring's
 # The sidecar's user and group, in its own securityContext. The pod has none: a pod-level runAsNonRoot would stop
-# the many training images that expect root, and an fsGroup would have the kubelet chown every volume of the pod (a
-# large checkpoint volume delays its start). So the training container runs as its image says. The socket keeps its
-# default mode 0600, which admits its owner and root (CAP_DAC_OVERRIDE): a root training container sends as it is.
-# One that runs as uid U, gid G: the sidecar's runAsGroup set to G and `--socket-mode 0660` (socket and profile
-# spool then group-writable; a world-writable mode is refused), or the sidecar run as U (docs/fleet.md).
+# the many training images that expect root, and an fsGroup would have the kubelet chown every volume (a large
+# checkpoint volume delays the start). The socket's default mode 0600 admits its owner and root (CAP_DAC_OVERRIDE),
+# so a root training container sends as it is; one running as uid U, gid G needs the sidecar's runAsGroup G and
+# `--socket-mode 0660` (world-writable is refused), or the sidecar run as U (docs/fleet.md).
 UID = 1000
 # The PodMonitor (and prometheus.yml) scrape pods carrying this label; the pod template sets it.
 SCRAPE_LABEL = {"tpuscope/scrape": "true"}
@@ -80,18 +79,15 @@ TARGET_LABELS = {
     # The JobSet a pod belongs to (none for a plain Job): TpuscopeExporterDown counts the share of its
     # sidecars down, one alert for a job that lost its node pool rather than one per host.
     "jobset": pod_label_meta(JOBSET_NAME_LABEL),
-    # The controller that owns the pod, as its ownerReference names it: a JobSet's or a Job's pod, kind Job and
-    # the Job's name; a Deployment's, ReplicaSet and its name; a StatefulSet's, StatefulSet. The rules join them
-    # with kube-state-metrics' series of that object (tpuscope/alerts/recording.py): one that no longer wants
-    # its pods (deleted, finished, scaled to zero) tells a worker that ended on purpose from one whose pod went.
+    # The pod's owner (a JobSet's or Job's pod: Job; a Deployment's: ReplicaSet). The rules join it with
+    # kube-state-metrics (tpuscope/alerts/recording.py): an owner that no longer wants its pods (deleted, finished,
+    # scaled to zero) tells a worker that ended on purpose from one whose pod went.
     CONTROLLER_KIND: "__meta_kubernetes_pod_controller_kind",
     CONTROLLER_NAME: "__meta_kubernetes_pod_controller_name",
-    # The topology GKE labels its nodes with (cloud.google.com/gce-topology-block, -subblock, -host), where the scrape
-    # is given the node's labels: the bad-host ledger's roll-up asks whether the suspect nodes share a block. Constant
-    # per target, they add no series. Prometheus discovers a node's labels only with its metadata attached
-    # (attachMetadata), which it must list and watch nodes for, and without that right its pod discovery waits for
-    # the nodes forever and finds no target at all: opt-in (docs/fleet.md). Without, these relabelings set nothing,
-    # and the ledger reads the topology from kube-state-metrics.
+    # GKE's node topology (cloud.google.com/gce-topology-block, -subblock, -host): the bad-host ledger asks whether
+    # suspect nodes share a block; constant per target, no new series. Opt-in (docs/fleet.md): node labels need
+    # attachMetadata, and a Prometheus not allowed to list and watch nodes then finds no target at all. Without
+    # it these set nothing, and the ledger reads the topology from kube-state-metrics.
     **{label: "__meta_kubernetes_node_label_" + sanitized(node_label) for label, node_label in GKE_TOPOLOGY.items()},
 }
 
@@ -127,24 +123,18 @@ POD_IDENTITY = [
     _downward("POD_NAMESPACE", "metadata.namespace"),
     _downward("NODE_NAME", "spec.nodeName"),
 ]
-# GKE's TPU device plugin serves its per-chip metrics on the node's network, which a pod without hostNetwork
-# reaches at the node's IP. The downward API gives that IP, though not the node's labels
-# (cloud.google.com/gke-tpu-topology): the sidecar asks the plugin for the topology instead.
+# GKE's TPU device plugin serves per-chip metrics on the node's network, at the node's IP for a pod without
+# hostNetwork. The downward API gives no node labels (gke-tpu-topology): the sidecar asks the plugin for the topology.
 HOST_IP = _downward("HOST_IP", "status.hostIP")
 # No TPU_RUNTIME_METRICS_PORTS in either container: the device plugin injects it into the training container, one
-# port per chip it allocates (8431 for one chip up to 8431,...,8438 for eight), and a value set here would override
-# that list. The sidecar, without the variable, reads the ports the plugin hands out over the pod's shared localhost.
+# port per chip, and a value set here would override it; the sidecar reads those ports over the shared localhost.
 
 
 def sidecar_container(config: GeneratorConfig = BUILT_IN) -> dict[str, Any]:
-    """``tpuscope serve`` as a native sidecar: an init container with ``restartPolicy: Always``; its judgement of a
-    stuck process and a stalled workload at the team's thresholds, so that what it serves agrees with the alerts.
-
-    Kubernetes starts it before the training container (after its startup probe passes, so the socket
-    exists before the job's first event), restarts it if it dies, and stops it once the training
-    container has exited: the pod, and so the Job, completes when training ends. A plain second
-    container would keep the pod running forever.
-    """
+    """``tpuscope serve`` as a native sidecar (an init container with ``restartPolicy: Always``), judging a stuck
+    process and a stalled workload at the team's thresholds, so that what it serves agrees with the alerts.
+    Kubernetes starts training once its startup probe passes (the socket exists before the first event) and stops
+    it once training exits, so the Job completes; a plain second container would keep the pod running forever."""
     probe = {"httpGet": {"path": "/healthz", "port": PORT_NAME}}
     return {
         "name": SIDECAR_CONTAINER,
@@ -170,8 +160,7 @@ def sidecar_container(config: GeneratorConfig = BUILT_IN) -> dict[str, Any]:
         "startupProbe": {**probe, "periodSeconds": 1, "failureThreshold": 30},
         "readinessProbe": {**probe, "periodSeconds": 10},
         "livenessProbe": {**probe, "periodSeconds": 10, "timeoutSeconds": 5, "failureThreshold": 3},
-        # About 50 MiB resident when idle here; the limit leaves room for many workloads' series, and for the
-        # child that parses a device profile now and then (about 5 times the trace's bytes, at most 384 MiB).
+        # The limit leaves room for many workloads' series and for the device-profile parser's child (docs/sidecar.md).
         "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"cpu": "500m", "memory": "512Mi"}},
         # The sidecar's alone (see UID): the training container's user and privileges are its image's business.
         "securityContext": {
@@ -188,11 +177,8 @@ def sidecar_container(config: GeneratorConfig = BUILT_IN) -> dict[str, Any]:
 
 
 def training_container() -> dict[str, Any]:
-    """The user's training process: its image and command are placeholders, the rest is what tpuscope needs.
-
-    No securityContext: its user is its image's (root, for most TPU images), and allowPrivilegeEscalation: false
-    would set no_new_privs, which breaks the setuid tools an image may hold.
-    """
+    """The user's training process: image and command are placeholders, the rest is what tpuscope needs. No
+    securityContext: allowPrivilegeEscalation: false would set no_new_privs, breaking an image's setuid tools."""
     chips = {"google.com/tpu": str(CHIPS_PER_HOST)}
     return {
         "name": "train",
@@ -220,8 +206,8 @@ def pod_template(config: GeneratorConfig = BUILT_IN) -> dict[str, Any]:
             # The hosts' DNS names (<job>-<index>.<subdomain>) for JAX's coordinator: JobSet's default
             # subdomain is its own name, and job.yaml's headless Service carries the same name.
             "subdomain": WORKLOAD,
-            # The host collector finds the job's processes by the pids connected to the socket, which it
-            # can read only in a shared process namespace.
+            # The host collector finds the job's processes by the socket's peer pids, readable only in a shared
+            # process namespace.
             "shareProcessNamespace": True,
             "nodeSelector": {
                 "cloud.google.com/gke-tpu-accelerator": ACCELERATOR,
@@ -229,9 +215,8 @@ def pod_template(config: GeneratorConfig = BUILT_IN) -> dict[str, Any]:
             },
             "initContainers": [sidecar_container(config)],
             "containers": [training_container()],
-            # Memory-backed (tmpfs). Beside the socket lies the spool of device-profile traces: a trace (at most
-            # PROFILE_MAX_BYTES) is in memory from the job's write until the sidecar has parsed and deleted it,
-            # charged to the container that wrote it, the training container, and sizeLimit bounds the whole.
+            # tmpfs: the profile spool's traces sit in memory from the job's write until the sidecar deletes them,
+            # charged to the training container that wrote them; sizeLimit bounds the whole.
             "volumes": [{"name": SOCKET_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": SOCKET_VOLUME_SIZE}}],
         },
     }
@@ -325,8 +310,7 @@ def kustomization(config: GeneratorConfig) -> str:
     document = {
         "apiVersion": "kustomize.config.k8s.io/v1beta1",
         "kind": "Kustomization",
-        # Where the operator and Grafana's dashboard sidecar look by default; the PodMonitor itself
-        # selects pods in every namespace.
+        # Where the operator and Grafana's dashboard sidecar look by default; the PodMonitor selects every namespace.
         "namespace": "monitoring",
         "resources": ["podmonitor.yaml", "prometheusrule.yaml", "grafana-dashboards.yaml"],
     }
@@ -345,11 +329,9 @@ GMP_DIR = "gmp"
 GMP_NAME = JOB
 # Target labels GMP copies from the pod under the names tpuscope uses (its targetLabels.metadata).
 GMP_METADATA = ("namespace", "node", "pod")
-# GMP names a pod's controller only as its "top-level" one, and its relabelings cannot rename those labels:
-# the scraped series' labels are copied onto ours, then dropped. It differs from the pod's direct owner for a
-# Deployment's pods (Deployment and its name, not the ReplicaSet) and a CronJob's (CronJob): see docs/fleet.md.
+# GMP names a pod's controller only as its "top-level" one (for a Deployment's or CronJob's pods not the direct
+# owner: docs/fleet.md), and its relabelings cannot rename labels: the scraped ones are copied onto ours, then dropped.
 GMP_CONTROLLER = {CONTROLLER_KIND: "top_level_controller_type", CONTROLLER_NAME: "top_level_controller_name"}
-# Target labels copied from pod labels (targetLabels.fromPod).
 GMP_FROM_POD = {"jobset": JOBSET_NAME_LABEL}
 # The evaluation interval of deploy/prometheus/prometheus.yml and of the Prometheus Operator's default, where
 # the rules are tested; GMP's rule evaluator would otherwise evaluate every 60 s.

@@ -1,8 +1,7 @@
 """PromQL pieces the dashboards and the alert rules both build on.
 
-The dashboards add Grafana's template variables to their selectors
-(:mod:`tpuscope.dashboards.queries`); the rules do not. What a query *means* is
-written once, here.
+The dashboards add Grafana's template variables to their selectors (:mod:`tpuscope.dashboards.queries`); the
+rules do not. What a query *means* is written once, here.
 """
 
 from __future__ import annotations
@@ -14,17 +13,15 @@ from tpuscope.catalog import HOST_LABELS, HOST_MEMORY_AVAILABLE, HOST_MEMORY_TOT
 
 # prometheus_client's process collector, in every sidecar's /metrics: when the sidecar started.
 SIDECAR_START = "process_start_time_seconds"
-# Its series of sidecars alone: the sidecar puts slice on every series it serves, and the other exporters of a
-# fleet (node_exporter, Prometheus itself) serve the same name without it. Read with a range at every point of a
-# board, the bare name read every exporter's (30 M samples over 6 h of 64 hosts with node_exporter beside them).
+# Sidecars' series alone (the sidecar puts slice on every series; node_exporter and Prometheus serve the name
+# without it): the bare name, read with a range at every point of a board, would read every exporter's.
 SIDECAR_START_SERIES = f'{SIDECAR_START}{{{HOST_LABELS[0]}!=""}}'
 # A new target's first scrape comes within this of its start: service discovery and one scrape interval,
 # Prometheus' lookback (5 minutes) as the bound.
 FIRST_SCRAPE_SECONDS = 300.0
-# The labels that name one workload in the rules: its Kubernetes namespace and JobSet where its pods have them (the
-# scrape's target labels, on every series its sidecars serve), and its own name. Its alerts keep them, so that an
-# Alertmanager routes them by team as it routes kube-prometheus' alerts, and two teams' workloads of the same name
-# stay apart. Outside Kubernetes the first two are absent: the workload alone.
+# One workload in the rules: its namespace and JobSet where its pods have them (the scrape's target labels), and its
+# name. Its alerts keep them, so an Alertmanager routes them by team as it routes kube-prometheus' alerts and two
+# teams' workloads of the same name stay apart. Outside Kubernetes the first two are absent.
 PLACEMENT = "namespace, jobset"
 WORKLOAD = f"{PLACEMENT}, workload"
 # The labels that name one worker of a job for its whole life, across the pods it runs in.
@@ -54,27 +51,23 @@ def grown(selector: str, window: str, seconds: str = "", targets: str = "") -> s
     """How much the counters ``selector`` picks grew in ``window``, per series, a series' first event and a
     sidecar gone since included.
 
-    ``increase()`` alone will not do for rare events: a labelled counter comes into being at its first event,
-    already at 1, and ``increase()`` never counts a series' first sample (the first failure would read 0); and
-    over a window of a few samples (a report's step) its extrapolation to the edges misreads a count. So, the first
-    that holds, per series:
+    ``increase()`` alone misses rare events: a labelled counter comes into being at its first event, already at 1,
+    and ``increase()`` never counts a series' first sample (the first failure would read 0); over a window of a few
+    samples (a report's step) its extrapolation to the edges misreads a count. So, the first that holds, per series:
 
-    1. it existed ``window`` ago, and its sidecar has not restarted since: what it gained since, up to its last
+    1. it existed ``window`` ago and its sidecar has not restarted since: what it gained since, up to its last
        sample (a gone sidecar's too), exactly;
-    2. it did not exist ``window`` ago, and its sidecar started inside the window (or so shortly before that it
-       was not yet scraped when the window began), or its target was scraped then without it: all of it, every
-       count of a new series is new;
-    3. otherwise, ``increase()`` over the window, rounded (its extrapolation to the window's edges adds a
-       fraction): a series whose sidecar restarted in place inside the window (the same target, its counters
-       back at zero: ``increase()`` counts a reset's new value, where the most in the window less the count
-       before hid the new life's counts behind the old life's), and one of a target Prometheus did not scrape
-       ``window`` ago (it was down): what it gained between the samples the window holds, so a gap in the data
-       never makes an old series count as new.
+    2. it did not exist ``window`` ago, and its sidecar started inside the window (or too shortly before to be
+       scraped when it began), or its target was scraped then without it: all of it;
+    3. otherwise ``increase()`` over the window, rounded (its extrapolation adds a fraction): a series whose
+       sidecar restarted in place inside the window (``increase()`` counts a reset's new value, where the most in
+       the window less the count before would hide the new life's counts behind the old's), or whose target was
+       not scraped ``window`` ago (down), so that a gap in the data never makes an old series count as new.
 
-    Three reads of the window per series: the most in it twice, ``increase()`` once. ``seconds``: the window in
-    seconds where ``window`` is a variable (Grafana's ``$__range_s``); by default, parsed from it. ``targets``:
-    matchers on the scrape targets' labels (``instance``) that narrow 1 and 2 to the targets ``selector`` can
-    pick, where a reader knows them: each reads every sidecar's start, and every target's ``up``, otherwise.
+    Three reads of the window per series. ``seconds``: the window in seconds where ``window`` is a variable
+    (Grafana's ``$__range_s``); by default parsed from it. ``targets``: matchers on the scrape targets' labels
+    (``instance``) narrowing 1 and 2 to the targets ``selector`` can pick; without, each reads every sidecar's
+    start and every target's ``up``.
     """
     # How far back a sidecar's start makes its series new: the window, and the time a new target may wait
     # for its first scrape. A sidecar restarted in place inside the window itself reset its counters there.
@@ -96,12 +89,9 @@ def grown(selector: str, window: str, seconds: str = "", targets: str = "") -> s
 
 
 def each_worker_once(grew: str, by: str = "workload") -> str:
-    """Rare events that every worker of a job reports (a restart, a failure, a recompile), counted once.
-
-    Summed over each worker's successive sidecars (a restarted pod is a new sidecar whose counters start
-    again), then the most any one worker saw: one restart of a 4-host job is 1, not 4, and three restarts
-    seen by three generations of pods are 3, not 1. ``grew``: :func:`grown` of the counters.
-    """
+    """Rare events that every worker of a job reports (a restart, a failure, a recompile), counted once: summed over
+    each worker's successive sidecars (a restarted pod's counters start again), then the most any one worker saw.
+    One restart of a 4-host job is 1, not 4; three seen by three pod generations are 3. ``grew``: :func:`grown`."""
     return f"max by ({by}) (sum by ({by}, {WORKER}) ({grew}))"
 
 

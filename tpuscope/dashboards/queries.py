@@ -1,11 +1,9 @@
 """PromQL for the dashboards, built from the catalogue's metric objects.
 
-Every selector filters by the dashboard's template variables, and only by those
-the metric can carry: ``workload`` where the catalogue gives it a workload label,
-``accelerator`` and ``tpu_topology`` on per-device series, and always ``slice`` and ``worker``, which
-every sidecar adds to every series (``catalog.HOST_LABELS``). All variables match
-with ``=~`` and their *All* value is ``.*``, which also matches a series without
-the label: series from elsewhere (node_exporter's) still show.
+Every selector filters by the dashboard's template variables, and only by those the metric can carry:
+``workload`` where the catalogue gives it a workload label, ``accelerator`` and ``tpu_topology`` on per-device
+series, and always ``slice`` and ``worker`` (``catalog.HOST_LABELS``, on every series a sidecar serves). All
+match with ``=~`` and *All* is ``.*``, which also matches a series without the label, so node_exporter's show.
 """
 
 from __future__ import annotations
@@ -24,7 +22,7 @@ from tpuscope.catalog import (
 from tpuscope.conventions import EVALUATED, PROFILE_FRESH, PROFILE_OVER_MEDIAN, SLO_PERIOD
 from tpuscope.promql import each_worker_once, grown, series
 
-# Grafana's interval variables, substituted when a panel runs.
+# Grafana's interval variables.
 RATE = "$__rate_interval"  # at least four scrape intervals: a rate always has two samples
 RANGE = "$__range"  # the dashboard's time range: for stats over the whole view
 INTERVAL = "$__interval"  # one point's width: for counts of rare events, each counted on one point
@@ -40,8 +38,7 @@ ACCELERATOR = "accelerator"
 TPU_TOPOLOGY = str(Label.TPU_TOPOLOGY)
 JOB = "job"  # the Prometheus job(s) scraping tpuscope sidecars
 HOST = "host"  # Job debug's hidden variable: the chosen workload's scrape targets (instance), All as their list
-# A host's series (its devices, its CPU) have no workload label: this matcher reads the chosen workload's hosts only
-# (at 1,000 hosts a day of every host's collector errors read 99 M samples, 54 s, for Job debug's 16).
+# A host's series (its devices, its CPU) have no workload label: this reads the chosen workload's hosts only.
 WORKLOAD_HOSTS = f'instance=~"${HOST}"'
 PRICE = "chip_hour_price"
 
@@ -82,27 +79,24 @@ def increase(metric: Metric, *matchers: str, suffix: str = "", window: str = RAT
 
 
 def events(counter: Metric, *matchers: str, suffix: str = "", window: str = INTERVAL, targets: str = "") -> str:
-    """How much a counter of rare events (failures, XID errors, checkpoints) grew in ``window``, per
-    series, the first event and a sidecar gone since included (see :func:`tpuscope.promql.grown`, and its
-    ``targets``)."""
+    """How much a counter of rare events (failures, XID errors, checkpoints) grew in ``window``, per series, as
+    :func:`tpuscope.promql.grown` counts it (the first event and a sidecar gone since included)."""
     return grown(selector(counter, *matchers, suffix=suffix), window, SECONDS.get(window, ""), targets)
 
 
 def once_per_job(
     counter: Metric, *matchers: str, by: str = "workload", suffix: str = "", window: str = INTERVAL, targets: str = ""
 ) -> str:
-    """:func:`events` of a counter that every worker of a job reports alike (a failure, a restart, a
-    compile of the SPMD program), counted once per job, per ``by`` (which must hold ``workload``):
-    summed over each worker's successive sidecars, then the most one worker saw
-    (:func:`tpuscope.promql.each_worker_once`). A 4-host job's one restart is 1, not 4."""
+    """:func:`events` of a counter that every worker of a job reports alike (a failure, a restart, a compile of
+    the SPMD program), counted once per job per ``by`` (which must hold ``workload``), as
+    :func:`tpuscope.promql.each_worker_once` counts."""
     return each_worker_once(events(counter, *matchers, suffix=suffix, window=window, targets=targets), by=by)
 
 
 def slo_period_sum(recorded: str, *matchers: str, by: str = "") -> str:
-    """A recorded per-workload 5-minute rate (``conventions.GOODPUT_RATE``) summed over the SLO's period,
-    per ``by``, as the alerts' long windows sum it: proportional to the period's events, and cheap (a
-    sample per workload and rule evaluation, where a ``rate()`` of the raw counters over 30 days would
-    read every host's every scrape). Filtered by workload only: the recorded series have no host labels."""
+    """A recorded per-workload 5-minute rate (``conventions.GOODPUT_RATE``) summed over the SLO's period, per
+    ``by``, as the alerts' long windows sum it: proportional to the period's events, and cheap where a ``rate()``
+    of the raw counters would read every host's every scrape. By workload only: recorded series have no host labels."""
     labels = ", ".join([f'workload=~"${WORKLOAD}"', *matchers])
     per = f" by ({by})" if by else ""
     return f"sum{per} (sum_over_time({recorded}{{{labels}}}[{SLO_PERIOD}]))"
@@ -146,9 +140,8 @@ def quantile(
     rare: bool = False,
     targets: str = "",
 ) -> str:
-    """The ``q`` quantile of a histogram's observations in ``window``, per ``by``; ``rare`` for
-    histograms of rare events (checkpoints), whose first observation ``rate()`` would miss (:func:`events`, with
-    its ``targets``)."""
+    """The ``q`` quantile of a histogram's observations in ``window``, per ``by``; ``rare`` for histograms of rare
+    events (checkpoints), whose first observation ``rate()`` would miss (read as :func:`events`)."""
     grouping = f"le, {by}" if by else "le"
     if rare:
         buckets = events(histogram, *matchers, suffix="bucket", window=window, targets=targets)
@@ -180,11 +173,11 @@ def profiled(part: str) -> str:
 
 
 def profiled_compute_over_median() -> str:
-    """:func:`compute_over_median` from the device profiles: where one fused program runs the whole step,
-    every worker's host-timed compute is the same step (the wait for the straggler is inside it), while
-    the device trace tells the straggler's compute from its peers' collective wait. The recording rule
-    :data:`~tpuscope.conventions.PROFILE_OVER_MEDIAN` that the straggler alert reads: fresh captures of
-    running workers only, so a finished job's last profile does not linger as a straggler."""
+    """:func:`compute_over_median` from the device profiles: where one fused program runs the whole step, every
+    worker's host-timed compute is the same step (the straggler wait is inside it), while the device trace tells
+    the straggler's compute from its peers' collective wait. The straggler alert's recording rule
+    :data:`~tpuscope.conventions.PROFILE_OVER_MEDIAN`: fresh captures of running workers only, so a finished
+    job's last profile does not linger as a straggler."""
     return _recorded_part(PROFILE_OVER_MEDIAN, "compute")
 
 

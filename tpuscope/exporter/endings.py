@@ -1,29 +1,22 @@
 """Why a job ended when it ended without a word: the verdict on a connection that closed with no stop or failure.
 
-A job stopped by SIGTERM's default action (the Monitor installs no handler unless asked), killed by SIGKILL,
-or crashed in native code closes its connection and says nothing. The platform may know more: on a Compute
-Engine or Cloud TPU VM the metadata server says when the VM is preempted or stopped for host maintenance
-(tpuscope/gce_metadata.py). So a job that vanishes is booked ``failure{reason}``: ``preemption`` or
-``maintenance`` when the metadata server says so, ``vanished`` otherwise. A job that crashes is never booked
-preemption unless the VM it crashed on was being preempted.
+A job stopped by SIGTERM's default action (the Monitor installs no handler unless asked), killed by SIGKILL, or
+crashed in native code closes its connection and says nothing. On a Compute Engine or Cloud TPU VM the metadata
+server says when the VM is preempted or stopped for host maintenance (tpuscope/gce_metadata.py), so a job that
+vanishes is booked ``failure{reason}``: ``preemption`` or ``maintenance`` when the metadata server says so,
+``vanished`` otherwise. A crash is never booked preemption unless its VM was being preempted.
 
-When the verdict is booked:
+The verdict (docs/failures.md) is booked at once where no metadata server serves the notices (none, or GKE's,
+which a pod under Workload Identity reaches instead; one request at start finds out); else on an answer asked
+after the job vanished, ``vanished`` without a notice after :data:`HOLD_SECONDS`. The kubelet stops a native
+sidecar right after the job's container exits, whether the pod is being deleted (a preempted node drains) or its
+job crashed, and a notice can lag the job's end: at that SIGTERM the sidecar asks once more and books every
+verdict still pending on that answer before its last scrape. A new process of the same workload books its
+predecessor's verdict first (on the answer in by then), so the workload's downtime is the gap between the two.
 
-- Where there is no metadata server (no GCE_METADATA_HOST, not a Google VM), or one that does not serve the
-  notices (GKE's own, which a pod under Workload Identity reaches instead; one request at start finds out):
-  ``vanished`` at once, as before there were verdicts.
-- Elsewhere it waits for an answer asked after the job vanished. A preemption or maintenance: booked at once.
-  No notice: booked ``vanished`` after :data:`HOLD_SECONDS`, or sooner when the sidecar is told to stop. In a
-  pod whose sidecar is a native sidecar the kubelet stops the sidecar right after the job's container exited,
-  whether the pod is being deleted (a preempted node drains) or its job crashed (restartPolicy Never). A
-  notice can lag the job's end, so at its own SIGTERM the sidecar asks once more, and books every verdict
-  still pending on that answer before its last scrape.
-- A new process of the same workload books its predecessor's verdict first (on the answer in by then), so
-  that the workload's downtime is the gap between the two.
-
-The aggregator belongs to the ingest thread (ingest.py), which must never wait on HTTP: the metadata server is
-asked on a thread of its own, one lookup at a time, and the ingest thread books each verdict at its next round,
-at the time the job vanished, so the goodput ledger reads as if it had been booked then.
+The ingest thread (ingest.py) owns the aggregator and must never wait on HTTP: the metadata server is asked on a
+thread of its own, one lookup at a time, and the ingest thread books each verdict at its next round, at the time
+the job vanished, so the goodput ledger reads as if it had been booked then.
 """
 
 from __future__ import annotations
@@ -41,10 +34,9 @@ from tpuscope.exporter.aggregator import Aggregator
 
 log = logging.getLogger("tpuscope.exporter")
 
-# How long a vanished job's verdict waits for the sidecar's own SIGTERM when the metadata server has no notice.
-# The kubelet sees the job's container exit at its next relist (every second) and stops the native sidecars in
-# the same pod sync: a second or two on a loaded node; 10 s leaves room for that, and is shorter than a 15 s
-# scrape interval, so where nothing stops the sidecar a crash still reads as vanished within a scrape or so.
+# How long a vanished job's verdict waits for the sidecar's own SIGTERM when the metadata server has no notice:
+# room for the kubelet to see the job's container exit at its next relist and stop the native sidecars in the same
+# pod sync, yet under a scrape interval, so where nothing stops the sidecar a crash reads vanished within a scrape.
 HOLD_SECONDS = 10.0
 # How long an answer may take once asked: two requests, each a connect and a read within the module's timeout.
 ANSWER_SECONDS = 4 * gce_metadata.TIMEOUT_SECONDS + 1.0
@@ -66,8 +58,7 @@ class Endings:
         self._environ = environ
         # The jobs whose verdict waits, oldest first: a plain list, as the ingest looks at it at every event.
         self.pending: list[_Vanished] = []
-        # The latest lookup that ended: (monotonic time it began, its reason). Replaced whole by the asking
-        # thread, read whole by the ingest thread.
+        # The latest lookup that ended: (monotonic time it began, its reason), replaced and read whole (two threads).
         self._answer: tuple[float, str | None] = (-math.inf, None)
         self._stopping_since: float | None = None  # monotonic time the sidecar was told to stop
         self._wanted = threading.Event()  # a lookup is wanted: set by the ingest thread and at the stop

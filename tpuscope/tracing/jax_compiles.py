@@ -1,45 +1,32 @@
 """Compile time, compilation-cache look-ups and recompiles, from JAX's own hooks: one watcher per process.
 
 JAX reports each compilation stage's duration through ``jax.monitoring`` with the function's name, and each
-persistent-cache look-up as an event. It also calls ``record_scalar`` under the same stage names with a
-*timestamp* as the value, so only duration listeners are registered here: exporting scalars blindly would report
-the Unix epoch as a compile time.
+persistent-cache look-up as an event. Only duration listeners are registered: JAX also calls ``record_scalar``
+under the same stage names with a *timestamp* as the value, which would report the Unix epoch as a compile time.
 
-JAX's listeners, hooks and settings belong to the process, and JAX calls every registered listener: a watcher per
-Monitor counted each compile once per Monitor, and the first Monitor's close took the others' explanations away.
-So the process has one watcher, and Monitors subscribe to it (:func:`subscribe`, :func:`unsubscribe`): it
-installs its hooks for the first subscriber and removes them when the last one leaves, and it reports each event
-to one Monitor, the earliest subscribed that is still open (a library's Monitor made first gets them, and after
-it closes the user's does).
+JAX's listeners, hooks and settings belong to the process, and JAX calls every registered listener, so the
+process has one watcher, hooked in while any Monitor is subscribed (:func:`subscribe`). Each event goes to the
+earliest subscriber still open (a library's Monitor made first, and after it closes the user's).
 
-Two things JAX does not report as events are taken from its other hooks. A backend compile that fails goes
-through JAX's handlers of XLA runtime errors (``register_xla_runtime_error_handler``, which Pallas uses for its own
-messages): the watcher counts it, marks the exception so that the job's failure reads as a compile error, and lets
-it propagate unchanged. A recompile is seen two ways, because JAX's explanation of it is only a log record:
+Two things JAX does not report as events come from its other hooks. A failed backend compile goes through JAX's
+handlers of XLA runtime errors (``register_xla_runtime_error_handler``, which Pallas uses for its own messages):
+the watcher counts it, marks the exception so that the job's failure reads as a compile error, and lets it
+propagate unchanged. A recompile, which JAX explains only in a log record, is seen two ways:
 
-- JAX logs an explanation of each tracing-cache miss when ``jax_explain_cache_misses`` is on. The watcher reads
-  it with a filter on JAX's loggers into a cause of :data:`tpuscope.reasons.RECOMPILE_VALUES`. A filter runs only
-  for a record its logger is enabled for, so a job that quiets JAX's loggers hides them from tpuscope too.
-- Whatever the log levels, each top-level trace of a jitted function is a ``jaxpr_trace_duration`` event, on the
-  thread that traces, right after JAX's explanation of it. The event names only the function (two lambdas have
-  one name, and JAX's eager primitives trace under theirs), so the watcher reads the traced callable from JAX's
-  tracing frame: one of the job's functions traced again (the same object, or a new one made from the same code,
-  as a lambda jitted in a loop) with no explanation seen on that thread is a recompile of cause
-  ``unexplained``. Functions in JAX's own files are left out, as JAX leaves them out of its explanations.
+- With ``jax_explain_cache_misses`` on, JAX logs an explanation of each tracing-cache miss, which a filter on
+  JAX's loggers reads into a cause of :data:`tpuscope.reasons.RECOMPILE_VALUES`. A filter runs only for a record
+  its logger is enabled for, so a job that quiets JAX's loggers hides them from tpuscope too.
+- Whatever the log levels, each top-level trace of a jitted function is a ``jaxpr_trace_duration`` event on the
+  tracing thread, right after JAX's explanation of it. The event names only the function (two lambdas share a
+  name, and JAX's eager primitives trace under theirs), so the watcher reads the traced callable from JAX's
+  tracing frame: a job's function traced again (the same object, or one made from the same code, as a lambda
+  jitted in a loop) with no explanation seen on that thread is an ``unexplained`` recompile.
 
-``jax_explain_cache_misses`` stays the job's. The watcher turns it on only where the job left it untouched (no
-``JAX_EXPLAIN_CACHE_MISSES`` in the environment, JAX's default value), while at least one subscriber asks for
-explanations, and it sets it back to False when none does. While the value is the watcher's, a hook on JAX's
-setting (JAX calls it on ``jax.config.update``) hears the job's own update: from then on the setting is the job's,
-and the watcher never changes it again.
-
-While the value is the watcher's, the job's log must read as if it were off. The setting does two things to it:
-JAX logs an explanation of each tracing-cache miss, at WARNING, that it does not log at all otherwise; and, with
-the persistent compilation cache on, JAX logs the cache's records of a miss, a write or an entry not written at
-WARNING instead of DEBUG. The watcher's filters, first on those loggers, drop each explanation once read, and
-put each raised record back at DEBUG. A logger checks its level before its filters, at the raised level, so such
-a record is kept only where the logger is enabled for DEBUG; the handlers then see it at DEBUG, as without the
-setting.
+``jax_explain_cache_misses`` stays the job's (docs/hooks.md, ``explain_recompiles``): the watcher turns it on only
+where the job left it at its default and while a subscriber asks, sets it back to False when none does, and gives
+it up for good at the job's own ``jax.config.update``, heard through JAX's hook on the setting. Meanwhile the job's
+log must read as if it were off: the watcher's filters, first on JAX's loggers, drop each explanation once read
+and put the persistent cache's records the setting raised to WARNING back at DEBUG.
 """
 
 from __future__ import annotations
@@ -73,19 +60,16 @@ CACHE_RESULTS = {
     "/jax/compilation_cache/cache_hits": True,
     "/jax/compilation_cache/cache_misses": False,
 }
-# The setting that makes JAX explain each tracing-cache miss, and the variable JAX reads it from at import.
 EXPLAIN_CONFIG = "jax_explain_cache_misses"
 EXPLAIN_ENV = EXPLAIN_CONFIG.upper()
 # Where JAX logs its explanation of a tracing-cache miss: partial_eval since JAX 0.5 or so, pjit before.
 EXPLAIN_LOGGERS = ("jax._src.interpreters.partial_eval", "jax._src.pjit")
 # Where the setting also raises the persistent compilation cache's records from DEBUG to WARNING.
 RAISED_LOGGERS = ("jax._src.compiler", "jax._src.compilation_cache")
-# Explanations the watcher asks JAX for, at most, in a process: recompiles counted while the setting is the
-# watcher's. JAX compares a miss with every earlier key of the function, so each explanation costs more as a
-# function's shapes grow: past this, the setting goes back off, and recompiles are counted as unexplained.
+# Recompiles explained at most per process: JAX compares each miss with every earlier key of the function, so an
+# explanation costs more as shapes grow; past this the setting goes off and recompiles count as unexplained.
 EXPLAIN_BUDGET = 200
-# pjit's function that traces a jitted callable (its local ``fun``) and reports TRACE_EVENT: the one place that
-# tells which function was traced, where the event names only its name.
+# pjit's function that traces a jitted callable (its local ``fun``): the one place that tells which was traced.
 _TRACING_MODULE, _TRACING_FRAME = "jax._src.pjit", "_trace_for_jit"
 _FRAMES_TO_TRACING = 8  # the listener, JAX's monitoring, the timer's exit, then the tracing frame: a few
 _MAX_CODES = 10_000  # the job's traced code objects kept, to tell a lambda made again; a bound on odd jobs
@@ -101,8 +85,7 @@ _CAUSES = (
 )
 _FIRST_TRACE = "never seen function"  # a first compile, not a recompile
 _MISS = "cache miss"  # in every explanation, and in none of the loggers' other records
-# The persistent cache's records the setting raises to WARNING (DEBUG without it), by their format's first words:
-# a miss, an entry not written (each reason), an entry written.
+# The persistent cache's records the setting raises from DEBUG to WARNING, by their formats' first words.
 _RAISED = ("PERSISTENT COMPILATION CACHE MISS", "Not writing persistent cache entry", "Writing %s to persistent")
 
 
@@ -118,10 +101,8 @@ def recompile_cause(explanation: str) -> str | None:
 def subscribe(monitor: CompileReporter, *, explain: bool = True) -> bool:
     """Report JAX's compiles to ``monitor`` (while it is the earliest subscriber) until :func:`unsubscribe`.
 
-    The first subscriber installs JAX's listeners and hooks for the process; ``explain``: this Monitor wants
-    JAX's explanations of recompiles (their causes), turned on while any subscriber wants them and the job left
-    the setting untouched. Returns False, and logs why once, where this JAX has no ``jax.monitoring`` listeners.
-    Subscribing again changes only ``explain``."""
+    ``explain``: this Monitor wants JAX's explanations of recompiles; subscribing again changes only that.
+    Returns False, and logs why once, where this JAX has no ``jax.monitoring`` listeners."""
     return _watcher.subscribe(monitor, explain)
 
 
@@ -153,7 +134,6 @@ class _Explanations:
         self._own_update = threading.local()  # .active while the watcher itself updates the setting
 
     def take(self) -> None:
-        """Turn the setting on if the job left it untouched, and listen for the job's own update of it."""
         if self.ours or self.job_set or self.spent:
             return
         try:
@@ -174,7 +154,6 @@ class _Explanations:
         self.ours = True
 
     def give_back(self) -> None:
-        """Set the setting back to False if it is still the watcher's, and take the hook off."""
         if self._state is None:
             return
         if self.ours:
@@ -196,8 +175,7 @@ class _Explanations:
         )
 
     def only_ours_here(self) -> bool:
-        """Whether only the watcher asked for the explanation this thread is logging (the job did not, even
-        with ``with jax.explain_cache_misses(True):``)."""
+        """Whether only the watcher asked for this thread's explanation (the job set no local value either)."""
         state = self._state
         return self.ours and (state is None or state.get_local() is not True)
 
@@ -229,9 +207,9 @@ class _Watcher:
         self._backend_hook = False  # JAX's runtime-error hook, registered once: it cannot be removed
         self.local = threading.local()  # .ignoring: depth of ignoring() blocks; .explained: since the last trace
         self.explanations = _Explanations()
-        self._traced: weakref.WeakSet[Any] = weakref.WeakSet()  # the job's functions traced so far
+        self._traced: weakref.WeakSet[Any] = weakref.WeakSet()
         self._codes: set[CodeType] = set()  # and their code: a lambda made again has a new object, the same code
-        self._recompiles = 0  # counted while the setting is the watcher's, against EXPLAIN_BUDGET
+        self._recompiles = 0
         self._users_file: Callable[[str], bool] = lambda filename: False  # JAX's test, once found; none till then
 
     def subscribe(self, monitor: CompileReporter, explain: bool) -> bool:
@@ -257,7 +235,6 @@ class _Watcher:
                 self._stop_listening()
 
     def _target(self) -> CompileReporter | None:
-        """The Monitor events go to: the earliest subscribed one still subscribed."""
         subscribers = self._subscribers  # replaced, never changed in place: no lock to read it
         return subscribers[0][0] if subscribers else None
 
@@ -275,7 +252,7 @@ class _Watcher:
                 jax.monitoring.register_event_duration_secs_listener(self._on_duration)
                 jax.monitoring.register_event_listener(self._on_event)
                 self._registered = True
-        except (ImportError, AttributeError) as e:  # no jax, or a jax without these hooks
+        except (ImportError, AttributeError) as e:
             _say_once(f"tpuscope: JAX's compiles are not reported: {e!r}")
             return False
         self._listening = True
@@ -317,7 +294,6 @@ class _Watcher:
         self._listening = False
 
     def ignoring_here(self) -> bool:
-        """Whether this thread is inside :func:`ignoring`: what JAX reports now is tpuscope's own compile."""
         return getattr(self.local, "ignoring", 0) > 0
 
     def _on_duration(self, event: str, duration_secs: float, **kwargs: Any) -> None:
@@ -327,8 +303,7 @@ class _Watcher:
             name = str(kwargs.get("fun_name", ""))
             match = _WRAPPED.match(name)
             monitor.compile(stage, duration_secs, function=match[1] if match else name)
-            # A stage's end is the next one's start: after lowering the backend compile goes on (its position
-            # judged on the long scale of compiles, tracing/position.py), after the backend's it is over.
+            # After lowering the backend compile goes on (tracing/position.py); after the backend's it is over.
             if stage == "backend":
                 monitor._whereabouts.compiled()
             elif stage == "lowering":
@@ -399,7 +374,8 @@ class _Watcher:
 
     def _on_cache_record(self, record: logging.LogRecord) -> bool:
         """A filter on the persistent cache's loggers: a record the watcher's setting raised to WARNING goes back
-        to DEBUG, kept only where the logger is enabled for DEBUG (where JAX would have logged it)."""
+        to DEBUG. The logger checked its level at WARNING, before its filters, so this keeps the record only where
+        the logger is enabled for DEBUG (where JAX would have logged it)."""
         raised = isinstance(record.msg, str) and record.msg.startswith(_RAISED)
         if not raised or record.levelno != logging.WARNING or not self.explanations.only_ours_here():
             return True  # the cache's own warnings (an unsupported runtime), or the job asked for the setting

@@ -1,22 +1,18 @@
 """The two halves of MFU, read from JAX: the FLOPs of a compiled step, and the peak FLOP/s of its devices.
 
-Model FLOPs utilization is the FLOP/s a step achieves over what its devices could do at best. Neither half
-should be computed by hand, so both come from what JAX already knows:
+Model FLOPs utilization is the FLOP/s a step achieves over its devices' best. Neither half is computed by hand:
 
-- FLOPs: XLA's cost analysis of the compiled program (``compiled.cost_analysis()["flops"]``). A program
-  partitioned over several devices (``jax.jit`` of sharded arrays, ``shard_map``) compiles to one SPMD module
-  that every device runs on its own shard, so XLA's figure is one device's share: the step's FLOPs are that
-  times the devices it runs on.
+- FLOPs: XLA's cost analysis of the compiled program (``compiled.cost_analysis()["flops"]``). A program over
+  several devices (sharded ``jax.jit``, ``shard_map``) is one SPMD module each device runs on its shard, so
+  XLA's figure is one device's share, times the devices for the step's.
 - Peak: for accelerators, the vendors' dense bf16 peak per chip. The CPU has no such number, so it is
-  measured: large float32 matmuls on every device at once, the best of a few rounds, stored (keyed by the
-  device kind and count) for later runs and measured again when stale. It is an estimate, and says so.
+  measured (float32 matmuls on every device at once), stored for later runs, and said to be an estimate.
 
 Both count this process's devices only: the Hardware event, and so the sidecar's MFU, are per process (one
 sidecar per worker), and summing the workers' FLOPs gives the job's.
 
-It lives in the in-job library so that any job's Monitor can use it (``Monitor.flops_of``); the benchmark
-workload (``tpuscope bench``) uses it from here too. jax is imported inside the functions that need it, so
-importing this module costs nothing in a job that never asks.
+It lives in the in-job library for ``Monitor.flops_of`` and ``tpuscope bench``. jax is imported inside the
+functions that need it, so importing this module costs nothing in a job that never asks.
 """
 
 from __future__ import annotations
@@ -50,11 +46,8 @@ class StepCost:
 
 
 def step_cost(step: Callable[..., Any], *args: Any, **kwargs: Any) -> StepCost:
-    """The FLOPs of one call of the jitted ``step`` with these arguments, and the devices it runs on.
-
-    ``step.lower(...).compile()`` takes the program from JAX's caches when the step has already run with
-    arguments of these shapes; otherwise it compiles it now, and the step's first call finds it compiled.
-    """
+    """The FLOPs of one call of the jitted ``step`` with these arguments, and its devices. It compiles now unless
+    JAX's caches hold the program; either way the step's first call finds it compiled."""
     lower: Callable[..., Any] | None = getattr(step, "lower", None)
     if lower is None:
         raise TypeError(f"{step!r} has no .lower(): pass the jax.jit-ed step, not the Python function")
@@ -72,8 +65,7 @@ def program_flops(compiled: jax.stages.Compiled) -> float:
 
 
 def program_devices(compiled: jax.stages.Compiled) -> tuple[Any, ...]:
-    """The devices of this process that the compiled program runs on, read from its arguments' and results'
-    shardings (a program with neither runs on the default device)."""
+    """This process's devices in the program's shardings (with none, it runs on the default device)."""
     import jax
 
     shardings = jax.tree.leaves((compiled.input_shardings, compiled.output_shardings))
@@ -91,8 +83,7 @@ def accelerator_of(device: Any) -> str:
 
 def calibration_file() -> Path:
     cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(Path.home(), ".cache")
-    # Not peak_flops.json, which older tpuscope wrote with a bare number per device and still reads: a file of
-    # each format, so a job of either version on the same host reads its own.
+    # Not peak_flops.json, where older tpuscope keeps a bare number per device: each version reads its own file.
     return Path(cache) / "tpuscope" / "cpu_peak_flops.json"
 
 
@@ -104,11 +95,8 @@ CALIBRATION_ROUNDS = 3
 
 
 def peak_flops_per_second(devices: Sequence[Any], calibrate: bool = False) -> tuple[float, str]:
-    """Total peak FLOP/s of ``devices`` and where the number comes from.
-
-    Accelerators: the data sheet. A CPU: an estimate, measured (the best of :data:`CALIBRATION_ROUNDS` rounds)
-    and stored with its time; measured again when older than :data:`CALIBRATION_MAX_AGE_S`. The sidecar caps MFU
-    at 1 besides: a peak read low under load must not show more than 100 %."""
+    """Total peak FLOP/s of ``devices`` and where the number comes from. The sidecar caps MFU at 1 besides: a
+    CPU peak read low under load must not show more than 100 %."""
     accelerator = accelerator_of(devices[0])
     if accelerator in PEAK_TFLOPS:
         return PEAK_TFLOPS[accelerator] * 1e12 * len(devices), f"{accelerator} data sheet"
@@ -127,8 +115,7 @@ def peak_flops_per_second(devices: Sequence[Any], calibrate: bool = False) -> tu
 
 
 def _read_calibrations(path: Path) -> dict[str, dict[str, float]]:
-    """The stored peaks; an unreadable file, or an entry not of this form (a number and its time), is measured
-    again."""
+    """The stored peaks; an unreadable file, or an entry not of this form, is measured again."""
     try:
         raw = json.loads(path.read_text())
     except (OSError, ValueError):
@@ -147,9 +134,8 @@ def _read_calibrations(path: Path) -> dict[str, dict[str, float]]:
 def measure_matmul_flops(
     devices: Sequence[Any], size: int = 1024, seconds: float = 0.4, rounds: int = CALIBRATION_ROUNDS
 ) -> float:
-    """The best FLOP/s of repeated square float32 matmuls, one per device, run together: the best call of
-    ``rounds`` rounds of ``seconds`` each, with a pause between (another process's burst need not span them
-    all). One program, compiled once."""
+    """The best call's FLOP/s of square float32 matmuls, one per device, run together, over ``rounds`` rounds
+    of ``seconds`` each with a pause between (another process's burst need not span them all)."""
     import jax
     import jax.numpy as jnp
     import numpy as np

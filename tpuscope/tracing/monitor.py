@@ -16,17 +16,15 @@
         if n % 1000 == 0:
             checkpoints.save(n, args=ocp.args.StandardSave(state))
 
-Compiles are reported by themselves when jax is imported (``hooks=Hooks(jax_compiles=False)``
-turns that off). Without Orbax, ``with mon.checkpoint("save", step=n) as c:``
-times a checkpoint; without jit, ``s.flops`` and ``mon.hardware(...)`` give MFU.
-``with mon.badput("eval"):`` books a block (an eval, a data check) as badput of
-its own name (docs/goodput.md).
+Compiles are reported by themselves when jax is imported (``hooks=Hooks(jax_compiles=False)`` turns that off).
+Without Orbax, ``with mon.checkpoint("save", step=n) as c:`` times a checkpoint; without jit, ``s.flops`` and
+``mon.hardware(...)`` give MFU. ``with mon.badput("eval"):`` books a block (an eval, a data check) as badput of its
+own name (docs/goodput.md).
 
-Every method returns quickly and never raises: the job's progress matters more
-than its telemetry (``badput`` alone refuses a name that is no category's, at once:
-a mistake in the code, not a condition of the run). Events that cannot be delivered are counted in
-``mon.dropped`` and reported when the Monitor closes. (``flops_of`` is the one
-slow call, made once: it may compile the step, and on a CPU measure its peak.)
+Every method returns quickly and never raises: the job's progress matters more than its telemetry (``badput``
+alone refuses a name that is no category's, at once: a mistake in the code, not a condition of the run). Events
+that cannot be delivered are counted in ``mon.dropped``. ``flops_of`` is the one slow call, made once: it may
+compile the step, and on a CPU measure its peak.
 """
 
 from __future__ import annotations
@@ -71,12 +69,10 @@ _IN_STEP, _OUTSIDE, _PHASE_CODES = positions.STEP, positions.OUTSIDE, positions.
 
 
 class _UncaughtException:
-    """Whether an uncaught exception is ending the process, seen by chaining ``sys.excepthook``.
-
-    The interpreter calls the hook for the exception that ends the job, before the exit handlers
-    that close an unclosed Monitor. ``sys.last_type`` would say so too, but REPLs, IPython and
-    pytest also set it for exceptions they only print, which would record a clean run as failed.
-    """
+    """Whether an uncaught exception is ending the process, seen by chaining ``sys.excepthook``, which the
+    interpreter calls before the exit handlers that close an unclosed Monitor. ``sys.last_type`` would say so too,
+    but REPLs, IPython and pytest also set it for exceptions they only print, which would record a clean run as
+    failed."""
 
     def __init__(self) -> None:
         self.value: BaseException | None = None
@@ -115,8 +111,7 @@ os.register_at_fork(after_in_child=_forget_in_forked_child)
 
 
 def _profile_period(value: float | str | None) -> float | None:
-    """The device-profile period, or None (off). A bad value is said at once and turns profiles off: the
-    Monitor never raises."""
+    """The device-profile period, or None (off); a bad value is said and turns profiles off: never raises."""
     try:
         period = profile_sampler.parse_period(value)
     except ValueError as e:
@@ -208,13 +203,10 @@ class Monitor:
     of every event besides the sidecar (a run summary, a record file). ``traces``: the spans (:class:`Traces`),
     or False for none.
 
-    ``hooks``: the process-wide changes the Monitor may make (:class:`~tpuscope.tracing.hooks.Hooks`, each with
-    its default and why in tracing/hooks.py and docs/hooks.md), or False for none of them. The Monitor changes
-    nothing in the job's process unless that change is harmless or asked for: ``sigterm`` is off (on, a handler
-    only sets :attr:`preempted`, and the next :meth:`step` raises :class:`~tpuscope.tracing.preemption.Preempted`),
-    as is ``exit_on_hang``. ``jax_compiles`` reports JAX's compiles (:meth:`watch_jax_compiles`) as soon as jax is
-    imported in the process, here or at a later step, and device profiles (``profiles``, every ``profile_period``)
-    start then too: the Monitor never imports jax itself, and a job without JAX pays nothing for it.
+    ``hooks``: the process-wide changes the Monitor may make (:class:`~tpuscope.tracing.hooks.Hooks`; docs/hooks.md),
+    or False for none of them; ``sigterm`` and ``exit_on_hang`` are off unless asked for. JAX's compiles
+    (:meth:`watch_jax_compiles`) and device profiles start once jax is imported in the process, here or at a later
+    step: the Monitor never imports jax itself, and a job without JAX pays nothing for it.
     """
 
     def __init__(
@@ -245,8 +237,7 @@ class Monitor:
         # those inside it, which are booked as such.
         self.checkpoint_seconds = 0.0
         self.step_seconds = 0.0
-        # Custom badput (badput()): the names kept so far, and the sections ended and not yet sent, each its name,
-        # seconds and start; the next step (or the close) carries them.
+        # Custom badput: the sections ended and not yet sent, (name, seconds, start), carried by the next step or close.
         self._badput_names = goodput.BadputNames()  # as the sidecar keeps them
         self._badput_folded = False  # a name past the bound came, and was said
         self._badput: list[tuple[str, float, float]] = []
@@ -298,14 +289,11 @@ class Monitor:
     def _host_number(self, value: Any, advance: bool = True) -> Any:
         """The step number ``value`` holds, read without waiting on the device.
 
-        A JAX step counter (``state.step``) is the result of the previous step's program: reading it at once
-        would wait for that step to finish, and take away the asynchronous dispatch that lets the host prepare
-        a step while the device runs the last. So it is read only once it is ready (``is_ready()`` asks without
-        waiting); until then the step is numbered from the host's count, one past the last number read. Only
-        the first step's counter is read regardless (there is no count yet; that step compiles anyway). A NumPy
-        number is what ``int()`` reads; anything else is returned as it is, and its step dropped at exit.
-        ``advance=False`` (a checkpoint's step, the counter after the last step's update) counts nothing: the
-        steps' numbers go on as they would without it."""
+        A JAX step counter (``state.step``) is the previous step's result: reading it at once would wait for that
+        step, and take away the asynchronous dispatch that lets the host prepare a step while the device runs the
+        last. So it is read only once ``is_ready()``; until then the step is numbered one past the last number read
+        (the first step's counter is read regardless: that step compiles anyway). Anything ``int()`` cannot read is
+        returned as it is, and its step dropped at exit. ``advance=False`` (a checkpoint's step) counts nothing."""
         is_ready = getattr(value, "is_ready", None)
         try:
             if is_ready is not None:
@@ -336,24 +324,20 @@ class Monitor:
         return self._whereabouts.at(positions.SAVE if operation == "save" else positions.RESTORE)
 
     def checkpoint(self, operation: Literal["save", "restore"] = "save", *, step: int = 0) -> CheckpointTimer:
-        """Time a checkpoint: ``with mon.checkpoint("save", step=n) as c: c.bytes = ...``.
-
-        An exception inside the block records a failed checkpoint, then propagates.
-        """
+        """Time a checkpoint: ``with mon.checkpoint("save", step=n) as c: c.bytes = ...``. An exception inside the
+        block records a failed checkpoint, then propagates."""
         return CheckpointTimer(self, operation, step if type(step) is int else self._host_number(step, advance=False))
 
     def badput(self, name: str) -> BadputTimer:
         """Book the block's time as custom badput ``name``: ``with mon.badput("eval"): evaluate()``.
 
-        For time the job spends on purpose away from training (an eval, a data or silent-data-corruption check):
-        served as ``tpuscope_goodput_seconds_total{category=name}``, badput booked as it happens. A block between
-        steps is time that would otherwise be ``other``; inside a step it is taken out of that step's productive
-        time. The compiles and checkpoints inside the block are booked as such, not twice. A block opened inside
-        another is the outer one's time. The time is sent on the next step (or at the close).
+        For time the job spends on purpose away from training (an eval, a data or silent-data-corruption check),
+        served as ``tpuscope_goodput_seconds_total{category=name}``. Between steps it is time that would otherwise
+        be ``other``; inside a step it is taken out of that step's productive time. The compiles and checkpoints
+        inside the block are booked as such, and a block opened inside another is the outer one's time.
 
-        ``name``: a lower-case word (a letter, then up to 31 letters, digits or ``_``) that is no built-in category
-        (``productive``, ``compile``, ...); anything else raises ValueError at once, a mistake to fix. The first
-        ``goodput.MAX_CUSTOM_BADPUT`` names each keep a category; later ones are booked as ``custom`` (said once).
+        ``name``: a lower-case word that is no built-in category; anything else raises ValueError at once, a
+        mistake to fix. Past ``goodput.MAX_CUSTOM_BADPUT`` names, later ones are booked as ``custom`` (said once).
         """
         category = name if name in self._badput_names.kept else self._badput_category(name)
         return BadputTimer(self, category)
@@ -394,9 +378,8 @@ class Monitor:
         """Report every save and restore of an Orbax ``CheckpointManager``; use what it returns in its place:
         ``checkpoints = mon.orbax(ocp.CheckpointManager(directory, options=options))``.
 
-        Each save is reported when it is durable, async ones included, with the bytes on disk; what the job
-        waited for goes in the checkpoint's span. A failed save is reported and logged, and ``save`` returns
-        False; ``raise_errors=True`` raises it instead, where Orbax would. See tracing/orbax_checkpoints.py.
+        Each save is reported when it is durable, with the bytes on disk. A failed save is logged and ``save``
+        returns False; ``raise_errors=True`` raises it where Orbax would. See tracing/orbax_checkpoints.py.
         """
         from tpuscope.tracing.orbax_checkpoints import OrbaxCheckpoints
 
@@ -406,12 +389,10 @@ class Monitor:
         """Read the model FLOPs of the jitted ``step`` from its compiled program, for MFU: every later step
         reports them (a step's ``s.flops`` still overrides its own). Returns them; 0.0 when they cannot be read.
 
-        Give it the arguments the step is called with (arrays, or ``jax.ShapeDtypeStruct`` of their shapes). The
-        step compiles once either way: here if it has not run yet, and its first call then finds it compiled.
-        Unless :meth:`hardware` was called, it also reports the devices the step runs on and their peak FLOP/s:
-        from a table for TPUs and GPUs; a CPU's is measured (about a second), then kept in
-        ``~/.cache/tpuscope/cpu_peak_flops.json`` for later runs (an estimate: the best of a few rounds, measured
-        again after a week).
+        Give it the arguments the step is called with (arrays, or ``jax.ShapeDtypeStruct`` of their shapes); the
+        step compiles once either way. Unless :meth:`hardware` was called, it also reports the devices the step
+        runs on and their peak FLOP/s: from a table for TPUs and GPUs; a CPU's is measured, then kept for later
+        runs (tracing/jax_costs.py).
         """
         from tpuscope.tracing import jax_costs
 
@@ -457,9 +438,8 @@ class Monitor:
     ) -> None:
         """Report a checkpoint timed elsewhere (an async save that finished on another thread).
 
-        ``blocking_seconds``: how much of ``seconds`` held the job (an async save's call): the goodput ledger
-        books only that part as checkpoint time, and it goes into the checkpoint's span. ``compile_seconds``: the
-        compiles reported while it ran (the difference of :attr:`compile_seconds` across it), if known.
+        ``blocking_seconds``: how much of ``seconds`` held the job (an async save's call), the only part the goodput
+        ledger books as checkpoint time. ``compile_seconds``: the compiles reported while it ran, if known.
         """
         event = self._event(
             events.Checkpoint,
@@ -532,8 +512,7 @@ class Monitor:
         """Report JAX's compile stages and compilation-cache look-ups until the Monitor closes.
 
         The Monitor calls it itself once jax is imported (unless ``jax_compiles`` is off); calling it again
-        changes nothing. The process has one compile watcher, whichever Monitors ask: each compile is reported
-        once, to the earliest open Monitor that asked (tracing/jax_compiles.py).
+        changes nothing. Each compile goes to one Monitor of the process (tracing/jax_compiles.py).
         """
         self._jax_pending = False
         if self._jax_watched or self._closed:
@@ -542,7 +521,7 @@ class Monitor:
             from tpuscope.tracing import jax_compiles
 
             self._jax_watched = jax_compiles.subscribe(self, explain=self._explain_recompiles)
-        except Exception as e:  # no jax, or a jax without these hooks
+        except Exception as e:
             log.warning("tpuscope: JAX's compiles are not reported: %s", e)
 
     def _watch_jax_if_imported(self) -> None:
@@ -552,8 +531,7 @@ class Monitor:
         if self._jax_pending:
             self.watch_jax_compiles()
         if self._profile_period is not None and self._profiler is None and not self._closed:
-            # One profiler a process (JAX allows one session): a second Monitor's steps are not profiled while
-            # the first holds it, and may take it over once the first closes.
+            # One profiler a process: a second Monitor's steps are profiled only once it takes over from the first.
             try:
                 self._profiler = profile_sampler.claim(self, self._profile_period, self.socket_path)
             except Exception as e:  # never the job's problem: no profiles
@@ -795,9 +773,8 @@ def _span_recorder(workload: str, options: Traces) -> SpanRecorder | None:
 class StepTimer:
     """Times one step and its phases; sends one event when the step ends.
 
-    The time no phase claims is reported as ``other``, so a step's phases always
-    add up to its duration. This and :class:`PhaseTimer` are the hot path of every
-    step: what they do per step is kept to attribute reads and one event.
+    The time no phase claims is reported as ``other``, so a step's phases always add up to its duration. This and
+    :class:`PhaseTimer` are the hot path of every step: what they do per step is kept to attribute reads and one event.
     """
 
     __slots__ = (
@@ -823,7 +800,7 @@ class StepTimer:
         self._intervals: list[tuple[str, float, float]] | None = [] if monitor.spans is not None else None
         self._phase: PhaseTimer | None = None  # made at the first phase, then reused: phases follow each other
         self._start = 0.0
-        self._compiled_before = 0.0  # the Monitor's compile seconds as the step began
+        self._compiled_before = 0.0
         self._annotation: Any = None  # a device-profile capture's step annotation, while one runs
 
     def __enter__(self) -> StepTimer:
@@ -836,7 +813,7 @@ class StepTimer:
             self._annotation = profiler.step_started(number)
         self._compiled_before = self._monitor.compile_seconds
         self._start = start = perf_counter()
-        slots = self._monitor._whereabouts.slots  # where the job is, for the sidecar's hang verdict
+        slots = self._monitor._whereabouts.slots
         if type(number) is int:
             slots[_STEP_SLOT] = number
         slots[_SINCE_SLOT] = start
@@ -908,7 +885,7 @@ class StepTimer:
         if monitor._badput:  # custom badput marked since the last step
             try:
                 badput = monitor._take_badput(self._start)
-            except Exception:  # telemetry must never fail the step
+            except Exception:
                 log.debug("tpuscope: custom badput failed", exc_info=True)
         values: tuple[events.StepValues, ...] = ()
         unread = 0
@@ -916,7 +893,7 @@ class StepTimer:
         if given.waiting or given.unread:  # losses given this step or before (s.loss): those the device has computed
             try:
                 values, unread = given.ready(), given.take_unread()
-            except Exception:  # telemetry must never fail the step
+            except Exception:
                 log.debug("tpuscope: training values failed", exc_info=True)
         try:  # positionally, in the schema's order
             # Monitor.compiled_since, written out: a call costs the hot path more than the subtraction.

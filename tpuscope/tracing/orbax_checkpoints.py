@@ -4,54 +4,38 @@ A checkpoint's report needs its step, the time until it is durable, the bytes wr
 succeeded. An async save (what Orbax does by default) returns once the arrays are copied off the devices and
 is written by Orbax's threads afterwards, so the job must neither wait for the report nor walk directories.
 
-Why a wrapper around the manager: Orbax 0.12 has three hooks, and none of them tells all of that.
+Why a wrapper around the manager: none of Orbax 0.12's hooks tells all of that.
+``AsyncOptions.post_finalization_callback`` gets no step, is called only after a save that succeeded and before
+its directory is committed, and only if set when the manager was built; the manager's ``logger`` hears nothing
+when an async save becomes durable or fails; its ``jax.monitoring`` events (``/jax/orbax/write/...``) are
+durations without a step, none for a failure. Nor does ``StepMetadata`` hold a size (and 0.12.8 leaves its
+``commit_timestamp_nsecs`` unset).
 
-- ``AsyncOptions.post_finalization_callback`` is called with no argument (which step?), only after a save
-  that succeeded, before the step's directory is committed (renamed into place), and only if it was set
-  when the manager was built.
-- The manager's ``logger`` (``AbstractLogger.log_entry``) receives the blocking part of each save and each
-  restore, but nothing when an async save becomes durable or fails.
-- Its ``jax.monitoring`` events (``/jax/orbax/write/...``) are durations without a step, and none says
-  that a save failed.
+So :class:`OrbaxCheckpoints` times ``save`` and ``restore`` around the manager's own and passes everything else
+through. A watcher thread then reports each save: the time from the call until durable (the event's one
+duration), the part the job waited for (in the span and the log: the wire's Checkpoint event has no field for
+it), the bytes of the finished step directory, and success or failure.
 
-Nor does Orbax's ``StepMetadata`` hold a size (and 0.12.8 leaves its ``commit_timestamp_nsecs`` unset).
+The watcher learns that a save is durable from Orbax itself, without a call into the manager: an async
+``CheckpointManager.save`` ends by starting a ``_FinalizeThread`` for its step, kept in the manager's
+``_finalize_thread`` (orbax/checkpoint/checkpoint_manager.py, as of 0.12.8). That thread waits for the step's
+commit, then deletes what ``max_to_keep`` lets go: it ends when the save is durable, and its ``run`` keeps the
+save's failure in ``exception``. The watcher joins it with the base class's ``threading.Thread.join``: Orbax's
+override raises the failure once in each thread that joins, and the watcher must neither take it from the job's
+thread nor write an Orbax log line. Nothing waits before ``save`` either: Orbax's ``save`` waits for the
+previous save on the job's thread, so what Orbax records of that wait
+(``/jax/checkpoint/write/wait_for_prev_duration_secs``, on the main thread only; the logger's statistics) and its
+log lines are those of the job without tpuscope. The checkpointer's commit futures do not serve: they are its
+own, replaced by the next save. A manager without ``_finalize_thread`` (not Orbax's) has its saves reported
+durable when ``save`` returns. Orbax before 0.6.2 clears the failure for the first thread that joins: if that is
+the job's, the watcher learns it only if that call returns before the watcher reads the thread.
 
-So :class:`OrbaxCheckpoints` stands where the job calls Orbax: ``save`` and ``restore`` are timed around the
-manager's own, and everything else is the manager's, passed through. Each save is then reported by a watcher
-thread: the time from the call until durable (the event's one duration, which the checkpoint's age and
-goodput count), the part the job waited for (in the checkpoint's span and the log: the wire's Checkpoint event
-has no field for it), the bytes of the finished step directory, read on that thread, and success or failure.
-
-How the watcher learns that a save is durable, from Orbax itself and without a call into the manager: an
-async ``CheckpointManager.save`` ends by starting a ``_FinalizeThread`` for its step and keeping it in the
-manager's ``_finalize_thread`` (orbax/checkpoint/checkpoint_manager.py, as of 0.12.8: an ``OptionalRef`` since
-0.11.6, a plain attribute before). That thread runs ``_finalize``, which waits for the step's commit, then deletes
-the steps ``max_to_keep`` lets go: it ends when the save is durable, as Orbax's ``wait_until_finished`` (which
-joins it) says, and its ``run`` keeps the save's failure in ``exception``. The wrapper reads that attribute as
-``save`` returns (another thread object: this save's; none, or the one before: a synchronous save, made in the
-call), and the watcher joins that thread object with ``threading.Thread.join``, the base class's, not Orbax's
-override, which raises the failure once in each thread that joins: the watcher neither takes the failure from
-the job's thread nor writes an Orbax log line. It never calls the manager's ``wait_until_finished()``, and
-nothing waits before ``save``: Orbax's ``save`` waits for the previous save where it always has, on the job's
-thread, so what Orbax records of that wait (``/jax/checkpoint/write/wait_for_prev_duration_secs``, from
-``wait_until_finished`` on the main thread only; ``/jax/orbax/write/blocking_wait_prev_duration_secs``; the
-save's statistics given to its logger) and the lines it logs are those of the job without tpuscope. Orbax's
-other per-save objects do not serve: the checkpointer's commit futures are its own, replaced by the next save,
-and the hooks above say too little. A manager without ``_finalize_thread`` (not Orbax's) has its saves reported
-as durable when ``save`` returns. Orbax before 0.6.2 clears the failure from the thread for the first thread
-that joins it: when that is the job's (its next ``save`` or wait), the watcher learns it from that call if the
-call returns before the watcher reads the thread, else reports the save as made.
-
-Failures. A failed save, at the call or in the background, is reported (``ok=False``) and logged, and the
-job goes on: ``save`` returns False, as for a save not made, and the error that Orbax keeps for the next
-``save``, ``wait_until_finished`` or ``close`` after an async save failed is taken there, not raised again.
-When the watcher has seen the failure before the next ``save``, that ``save`` first takes the error with the
-manager's ``wait_until_finished()`` (it returns at once: the thread has ended); when Orbax's ``save`` raises
-it from its wait, the wrapper calls Orbax's ``save`` again, once (on a multi-host job, a host whose save
-failed then passes Orbax's start-of-save barrier twice; without tpuscope that host's job would have raised
-there). ``raise_errors=True`` raises them instead, where Orbax would. A failed restore is reported, then
-raised: the job needs what it asked for. A failure of tpuscope's own part (reading a size, reporting) is
-counted in ``errors`` and logged once, and never reaches the job.
+Failures. A failed save, at the call or in the background, is reported (``ok=False``) and logged, and the job
+goes on: ``save`` returns False, and the error Orbax keeps for the next ``save``, ``wait_until_finished`` or
+``close`` is taken there, not raised again. If Orbax's next ``save`` raises it, the wrapper calls that ``save``
+again, once (a host of a multi-host job then passes Orbax's start-of-save barrier twice; without tpuscope its job
+would have raised there). ``raise_errors=True`` raises them where Orbax would. A failed restore is reported, then
+raised: the job needs what it asked for. Failures of tpuscope's own part never reach the job.
 """
 
 from __future__ import annotations
@@ -94,9 +78,8 @@ class OrbaxCheckpoints:
     # --- the manager's calls, timed ------------------------------------------------------------------------------
 
     def save(self, step: int, *args: Any, **kwargs: Any) -> bool:
-        """The manager's ``save``, reported when the checkpoint is durable. False when no save was made: Orbax
-        skipped it (``should_save``), or it failed (reported and logged; raised with ``raise_errors``). While the
-        job waits in it, its position is the save's (judged on the long scale: tracing/position.py)."""
+        """The manager's ``save``, reported when the checkpoint is durable; False when Orbax skipped it
+        (``should_save``) or it failed. While the job waits in it, its position is the save's (tracing/position.py)."""
         with self._monitor.position_at("save"):
             return self._save(step, *args, **kwargs)
 
@@ -130,8 +113,7 @@ class OrbaxCheckpoints:
         return saved
 
     def restore(self, step: int | None = None, *args: Any, **kwargs: Any) -> Any:
-        """The manager's ``restore`` (of the latest step when ``step`` is None), reported with the bytes of the
-        step it read. A failed restore is reported, then raised."""
+        """The manager's ``restore`` (of the latest step when ``step`` is None), reported with the bytes it read."""
         with self._monitor.position_at("restore"):
             return self._restore(step, *args, **kwargs)
 
@@ -153,8 +135,7 @@ class OrbaxCheckpoints:
         return restored
 
     def wait_until_finished(self) -> None:
-        """The manager's wait. An async save that failed is reported by its watcher; raised only with
-        ``raise_errors``."""
+        """The manager's wait; a failed async save, reported by its watcher, is raised only with ``raise_errors``."""
         try:
             with self._monitor.position_at("save"):
                 self.manager.wait_until_finished()
@@ -163,8 +144,7 @@ class OrbaxCheckpoints:
                 raise
 
     def close(self) -> None:
-        """Close the manager (which waits for the last save), and send the last save's report (waiting
-        ``CLOSE_TIMEOUT_SECONDS`` at most for it)."""
+        """Close the manager (which waits for the last save), then wait for that save's report."""
         with self._monitor.position_at("save"):
             self._close()
 
@@ -202,9 +182,9 @@ class OrbaxCheckpoints:
         return True
 
     def _take_error(self) -> None:
-        """Take from the manager, on the job's thread, the error of a failed async save that was reported already:
-        Orbax raises it once per thread, from the next wait, which would otherwise be the next save's. Its wait
-        returns at once: that save's finalize thread has ended."""
+        """Take, on the job's thread, the error of a failed async save already reported: Orbax raises it once per
+        thread, from the next wait, which would otherwise be the next save's. That wait returns at once: the save's
+        finalize thread has ended."""
         last = self._last
         if self._raise or last is None or not last.settled.is_set() or last.error is None or last.taken:
             return
@@ -284,8 +264,7 @@ class _SaveWatcher:
     def _run(self) -> None:
         owner, finalize = self._owner, self.finalize
         if finalize is not None:
-            # The base class's join: Orbax's own raises the failure at most once per thread (clearing it before
-            # 0.6.2), and the job's thread must still get it from Orbax where it would.
+            # The base class's join: Orbax's would take the failure the job's thread must still get (see the module).
             threading.Thread.join(finalize)
             self.error = self.error or getattr(finalize, "exception", None)
         durable = time.perf_counter() if finalize is not None else self._returned  # synchronous: made in the call
@@ -330,8 +309,7 @@ def _step_of(thread: threading.Thread) -> int | None:
 
 def _raised_from(error: BaseException, thread: threading.Thread) -> bool:
     """Whether ``error`` is the failure kept by Orbax's finalize ``thread``: the object itself, or (once Orbax
-    before 0.6.2 has cleared it from the thread) an error whose traceback passes through the thread's ``run``
-    or ``join``."""
+    before 0.6.2 cleared it) one whose traceback passes through the thread's ``run`` or ``join``."""
     if error is getattr(thread, "exception", None):
         return True
     tb = error.__traceback__

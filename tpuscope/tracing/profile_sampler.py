@@ -7,61 +7,34 @@ itself; it answers the job too, whose next step's event carries it (``Step.profi
 job's own sinks.
 
 - **Which steps.** K is a power of two near ``period / step time``, and a capture starts at a step divisible by K.
-  Hosts of a synchronous job step in lockstep and measure nearly the same step time, so they choose the same K;
-  where one chose twice another's (near a power-of-two boundary, or after widening its period), its captures are
-  still a subset of the other's: every host that captures at a step captures the same steps. Each attempt's event
-  says the wall time K steps now take (``DeviceProfile.period_s``): the sidecar serves it, and the rules count a
-  capture fresh for a few of them.
-- **Which of them are measured.** The session starts on the profiler's thread while the step that asked for it runs:
-  that step is neither traced whole nor annotated (a trace's first annotation is the step after it, or later on a
-  starved host: never a step the session began inside). The first step begun inside the session is a lead-in, not
-  annotated either: ops dispatched before the session (an asynchronous job's earlier steps) began untraced, and a
-  window they ran into would read their time as idle. Then :data:`CAPTURED_STEPS` steps are annotated, and the
-  sidecar measures every window between two consecutive annotations the trace holds: 5 steps, and still 4 should the
-  trace lack one.
-- **What it costs the job.** On the training thread, while a capture runs: a step annotation and a clock read per
-  annotated step (about a microsecond). On the profiler's threads: starting the trace, then stopping it and writing
-  it into the sidecar's spool at the lowest CPU priority once it no longer records; never a parse. That cost is
-  measured each time (``capture_s``); a capture costing more than :data:`COST_BUDGET` of its period's wall time
-  doubles K.
-- **Never under the GIL.** A session is always ended by its ``stop()``, which collects, converts and serializes the
-  trace without holding the GIL (a step of the job's, an eval's pure Python, go on meanwhile). Never by dropping it
-  unstopped: its C++ destructor collects the whole trace holding the GIL, freezing every Python thread of the job
-  for as long; so an expired or discarded capture is stopped too, and its bytes thrown away.
-- **Nothing native at exit.** Each ``stop()``, and the trace's write into the spool, runs on a thread of its own
-  that is *not* a daemon (``tpuscope-profile-stop``): the interpreter waits for it before it finalizes. A daemon
-  thread inside ``stop()`` when the interpreter finalizes is killed as it takes the GIL back, through a C++ frame
-  that may not unwind: the job, finished, aborts (SIGABRT, a failed container that JobSet restarts). So
-  :meth:`DeviceProfiler.close` returns at once (the ``with`` block's exit, a notebook cell), a capture under way is
-  stopped on that thread and discarded, and a stop already under way runs on: a job that exits then exits once it is
-  done (the stop of a capture's few steps; longer for a bigger trace, at the lowest priority). A job that is killed
-  (SIGKILL, or SIGTERM without a handler) does not wait: it never finalizes, so it cannot abort there either. A
-  trace whose stop finished is in the spool, and the sidecar serves its answer (:mod:`tpuscope.exporter.profiles`)
-  whether or not the job is still there to carry it.
-- **Bounded.** JAX's profiler buffers every op it sees in host memory (hundreds of MB a second on a busy CPU
-  backend), so a capture must not outlive its steps: it ends after its lead-in and :data:`CAPTURED_STEPS` annotated
-  steps (with the end of the step that asked, a few steps' ops), or is discarded
-  (counted ``error``, said once) when the job goes :data:`DEADLINE_STEPS` mean step times (at least
-  :data:`DEADLINE_FLOOR`) without starting or ending a step: an eval, a checkpoint, the loop's end. Each step pushes
-  that deadline forward; the profiler's thread waits for it. (``ProfileOptions.duration_ms`` bounds only a remote
-  capture through a profiler server; an in-process session ignores it.)
-- **The user's profiler comes first.** JAX allows one profiling session per process. While a profiler lives, JAX's
-  own profiler lock (``jax._src.profiler._profile_state.lock``, which ``start_trace``, ``stop_trace`` and
-  ``trace()`` take at each call) is wrapped so that whoever takes it first ends a capture under way: the user's
-  trace works, however ``start_trace`` was imported, and JAX's profiler stays usable. The user's call waits for no
-  lock of ours, only until the native profiler has let our session go, as it must: the runtime (tsl's
-  ``ProfilerSession``) refuses a second session until the first is collected, and a session made before that is dead
-  (its ``stop_trace`` raises ``ALREADY_EXISTS``), so returning sooner would lose the user's trace. A capture still
-  tracing is stopped at once, on a thread of the user's priority, without the GIL; one whose stop is under way is
-  waited for, its write into the spool not. A capture does not start (counted ``busy``) while a session of the
-  user's or a profiler server runs, nor while JAX's PGLE is on (``jax_enable_pgle``): its sessions start inside the
-  user's jitted calls and raise there when another session runs. Steps are annotated only while a session of ours
-  runs, so nothing is written into a user's trace.
-- **One per process.** :func:`claim` gives the process's one profiler to the first Monitor that asks;
-  :func:`release` ends it.
+  Hosts of a synchronous job step in lockstep, so they choose the same K; where one chose twice another's (near a
+  power-of-two boundary, or after widening its period), its captures are still a subset of the other's. The step
+  that asks is not measured (the session starts during it), nor the lead-in after it (:data:`LEAD_IN_STEPS`).
+- **What it costs the job.** On the training thread, a step annotation and a clock read per annotated step; on the
+  profiler's threads, the trace's start, then its stop and write into the spool at the lowest CPU priority once it
+  no longer records; never a parse. A capture costing more than :data:`COST_BUDGET` of its period doubles K.
+- **Never under the GIL.** A session is always ended by its ``stop()``, which collects and serializes the trace
+  without holding the GIL. Dropped unstopped, its C++ destructor would collect the whole trace holding the GIL,
+  freezing every Python thread of the job for as long; so an expired or discarded capture is stopped too.
+- **Nothing native at exit.** Each ``stop()`` runs on a thread that is *not* a daemon (``tpuscope-profile-stop``):
+  a daemon thread inside ``stop()`` when the interpreter finalizes is killed as it takes the GIL back, through a
+  C++ frame that may not unwind, and the finished job aborts (SIGABRT, a failed container that JobSet restarts).
+  So :meth:`DeviceProfiler.close` returns at once, and a stop under way delays the job's exit by that stop. A
+  killed job never finalizes, so it cannot abort there either.
+- **Bounded.** JAX's profiler buffers every op it sees in host memory, so a capture ends after its annotated steps,
+  or is discarded (counted ``error``) when the job goes :data:`DEADLINE_STEPS` mean step times without starting or
+  ending a step (an eval, a checkpoint, the loop's end). ``ProfileOptions.duration_ms`` would not do: an
+  in-process session ignores it.
+- **The user's profiler comes first.** JAX allows one profiling session per process. While a profiler lives,
+  JAX's own profiler lock is wrapped (:class:`_GivingWayLock`) so that whoever takes it first ends a capture under
+  way, waiting only until the native profiler has let our session go: the runtime (tsl's ``ProfilerSession``)
+  refuses a second session until the first is collected, and a session made before that is dead (its
+  ``stop_trace`` raises ``ALREADY_EXISTS``). A capture does not start (counted ``busy``) while a session of the
+  user's or a profiler server runs, nor while JAX's PGLE is on (``jax_enable_pgle``): its sessions start inside
+  the user's jitted calls and raise there when another session runs. Steps are annotated only while a session of
+  ours runs: none lands in a user's trace. One Monitor per process holds the profiler (:func:`claim`).
 - **Only with a sidecar that parses.** The sidecar offers the service by making its spool
-  (:func:`tpuscope.events.profile_spool`); without it (an older sidecar, none at all) no capture is taken, said
-  once.
+  (:func:`tpuscope.events.profile_spool`); without it no capture is taken, said once.
 - **Never in the way.** Nothing here raises into the training loop; what fails is counted (``error``) and said once
   in the log, and a JAX without the parts used here means no captures, said once.
 
@@ -114,9 +87,8 @@ ANSWER_POLL = 0.05  # seconds between two looks for it
 CLOSE_TIMEOUT = 0.2  # the most close() waits for the profiler's thread, which never waits on a native call
 RECORDING_POLL = 0.0005  # seconds between two looks for a stop's end of the recording (see _Stop._lower)
 RECORDING_ENDS_WITHIN = 0.5  # the most seconds those looks take: a stop begun ends the recording in about one
-# A stop's nice value once the trace no longer records (see _Stop): 19, the lowest priority, unless
-# $TPUSCOPE_PROFILE_NICE gives 0 to 19 (a job whose machine is shared with busier processes, where a stop at 19 may
-# not end in time).
+# A stop's nice value once the trace no longer records (see _Stop). $TPUSCOPE_PROFILE_NICE is for a machine shared
+# with busier processes, where a stop at 19 may not end in time.
 NICE_ENV = "TPUSCOPE_PROFILE_NICE"
 DEFAULT_NICE = 19
 
@@ -141,8 +113,7 @@ def _at_exit() -> None:
 
 def _forget_in_forked_child() -> None:
     """A forked child's profiler is its parent's (its session and thread did not survive): forgotten, and JAX's
-    lock given back. Held at the fork by the parent's profiler thread, which the child has not, it would stay
-    held: the child gets a new one."""
+    lock given back, or a new one if the parent's profiler thread held it at the fork (it would stay held)."""
     global _claimed
     _claimed = None
     _open.clear()
@@ -169,8 +140,7 @@ def parse_period(value: float | str | None) -> float | None:
 
 
 def worker_nice() -> int:
-    """A stop's nice value: ``$TPUSCOPE_PROFILE_NICE`` (0 to 19), else :data:`DEFAULT_NICE`. A value it cannot use
-    is said once, in the log, and the default taken: it never raises into the job."""
+    """A stop's nice value: ``$TPUSCOPE_PROFILE_NICE`` (0 to 19), else :data:`DEFAULT_NICE`; never raises."""
     value = os.environ.get(NICE_ENV, "").strip()
     if not value:
         return DEFAULT_NICE
@@ -190,12 +160,9 @@ def worker_nice() -> int:
 
 
 def claim(owner: object, period: float, socket_path: str | os.PathLike[str]) -> DeviceProfiler | None:
-    """The process's device profiler, for ``owner`` (a Monitor) to drive; None while another owner holds it.
-
-    JAX allows one profiling session per process, so one profiler takes the captures: the first claimant's,
-    until it calls :func:`release` (or is garbage). Which workload holds it is said once at INFO, and so is
-    the refusal, once per claimant (which may ask again at each step: a dict look-up and a lock). ``socket_path``:
-    the owner's sidecar, whose spool takes the traces."""
+    """The process's device profiler, for ``owner`` (a Monitor) to drive until it calls :func:`release` (or is
+    garbage); None while another owner holds it. A refusal is said once per claimant, which may ask again at each
+    step (a dict look-up and a lock). ``socket_path``: the owner's sidecar, whose spool takes the traces."""
     global _claimed
     with _claim_lock:
         if _claimed is not None:
@@ -278,10 +245,9 @@ class _Capture:
 class DeviceProfiler:
     """Decides which steps to trace, traces them, and hands the sidecar's split to the next step's event.
 
-    The Monitor's step reads two attributes: it calls :meth:`step_started` when the step number is a
-    multiple of ``every`` (K) or ``watching`` is set, and :meth:`step_ended` when ``watching`` is set: while
-    K is not chosen yet, while a capture traces its steps and while a profile waits for the next step's
-    event. Outside them a step costs the profiler nothing more. Neither method raises.
+    The Monitor's step calls :meth:`step_started` when the step number is a multiple of ``every`` (K) or
+    ``watching`` is set, and :meth:`step_ended` when ``watching`` is set: while K is not chosen yet, while a
+    capture traces its steps and while a profile waits for the next step's event. Neither method raises.
 
     ``history``: what the profiler's thread did lately, ``(what, began, ended)`` in ``time.perf_counter``
     seconds, ``what`` one of ``session`` (ours ran), ``stop`` (stopping and serializing it), ``handoff``
@@ -384,15 +350,13 @@ class DeviceProfiler:
             self.every = self._steps_per(self.period)
 
     def _steps_per(self, seconds: float) -> int:
-        """K for a period: a power of two (see the module's docstring), and at least twice the steps a capture
-        spans (the one that asks, the lead-in, the annotated ones: 8, so 16): a capture asked for while the last
-        one still waits for its answer is skipped, and the period the job says would be half the one it keeps."""
+        """K for a period: a power of two, at least twice the steps a capture spans: a capture asked for while the
+        last one still waits for its answer is skipped, and the period the job says would be half the one it keeps."""
         floor = 1 << math.ceil(math.log2(2 * (1 + LEAD_IN_STEPS + CAPTURED_STEPS)))
         return max(floor, 1 << max(0, round(math.log2(seconds / max(self._step_time, 1e-6)))))
 
     def _request(self, number: int) -> None:
-        """Begin a capture at step ``number``: the profiler's thread starts the session, and the training
-        thread annotates the steps that begin while it runs, after the lead-in."""
+        """Begin a capture at step ``number``: the profiler's thread starts the session."""
         jax = self._jax_api()  # here, once: the worker and this thread would race to make it
         if jax is None:
             return
@@ -413,10 +377,9 @@ class DeviceProfiler:
 
     # --- a user's trace, on whichever thread starts or stops it ------------------------------
     def give_way(self) -> None:
-        """JAX's profiler lock is being taken (a user's start_trace, stop_trace or trace()): a session of ours still
-        tracing is stopped now and discarded, and one being stopped is waited for, each without the GIL, until the
-        native profiler is free (see the module's docstring). The worker holds ``_lock`` only to start a session
-        or to hand it to its stop, never across a native call that takes long."""
+        """JAX's profiler lock is being taken by a user's call: a session of ours still tracing is stopped now and
+        discarded (see the module's docstring). The worker holds ``_lock`` only to start a session or to hand it to
+        its stop, never across a native call that takes long."""
         capture = self._capture
         if capture is None:
             return
@@ -495,7 +458,7 @@ class DeviceProfiler:
         cost = started - began + stop.ended - stop.began
         if (self._closed or _exiting) and not capture.yielded:  # discarded, or answered to the sidecar: counted by none
             return
-        if capture.yielded:  # a user's trace ended it
+        if capture.yielded:
             self._skipped("it gave way to a user's trace")
         elif stop.failed:
             self._count("error", events.DeviceProfile(result="error", capture_s=cost, trace_bytes=stop.trace_bytes))
@@ -653,11 +616,10 @@ class _Handover:
 
 
 class _Stop:
-    """A session's end: its ``stop()`` (without the GIL), and a trace that is kept written into the spool, on a
-    thread the interpreter waits for before it finalizes (see the module's docstring). Once the interpreter has
-    stopped waiting for threads (an exit handler's close, a daemon thread that woke then), no thread starts and the
-    session is dropped where it is, holding the GIL: nothing of the job runs any more, and no thread of ours is left
-    inside a native call that gives the GIL up."""
+    """A session's end: its ``stop()`` and a kept trace's write into the spool, on a thread the interpreter waits
+    for (see the module's docstring). Once the interpreter has stopped waiting for threads (an exit handler's close,
+    a daemon thread that woke then), the session is dropped where it is, holding the GIL: nothing of the job runs
+    any more, and no thread of ours is left inside a native call that gives the GIL up."""
 
     def __init__(self, jax: _Jax, session: Any, keep: _Handover | None, nice: int | None) -> None:
         self.stopped = threading.Event()  # the native profiler has let the session go
@@ -683,11 +645,10 @@ class _Stop:
         self.done.set()
 
     def _lower(self, thread: threading.Thread, jax: _Jax, nice: int) -> None:
-        """Lower the stop's priority once the trace no longer records: its collecting and serializing come after the
-        job's threads (the steps beside a stop run slower at 0: docs/performance.md). Begun at its maker's priority,
-        the stop ends the recording at once; begun at the lowest on busy cores, it would wait for a share of them
-        while the session records on (the job's eval, say). An unprivileged thread may lower a priority but never
-        raise it again: hence this thread's few looks, each a fraction of a millisecond."""
+        """Lower the stop's priority once the trace no longer records (the steps beside a stop run slower at 0:
+        docs/performance.md). Begun at the lowest on busy cores, the stop would wait for a share of them while the
+        session records on; and an unprivileged thread may lower a priority but never raise it again: hence this
+        thread's few looks."""
         deadline = time.monotonic() + RECORDING_ENDS_WITHIN
         while jax.recording() and not self.stopped.is_set() and time.monotonic() < deadline:
             time.sleep(RECORDING_POLL)
@@ -784,7 +745,7 @@ class _Jax:
     JAX without one: no captures), and JAX's profiler lock wrapped (see :class:`_GivingWayLock`).
 
     The session is ``jax._src.lib._profiler.ProfilerSession``, held in memory: its ``stop()`` returns the
-    serialized XSpace (JAX's own PGLE uses it so), and dropping it unstopped ends it without serializing."""
+    serialized XSpace, as JAX's own PGLE uses it."""
 
     def __init__(self) -> None:
         import jax

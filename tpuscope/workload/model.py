@@ -1,24 +1,19 @@
 """A small decoder-only transformer trained data-parallel, split into separately timed programs.
 
-The real workload of ``tpuscope workload``. A TPU job runs a training step as one
-program, so its phases cannot be timed apart from the host. To report honest
-``compute`` and ``sync`` phases, this trainer also compiles the step as three
-programs that each do one kind of work:
+The real workload of ``tpuscope workload``. A TPU job runs a training step as one program, so its phases cannot
+be timed apart from the host. To report honest ``compute`` and ``sync`` phases, this trainer also compiles the
+step as three programs that each do one kind of work:
 
-* ``grads``: forward and backward on each device's shard of the batch, with no
-  cross-device communication; every device keeps its own gradients.
-* ``all_reduce``: the gradient all-reduce (``lax.pmean`` over ``"data"``) alone.
-* ``apply``: the optax (adam) update on each device from its copy of the mean
-  gradient, with no communication.
+* ``grads``: forward and backward on each device's shard of the batch, no cross-device communication;
+* ``all_reduce``: the gradient all-reduce (``lax.pmean`` over ``"data"``) alone;
+* ``apply``: the optax (adam) update on each device from its copy of the mean gradient, no communication.
 
-``fused_step`` is the same step as one program, for comparison with the split
-timings. Pure JAX and optax (no flax): parameters are a dict pytree.
+``fused_step`` is the same step as one program, to compare with the split timings. Pure JAX and optax (no flax):
+parameters are a dict pytree.
 
-Every public method that runs a program blocks until its result is ready. That
-is what makes host timings mean something, and it is also needed for safety:
-with many forced host-platform (CPU) devices, dispatching many steps of programs
-with collectives without waiting can deadlock XLA's CPU collectives (it aborts
-after 40 s).
+Every public method that runs a program blocks until its result is ready: that makes host timings mean something,
+and with many forced host-platform (CPU) devices, dispatching many steps of programs with collectives without
+waiting can deadlock XLA's CPU collectives (it aborts after 40 s).
 """
 
 from __future__ import annotations
@@ -165,12 +160,9 @@ def loss_fn(params: Params, tokens: jax.Array, config: ModelConfig) -> jax.Array
 
 
 class DataParallelTrainer:
-    """Data-parallel training over ``devices`` (all local devices by default) on a 1-D ``"data"`` mesh.
-
-    ``trainer.grads`` -> ``trainer.all_reduce`` -> ``trainer.apply`` is one step as three programs;
-    ``trainer.fused_step`` is the same step as one program. Each program is jitted once here, so repeated
-    calls with the same shapes hit the jit cache.
-    """
+    """Data-parallel training over ``devices`` (all local devices by default) on a 1-D ``"data"`` mesh:
+    ``grads`` -> ``all_reduce`` -> ``apply`` is one step as three programs, ``fused_step`` the same as one. Each
+    program is jitted once here, so repeated calls with the same shapes hit the jit cache."""
 
     def __init__(
         self,
@@ -207,18 +199,17 @@ class DataParallelTrainer:
         # Each device's factor on its gradients before the all-reduce: 1, NaN where the `nan` fault strikes.
         self._gradient_scale = self._per_device(1.0)
 
-    # Each _make_* builds the function that gets jitted. The inner functions carry the names that jax reports
-    # as ``fun_name`` in its compile events and in profiles ("grads", "all_reduce", "apply", "fused_step").
+    # Each _make_* builds the function that gets jitted; its inner function's name is the ``fun_name`` jax reports
+    # in its compile events and in profiles.
     #
     # grads, apply and fused_step use check_vma=False. With the check on, shard_map types the replicated
-    # parameters as device-invariant, and differentiating them against a per-device loss inserts an implicit
-    # psum into the backward pass: grads would communicate (and return the sum over devices instead of each
-    # device's own gradients), and fused_step's explicit pmean would see already-summed gradients. With it off,
-    # gradients stay per device and the only collective is the explicit pmean. apply also needs it to declare
-    # its result replicated (out_specs P()), which holds because every device applies the same mean.
+    # parameters as device-invariant, and differentiating them against a per-device loss inserts an implicit psum
+    # into the backward pass: grads would communicate (and return the sum over devices, not each device's own
+    # gradients), and fused_step's pmean would see already-summed gradients. apply also needs it to declare its
+    # result replicated (out_specs P()), which holds because every device applies the same mean.
     #
-    # Nothing is donated: callers may run the split and the fused step from one state (the tests do), and at
-    # this size the extra copy of the state costs nothing worth measuring.
+    # Nothing is donated: callers may run the split and the fused step from one state (the tests do), and at this
+    # size the extra copy of the state costs nothing worth measuring.
 
     def _make_init_state(self) -> Callable[[jax.Array], TrainState]:
         config, optimizer = self.config, self.optimizer
@@ -370,15 +361,10 @@ class DataParallelTrainer:
     def programs(
         self, state: TrainState, batch: jax.Array, names: Collection[str] = PROGRAMS
     ) -> dict[str, jax.stages.Compiled]:
-        """The compiled programs named (of :data:`PROGRAMS`) for this batch's shape, for ``cost_analysis()``
-        and ``memory_analysis()``.
-
-        Lowered from the same jitted functions the methods call, so a program that already ran is taken
-        from the cache: nothing runs and nothing recompiles. Ask only for the programs the step uses: the
-        split programs in split mode, ``fused`` in fused mode. The inputs of ``all_reduce`` and ``apply``
-        are described by the output types of ``grads`` (and ``all_reduce``). A straggling trainer's ``fused`` is
-        the plain step's program, compiled once here for its shape (see ``__init__``).
-        """
+        """The compiled programs named (of :data:`PROGRAMS`) for this batch's shape, for ``cost_analysis()`` and
+        ``memory_analysis()``: lowered from the jitted functions the methods call, so a program that already ran
+        comes from the cache and nothing runs or recompiles. Ask only for the programs the step uses (the split
+        ones, or ``fused``). A straggling trainer's ``fused`` is the plain step's program (see ``__init__``)."""
         compiled: dict[str, jax.stages.Compiled] = {}
         if {"grads", "all_reduce", "apply"} & set(names):
             compiled["grads"] = self._grads.lower(state, batch, self._gradient_scale).compile()
@@ -396,13 +382,9 @@ class DataParallelTrainer:
 
     def step_flops(self, programs: Mapping[str, jax.stages.Compiled]) -> float:
         """Model FLOPs of one step over all devices from its compiled programs: ``grads`` + ``apply`` (the
-        all-reduce is not model work), or the ``fused`` program's when that is what is given.
-
-        XLA's cost_analysis describes the compiled module, and a shard_map'd program compiles to one SPMD
-        module that every device runs on its own shard: its FLOPs are per device (on CPU with 8 forced devices
-        the grads program reports 1/8 of the whole batch's FLOPs, see tests/test_model.py). So the total is
-        the per-device count times the number of devices.
-        """
+        all-reduce is not model work), or the ``fused`` program's when that is what is given. XLA's cost_analysis
+        describes the compiled module, and a shard_map'd program compiles to one SPMD module that every device runs
+        on its own shard: its FLOPs are per device, so the total is that times the number of devices."""
         names = ("fused",) if "fused" in programs else ("grads", "apply")
         return sum(program_flops(programs[name]) for name in names) * self.n_devices
 
