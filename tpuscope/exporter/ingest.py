@@ -67,8 +67,7 @@ _STAMP_SPACE = socket.CMSG_SPACE(_TIMEVAL.size)
 # that recent (or waited in a backlog, as before polling): it is filed at the sidecar's clock.
 STAMPED_AFTER_SECONDS = 0.002
 # How often the connections are read: the wait halves after a round that found events (down to the shortest),
-# and doubles after one that found none (up to the longest). Idle with jobs connected: 20 rounds a second, each
-# a recv per job (0.1-0.2 % of a core here); a job sending 20 events a second: about as many.
+# and doubles after one that found none (up to the longest): idle with jobs connected, a round is a recv per job.
 MIN_POLL_SECONDS = 0.001
 MAX_POLL_SECONDS = 0.05
 # After a failed accept() (out of file descriptors: the pending connection stays, and the listener would read

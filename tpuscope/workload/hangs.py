@@ -31,9 +31,8 @@ from typing import Any
 from tpuscope.workload.faults import HANGING, Faults
 
 BARRIER_TIMEOUT_MS = 3_600_000  # the peers of a skipped barrier wait an hour: the hang, not a timeout, is shown
-# XLA's CPU compile of the slow-compile program grows faster than its operations, as their 1.56th power (on this
-# project's machine alone: 1,000 chained matmuls and tanh in 10.7 s, 2,000 in 27.7 s, 3,000 in 50.6 s and 3.5 GB of
-# memory, 3,500 in 66 s; 10,800 took four processes 8 GB each).
+# XLA's CPU compile of the slow-compile program grows faster than its operations, as a power of their number: the
+# fit of the measured compiles docs/bench.md quotes (the slow-compile fault).
 COMPILE_SECONDS_AT_1000, COMPILE_EXPONENT = 10.7, 1.56
 EVAL_BATCH_SECONDS = 0.5  # the eval loop's pause between its programs
 
