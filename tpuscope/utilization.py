@@ -77,15 +77,18 @@ class Mfu:
     """The model FLOPs and seconds of the steps that reported FLOPs: the last ``steps`` of them, or all."""
 
     def __init__(self, steps: int | None = None) -> None:
-        self._steps: deque[tuple[float, float]] = deque(maxlen=steps)
+        # Two flat deques, summed where they lie: the sidecar adds a step and reads the ratio at every step event.
+        self._flops: deque[float] = deque(maxlen=steps)
+        self._seconds: deque[float] = deque(maxlen=steps)
 
     def add(self, flops: float, seconds: float) -> None:
         if flops > 0 and seconds > 0 and math.isfinite(flops / seconds):  # one absurd step must not hold the window
-            self._steps.append((flops, seconds))
+            self._flops.append(flops)
+            self._seconds.append(seconds)
 
     def of(self, peak_flops_per_second: float) -> float | None:
         """None before a step with FLOPs, without a peak, or with a peak that makes no number."""
-        flops, seconds = math.fsum(f for f, _ in self._steps), math.fsum(s for _, s in self._steps)
+        flops, seconds = math.fsum(self._flops), math.fsum(self._seconds)
         if not (flops and seconds and peak_flops_per_second):
             return None
         achieved = flops / seconds / peak_flops_per_second
