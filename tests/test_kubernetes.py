@@ -394,5 +394,7 @@ def test_generate_with_a_teams_config_sets_the_sidecars_flags_from_its_threshold
     rules = (tmp_path / "out/deploy/prometheus/tpuscope-rules.yaml").read_text()
     stalled = r"\(tpuscope_last_progress_timestamp_seconds\) > (\d+)"
     assert re.findall(stalled, rules) == ["900"], "the stall alert at the team's threshold too"
+    runbooks = (tmp_path / "out/docs/alerts.md").read_text()
+    assert "15 min" in runbooks and "10 min" not in runbooks, "the runbooks at the team's thresholds too"
     # The committed manifests carry the built-in thresholds, as the sidecar's own defaults are.
     assert serve_options(SIDECAR, {}).core_state_after == 600.0 and "--core-state-after=10m" in SIDECAR["args"]

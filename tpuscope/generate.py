@@ -123,7 +123,7 @@ def artifacts(config: GeneratorConfig) -> dict[str, Callable[[], str]]:
         },
         "deploy/prometheus/tpuscope-rules.yaml": lambda: alerts.rules_file(config),
         "deploy/alertmanager/alertmanager.yml": lambda: alerts.alertmanager_file(config),
-        "docs/alerts.md": alerts.runbooks_markdown,
+        "docs/alerts.md": lambda: alerts.runbooks_markdown(config),
         "docs/hooks.md": hooks.markdown,
     }
 
@@ -133,18 +133,23 @@ ARTIFACTS = artifacts(kubernetes.BUILT_IN)
 
 def stale(root: Path, config: GeneratorConfig = kubernetes.BUILT_IN) -> list[str]:
     """The artifacts under ``root`` that are missing or differ from what would be generated now."""
-    return [rel for rel, render in artifacts(config).items() if _read(root / rel) != render()]
+    return list(_stale(root, config))
 
 
 def write(root: Path, config: GeneratorConfig = kubernetes.BUILT_IN) -> list[str]:
     """Write every stale artifact under ``root``; return their paths."""
-    changed = stale(root, config)
-    made = artifacts(config)
-    for relative in changed:
+    changed = _stale(root, config)
+    for relative, content in changed.items():
         path = root / relative
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(made[relative]())
-    return changed
+        path.write_text(content)
+    return list(changed)
+
+
+def _stale(root: Path, config: GeneratorConfig) -> dict[str, str]:
+    """Each stale artifact's path and its content now, each rendered once."""
+    made = {relative: render() for relative, render in artifacts(config).items()}
+    return {relative: content for relative, content in made.items() if _read(root / relative) != content}
 
 
 def _read(path: Path) -> str | None:
