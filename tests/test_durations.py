@@ -57,3 +57,9 @@ def test_prometheus_form_reads_back_to_the_same_milliseconds(ms: int) -> None:
 )
 def test_human(seconds: float, said: str) -> None:
     assert durations.human(seconds) == said
+
+
+def test_seconds_are_written_to_the_millisecond() -> None:
+    assert durations.prometheus_seconds(600) == "10m"
+    assert durations.prometheus_seconds(90.0) == "90s"
+    assert durations.prometheus_seconds(1.5) == "1500ms"

@@ -47,6 +47,11 @@ def prometheus(ms: int) -> str:
     return f"{ms}ms"
 
 
+def prometheus_seconds(seconds: float) -> str:
+    """``seconds`` in Prometheus' syntax, to the millisecond: 600 -> ``10m``, 1.5 -> ``1500ms``."""
+    return prometheus(round(seconds * 1000))
+
+
 def human(seconds: float) -> str:
     """For a reader's eye, about three figures: ``38 ms``, ``4.2 s``, ``17 min``, ``3.5 h``; ``never`` for no time."""
     if math.isnan(seconds) or math.isinf(seconds):

@@ -107,8 +107,8 @@ def threshold_flags(thresholds: Thresholds) -> list[str]:
     """The sidecar's flags that must agree with the alerts: it judges a process stuck after ``hang_seconds`` at one
     place in a step, and asks a TPU's cores what they execute after ``stall_seconds`` without progress."""
     return [
-        f"--hang-after={durations.prometheus(round(thresholds.hang_seconds * 1000))}",
-        f"--core-state-after={durations.prometheus(round(thresholds.stall_seconds * 1000))}",
+        f"--hang-after={durations.prometheus_seconds(thresholds.hang_seconds)}",
+        f"--core-state-after={durations.prometheus_seconds(thresholds.stall_seconds)}",
     ]
 
 

@@ -40,7 +40,7 @@ def first_to_go() -> str:
 
 def alerts(config: GeneratorConfig) -> list[Alert]:
     t = config.thresholds
-    spike_for = durations.prometheus(round(t.loss_spike_seconds * 1000))
+    spike_for = durations.prometheus_seconds(t.loss_spike_seconds)
     deviation = series(c.LOSS_DEVIATION)
     nonfinite = f"sum by ({WORKLOAD}) ({grown(series(c.TRAINING_NONFINITE, NOT_LOCAL), RECENT)}) > 0"
     return [

@@ -137,7 +137,7 @@ def by_source(profile: str, host: str) -> str:
 
 def alerts(config: GeneratorConfig) -> list[Alert]:
     t = config.thresholds
-    stall_for = durations.prometheus(round(t.stall_seconds * 1000 / 2))
+    stall_for = durations.prometheus_seconds(t.stall_seconds / 2)
     idle = HostsOfWorkload(f"avg by ({TARGET}) ({series(c.DUTY_CYCLE)}) < {t.duty_cycle_low:g}", worst="bottomk")
     return [
         Alert(

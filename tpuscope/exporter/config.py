@@ -106,7 +106,7 @@ OPTIONS = (
     ),
     Option(
         "core_state_after",
-        lambda: durations.prometheus(round(Thresholds.stall_seconds * 1000)),
+        lambda: durations.prometheus_seconds(Thresholds.stall_seconds),
         "Ask the TPU runtime where each core is (its program and HLO location: tpuscope_tpu_core_state_info) once a "
         "connected workload has made no progress (a step, a checkpoint or a compile stage ending) for this long. "
         "Default: the stall alert's threshold (stall_seconds), so the state is there when TpuscopeWorkloadStalled "
@@ -114,7 +114,7 @@ OPTIONS = (
     ),
     Option(
         "hang_after",
-        lambda: durations.prometheus(round(Thresholds.hang_seconds * 1000)),
+        lambda: durations.prometheus_seconds(Thresholds.hang_seconds),
         "The least time a job's process must stay at one place in a step (a phase, or between two) before the "
         "sidecar judges it stuck, asks it for its Python stacks and logs them; the limit is longer for a workload "
         "whose steps are slow (hang_step_factor times its longest recent step). Compiles, checkpoints and the time "
